@@ -1,0 +1,139 @@
+"""Anatomy: what a model is, as data: sizes, norms, components and its stream program.
+
+Vocabulary (TransformerLens's, used across the package)::
+
+    batch pos d_model layer head d_head d_mlp d_vocab component
+    W_Q W_K W_V   [head, d_model, d_head]   read maps of attention
+    W_O           [head, d_head, d_model]   write map of attention (b_O: [d_model])
+    W_in W_gate   [d_model, d_mlp]          read maps of the MLP (W_gate: gated MLPs only)
+    W_out         [d_mlp, d_model]          write map of the MLP
+
+An ``Anatomy`` is derived from a model's config and modules (``architectures.describe``),
+never hard-coded per checkpoint. Everything that differs between architectures lives here,
+so shared code (capture, replay, checks) has no ``if arch == ...`` branches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pandas as pd
+
+from .norms import NormSpec
+from .program import PLACEMENTS, Add, Op, Read
+from .program import describe as describe_program
+
+
+@dataclass(frozen=True)
+class Component:
+    """One reader-writer of the stream: the attention or the MLP of a block.
+
+    Attributes:
+        name: ``"L{layer}.attn"`` or ``"L{layer}.mlp"``.
+        layer: Block index.
+        kind: ``"attn"`` or ``"mlp"``.
+        reads_through: Name of the norm between the stream and the component's input, or None.
+        writes_through: Name of the norm applied to the write before it is added, or None.
+    """
+
+    name: str
+    layer: int
+    kind: Literal["attn", "mlp"]
+    reads_through: str | None
+    writes_through: str | None
+
+
+@dataclass(frozen=True)
+class ModulePaths:
+    """Where each hooked module sits in the framework model (dotted paths from its root)."""
+
+    layers: tuple[str, ...]
+    embeds: Mapping[str, str]
+    attn_out: tuple[str, ...]
+    mlp_out: tuple[str, ...]
+    norms: Mapping[str, str]
+    lm_head: str | None
+
+
+@dataclass(frozen=True, eq=False)
+class Anatomy:
+    """Sizes, norms, components and stream program of one model.
+
+    ``norm_kind`` is ``"none"`` for a model without norms. ``n_ctx`` is the longest
+    sequence the model accepts. ``lm_head_note`` says why logits are unavailable when
+    ``has_lm_head`` is False.
+    """
+
+    architecture: str
+    placement: str
+    norm_kind: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    d_mlp: int
+    d_vocab: int
+    n_ctx: int
+    embeds: tuple[str, ...]
+    norms: Mapping[str, NormSpec]
+    program: tuple[Op, ...]
+    modules: ModulePaths
+    has_lm_head: bool
+    lm_head_note: str = ""
+    alpha: float = 1.0
+    has_attn_bias: bool = False
+    components: tuple[Component, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement {self.placement!r} not in {PLACEMENTS}")
+        if self.n_heads * self.d_head <= 0 or self.n_layers <= 0:
+            raise ValueError(f"bad sizes: n_layers={self.n_layers}, n_heads={self.n_heads}")
+        missing = [
+            n for op in self.program for n in (getattr(op, "norm", None), getattr(op, "via", None))
+            if n is not None and n not in self.norms
+        ]
+        if missing:
+            raise ValueError(f"program refers to norms {missing} that the anatomy lacks")
+        reads = {op.component: op.norm for op in self.program if isinstance(op, Read)}
+        vias = {op.component: op.via for op in self.program if isinstance(op, Add)}
+        comps = tuple(
+            Component(f"L{L}.{k}", L, k, reads.get(f"L{L}.{k}"), vias.get(f"L{L}.{k}"))
+            for L in range(self.n_layers) for k in ("attn", "mlp")
+        )
+        object.__setattr__(self, "components", comps)
+
+    def describe_program(self) -> str:
+        """The stream program as text, one operation per line."""
+        return describe_program(self.program)
+
+    def summary(self) -> dict[str, object]:
+        """The headline facts as a flat dict (one row of ``list_models`` / the app's table)."""
+        return {
+            "architecture": self.architecture,
+            "placement": self.placement,
+            "norm": self.norm_kind,
+            "n_layers": self.n_layers,
+            "d_model": self.d_model,
+            "n_heads": self.n_heads,
+            "n_kv_heads": self.n_kv_heads,
+            "d_head": self.d_head,
+            "d_mlp": self.d_mlp,
+            "d_vocab": self.d_vocab,
+            "n_ctx": self.n_ctx,
+            "lm_head": self.has_lm_head,
+        }
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per component: what it reads through and what its write passes through."""
+        return pd.DataFrame(
+            [
+                {"component": c.name, "layer": c.layer, "kind": c.kind,
+                 "reads_through": c.reads_through or "(raw stream)",
+                 "writes_through": c.writes_through or "(added directly)"}
+                for c in self.components
+            ]
+        )

@@ -1,0 +1,211 @@
+"""Architecture table: how each supported model family maps onto an ``Anatomy``.
+
+Each family is one ``ArchSpec`` row of *data*: where the layers, embeddings, norms, the
+attention output projection (whose input is the per-head ``z``) and the MLP write live,
+relative to the framework's base model, and how blocks place their norms. ``describe``
+turns a live model into an ``Anatomy`` from its config and modules. A ``model_type``
+missing from the table is refused with ``UnsupportedArchitectureError``: we never analyse
+a model whose stream program we have not written down and verified.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .anatomy import Anatomy, ModulePaths
+from .errors import UnsupportedArchitectureError
+from .norms import NormSpec
+from .program import compile_program
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """One model family as data. Paths are relative to ``model.base_model`` (block paths to a block)."""
+
+    family: str
+    layers: str
+    embeds: Mapping[str, str]
+    block_norms: Mapping[str, str]
+    attn_out: str
+    mlp_out: str
+    placement: str | Callable[[object], str] = "pre"
+    embed_norm: str | None = None
+    final_norm: str | None = None
+    weight_offset: float = 0.0
+    alpha: Callable[[object], float] = field(default=lambda cfg: 1.0)
+    n_ctx_keys: tuple[str, ...] = ("max_position_embeddings",)
+
+
+_LLAMA = ArchSpec(
+    family="Llama-style decoder (pre-RMSNorm, rotary)",
+    layers="layers", embeds={"embed": "embed_tokens"}, final_norm="norm",
+    block_norms={"ln_attn_in": "input_layernorm", "ln_mlp_in": "post_attention_layernorm"},
+    attn_out="self_attn.o_proj", mlp_out="mlp",
+)
+_GEMMA = ArchSpec(
+    family="Gemma 2/3 decoder (sandwich RMSNorm with (1+γ), scaled embeddings)",
+    layers="layers", embeds={"embed": "embed_tokens"}, final_norm="norm", placement="sandwich",
+    block_norms={"ln_attn_in": "input_layernorm", "ln_attn_out": "post_attention_layernorm",
+                 "ln_mlp_in": "pre_feedforward_layernorm", "ln_mlp_out": "post_feedforward_layernorm"},
+    attn_out="self_attn.o_proj", mlp_out="mlp", weight_offset=1.0,
+)
+ARCHITECTURES: dict[str, ArchSpec] = {
+    "llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA, "qwen3": _LLAMA,
+    "gemma2": _GEMMA, "gemma3_text": _GEMMA,
+    "olmo2": ArchSpec(
+        family="OLMo 2 decoder (RMSNorm on each write, none on the read)",
+        layers="layers", embeds={"embed": "embed_tokens"}, final_norm="norm", placement="sandwich",
+        block_norms={"ln_attn_out": "post_attention_layernorm",
+                     "ln_mlp_out": "post_feedforward_layernorm"},
+        attn_out="self_attn.o_proj", mlp_out="mlp",
+    ),
+    "gpt2": ArchSpec(
+        family="GPT-2 decoder (pre-LayerNorm, learned positions)",
+        layers="h", embeds={"embed": "wte", "pos_embed": "wpe"}, final_norm="ln_f",
+        block_norms={"ln_attn_in": "ln_1", "ln_mlp_in": "ln_2"},
+        attn_out="attn.c_proj", mlp_out="mlp", n_ctx_keys=("n_positions",),
+    ),
+    "gpt_neox": ArchSpec(
+        family="GPT-NeoX / Pythia decoder (parallel attention and MLP, LayerNorm)",
+        layers="layers", embeds={"embed": "embed_in"}, final_norm="final_layer_norm",
+        block_norms={"ln_attn_in": "input_layernorm", "ln_mlp_in": "post_attention_layernorm"},
+        attn_out="attention.dense", mlp_out="mlp",
+        placement=lambda cfg: "parallel" if cfg.use_parallel_residual else "pre",
+    ),
+    "bert": ArchSpec(
+        family="BERT encoder (post-LayerNorm, LayerNorm on the embeddings)",
+        layers="encoder.layer", placement="post", embed_norm="embeddings.LayerNorm",
+        embeds={"embed": "embeddings.word_embeddings",
+                "type_embed": "embeddings.token_type_embeddings",
+                "pos_embed": "embeddings.position_embeddings"},
+        block_norms={"ln_resid_attn": "attention.output.LayerNorm",
+                     "ln_resid_mlp": "output.LayerNorm"},
+        attn_out="attention.output.dense", mlp_out="output.dense",
+    ),
+    "rs-twin": ArchSpec(
+        family="residual-stream twin (any norm, any placement)",
+        layers="blocks", embeds={"embed": "embed", "pos_embed": "pos_embed"},
+        final_norm="ln_final",
+        block_norms={r: r for r in ("ln_attn_in", "ln_mlp_in", "ln_attn_out", "ln_mlp_out",
+                                    "ln_resid_attn", "ln_resid_mlp")},
+        attn_out="attn.o_proj", mlp_out="mlp", placement=lambda cfg: cfg.placement,
+        alpha=lambda cfg: cfg.deepnorm_alpha, n_ctx_keys=("n_ctx",),
+    ),
+}
+
+
+def supported_architectures() -> list[str]:
+    """The ``config.model_type`` values this version can describe."""
+    return sorted(ARCHITECTURES)
+
+
+def _spec_for(config: object) -> ArchSpec:
+    model_type = getattr(config, "model_type", None)
+    if model_type not in ARCHITECTURES:
+        raise UnsupportedArchitectureError(
+            f"architecture {model_type!r} is not supported: its stream program has not been "
+            f"written down and verified. Supported: {', '.join(supported_architectures())}. "
+            "To add one, describe it as an ArchSpec in residual_stream/architectures.py and add "
+            "a conservation test."
+        )
+    return ARCHITECTURES[model_type]
+
+
+def _norm_spec(name: str, module: nn.Module, path: str, offset: float) -> NormSpec:
+    cls = type(module).__name__
+    if isinstance(module, nn.LayerNorm) or cls.endswith("LayerNorm") and hasattr(module, "bias"):
+        kind = "layernorm"
+    elif "RMSNorm" in cls or isinstance(module, nn.RMSNorm):
+        kind = "rmsnorm"
+    else:
+        raise UnsupportedArchitectureError(f"norm module {path!r} of type {cls} is not recognised")
+    eps = next((getattr(module, a) for a in ("eps", "variance_epsilon") if hasattr(module, a)), None)
+    if eps is None:
+        raise UnsupportedArchitectureError(f"norm module {path!r} ({cls}) exposes no epsilon")
+
+    def copy(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.detach().float().cpu().clone()
+
+    return NormSpec(name, kind, float(eps), copy(getattr(module, "weight", None)),
+                    copy(getattr(module, "bias", None)), offset, path)
+
+
+def _in_out(module: nn.Module) -> tuple[int, int]:
+    """(in, out) features of a Linear or GPT-2 Conv1D."""
+    w = module.weight
+    return (w.shape[0], w.shape[1]) if type(module).__name__ == "Conv1D" else (w.shape[1], w.shape[0])
+
+
+def _first_attr(config: object, keys: tuple[str, ...], default: int) -> int:
+    return next((int(getattr(config, k)) for k in keys if getattr(config, k, None)), default)
+
+
+def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> Anatomy:
+    """Derive the ``Anatomy`` of a framework model from its config and modules."""
+    config = model.config
+    spec = _spec_for(config)
+    base = model.base_model
+    prefix = next(n for n, m in model.named_modules() if m is base)
+    full = (lambda p: f"{prefix}.{p}" if prefix else p)
+    n_layers = len(base.get_submodule(spec.layers))
+    placement = spec.placement(config) if callable(spec.placement) else spec.placement
+
+    norms: dict[str, NormSpec] = {}
+    global_norms = {"ln_embed": spec.embed_norm, "ln_final": spec.final_norm}
+    for role, path in global_norms.items():
+        if path is not None and _has(base, path):
+            norms[role] = _norm_spec(role, base.get_submodule(path), full(path), spec.weight_offset)
+    for L in range(n_layers):
+        for role, rel in spec.block_norms.items():
+            path = f"{spec.layers}.{L}.{rel}"
+            if _has(base, path):
+                norms[f"L{L}.{role}"] = _norm_spec(
+                    f"L{L}.{role}", base.get_submodule(path), full(path), spec.weight_offset)
+
+    embeds = tuple(k for k, p in spec.embeds.items() if _has(base, p))
+    alpha = float(spec.alpha(config))
+    program = compile_program(placement=placement, n_layers=n_layers, embeds=embeds,
+                              norms=set(norms), alpha=alpha)
+    layer_paths = tuple(f"{spec.layers}.{L}" for L in range(n_layers))
+    attn0 = base.get_submodule(f"{layer_paths[0]}.{spec.attn_out}")
+    n_heads = int(config.num_attention_heads)
+    d_model = int(config.hidden_size)
+    z_dim, _ = _in_out(attn0)
+    return Anatomy(
+        architecture=config.model_type, placement=placement,
+        norm_kind=next((n.kind for n in norms.values()), "none"),
+        n_layers=n_layers, d_model=d_model, n_heads=n_heads,
+        n_kv_heads=int(getattr(config, "num_key_value_heads", None) or n_heads),
+        d_head=z_dim // n_heads, d_mlp=_mlp_width(base, layer_paths[0], spec),
+        d_vocab=int(config.vocab_size), n_ctx=_first_attr(config, spec.n_ctx_keys, 2048),
+        embeds=embeds, norms=norms, program=program,
+        modules=ModulePaths(
+            layers=tuple(full(p) for p in layer_paths),
+            embeds={k: full(spec.embeds[k]) for k in embeds},
+            attn_out=tuple(full(f"{p}.{spec.attn_out}") for p in layer_paths),
+            mlp_out=tuple(full(f"{p}.{spec.mlp_out}") for p in layer_paths),
+            norms={k: v.module_path for k, v in norms.items()},
+            lm_head=None,
+        ),
+        has_lm_head=has_lm_head, lm_head_note=lm_head_note, alpha=alpha,
+        has_attn_bias=getattr(attn0, "bias", None) is not None,
+    )
+
+
+def _has(module: nn.Module, path: str) -> bool:
+    try:
+        sub = module.get_submodule(path)
+    except AttributeError:
+        return False
+    return not isinstance(sub, nn.Identity)
+
+
+def _mlp_width(base: nn.Module, layer: str, spec: ArchSpec) -> int:
+    """d_mlp: the input width of the last Linear/Conv1D inside the MLP write module."""
+    mlp = base.get_submodule(f"{layer}.{spec.mlp_out}")
+    linears = [m for m in mlp.modules() if hasattr(m, "weight") and getattr(m.weight, "ndim", 0) == 2]
+    return _in_out(linears[-1])[0] if linears else 0

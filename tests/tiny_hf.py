@@ -1,0 +1,46 @@
+"""Tiny Hugging Face models built in code (no network), one per supported family."""
+
+from __future__ import annotations
+
+import torch
+import transformers as tf
+
+COMMON = dict(vocab_size=257, hidden_size=64, num_hidden_layers=3, num_attention_heads=4)
+
+
+def _llama_like(cls_cfg, cls_model, **extra):
+    def build():
+        cfg = cls_cfg(**COMMON, intermediate_size=96, num_key_value_heads=2,
+                      max_position_embeddings=128, **extra)
+        return cls_model(cfg)
+    return build
+
+
+BUILDERS = {
+    "llama": _llama_like(tf.LlamaConfig, tf.LlamaForCausalLM),
+    "qwen3": _llama_like(tf.Qwen3Config, tf.Qwen3ForCausalLM, head_dim=16),
+    "gemma2": _llama_like(tf.Gemma2Config, tf.Gemma2ForCausalLM, head_dim=16),
+    "gemma3_text": _llama_like(tf.Gemma3TextConfig, tf.Gemma3ForCausalLM, head_dim=16),
+    "olmo2": _llama_like(tf.Olmo2Config, tf.Olmo2ForCausalLM),
+    "gpt2": lambda: tf.GPT2LMHeadModel(tf.GPT2Config(
+        vocab_size=257, n_embd=64, n_layer=3, n_head=4, n_positions=128)),
+    "gpt_neox_parallel": lambda: tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(
+        **COMMON, intermediate_size=128, max_position_embeddings=128, use_parallel_residual=True)),
+    "gpt_neox_sequential": lambda: tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(
+        **COMMON, intermediate_size=128, max_position_embeddings=128, use_parallel_residual=False)),
+    "bert": lambda: tf.BertModel(tf.BertConfig(
+        **COMMON, intermediate_size=128, max_position_embeddings=128), add_pooling_layer=False),
+    "bert_mlm": lambda: tf.BertForMaskedLM(tf.BertConfig(
+        **COMMON, intermediate_size=128, max_position_embeddings=128)),
+}
+
+
+def build(name: str, seed: int = 0) -> torch.nn.Module:
+    """Build the tiny model ``name`` with random weights (norm gains/biases perturbed)."""
+    torch.manual_seed(seed)
+    model = BUILDERS[name]().eval()
+    with torch.no_grad():  # default init has γ=1, β=0: perturb so norm arithmetic is exercised
+        for mod_name, p in model.named_parameters():
+            if "norm" in mod_name.lower() or "ln" in mod_name.lower():
+                p.add_(0.2 * torch.randn_like(p))
+    return model
