@@ -127,11 +127,12 @@ def _norm_spec(name: str, module: nn.Module, path: str, offset: float) -> NormSp
     if eps is None:
         raise UnsupportedArchitectureError(f"norm module {path!r} ({cls}) exposes no epsilon")
 
-    def copy(t: torch.Tensor | None) -> torch.Tensor | None:
-        return None if t is None else t.detach().float().cpu().clone()
+    def view(t: torch.Tensor | None) -> torch.Tensor | None:
+        # a detached view, not a copy: later edits to the model's norm weights stay visible
+        return None if t is None else t.detach()
 
-    return NormSpec(name, kind, float(eps), copy(getattr(module, "weight", None)),
-                    copy(getattr(module, "bias", None)), offset, path)
+    return NormSpec(name, kind, float(eps), view(getattr(module, "weight", None)),
+                    view(getattr(module, "bias", None)), offset, path)
 
 
 def _in_out(module: nn.Module) -> tuple[int, int]:

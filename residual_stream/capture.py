@@ -55,14 +55,14 @@ def hooked(
     """Attach the capture hooks for ``anatomy`` to ``model``; remove them on exit, always.
 
     ``shape`` is the ``(batch, pos)`` of the input; outputs that broadcast over the batch
-    (learned position embeddings) are expanded to it.
+    (learned position embeddings, ``[pos, d_model]`` or ``[1, pos, d_model]``) are expanded to it.
     """
     handles: list[torch.utils.hooks.RemovableHandle] = []
     m = anatomy.modules
 
     def keep(t: Tensor) -> Tensor:
         t = t.detach().float()
-        return t.expand(*shape, t.shape[-1]) if t.ndim == 3 else t
+        return t if t.shape[:-1] == shape else t.expand(*shape, t.shape[-1])
 
     def pre(path: str, fn) -> None:
         handles.append(model.get_submodule(path).register_forward_pre_hook(fn, with_kwargs=True))

@@ -148,18 +148,14 @@ def _replay_hooks(trace: Trace, cap, rec: _Recorder) -> None:
                 rec.compare("hook", f"{op.component} heads sum", w, cap.attn_out[layer])
             if op.via is not None:
                 rec.compare("hook", f"{op.via} input", w, cap.norm_in[op.via])
-                w = _frozen(norms[op.via], w, cap.norm_scale[op.via])
+                w = norms[op.via].apply_frozen(w, cap.norm_scale[op.via])
             x = x + w
         elif isinstance(op, Norm):
             rec.compare("hook", f"{op.norm} input", x, cap.norm_in[op.norm])
-            x = _frozen(norms[op.norm], x, cap.norm_scale[op.norm])
+            x = norms[op.norm].apply_frozen(x, cap.norm_scale[op.norm])
         elif isinstance(op, Scale):
             x = x * op.alpha
         elif isinstance(op, Mark) and op.point != "final":
             rec.compare("hook", f"resid_pre {op.point}", x, cap.resid[op.point])
             x = cap.resid[op.point]  # keep each comparison local to one block
 
-
-def _frozen(spec, x: Tensor, scale: Tensor) -> Tensor:
-    out = spec.apply_linear(x, scale)
-    return out if spec.bias is None else out + spec.bias.to(out.device)

@@ -265,8 +265,7 @@ def _gguf_cache(path: Path, progress: bool) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".partial-"))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
+        _save_float_copy(model, tok, tmp)
         os.replace(tmp, target)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -275,6 +274,21 @@ def _gguf_cache(path: Path, progress: bool) -> Path:
     if progress:
         print("residual-stream: cached.", file=sys.stderr, flush=True)
     return target
+
+
+def _save_float_copy(model: nn.Module, tok: object, folder: Path) -> None:
+    """Save a dequantized model as safetensors + config (``save_pretrained`` refuses GGUF-loaded models)."""
+    import copy
+
+    from safetensors.torch import save_model
+
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.architectures = [type(model).__name__]
+    config.save_pretrained(folder)
+    save_model(model, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    tok.save_pretrained(folder)
 
 
 def _from_gguf(path: Path):

@@ -27,14 +27,15 @@ NORM_KINDS: tuple[str, ...] = ("layernorm", "rmsnorm")
 
 @dataclass(frozen=True, eq=False)
 class NormSpec:
-    """One normalization module as data: kind, ε, gain and bias (float32 copies).
+    """One normalization module as data: kind, ε, gain and bias.
 
     Attributes:
         name: Role name, e.g. ``"L3.ln_attn_in"`` or ``"ln_final"``.
         kind: ``"layernorm"`` (re-centers and re-scales) or ``"rmsnorm"`` (re-scales only).
         eps: The ε added to the variance / mean square.
-        weight: Gain γ, shape ``[d_model]``, or None for no gain.
-        bias: Bias β, shape ``[d_model]``, or None.
+        weight: Gain γ, shape ``[d_model]``, or None for no gain. A detached view of the
+            module's parameter (not a copy), so edits to the model stay visible.
+        bias: Bias β, shape ``[d_model]``, or None (also a view).
         weight_offset: Added to γ before use (1.0 for Gemma's ``(1 + γ)``).
         module_path: Where the module lives in the framework model (for hooks).
     """
@@ -75,9 +76,13 @@ class NormSpec:
             c = c - c.mean(-1, keepdim=True)
         return c * (self.gain(c) / scale.to(c.dtype).unsqueeze(-1))
 
+    def apply_frozen(
+        self, x: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*batch"]
+    ) -> Float[Tensor, "*batch d_model"]:
+        """The whole affine map with ``scale`` frozen: ``γ ⊙ C x / s + β``."""
+        out = self.apply_linear(x, scale)
+        return out if self.bias is None else out + self.bias.to(out.device, out.dtype)
+
     def apply(self, x: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
         """The full norm computed from scratch (reference for the frozen form)."""
-        out = self.apply_linear(x, self.scale(x).to(x.dtype))
-        if self.bias is not None:
-            out = out + self.bias.to(out.device, out.dtype)
-        return out
+        return self.apply_frozen(x, self.scale(x).to(x.dtype))

@@ -44,3 +44,11 @@ def run_with_resid_cache(bridge: object, tokens, n_layers: int) -> list:
     with torch.inference_mode():
         _, cache = bridge.run_with_cache(tokens, names_filter=lambda n: n in names)
     return [cache[n].float() for n in names]
+
+
+def hook_classes() -> tuple[type, type]:
+    """``(HookPoint, HookedRootModule)`` for modules of our own (the twins)."""
+    from transformer_lens import HookedRootModule
+    from transformer_lens.hook_points import HookPoint
+
+    return HookPoint, HookedRootModule

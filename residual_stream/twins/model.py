@@ -1,0 +1,231 @@
+"""The twin transformer: one compact decoder whose only free choice is normalization.
+
+Read it top to bottom like nanoGPT's ``model.py``. ``norm`` ∈ {layernorm, rmsnorm, none} ×
+``placement`` ∈ {pre, post, sandwich, deepnorm, parallel}; everything else (attention,
+MLP, embeddings, init) is shared, so twins that differ in these two settings differ in
+nothing else. Module names follow the norm roles of ``residual_stream.program`` and the
+hook names follow TransformerLens (``blocks.{L}.hook_resid_pre`` ...), through its
+``HookPoint`` and ``HookedRootModule``.
+
+DeepNorm (Wang et al. 2022, decoder-only): ``x ← LN(α·x + F(x))`` with ``α = (2N)^¼`` and the
+value, output and FFN weights initialised with gain ``β = (8N)^-¼``, N the number of layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..tl_compat import hook_classes
+
+HookPoint, HookedRootModule = hook_classes()
+
+
+@dataclass
+class TwinConfig:
+    """Hyper-parameters of a twin. The ``hidden_size``-style aliases let ``describe`` read it."""
+
+    norm: Literal["layernorm", "rmsnorm", "none"] = "rmsnorm"
+    placement: Literal["pre", "post", "sandwich", "deepnorm", "parallel"] = "pre"
+    n_layers: int = 4
+    d_model: int = 64
+    n_heads: int = 4
+    d_mlp: int = 0  # 0: 4 × d_model
+    d_vocab: int = 257
+    n_ctx: int = 256
+    mlp: Literal["gelu", "swiglu"] = "gelu"
+    positions: Literal["learned", "rotary"] = "learned"
+    bias: bool = False
+    eps: float = 1e-5
+    model_type: str = "rs-twin"
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
+        self.d_mlp = self.d_mlp or 4 * self.d_model
+
+    # aliases read by architectures.describe (Hugging Face names)
+    hidden_size = property(lambda self: self.d_model)
+    num_attention_heads = property(lambda self: self.n_heads)
+    vocab_size = property(lambda self: self.d_vocab)
+    architectures = property(lambda self: ["TwinTransformer"])
+
+    @property
+    def deepnorm_alpha(self) -> float:
+        """α = (2N)^¼ for DeepNorm, 1 otherwise."""
+        return (2 * self.n_layers) ** 0.25 if self.placement == "deepnorm" else 1.0
+
+    @property
+    def deepnorm_beta(self) -> float:
+        """β = (8N)^-¼ for DeepNorm, 1 otherwise."""
+        return (8 * self.n_layers) ** -0.25 if self.placement == "deepnorm" else 1.0
+
+    def to_dict(self) -> dict:
+        """Plain dict for saving."""
+        return asdict(self)
+
+
+# Which norm roles each placement has (see program.BLOCK_TEMPLATES); the rest are absent.
+ROLES = {
+    "pre": ("ln_attn_in", "ln_mlp_in"), "parallel": ("ln_attn_in", "ln_mlp_in"),
+    "post": ("ln_resid_attn", "ln_resid_mlp"), "deepnorm": ("ln_resid_attn", "ln_resid_mlp"),
+    "sandwich": ("ln_attn_in", "ln_attn_out", "ln_mlp_in", "ln_mlp_out"),
+}
+HAS_FINAL_NORM = {"pre": True, "parallel": True, "sandwich": True, "post": False, "deepnorm": False}
+
+
+def make_norm(cfg: TwinConfig) -> nn.Module:
+    """A LayerNorm, an RMSNorm, or nothing."""
+    if cfg.norm == "layernorm":
+        return nn.LayerNorm(cfg.d_model, eps=cfg.eps)
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.d_model, eps=cfg.eps)
+    return nn.Identity()
+
+
+def rotary(x: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding on ``(batch, head, pos, d_head)`` (half-split convention)."""
+    d, pos = x.shape[-1], x.shape[-2]
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+    ang = torch.arange(pos, device=x.device, dtype=torch.float32)[:, None] * inv[None]
+    cos, sin = torch.cat([ang.cos()] * 2, -1).to(x.dtype), torch.cat([ang.sin()] * 2, -1).to(x.dtype)
+    x1, x2 = x.chunk(2, -1)
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class Attention(nn.Module):
+    """Causal multi-head attention; ``o_proj``'s input is the per-head ``z``."""
+
+    def __init__(self, cfg: TwinConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.q_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.k_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.v_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.o_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, P, _ = x.shape
+        H = self.cfg.n_heads
+        q, k, v = (p(x).view(B, P, H, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj,
+                                                                    self.v_proj))
+        if self.cfg.positions == "rotary":
+            q, k = rotary(q), rotary(k)
+        z = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, P, d_head)
+        return self.o_proj(z.transpose(1, 2).reshape(B, P, -1))
+
+
+class MLP(nn.Module):
+    """GELU MLP (``fc_in → gelu → fc_out``) or SwiGLU (``silu(gate) * up → fc_out``)."""
+
+    def __init__(self, cfg: TwinConfig) -> None:
+        super().__init__()
+        self.swiglu = cfg.mlp == "swiglu"
+        self.fc_in = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.bias)
+        self.gate = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.bias) if self.swiglu else None
+        self.fc_out = nn.Linear(cfg.d_mlp, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.silu(self.gate(x)) * self.fc_in(x) if self.swiglu else F.gelu(self.fc_in(x))
+        return self.fc_out(h)
+
+
+class Block(nn.Module):
+    """One transformer block; ``placement`` decides where its norms stand."""
+
+    def __init__(self, cfg: TwinConfig) -> None:
+        super().__init__()
+        self.placement, self.alpha = cfg.placement, cfg.deepnorm_alpha
+        for role in ROLES[cfg.placement]:
+            setattr(self, role, make_norm(cfg))
+        self.attn, self.mlp = Attention(cfg), MLP(cfg)
+        self.hook_resid_pre, self.hook_attn_out, self.hook_mlp_out = HookPoint(), HookPoint(), HookPoint()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.hook_resid_pre(x)
+        attn = lambda h: self.hook_attn_out(self.attn(h))  # noqa: E731
+        mlp = lambda h: self.hook_mlp_out(self.mlp(h))  # noqa: E731
+        if self.placement == "pre":
+            x = x + attn(self.ln_attn_in(x))
+            return x + mlp(self.ln_mlp_in(x))
+        if self.placement == "parallel":
+            return x + attn(self.ln_attn_in(x)) + mlp(self.ln_mlp_in(x))
+        if self.placement == "sandwich":
+            x = x + self.ln_attn_out(attn(self.ln_attn_in(x)))
+            return x + self.ln_mlp_out(mlp(self.ln_mlp_in(x)))
+        # post (alpha = 1) and deepnorm
+        x = self.ln_resid_attn(self.alpha * x + attn(x))
+        return self.ln_resid_mlp(self.alpha * x + mlp(x))
+
+
+@dataclass
+class TwinOutput:
+    """Logits ``[batch, pos, d_vocab]`` and, when asked, hidden states (Hugging Face convention)."""
+
+    logits: torch.Tensor
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+
+
+class TwinTransformer(HookedRootModule):
+    """Tokens ``[batch, pos]`` → logits ``[batch, pos, d_vocab]``."""
+
+    def __init__(self, cfg: TwinConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.d_vocab, cfg.d_model)
+        self.pos_embed = nn.Embedding(cfg.n_ctx, cfg.d_model) if cfg.positions == "learned" else None
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_final = make_norm(cfg) if HAS_FINAL_NORM[cfg.placement] else nn.Identity()
+        self.unembed = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
+        self.apply(self._init_weights)
+        self.setup()
+
+    @property
+    def base_model(self) -> nn.Module:
+        """The module that holds embeddings, blocks and final norm (itself)."""
+        return self
+
+    def get_output_embeddings(self) -> nn.Module:
+        """The unembedding (Hugging Face protocol)."""
+        return self.unembed
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = 0.02
+        if isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=std)
+        elif isinstance(module, Attention):
+            for p in (module.q_proj, module.k_proj):
+                nn.init.xavier_normal_(p.weight)
+            for p in (module.v_proj, module.o_proj):  # DeepNorm's β (1 for the others)
+                nn.init.xavier_normal_(p.weight, gain=self.config.deepnorm_beta)
+        elif isinstance(module, MLP):
+            for p in (module.fc_in, module.gate, module.fc_out):
+                if p is not None:
+                    nn.init.xavier_normal_(p.weight, gain=self.config.deepnorm_beta)
+        if isinstance(getattr(module, "bias", None), torch.Tensor) and not isinstance(
+                module, (nn.LayerNorm,)):
+            nn.init.zeros_(module.bias)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> TwinOutput:
+        """Run the model. Padding must be on the right (causal attention ignores it)."""
+        P = input_ids.shape[1]
+        if P > self.config.n_ctx:
+            raise ValueError(f"sequence of {P} tokens exceeds n_ctx={self.config.n_ctx}")
+        x = self.embed(input_ids)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(torch.arange(P, device=input_ids.device))[None]
+        states = []
+        for block in self.blocks:
+            states.append(x)
+            x = block(x)
+        x = self.ln_final(x)
+        states.append(x)
+        return TwinOutput(self.unembed(x), tuple(states) if output_hidden_states else None)
+
