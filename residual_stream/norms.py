@@ -41,7 +41,7 @@ class NormSpec:
     """
 
     name: str
-    kind: NormKind
+    kind: str  # NormKind; validated in __post_init__ with a clear message
     eps: float
     weight: Tensor | None
     bias: Tensor | None
@@ -69,9 +69,13 @@ class NormSpec:
         return torch.sqrt(x.pow(2).mean(-1) + self.eps)
 
     def apply_linear(
-        self, c: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*batch"]
-    ) -> Float[Tensor, "*batch d_model"]:
-        """The linear part of the frozen norm, ``γ ⊙ C c / s``, applied to one contribution."""
+        self, c: Float[Tensor, "*lead d_model"], scale: Float[Tensor, "*tokens"]
+    ) -> Float[Tensor, "*lead d_model"]:
+        """The linear part of the frozen norm, ``γ ⊙ C c / s``, on one or a stack of contributions.
+
+        ``scale`` (per token) broadcasts against ``c``'s leading axes from the right, so ``c``
+        may carry an extra leading ``component`` axis.
+        """
         if self.kind == "layernorm":
             c = c - c.mean(-1, keepdim=True)
         return c * (self.gain(c) / scale.to(c.dtype).unsqueeze(-1))

@@ -1,0 +1,76 @@
+"""An independent reference for decompositions: frozen-forward ablation in float64.
+
+Run a float64 copy of the model with every norm's scale frozen at the value the original
+forward computed and every write (embedding, ``z`` into each attention output projection,
+MLP output) replaced by the captured one. The model's own code then computes an affine
+function of the writes, so ablating one write (zeroing one head's slice of ``z``, one MLP
+output, one embedding, or one norm's bias) changes the framework's ``hidden_states`` by
+exactly that write's contribution. This uses the framework's forward pass, not our stream
+program, so it checks the program (placement, α, which norms stand where) independently.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from residual_stream.architectures import describe
+
+
+def _hook_all(model, anatomy, cap, ablate: str):
+    handles = []
+    H = anatomy.n_heads
+    for label, path in anatomy.modules.embeds.items():
+        value = cap.embeds[label].double()
+        handles.append(model.get_submodule(path).register_forward_hook(
+            lambda m, a, y, v=value, lab=label: torch.zeros_like(y) if lab == ablate
+            else v.reshape(y.shape) if v.numel() == y.numel() else v[:1].reshape(y.shape)))
+    for L, path in enumerate(anatomy.modules.attn_out):
+        z = cap.z[L].double().clone()
+        if ablate.startswith(f"L{L}H"):
+            h = int(ablate.split("H")[1])
+            z = z.view(*z.shape[:2], H, -1).clone()
+            z[:, :, h] = 0
+            z = z.flatten(2)
+        mod = model.get_submodule(path)
+        handles.append(mod.register_forward_pre_hook(lambda m, a, k, z=z: ((z,), k),
+                                                     with_kwargs=True))
+        if ablate == f"L{L}.b_O":
+            handles.append(mod.register_forward_hook(lambda m, a, y: y - m.bias))
+    for L, path in enumerate(anatomy.modules.mlp_out):
+        value = cap.mlp_out[L].double()
+        handles.append(model.get_submodule(path).register_forward_hook(
+            lambda m, a, y, v=value, on=(ablate == f"L{L}.mlp"): torch.zeros_like(v) if on else v))
+    for name, spec in anatomy.norms.items():
+        scale = cap.norm_scale[name].double()
+        off = ablate == f"{name}.bias"
+        handles.append(model.get_submodule(spec.module_path).register_forward_hook(
+            lambda m, a, y, s=spec, sc=scale, off=off:
+            s.apply_linear(a[0], sc) if off else s.apply_frozen(a[0], sc)))
+    return handles
+
+
+def ablation_contributions(trace, labels: list[str]) -> dict[str, torch.Tensor]:
+    """``hidden_states`` (every point) minus the same with ``label`` ablated, per label.
+
+    Returns label -> ``[n_points, batch, pos, d_model]`` float64, points 0..n_layers where the
+    last is the framework's final hidden state (after the final norm if there is one).
+    """
+    model = copy.deepcopy(trace.model.module).double()
+    anatomy = describe(model, has_lm_head=trace.anatomy.has_lm_head)
+    cap = trace.captured
+    tokens, mask = trace.tokens, trace.attention_mask
+
+    def run(ablate: str) -> torch.Tensor:
+        handles = _hook_all(model, anatomy, cap, ablate)
+        try:
+            with torch.no_grad():
+                out = model(input_ids=tokens, attention_mask=mask, output_hidden_states=True)
+        finally:
+            for h in handles:
+                h.remove()
+        return torch.stack(out.hidden_states)
+
+    full = run("")
+    return {label: full - run(label) for label in labels}

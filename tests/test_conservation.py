@@ -1,0 +1,97 @@
+"""Conservation on tiny models built in code: every family and every placement.
+
+For each model: the captured stream equals the framework's ``hidden_states``, every hook
+holds what the stream program says, and ``decompose(L)`` sums to the stream at every point,
+each within ``REL_F32`` × the stream's RMS. The decomposition is then checked contribution by
+contribution against the independent frozen-forward ablation in float64 (``reference.py``).
+"""
+
+import pytest
+import torch
+from conftest import REL_F32, TEXTS, max_rel_error
+from reference import ablation_contributions
+from tiny_hf import BUILDERS, build
+
+import residual_stream as rs
+from residual_stream.inputs import ByteTokenizer
+from residual_stream.program import PLACEMENTS
+from residual_stream.twins import twin
+
+TWINS = [(n, p) for n in ("layernorm", "rmsnorm", "none") for p in PLACEMENTS]
+
+
+def perturbed_twin(norm: str, placement: str) -> rs.Model:
+    # Vary every option across the grid so each is exercised somewhere.
+    model = twin(norm=norm, placement=placement, n_layers=3, d_model=32, n_heads=4, seed=1,
+                 bias=norm == "layernorm", mlp="swiglu" if norm == "rmsnorm" else "gelu",
+                 positions="rotary" if placement in ("pre", "sandwich") else "learned")
+    with torch.no_grad():  # γ = 1, β = 0 at init would hide norm arithmetic errors
+        for name, p in model.module.named_parameters():
+            if ".ln_" in name or name.startswith("ln_"):
+                p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+def hf_model(name: str) -> rs.Model:
+    return rs.load(build(name), tokenizer=ByteTokenizer())
+
+
+def models():
+    yield from ((f"hf-{n}", lambda n=n: hf_model(n)) for n in BUILDERS)
+    yield from ((f"twin-{p}-{n}", lambda n=n, p=p: perturbed_twin(n, p)) for n, p in TWINS)
+
+
+CASES = dict(models())
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_conservation_report(case):
+    model = CASES[case]()
+    trace = rs.trace(model, TEXTS)
+    report = trace.check()
+    assert report.ok, report.to_frame().sort_values("relative_error").tail(5).to_string()
+    assert report.tolerance == REL_F32
+    frame = report.to_frame()
+    n = model.anatomy.n_layers
+    # every point was compared against the framework and against the decomposition
+    assert (frame.check == "hidden_states").sum() == n + 1
+    assert (frame.check == "decomposition").sum() == n + 1
+    assert (frame.check == "norm").sum() == len(model.anatomy.norms)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_decomposition_matches_frozen_forward_ablation(case):
+    model = CASES[case]()
+    trace = rs.trace(model, TEXTS, verify=True)
+    n = model.anatomy.n_layers
+    last = trace.decompose("final")  # the framework's last hidden state is this point
+    ref = ablation_contributions(trace, list(last.labels))
+    points = [(L, trace.decompose(L), L) for L in range(n)] + [("final", last, n)]
+    for name, parts, index in points:
+        stream = parts.total()
+        for label in parts.labels:  # error relative to the stream, not to the contribution
+            err = max_rel_error(parts.get(label), ref[label][index], trace.attention_mask, stream)
+            assert err <= REL_F32, f"{label} at point {name}: {err:.2e}"
+
+
+def test_labels_cover_every_writer():
+    model = perturbed_twin("layernorm", "post")
+    parts = rs.trace(model, TEXTS).decompose(2)
+    assert parts.labels[:2] == ("embed", "pos_embed")
+    assert {"L0H0", "L0H3", "L0.b_O", "L0.mlp", "L0.ln_resid_attn.bias", "L1.mlp"} <= set(
+        parts.labels)
+    assert "L2.mlp" not in parts.labels  # block 2 has not run yet at its input
+    assert set(parts.kinds) == {"embed", "head", "attn_bias", "mlp", "norm_bias"}
+
+
+def test_pre_norm_contributions_pass_unchanged_and_post_norm_rescales():
+    pre = rs.trace(perturbed_twin("rmsnorm", "pre"), TEXTS)
+    torch.testing.assert_close(pre.decompose(3).get("L0.mlp"), pre.mlp_write(0))
+    post = rs.trace(perturbed_twin("layernorm", "post"), TEXTS)
+    carried = post.decompose(3).get("L0.mlp")
+    assert (carried - post.mlp_write(0)).abs().max() > 1e-2  # renormalized by 5 LayerNorms
+    # LayerNorm re-centers: after the last one, every contribution divided by its gain γ
+    # has zero mean over d_model
+    gamma = post.anatomy.norms["L2.ln_resid_mlp"].gain(carried)
+    assert (carried / gamma).mean(-1).abs().max() < 1e-5
+    assert carried.mean(-1).abs().max() > 1e-3  # (γ ≠ 1, so without dividing it is not)

@@ -1,0 +1,75 @@
+"""Frozen norms: hand-computed 2-D examples, agreement with torch's modules, invariances."""
+
+import math
+
+import pytest
+import torch
+from conftest import ATOL_F64, RTOL_F64
+
+from residual_stream.norms import NormSpec
+
+
+def spec(kind, weight=None, bias=None, offset=0.0, eps=0.0):
+    return NormSpec("n", kind, eps, weight, bias, offset)
+
+
+def test_layernorm_2d_by_hand():
+    # x = (3, 1): mean 2, var 1, s = 1 -> centered (1, -1); γ = (2, 1), β = (0.5, 0)
+    x = torch.tensor([[3.0, 1.0]], dtype=torch.float64)
+    n = spec("layernorm", torch.tensor([2.0, 1.0], dtype=torch.float64),
+             torch.tensor([0.5, 0.0], dtype=torch.float64))
+    assert n.scale(x).item() == pytest.approx(1.0)
+    torch.testing.assert_close(n.apply(x), torch.tensor([[2.5, -1.0]], dtype=torch.float64))
+
+
+def test_rmsnorm_2d_by_hand_with_gemma_offset():
+    # x = (3, 4): mean square 12.5, s = sqrt(12.5); gain 1 + γ = (1, 2)
+    x = torch.tensor([[3.0, 4.0]], dtype=torch.float64)
+    n = spec("rmsnorm", torch.tensor([0.0, 1.0], dtype=torch.float64), offset=1.0)
+    s = math.sqrt(12.5)
+    torch.testing.assert_close(n.apply(x), torch.tensor([[3 / s, 8 / s]], dtype=torch.float64))
+
+
+def test_frozen_norm_is_affine_in_contributions():
+    # N(a + b) == L(a) + L(b) + β with the scale of a + b frozen: the decomposition's premise
+    torch.manual_seed(0)
+    a, b = torch.randn(2, 5, 8, dtype=torch.float64)
+    for kind in ("layernorm", "rmsnorm"):
+        n = spec(kind, torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+                 if kind == "layernorm" else None, eps=1e-5)
+        s = n.scale(a + b)
+        parts = n.apply_linear(a, s) + n.apply_linear(b, s)
+        if n.bias is not None:
+            parts = parts + n.bias
+        torch.testing.assert_close(parts, n.apply(a + b), atol=ATOL_F64, rtol=RTOL_F64)
+
+
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+def test_matches_torch_modules(kind):
+    torch.manual_seed(0)
+    x = torch.randn(3, 7, 16, dtype=torch.float64)
+    mod = (torch.nn.LayerNorm(16, eps=1e-5) if kind == "layernorm"
+           else torch.nn.RMSNorm(16, eps=1e-5)).double()
+    with torch.no_grad():
+        mod.weight.normal_()
+        if kind == "layernorm":
+            mod.bias.normal_()
+    n = spec(kind, mod.weight.detach(), getattr(mod, "bias", None), eps=1e-5)
+    torch.testing.assert_close(n.apply(x), mod(x).detach(), atol=ATOL_F64, rtol=RTOL_F64)
+
+
+def test_invariances():
+    # LayerNorm: invariant to re-centering and re-scaling; RMSNorm: re-scaling only
+    torch.manual_seed(1)
+    x = torch.randn(4, 32, dtype=torch.float64)
+    ln, rms = spec("layernorm"), spec("rmsnorm")
+    shifted, scaled = x + 3.7, x * 5.0
+    torch.testing.assert_close(ln.apply(shifted), ln.apply(x), atol=ATOL_F64, rtol=RTOL_F64)
+    torch.testing.assert_close(ln.apply(scaled), ln.apply(x), atol=ATOL_F64, rtol=RTOL_F64)
+    torch.testing.assert_close(rms.apply(scaled), rms.apply(x), atol=ATOL_F64, rtol=RTOL_F64)
+    assert (rms.apply(shifted) - rms.apply(x)).abs().max() > 0.1  # RMSNorm keeps the mean
+
+
+def test_bad_kind_is_refused():
+    with pytest.raises(ValueError, match="kind must be one of"):
+        spec("batchnorm")

@@ -1,0 +1,56 @@
+"""Stream programs: each placement compiles to the operations its equations say."""
+
+import pytest
+
+from residual_stream.program import (
+    PLACEMENTS, Add, Embed, Mark, Norm, Read, Scale, compile_block, compile_program, describe,
+)
+
+ALL = {f"L0.{r}" for r in ("ln_attn_in", "ln_mlp_in", "ln_attn_out", "ln_mlp_out",
+                           "ln_resid_attn", "ln_resid_mlp")}
+
+
+def test_pre_norm_has_no_norm_on_the_stream():
+    ops = compile_block("pre", 0, ALL)
+    assert ops == [Read("L0.attn", "L0.ln_attn_in"), Add("L0.attn"),
+                   Read("L0.mlp", "L0.ln_mlp_in"), Add("L0.mlp")]
+
+
+def test_post_norm_normalizes_after_each_add():
+    ops = compile_block("post", 0, ALL)
+    assert ops == [Read("L0.attn", None), Add("L0.attn"), Norm("L0.ln_resid_attn"),
+                   Read("L0.mlp", None), Add("L0.mlp"), Norm("L0.ln_resid_mlp")]
+
+
+def test_sandwich_normalizes_writes_and_parallel_reads_the_block_input():
+    assert compile_block("sandwich", 0, ALL)[1] == Add("L0.attn", "L0.ln_attn_out")
+    par = compile_block("parallel", 0, ALL)
+    assert [type(o) for o in par] == [Read, Read, Add, Add]
+
+
+def test_deepnorm_scales_before_each_add():
+    ops = compile_block("deepnorm", 0, ALL, alpha=2.0)
+    assert ops == [Read("L0.attn", None), Scale(2.0), Add("L0.attn"), Norm("L0.ln_resid_attn"),
+                   Read("L0.mlp", None), Scale(2.0), Add("L0.mlp"), Norm("L0.ln_resid_mlp")]
+
+
+def test_missing_norms_drop_out():
+    # norm="none": reads become raw, Norm ops and write norms disappear
+    for placement in PLACEMENTS:
+        ops = compile_block(placement, 0, set())
+        assert not any(isinstance(o, Norm) for o in ops)
+        assert all(o.norm is None for o in ops if isinstance(o, Read))
+        assert all(o.via is None for o in ops if isinstance(o, Add))
+
+
+def test_whole_program_marks_every_point():
+    prog = compile_program(placement="post", n_layers=2, embeds=("embed", "pos_embed"),
+                           norms={"ln_embed", "L0.ln_resid_attn"})
+    assert prog[:4] == (Embed("embed"), Embed("pos_embed"), Norm("ln_embed"), Mark(0))
+    assert [o.point for o in prog if isinstance(o, Mark)] == [0, 1, 2, "final"]
+    assert "x = ln_embed(x)" in describe(prog)
+
+
+def test_unknown_placement():
+    with pytest.raises(ValueError, match="unknown placement"):
+        compile_block("middle", 0, set())
