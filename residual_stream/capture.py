@@ -103,6 +103,32 @@ def _norm_hook(anatomy: Anatomy, names: list[str], out: Captured, verify: bool, 
     return hook
 
 
+@contextmanager
+def untouched(model: nn.Module) -> Iterator[None]:
+    """Leave ``model`` as it was: restore train/eval modes and drop hooks others add meanwhile.
+
+    Used around forward passes on a user's model: we run in eval mode (no dropout), and
+    ``transformers``' ``output_hidden_states`` installs capture hooks of its own, once and for
+    good; both are undone on exit.
+    """
+    modes = {m: m.training for m in model.modules()}
+    hook_dicts = ("_forward_hooks", "_forward_pre_hooks")
+    before = {(m, d): set(getattr(m, d)) for m in model.modules() for d in hook_dicts}
+    flag = model.__dict__.get("_output_capturing_hooks_installed", None)
+    model.eval()
+    try:
+        yield
+    finally:
+        for (m, d), keys in before.items():
+            for key in set(getattr(m, d)) - keys:
+                for extra in ("", "_with_kwargs", "_always_called"):
+                    getattr(m, d + extra, {}).pop(key, None)
+        if flag is None:
+            model.__dict__.pop("_output_capturing_hooks_installed", None)
+        for m, mode in modes.items():
+            m.training = mode
+
+
 def capture(
     model: nn.Module,
     anatomy: Anatomy,
@@ -116,7 +142,8 @@ def capture(
     kwargs: dict[str, object] = {"input_ids": tokens, "attention_mask": attention_mask}
     if "use_cache" in inspect.signature(model.forward).parameters:
         kwargs["use_cache"] = False
-    with torch.inference_mode(), hooked(model, anatomy, out, tokens.shape, verify=verify):
+    with torch.inference_mode(), untouched(model), hooked(model, anatomy, out, tokens.shape,
+                                                          verify=verify):
         result = model(**kwargs)
     if anatomy.has_lm_head:
         logits = getattr(result, "logits", result)
@@ -128,6 +155,6 @@ def hidden_states_reference(
     model: nn.Module, tokens: Int[Tensor, "batch pos"], attention_mask: Int[Tensor, "batch pos"]
 ) -> tuple[Float[Tensor, "batch pos d_model"], ...]:
     """The framework's own ``output_hidden_states`` for the same inputs (float32)."""
-    with torch.inference_mode():
+    with torch.inference_mode(), untouched(model):
         result = model(input_ids=tokens, attention_mask=attention_mask, output_hidden_states=True)
     return tuple(h.detach().float() for h in result.hidden_states)

@@ -1,0 +1,183 @@
+"""Loading: every source, every error path, and the guarantee that files and caches stay as
+they were after a failure."""
+
+import shutil
+
+import pytest
+import torch
+import transformers as tf
+from conftest import TEXTS
+from tiny_hf import build
+
+import residual_stream as rs
+from residual_stream import registry
+from residual_stream.errors import (
+    CorruptModelFileError, ModelNotFoundError, ModelNotInstalledError,
+    UnsupportedArchitectureError,
+)
+from residual_stream.inputs import ByteTokenizer
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    monkeypatch.setenv("RESIDUAL_STREAM_CACHE", str(root))
+    return root
+
+
+def minilm_tokenizer_files(folder):
+    src = registry.REGISTRY["minilm-l6"].location()
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
+                 "special_tokens_map.json"):
+        shutil.copy(src / name, folder / name)
+
+
+def save_tiny_bert(folder, *, nan=False):
+    torch.manual_seed(0)
+    model = tf.BertModel(tf.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2,
+                                       num_attention_heads=4, intermediate_size=64),
+                         add_pooling_layer=False)
+    if nan:
+        with torch.no_grad():
+            model.encoder.layer[1].output.dense.weight[0, 0] = float("nan")
+    model.save_pretrained(folder)
+    minilm_tokenizer_files(folder)
+    return folder
+
+
+def test_list_models_shows_registry():
+    frame = rs.list_models()
+    assert set(frame.name) >= {"smollm2-135m", "minilm-l6"}
+    row = frame.set_index("name").loc["minilm-l6"]
+    assert (row.architecture, row.placement, row.norm, bool(row.installed)) == (
+        "bert", "post", "layernorm", True)
+
+
+def test_model_not_installed_names_the_install_command(monkeypatch):
+    entry = registry.RegistryEntry("ghost", "a model", "llama", "pre", "rmsnorm", "1M",
+                                   "no_such_package_xyz", "ghost-wheel==1.0", "x.gguf")
+    monkeypatch.setitem(registry.REGISTRY, "ghost", entry)
+    with pytest.raises(ModelNotInstalledError, match="pip install --no-deps ghost-wheel==1.0"):
+        rs.load("ghost")
+    row = rs.list_models().set_index("name").loc["ghost"]
+    assert not row.installed and row.install == "pip install --no-deps ghost-wheel==1.0"
+
+
+@pytest.mark.parametrize("source,match", [
+    ("gpt-7", "unknown model 'gpt-7'.*smollm2-135m"),
+    ("./missing/model.gguf", "no such file"),
+    ("/nonexistent/folder", "no such file"),
+])
+def test_unknown_sources(source, match):
+    with pytest.raises(ModelNotFoundError, match=match):
+        rs.load(source)
+
+
+def test_hub_id_not_in_local_cache_says_how_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelNotFoundError, match="hf download some-org/some-model"):
+        rs.load("some-org/some-model")
+
+
+def test_hf_folder_loads_and_conserves(tmp_path):
+    model = rs.load(save_tiny_bert(tmp_path / "bert"))
+    assert model.anatomy.placement == "post" and model.anatomy.n_layers == 2
+    assert rs.trace(model, TEXTS).check().ok
+
+
+def test_nan_weights_are_refused_with_the_tensor_named(tmp_path):
+    with pytest.raises(CorruptModelFileError, match="NaN or inf.*layer.1.output.dense.weight"):
+        rs.load(save_tiny_bert(tmp_path / "bert", nan=True))
+
+
+def test_truncated_safetensors(tmp_path):
+    folder = save_tiny_bert(tmp_path / "bert")
+    weights = folder / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CorruptModelFileError, match="truncated|corrupt"):
+        rs.load(folder)
+    assert weights.stat().st_size == len(data) // 2  # the file is left as it was
+
+
+def test_garbage_safetensors(tmp_path):
+    folder = save_tiny_bert(tmp_path / "bert")
+    (folder / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    with pytest.raises(CorruptModelFileError):
+        rs.load(folder)
+
+
+def test_not_a_gguf_file(tmp_path, cache):
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"NOPE" + bytes(64))
+    with pytest.raises(CorruptModelFileError, match="not a GGUF file"):
+        rs.load(bad)
+    assert not cache.exists()
+
+
+@pytest.mark.slow
+def test_truncated_gguf_leaves_no_cache(tmp_path, cache):
+    real = registry.REGISTRY["smollm2-135m"].location()
+    cut = tmp_path / "cut.gguf"
+    with open(real, "rb") as fh:
+        cut.write_bytes(fh.read(3_000_000))
+    with pytest.raises(CorruptModelFileError, match="corrupt or truncated"):
+        rs.load(cut, progress=False)
+    assert not any((cache / "gguf").glob("*")) if (cache / "gguf").exists() else True
+    assert cut.stat().st_size == 3_000_000
+
+
+def test_unsupported_architecture_is_named():
+    torch.manual_seed(0)
+    gptj = tf.GPTJForCausalLM(tf.GPTJConfig(vocab_size=257, n_embd=32, n_layer=2, n_head=4,
+                                            rotary_dim=4, n_positions=64))
+    with pytest.raises(UnsupportedArchitectureError, match="'gptj' is not supported.*llama"):
+        rs.load(gptj, tokenizer=ByteTokenizer())
+
+
+def test_model_object_without_tokenizer():
+    with pytest.raises(ModelNotFoundError, match="tokenizer="):
+        rs.load(build("llama"))
+
+
+def hook_count(module):
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in module.modules())
+
+
+def test_user_model_is_left_exactly_as_it_was():
+    hf = build("gpt2")
+    hf.train()  # a user's model in training mode: we run in eval and restore the mode
+    hf.config._attn_implementation = "sdpa"
+    state = {k: v.clone() for k, v in hf.state_dict().items()}
+    hooks = hook_count(hf)
+    model = rs.load(hf, tokenizer=ByteTokenizer())
+    trace = rs.trace(model, TEXTS)
+    assert trace.check().ok  # includes transformers' own output_hidden_states run
+    assert hook_count(hf) == hooks
+    assert hf.training and all(m.training for m in hf.modules())
+    assert hf.config._attn_implementation == "sdpa"
+    assert hf.transformer.wte.weight is hf.lm_head.weight  # still tied
+    for k, v in hf.state_dict().items():
+        assert torch.equal(v, state[k]), k
+
+
+def test_bridge_is_unwrapped_without_booting_anything():
+    class TransformerBridge:  # stands in for TL's class, matched by name and module
+        __module__ = "transformer_lens.model_bridge.bridge"
+
+        def __init__(self, hf, tok):
+            self.original_model, self.tokenizer = hf, tok
+
+    hf = build("llama")
+    model = rs.load(TransformerBridge(hf, ByteTokenizer()))
+    assert model.module is hf and model.source == "bridge"
+
+
+def test_device_and_dtype_auto():
+    from residual_stream.loading import resolve_device, resolve_dtype
+
+    dev = resolve_device("auto")
+    assert dev.type == ("cuda" if torch.cuda.is_available() else dev.type)
+    assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32

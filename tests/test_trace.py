@@ -1,0 +1,99 @@
+"""Tracing: inputs, padding, errors, hook hygiene, and the analysis-facing views."""
+
+import pytest
+import torch
+from conftest import REL_F32, TEXTS, max_rel_error
+from tiny_hf import build
+
+import residual_stream as rs
+from residual_stream.errors import ContextLengthError, EmptyTextError, NonFiniteError
+from residual_stream.inputs import ByteTokenizer
+from residual_stream.twins import twin
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return rs.load(build("llama"), tokenizer=ByteTokenizer())
+
+
+@pytest.mark.parametrize("texts", ["", "   ", [], ["fine", ""]])
+def test_empty_text(llama, texts):
+    with pytest.raises(EmptyTextError, match="empty|no texts"):
+        rs.trace(llama, texts)
+
+
+def test_too_long_names_the_limit_and_chunking_splits(llama):
+    text = "x" * 200  # 201 byte tokens with BOS; the tiny model's context is 128
+    with pytest.raises(ContextLengthError, match="201 tokens.*limit of 128"):
+        rs.trace(llama, text)
+    trace = rs.trace(llama, text, overflow="chunk")
+    assert trace.tokens.shape == (2, 128)
+    assert trace.attention_mask.sum().item() == 201
+    assert trace.batch.text_index == (0, 0)
+
+
+def test_batched_equals_one_by_one(llama):
+    batch = rs.trace(llama, TEXTS)
+    for i, text in enumerate(TEXTS):
+        alone = rs.trace(llama, text)
+        n = alone.tokens.shape[1]
+        for L in (0, 2, 3):
+            assert max_rel_error(batch.stream(L)[i:i + 1, :n], alone.stream(L),
+                                 alone.attention_mask) <= REL_F32
+        torch.testing.assert_close(batch.decompose(3).values[:, i:i + 1, :n],
+                                   alone.decompose(3).values, atol=1e-5, rtol=1e-4)
+
+
+def test_padding_is_excluded_from_tables(llama):
+    batch = rs.trace(llama, TEXTS).decompose(2).to_frame()
+    long_only = rs.trace(llama, TEXTS[1:]).decompose(2).to_frame()
+    short_only = rs.trace(llama, TEXTS[:1]).decompose(2).to_frame()
+    n0, n1 = (len(t.encode()) + 1 for t in TEXTS)
+    expected = (short_only.norm_mean * n0 + long_only.norm_mean * n1) / (n0 + n1)
+    torch.testing.assert_close(torch.tensor(batch.norm_mean.values),
+                               torch.tensor(expected.values), atol=1e-5, rtol=1e-5)
+
+
+def test_shares_sum_to_one(llama):
+    frame = rs.trace(llama, TEXTS).decompose(3).to_frame()
+    assert frame.share_mean.sum() == pytest.approx(1.0, abs=1e-4)
+
+
+def test_hooks_removed_even_when_forward_raises():
+    model = twin(norm="layernorm", placement="post", n_layers=2)  # learned positions, n_ctx 256
+
+    def count():
+        return sum(len(m._forward_hooks) + len(m._forward_pre_hooks)
+                   for m in model.module.modules())
+
+    before = count()
+    with pytest.raises(ValueError, match="exceeds n_ctx=256"):
+        # raise our own limit past the model's, so that the model itself fails mid-capture
+        rs.trace(model, "y" * 300, max_length=400)
+    assert count() == before
+
+
+def test_nan_in_the_stream_names_layer_and_component():
+    model = twin(norm="layernorm", placement="pre", n_layers=4)
+    with torch.no_grad():
+        model.module.blocks[2].mlp.fc_out.weight[0, 0] = float("nan")
+    with pytest.raises(NonFiniteError, match="layer 2, in MLP"):
+        rs.trace(model, "hello")
+
+
+def test_head_writes_sum_to_attention_output_and_scales_are_recorded(llama):
+    trace = rs.trace(llama, TEXTS, verify=True)
+    torch.testing.assert_close(trace.attn_write(1), trace.captured.attn_out[1],
+                               atol=1e-6, rtol=1e-5)
+    spec = llama.anatomy.norms["L1.ln_mlp_in"]
+    x = trace.captured.norm_in["L1.ln_mlp_in"]
+    expected = torch.sqrt(x.pow(2).mean(-1) + spec.eps)
+    torch.testing.assert_close(trace.norm_scale("L1.ln_mlp_in"), expected)
+
+
+def test_bad_layer_index(llama):
+    trace = rs.trace(llama, "hi")
+    with pytest.raises(IndexError, match=r"0\.\.3"):
+        trace.stream(4)
+    with pytest.raises(IndexError, match=r"0\.\.3"):
+        trace.decompose(7)
