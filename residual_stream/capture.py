@@ -114,7 +114,8 @@ def untouched(model: nn.Module) -> Iterator[None]:
     modes = {m: m.training for m in model.modules()}
     hook_dicts = ("_forward_hooks", "_forward_pre_hooks")
     before = {(m, d): set(getattr(m, d)) for m in model.modules() for d in hook_dicts}
-    flag = model.__dict__.get("_output_capturing_hooks_installed", None)
+    flag = "_output_capturing_hooks_installed"  # set by transformers on the module it hooked
+    flagged = {m for m in model.modules() if flag in m.__dict__}
     model.eval()
     try:
         yield
@@ -123,8 +124,9 @@ def untouched(model: nn.Module) -> Iterator[None]:
             for key in set(getattr(m, d)) - keys:
                 for extra in ("", "_with_kwargs", "_always_called"):
                     getattr(m, d + extra, {}).pop(key, None)
-        if flag is None:
-            model.__dict__.pop("_output_capturing_hooks_installed", None)
+        for m in model.modules():
+            if m not in flagged:
+                m.__dict__.pop(flag, None)
         for m, mode in modes.items():
             m.training = mode
 

@@ -160,6 +160,11 @@ def test_user_model_is_left_exactly_as_it_was():
     assert hf.transformer.wte.weight is hf.lm_head.weight  # still tied
     for k, v in hf.state_dict().items():
         assert torch.equal(v, state[k]), k
+    # and the user's own output_hidden_states still works after ours (twice: flags restored)
+    for _ in range(2):
+        out = hf(input_ids=trace.tokens, attention_mask=trace.attention_mask,
+                 output_hidden_states=True)
+        assert len(out.hidden_states) == model.anatomy.n_layers + 1
 
 
 def test_bridge_is_unwrapped_without_booting_anything():
