@@ -1,10 +1,10 @@
 """residual-stream: mechanistic interpretability of the transformer residual stream.
 
-    import residual_stream as rs
-    model = rs.load("smollm2-135m")
-    trace = rs.trace(model, ["The capital of France is", "Residual streams grow"])
-    parts = trace.decompose(12)          # exact, labelled sum of contributions
-    trace.check()                        # conservation against the model's own hidden states
+import residual_stream as rs
+model = rs.load("smollm2-135m")
+trace = rs.trace(model, ["The capital of France is", "Residual streams grow"])
+parts = trace.decompose(12)          # exact, labelled sum of contributions
+trace.check()                        # conservation against the model's own hidden states
 """
 
 from . import errors

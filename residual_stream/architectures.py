@@ -151,7 +151,10 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
     spec = _spec_for(config)
     base = model.base_model
     prefix = next(n for n, m in model.named_modules() if m is base)
-    full = (lambda p: f"{prefix}.{p}" if prefix else p)
+
+    def full(path: str) -> str:
+        return f"{prefix}.{path}" if prefix else path
+
     n_layers = len(base.get_submodule(spec.layers))
     placement = spec.placement(config) if callable(spec.placement) else spec.placement
 

@@ -58,39 +58,44 @@ def hooked(
     (learned position embeddings, ``[pos, d_model]`` or ``[1, pos, d_model]``) are expanded to it.
     """
     handles: list[torch.utils.hooks.RemovableHandle] = []
+    try:
+        for path, fn, is_pre in _hook_plan(anatomy, out, shape, verify):
+            module = model.get_submodule(path)
+            handles.append(module.register_forward_pre_hook(fn, with_kwargs=True) if is_pre
+                           else module.register_forward_hook(fn))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _hook_plan(anatomy: Anatomy, out: Captured, shape: torch.Size, verify: bool) -> list[tuple]:
+    """``(module path, hook function, is_pre_hook)`` for everything ``out`` should receive."""
     m = anatomy.modules
 
     def keep(t: Tensor) -> Tensor:
         t = t.detach().float()
         return t if t.shape[:-1] == shape else t.expand(*shape, t.shape[-1])
 
-    def pre(path: str, fn) -> None:
-        handles.append(model.get_submodule(path).register_forward_pre_hook(fn, with_kwargs=True))
+    def store_output(store: dict, key: object):
+        return lambda mod, args, y: store.__setitem__(key, keep(_first(y)))
 
-    def post(path: str, fn) -> None:
-        handles.append(model.get_submodule(path).register_forward_hook(fn))
+    def store_input(store: dict, key: object):
+        return lambda mod, args, kwargs: store.__setitem__(key, keep(_input(args, kwargs)))
 
-    try:
-        for label, path in m.embeds.items():
-            post(path, lambda mod, a, y, label=label: out.embeds.__setitem__(label, keep(y)))
-        for L, path in enumerate(m.layers):
-            pre(path, lambda mod, a, k, L=L: out.resid.__setitem__(L, keep(_input(a, k))))
-        post(m.layers[-1], lambda mod, a, y: out.resid.__setitem__(len(m.layers), keep(_first(y))))
-        for L, path in enumerate(m.attn_out):
-            pre(path, lambda mod, a, k, L=L: out.z.__setitem__(L, keep(_input(a, k))))
-            if verify:
-                post(path, lambda mod, a, y, L=L: out.attn_out.__setitem__(L, keep(_first(y))))
-        for L, path in enumerate(m.mlp_out):
-            post(path, lambda mod, a, y, L=L: out.mlp_out.__setitem__(L, keep(_first(y))))
-        by_path: dict[str, list[str]] = defaultdict(list)
-        for name, path in m.norms.items():
-            by_path[path].append(name)
-        for path, names in by_path.items():
-            pre(path, _norm_hook(anatomy, names, out, verify, keep))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+    plan = [(path, store_output(out.embeds, label), False) for label, path in m.embeds.items()]
+    plan += [(path, store_input(out.resid, L), True) for L, path in enumerate(m.layers)]
+    plan.append((m.layers[-1], store_output(out.resid, len(m.layers)), False))
+    plan += [(path, store_input(out.z, L), True) for L, path in enumerate(m.attn_out)]
+    if verify:
+        plan += [(path, store_output(out.attn_out, L), False) for L, path in enumerate(m.attn_out)]
+    plan += [(path, store_output(out.mlp_out, L), False) for L, path in enumerate(m.mlp_out)]
+    by_path: dict[str, list[str]] = defaultdict(list)
+    for name, path in m.norms.items():
+        by_path[path].append(name)  # one module may serve several roles (a shared norm)
+    plan += [(path, _norm_hook(anatomy, names, out, verify, keep), True)
+             for path, names in by_path.items()]
+    return plan
 
 
 def _norm_hook(anatomy: Anatomy, names: list[str], out: Captured, verify: bool, keep):

@@ -90,7 +90,7 @@ class Contributions:
         """
         out = torch.zeros_like(self.values[0])
         bounds = [i for i in range(1, len(self.groups)) if self.groups[i] != self.groups[i - 1]]
-        for start, end in zip([0, *bounds], [*bounds, len(self.groups)]):
+        for start, end in zip([0, *bounds], [*bounds, len(self.groups)], strict=True):
             out = out + self.values[start:end].sum(0)
         return out
 

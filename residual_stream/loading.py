@@ -26,9 +26,7 @@ from torch import nn
 
 from .anatomy import Anatomy
 from .architectures import describe
-from .errors import (
-    CorruptModelFileError, ModelNotFoundError, ModelNotInstalledError, ResidualStreamError,
-)
+from .errors import CorruptModelFileError, ModelNotFoundError, ModelNotInstalledError, ResidualStreamError
 from .registry import REGISTRY
 from .tl_compat import is_bridge, unwrap_bridge
 

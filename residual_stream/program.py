@@ -24,11 +24,11 @@ Placements differ only in their block template (data below), so one replay engin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Literal
 
 Placement = Literal["pre", "post", "sandwich", "deepnorm", "parallel"]
 PLACEMENTS: tuple[str, ...] = ("pre", "post", "sandwich", "deepnorm", "parallel")
-Point = Union[int, Literal["final"]]
+Point = int | Literal["final"]
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class Mark:
     point: Point
 
 
-Op = Union[Embed, Read, Add, Norm, Scale, Mark]
+Op = Embed | Read | Add | Norm | Scale | Mark
 
 # Block templates, one per placement. Norm roles are resolved per layer ("ln_attn_in" ->
 # "L3.ln_attn_in"); a role the model lacks (norm="none", OLMo 2's missing input norm) drops out:

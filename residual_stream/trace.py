@@ -74,7 +74,7 @@ class Trace:
         module = self.model.module.get_submodule(self.anatomy.modules.attn_out[layer])
         return head_writes(self.captured.z[layer], attn_W_O(module, self.anatomy.n_heads))
 
-    def attn_bias(self, layer: int) -> Float[Tensor, "d_model"] | None:
+    def attn_bias(self, layer: int) -> Float[Tensor, " d_model"] | None:
         """The attention output bias ``b_O`` of block ``layer``, or None."""
         return bias_of(self.model.module.get_submodule(self.anatomy.modules.attn_out[layer]))
 

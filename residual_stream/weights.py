@@ -21,7 +21,7 @@ def as_in_out(module: nn.Module) -> Float[Tensor, "d_in d_out"]:
     return w.detach().float()
 
 
-def bias_of(module: nn.Module) -> Float[Tensor, "d_out"] | None:
+def bias_of(module: nn.Module) -> Float[Tensor, " d_out"] | None:
     """The bias of a projection as float32, or None."""
     b = getattr(module, "bias", None)
     return None if b is None else b.detach().float()

@@ -12,7 +12,9 @@ from tiny_hf import build
 import residual_stream as rs
 from residual_stream import registry
 from residual_stream.errors import (
-    CorruptModelFileError, ModelNotFoundError, ModelNotInstalledError,
+    CorruptModelFileError,
+    ModelNotFoundError,
+    ModelNotInstalledError,
     UnsupportedArchitectureError,
 )
 from residual_stream.inputs import ByteTokenizer

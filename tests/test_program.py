@@ -3,7 +3,16 @@
 import pytest
 
 from residual_stream.program import (
-    PLACEMENTS, Add, Embed, Mark, Norm, Read, Scale, compile_block, compile_program, describe,
+    PLACEMENTS,
+    Add,
+    Embed,
+    Mark,
+    Norm,
+    Read,
+    Scale,
+    compile_block,
+    compile_program,
+    describe,
 )
 
 ALL = {f"L0.{r}" for r in ("ln_attn_in", "ln_mlp_in", "ln_attn_out", "ln_mlp_out",

@@ -60,7 +60,7 @@ def test_minilm_is_post_norm_and_has_no_lm_head(minilm):
     assert a.embeds == ("embed", "type_embed", "pos_embed") and "ln_embed" in a.norms
     trace = rs.trace(minilm, TEXTS)
     with pytest.raises(NotAvailableError, match="without a trained masked-LM head"):
-        trace.logits
+        _ = trace.logits
     # post-LN: the stream entering every block is a LayerNorm output, so its per-token
     # spread is set by γ, β, and does not grow with depth the way pre-norm streams do
     rms = [trace.stream(L)[trace.attention_mask.bool()].pow(2).mean().sqrt() for L in range(7)]

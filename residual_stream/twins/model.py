@@ -109,6 +109,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(batch, pos, d_model)`` → the attention's write, same shape."""
         B, P, _ = x.shape
         H = self.cfg.n_heads
         q, k, v = (p(x).view(B, P, H, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj,
@@ -130,6 +131,7 @@ class MLP(nn.Module):
         self.fc_out = nn.Linear(cfg.d_mlp, cfg.d_model, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(batch, pos, d_model)`` → the MLP's write, same shape."""
         h = F.silu(self.gate(x)) * self.fc_in(x) if self.swiglu else F.gelu(self.fc_in(x))
         return self.fc_out(h)
 
@@ -146,6 +148,7 @@ class Block(nn.Module):
         self.hook_resid_pre, self.hook_attn_out, self.hook_mlp_out = HookPoint(), HookPoint(), HookPoint()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The stream entering the block → the stream leaving it."""
         x = self.hook_resid_pre(x)
         attn = lambda h: self.hook_attn_out(self.attn(h))  # noqa: E731
         mlp = lambda h: self.hook_mlp_out(self.mlp(h))  # noqa: E731
