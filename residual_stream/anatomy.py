@@ -47,7 +47,11 @@ class Component:
 
 @dataclass(frozen=True)
 class ModulePaths:
-    """Where each hooked module sits in the framework model (dotted paths from its root)."""
+    """Where each hooked module sits in the framework model (dotted paths from its root).
+
+    ``qkv``, ``mlp_in``, ``mlp_gate`` and ``mlp_down`` are relative to a block (``layers[L]``);
+    ``qkv_layout`` says how to split them (see ``weights.layer_weights``).
+    """
 
     layers: tuple[str, ...]
     embeds: Mapping[str, str]
@@ -55,6 +59,11 @@ class ModulePaths:
     mlp_out: tuple[str, ...]
     norms: Mapping[str, str]
     lm_head: str | None
+    qkv: tuple[str, ...] = ()
+    qkv_layout: str = "separate"
+    mlp_in: str = ""
+    mlp_gate: str | None = None
+    mlp_down: str = ""
 
 
 @dataclass(frozen=True, eq=False)

@@ -38,6 +38,13 @@ class ArchSpec:
     weight_offset: float = 0.0
     alpha: Callable[[object], float] = field(default=lambda cfg: 1.0)
     n_ctx_keys: tuple[str, ...] = ("max_position_embeddings",)
+    # read and write maps, relative to a block: separate q/k/v projections, or one fused
+    # projection with its layout ("blocks": [q | k | v], GPT-2; "per_head": [h: q k v], NeoX)
+    qkv: tuple[str, ...] = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+    qkv_layout: str = "separate"
+    mlp_in: str = "mlp.up_proj"
+    mlp_gate: str | None = "mlp.gate_proj"
+    mlp_down: str = "mlp.down_proj"
 
 
 _LLAMA = ArchSpec(
@@ -68,6 +75,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         layers="h", embeds={"embed": "wte", "pos_embed": "wpe"}, final_norm="ln_f",
         block_norms={"ln_attn_in": "ln_1", "ln_mlp_in": "ln_2"},
         attn_out="attn.c_proj", mlp_out="mlp", n_ctx_keys=("n_positions",),
+        qkv=("attn.c_attn",), qkv_layout="blocks", mlp_in="mlp.c_fc", mlp_gate=None,
+        mlp_down="mlp.c_proj",
     ),
     "gpt_neox": ArchSpec(
         family="GPT-NeoX / Pythia decoder (parallel attention and MLP, LayerNorm)",
@@ -75,6 +84,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         block_norms={"ln_attn_in": "input_layernorm", "ln_mlp_in": "post_attention_layernorm"},
         attn_out="attention.dense", mlp_out="mlp",
         placement=lambda cfg: "parallel" if cfg.use_parallel_residual else "pre",
+        qkv=("attention.query_key_value",), qkv_layout="per_head", mlp_in="mlp.dense_h_to_4h",
+        mlp_gate=None, mlp_down="mlp.dense_4h_to_h",
     ),
     "bert": ArchSpec(
         family="BERT encoder (post-LayerNorm, LayerNorm on the embeddings)",
@@ -85,6 +96,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         block_norms={"ln_resid_attn": "attention.output.LayerNorm",
                      "ln_resid_mlp": "output.LayerNorm"},
         attn_out="attention.output.dense", mlp_out="output.dense",
+        qkv=("attention.self.query", "attention.self.key", "attention.self.value"),
+        mlp_in="intermediate.dense", mlp_gate=None, mlp_down="output.dense",
     ),
     "rs-twin": ArchSpec(
         family="residual-stream twin (any norm, any placement)",
@@ -94,6 +107,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                                     "ln_resid_attn", "ln_resid_mlp")},
         attn_out="attn.o_proj", mlp_out="mlp", placement=lambda cfg: cfg.placement,
         alpha=lambda cfg: cfg.deepnorm_alpha, n_ctx_keys=("n_ctx",),
+        qkv=("attn.q_proj", "attn.k_proj", "attn.v_proj"), mlp_in="mlp.fc_in", mlp_gate="mlp.gate",
+        mlp_down="mlp.fc_out",
     ),
 }
 
@@ -194,6 +209,9 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
             mlp_out=tuple(full(f"{p}.{spec.mlp_out}") for p in layer_paths),
             norms={k: v.module_path for k, v in norms.items()},
             lm_head=None,
+            qkv=spec.qkv, qkv_layout=spec.qkv_layout,
+            mlp_in=spec.mlp_in, mlp_gate=spec.mlp_gate if _has(
+                base, f"{layer_paths[0]}.{spec.mlp_gate}") else None, mlp_down=spec.mlp_down,
         ),
         has_lm_head=has_lm_head, lm_head_note=lm_head_note, alpha=alpha,
         has_attn_bias=getattr(attn0, "bias", None) is not None,

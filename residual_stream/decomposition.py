@@ -18,7 +18,7 @@ that sum for any norm placement with this one engine. In a pre-norm program ther
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -28,7 +28,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .norms import NormSpec
-from .program import Add, Embed, Mark, Norm, Op, Point, Scale
+from .program import Add, Embed, Mark, Norm, Op, Point, Read, Scale
 
 ContributionKind = Literal["embed", "head", "attn_bias", "mlp", "norm_bias"]
 
@@ -48,8 +48,8 @@ class Contributions:
     """The stream at ``point`` as a labelled sum: ``values.sum(0) == stream``.
 
     Attributes:
-        point: Block index (stream entering that block; ``n_layers`` = after the last) or
-            ``"final"`` (after the final norm).
+        point: Block index (stream entering that block; ``n_layers`` = after the last),
+            ``"final"`` (after the final norm), or ``"L3.mlp read"`` (where a component reads).
         labels: One name per contribution: ``embed``, ``pos_embed``, ``L3H5``, ``L3.b_O``,
             ``L3.mlp``, ``L3.ln_resid_attn.bias`` ...
         kinds: ``embed | head | attn_bias | mlp | norm_bias`` per contribution.
@@ -60,7 +60,7 @@ class Contributions:
             share one), in program order.
     """
 
-    point: Point
+    point: Point | str
     labels: tuple[str, ...]
     kinds: tuple[str, ...]
     layers: tuple[int, ...]
@@ -129,46 +129,52 @@ def _layer_of(name: str) -> int:
     return int(name[1:name.index(".")]) if name.startswith("L") and "." in name else -1
 
 
-def replay(
-    program: tuple[Op, ...],
-    *,
-    upto: Point,
-    norms: dict[str, NormSpec],
-    scales: Callable[[str], Tensor],
-    embed: Callable[[str], Write],
-    writes: Callable[[str], list[Write]],
-    attention_mask: Tensor,
-) -> Contributions:
-    """Replay ``program`` over contributions until ``Mark(upto)``.
+@dataclass(frozen=True)
+class Sources:
+    """What a replay needs from a trace: norms, their frozen scales, and the writes.
 
-    Args:
-        program: The anatomy's stream program.
-        upto: The point to stop at (see ``Mark``).
+    Attributes:
         norms: Norm specs by name.
         scales: Name -> frozen per-token scale ``[batch, pos]`` of that norm.
         embed: Label -> the embedding's ``Write``.
         writes: Component name -> its labelled writes (before any ``via`` norm).
         attention_mask: ``[batch, pos]``.
     """
-    if not any(isinstance(op, Mark) and op.point == upto for op in program):
-        raise KeyError(f"point {upto!r} is not in the program; use 0..n_layers or 'final'")
+
+    norms: dict[str, NormSpec]
+    scales: Callable[[str], Tensor]
+    embed: Callable[[str], Write]
+    writes: Callable[[str], list[Write]]
+    attention_mask: Tensor
+
+
+def replay_states(program: tuple[Op, ...], src: Sources) -> Iterator[tuple[Op, list[Write]]]:
+    """Walk ``program``, yielding ``(op, pieces)`` with the stream's pieces *as ``op`` sees them*.
+
+    The one engine behind every decomposition: ``Embed`` and ``Add`` append pieces (an
+    ``Add`` through a write norm maps its pieces first), ``Norm`` maps every piece through the
+    frozen norm and appends its bias, ``Scale`` multiplies every piece.
+    """
     pieces: list[Write] = []
     for op in program:
-        if isinstance(op, Mark) and op.point == upto:
-            break
+        yield op, pieces
         if isinstance(op, Embed):
-            pieces.append(embed(op.label))
+            pieces = [*pieces, src.embed(op.label)]
         elif isinstance(op, Add):
-            new = writes(op.component)
+            new = src.writes(op.component)
             if op.via is not None:
-                new = _through(norms[op.via], scales(op.via), new)
-            pieces.extend(new)
+                new = _through(src.norms[op.via], src.scales(op.via), new)
+            pieces = [*pieces, *new]
         elif isinstance(op, Norm):
-            pieces = _through(norms[op.norm], scales(op.norm), pieces)
+            pieces = _through(src.norms[op.norm], src.scales(op.norm), pieces)
         elif isinstance(op, Scale):
             pieces = [Write(p.labels, p.kind, p.layer, p.values * op.alpha) for p in pieces]
+
+
+def collect(pieces: list[Write], point: Point | str, attention_mask: Tensor) -> Contributions:
+    """Stack ``pieces`` into a ``Contributions`` at ``point``."""
     return Contributions(
-        point=upto,
+        point=point,
         labels=tuple(lab for p in pieces for lab in p.labels),
         kinds=tuple(p.kind for p in pieces for _ in p.labels),
         layers=tuple(p.layer for p in pieces for _ in p.labels),
@@ -176,6 +182,22 @@ def replay(
         attention_mask=attention_mask,
         groups=tuple(g for g, p in enumerate(pieces) for _ in p.labels),
     )
+
+
+def replay(program: tuple[Op, ...], src: Sources, *, upto: Point) -> Contributions:
+    """The contributions at ``Mark(upto)`` (block index or ``"final"``)."""
+    for op, pieces in replay_states(program, src):
+        if isinstance(op, Mark) and op.point == upto:
+            return collect(pieces, upto, src.attention_mask)
+    raise KeyError(f"point {upto!r} is not in the program; use 0..n_layers or 'final'")
+
+
+def replay_to_read(program: tuple[Op, ...], src: Sources, component: str) -> Contributions:
+    """The contributions of the stream where ``component`` reads it (before its read norm)."""
+    for op, pieces in replay_states(program, src):
+        if isinstance(op, Read) and op.component == component:
+            return collect(pieces, f"{component} read", src.attention_mask)
+    raise KeyError(f"no component {component!r} reads the stream; names are like 'L3.attn'")
 
 
 def _through(norm: NormSpec, scale: Tensor, pieces: list[Write]) -> list[Write]:

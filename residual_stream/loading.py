@@ -29,6 +29,7 @@ from .architectures import describe
 from .errors import CorruptModelFileError, ModelNotFoundError, ModelNotInstalledError, ResidualStreamError
 from .registry import REGISTRY
 from .tl_compat import is_bridge, unwrap_bridge
+from .weights import LayerWeights, layer_weights
 
 LM_HEAD_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForMaskedLM")
 
@@ -60,6 +61,12 @@ class Model:
     def dtype(self) -> torch.dtype:
         """Dtype of the model's first floating parameter."""
         return next(p.dtype for p in self.module.parameters() if p.is_floating_point())
+
+    def weights(self, layer: int) -> LayerWeights:
+        """Read and write maps of block ``layer`` (``W_Q W_K W_V W_O W_in W_gate W_out``, biases)."""
+        if not 0 <= layer < self.anatomy.n_layers:
+            raise IndexError(f"layer must be in 0..{self.anatomy.n_layers - 1}, got {layer}")
+        return layer_weights(self.module, self.anatomy, layer)
 
     def __repr__(self) -> str:
         a = self.anatomy

@@ -23,7 +23,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .capture import Captured, capture
-from .decomposition import Contributions, Write, replay
+from .decomposition import Contributions, Sources, Write, replay, replay_to_read
 from .errors import NonFiniteError, NotAvailableError
 from .inputs import Batch, Overflow, encode
 from .program import Point
@@ -114,16 +114,29 @@ class Trace:
                              b.expand_as(heads[0]).unsqueeze(0)))
         return out
 
+    def sources(self) -> Sources:
+        """What the replay engine needs from this trace."""
+        return Sources(
+            norms=dict(self.anatomy.norms), scales=self.norm_scale,
+            embed=lambda lab: Write((lab,), "embed", -1, self.captured.embeds[lab].unsqueeze(0)),
+            writes=self._writes, attention_mask=self.attention_mask,
+        )
+
     def decompose(self, point: Point) -> Contributions:
         """The stream at ``point`` (block index or ``"final"``) as an exact labelled sum."""
         if point != "final":
             self.stream(point)  # validates the index with a clear message
-        return replay(
-            self.anatomy.program, upto=point, norms=dict(self.anatomy.norms),
-            scales=self.norm_scale,
-            embed=lambda lab: Write((lab,), "embed", -1, self.captured.embeds[lab].unsqueeze(0)),
-            writes=self._writes, attention_mask=self.attention_mask,
-        )
+        return replay(self.anatomy.program, self.sources(), upto=point)
+
+    def decompose_read(self, component: str) -> Contributions:
+        """The stream where ``component`` (``"L3.attn"``, ``"L3.mlp"``) reads it, before its norm."""
+        return replay_to_read(self.anatomy.program, self.sources(), component)
+
+    def read_input(self, component: str) -> Float[Tensor, "batch pos d_model"]:
+        """What ``component`` actually reads: the stream at its read point, through its norm."""
+        x = self.decompose_read(component).total()
+        norm = next(c.reads_through for c in self.anatomy.components if c.name == component)
+        return x if norm is None else self.anatomy.norms[norm].apply_frozen(x, self.norm_scale(norm))
 
     def check(self, *, tolerance: float | None = None) -> ConservationReport:
         """Conservation report: hooks, norms and decompositions against the model's own outputs."""

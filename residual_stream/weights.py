@@ -8,10 +8,14 @@ the model is float32 (no copy); other dtypes are upcast to float32 for analysis.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import einops
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
+
+from .anatomy import ModulePaths
 
 
 def as_in_out(module: nn.Module) -> Float[Tensor, "d_in d_out"]:
@@ -40,3 +44,68 @@ def head_writes(
     z = einops.rearrange(z.to(W_O.dtype), "batch pos (head d_head) -> batch pos head d_head",
                          head=W_O.shape[0])
     return torch.einsum("bphk,hkd->hbpd", z, W_O)
+
+
+@dataclass(frozen=True, eq=False)
+class LayerWeights:
+    """Read and write maps of one block, float32, in TransformerLens's shapes.
+
+    Key and value maps of grouped-query attention are expanded to one per query head.
+    Biases are None where the model has none. ``W_gate`` is None for ungated MLPs.
+    """
+
+    W_Q: Float[Tensor, "head d_model d_head"]
+    W_K: Float[Tensor, "head d_model d_head"]
+    W_V: Float[Tensor, "head d_model d_head"]
+    b_Q: Float[Tensor, "head d_head"] | None
+    b_K: Float[Tensor, "head d_head"] | None
+    b_V: Float[Tensor, "head d_head"] | None
+    W_O: Float[Tensor, "head d_head d_model"]
+    b_O: Float[Tensor, " d_model"] | None
+    W_in: Float[Tensor, "d_model d_mlp"]
+    b_in: Float[Tensor, " d_mlp"] | None
+    W_gate: Float[Tensor, "d_model d_mlp"] | None
+    W_out: Float[Tensor, "d_mlp d_model"]
+    b_out: Float[Tensor, " d_model"] | None
+
+
+def _split_qkv(block: nn.Module, paths: ModulePaths, n_heads: int, n_kv: int):
+    """``[(W, b)] * 3`` with W ``[d_model, n·d_head]`` for q, k, v, whatever the layout."""
+    mods = [block.get_submodule(p) for p in paths.qkv]
+    if paths.qkv_layout == "separate":
+        return [(as_in_out(m), bias_of(m)) for m in mods]
+    W, b = as_in_out(mods[0]), bias_of(mods[0])
+    if paths.qkv_layout == "blocks":  # [q | k | v]
+        return list(zip(W.chunk(3, -1), b.chunk(3, -1) if b is not None else (None,) * 3,
+                        strict=True))
+    # "per_head": columns are [head, (q k v), d_head]
+    Wh = einops.rearrange(W, "d (head three k) -> three d (head k)", head=n_heads, three=3)
+    bh = None if b is None else einops.rearrange(b, "(head three k) -> three (head k)",
+                                                  head=n_heads, three=3)
+    return [(Wh[i], None if bh is None else bh[i]) for i in range(3)]
+
+
+def _per_head(W: Tensor, b: Tensor | None, n_heads: int, n_groups: int):
+    W = einops.rearrange(W, "d (group k) -> group d k", group=n_groups)
+    b = None if b is None else einops.rearrange(b, "(group k) -> group k", group=n_groups)
+    rep = n_heads // n_groups  # grouped-query attention: head h reads kv group h // rep
+    return W.repeat_interleave(rep, 0), None if b is None else b.repeat_interleave(rep, 0)
+
+
+def layer_weights(model: nn.Module, anatomy, layer: int) -> LayerWeights:
+    """The read and write maps of block ``layer`` of ``model`` (described by ``anatomy``)."""
+    paths, H = anatomy.modules, anatomy.n_heads
+    block = model.get_submodule(paths.layers[layer])
+    (Wq, bq), (Wk, bk), (Wv, bv) = _split_qkv(block, paths, H, anatomy.n_kv_heads)
+    W_Q, b_Q = _per_head(Wq, bq, H, H)
+    W_K, b_K = _per_head(Wk, bk, H, anatomy.n_kv_heads)
+    W_V, b_V = _per_head(Wv, bv, H, anatomy.n_kv_heads)
+    o = model.get_submodule(paths.attn_out[layer])
+    up, down = block.get_submodule(paths.mlp_in), block.get_submodule(paths.mlp_down)
+    gate = block.get_submodule(paths.mlp_gate) if paths.mlp_gate else None
+    return LayerWeights(
+        W_Q=W_Q, W_K=W_K, W_V=W_V, b_Q=b_Q, b_K=b_K, b_V=b_V,
+        W_O=attn_W_O(o, H), b_O=bias_of(o), W_in=as_in_out(up), b_in=bias_of(up),
+        W_gate=None if gate is None else as_in_out(gate), W_out=as_in_out(down),
+        b_out=bias_of(down),
+    )
