@@ -25,7 +25,8 @@ from torch import Tensor
 
 from .capture import capture, hidden_states_reference
 from .errors import ConservationError
-from .program import Add, Embed, Mark, Norm, Read, Scale
+from .program import Add, Mark, Norm, Read
+from .walk import component_of, walk_stream
 
 if TYPE_CHECKING:
     from .trace import Trace
@@ -133,29 +134,18 @@ def check_conservation(trace: Trace, *, tolerance: float | None = None) -> Conse
 
 
 def _replay_hooks(trace: Trace, cap, rec: _Recorder) -> None:
-    """Replay the stream program over captured writes, comparing at every hooked point."""
-    norms = trace.anatomy.norms
-    x = torch.zeros_like(cap.resid[0])
-    for op in trace.anatomy.program:
-        if isinstance(op, Embed):
-            x = x + cap.embeds[op.label]
-        elif isinstance(op, Read) and op.norm is not None:
-            rec.compare("hook", f"{op.norm} input", x, cap.norm_in[op.norm])
+    """Walk the stream program over captured writes, comparing at every hooked point."""
+    for step in walk_stream(trace, cap):
+        op = step.op
+        if isinstance(op, Read) and op.norm is not None:
+            rec.compare("hook", f"{op.norm} input", step.x, cap.norm_in[op.norm])
         elif isinstance(op, Add):
-            layer, kind = int(op.component[1:op.component.index(".")]), op.component.split(".")[1]
-            w = trace.attn_write(layer) if kind == "attn" else cap.mlp_out[layer]
+            layer, kind = component_of(op.component)
             if kind == "attn" and cap.attn_out:
-                rec.compare("hook", f"{op.component} heads sum", w, cap.attn_out[layer])
+                rec.compare("hook", f"{op.component} heads sum", step.write, cap.attn_out[layer])
             if op.via is not None:
-                rec.compare("hook", f"{op.via} input", w, cap.norm_in[op.via])
-                w = norms[op.via].apply_frozen(w, cap.norm_scale[op.via])
-            x = x + w
+                rec.compare("hook", f"{op.via} input", step.write, cap.norm_in[op.via])
         elif isinstance(op, Norm):
-            rec.compare("hook", f"{op.norm} input", x, cap.norm_in[op.norm])
-            x = norms[op.norm].apply_frozen(x, cap.norm_scale[op.norm])
-        elif isinstance(op, Scale):
-            x = x * op.alpha
+            rec.compare("hook", f"{op.norm} input", step.x, cap.norm_in[op.norm])
         elif isinstance(op, Mark) and op.point != "final":
-            rec.compare("hook", f"resid_pre {op.point}", x, cap.resid[op.point])
-            x = cap.resid[op.point]  # keep each comparison local to one block
-
+            rec.compare("hook", f"resid_pre {op.point}", step.x, cap.resid[op.point])

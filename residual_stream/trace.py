@@ -27,6 +27,7 @@ from .decomposition import Contributions, Sources, Write, replay, replay_to_read
 from .errors import NonFiniteError, NotAvailableError
 from .inputs import Batch, Overflow, encode
 from .program import Point
+from .walk import component_of
 from .weights import attn_W_O, bias_of, head_writes
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ class Trace:
         return self.captured.logits
 
     def _writes(self, component: str) -> list[Write]:
-        layer, kind = int(component[1:component.index(".")]), component.split(".")[1]
+        layer, kind = component_of(component)
         if kind == "mlp":
             return [Write((component,), "mlp", layer, self.mlp_write(layer).unsqueeze(0))]
         heads = self.head_writes(layer)

@@ -1,0 +1,155 @@
+"""Weight-only composition scores between components (Elhage et al. 2021).
+
+A head writes through ``W_OV = W_V W_O`` and a later head reads through ``W_QK = W_Q W_Kᵀ``
+(queries and keys) or its own ``W_OV`` (values). With the reading norm's gain folded in
+(``C diag(γ) W``, ``C`` the centering of a LayerNorm; Gemma's ``1 + γ``), the scores are
+TransformerLens's
+
+    Q-composition  ‖W_OV^i W_QK^j‖_F  / (‖W_OV^i‖_F ‖W_QK^j‖_F)
+    K-composition  ‖W_OV^i W_QK^jᵀ‖_F / (‖W_OV^i‖_F ‖W_QK^j‖_F)
+    V-composition  ‖W_OV^i W_OV^j‖_F  / (‖W_OV^i‖_F ‖W_OV^j‖_F)
+
+(row-vector convention: ``x W_OV^i`` is head i's write of ``x``). The analogues for MLPs use
+``W_out`` as an MLP's write map and ``W_in`` (and ``W_gate``) as its read map: head → MLP
+``‖W_OV^i W_in^j‖ / (‖W_OV^i‖ ‖W_in^j‖)``, MLP → head (Q, K, V) likewise.
+
+Every score is computed through ``d_model × d_model`` Gram matrices: with ``W_write = A Bᵀ`` and
+``W_read = C Dᵀ``, ``‖W_write W_read‖²_F = <B (AᵀA) Bᵀ, C (DᵀD) Cᵀ>_F``, so all pairs cost one
+matrix product of flattened Grams (readers in chunks). A random baseline, the same score for
+Gaussian matrices of the same shapes, is reported next to them (Monte Carlo, fixed seed):
+scores are only interesting relative to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+KINDS = ("q", "k", "v")
+
+
+@dataclass(frozen=True, eq=False)
+class Composition:
+    """Scores ``[kind, writer head, reader head]`` (0 where the reader is not later), plus MLP analogues.
+
+    ``heads`` labels both head axes (``L3H5``); ``mlps`` labels MLPs (``L3.mlp``).
+    ``head_to_mlp`` is ``[writer head, reader mlp]``; ``mlp_to_head`` is ``[kind, writer mlp,
+    reader head]``. ``baseline`` holds the random-matrix score for each kind.
+    """
+
+    heads: tuple[str, ...]
+    mlps: tuple[str, ...]
+    head_to_head: Float[Tensor, "kind writer reader"]
+    head_to_mlp: Float[Tensor, "writer reader"]
+    mlp_to_head: Float[Tensor, "kind writer reader"]
+    baseline: dict[str, float]
+
+    def to_frame(self) -> pd.DataFrame:
+        """Long frame: ``kind, writer, reader, score, baseline`` for every later-reader pair."""
+        head_layer = np.array([int(h[1:].split("H")[0]) for h in self.heads])
+        mlp_layer = np.arange(len(self.mlps))
+        blocks = [(KINDS, self.heads, head_layer, self.heads, head_layer, self.head_to_head, ""),
+                  (KINDS, self.mlps, mlp_layer, self.heads, head_layer, self.mlp_to_head, "mlp_"),
+                  (("in",), self.heads, head_layer, self.mlps, mlp_layer, self.head_to_mlp[None], "")]
+        frames = []
+        for kinds, writers, wl, readers, rl, scores, prefix in blocks:
+            k, i, j = np.nonzero(np.broadcast_to(rl[None, None, :] > wl[None, :, None],
+                                                 scores.shape))
+            names = [prefix + kinds[x] for x in k]
+            frames.append(pd.DataFrame({
+                "kind": names, "writer": np.array(writers)[i], "reader": np.array(readers)[j],
+                "score": scores.numpy()[k, i, j],
+                "baseline": [self.baseline.get(n, float("nan")) for n in names]}))
+        return pd.concat(frames, ignore_index=True)
+
+    def top(self, reader: str, kind: str = "k", n: int = 5) -> pd.DataFrame:
+        """The ``n`` writers composing most strongly into ``reader`` by ``kind``."""
+        f = self.to_frame()
+        f = f[(f.reader == reader) & (f.kind == kind)]
+        return f.sort_values("score", ascending=False).head(n).reset_index(drop=True)
+
+
+def _fold(model, layer: int, kind: str, W: Tensor) -> Tensor:
+    """Fold the reading norm of ``L{layer}.{kind}`` into ``W [..., d_model, k]``."""
+    comp = next(c for c in model.anatomy.components if c.name == f"L{layer}.{kind}")
+    if comp.reads_through is None:
+        return W
+    spec = model.anatomy.norms[comp.reads_through]
+    W = W * torch.as_tensor(spec.gain(W), dtype=W.dtype).reshape(-1, 1)
+    return W - W.mean(-2, keepdim=True) if spec.kind == "layernorm" else W
+
+
+def _gram(A: Tensor, B: Tensor) -> Tensor:
+    """``(A Bᵀ)ᵀ(A Bᵀ)`` written as ``B (AᵀA) Bᵀ`` for ``A, B [n, d, k]``: ``[n, d, d]``."""
+    return B @ (A.transpose(-1, -2) @ A) @ B.transpose(-1, -2)
+
+
+def _gram_T(C: Tensor, D: Tensor) -> Tensor:
+    """``(C Dᵀ)(C Dᵀ)ᵀ = C (DᵀD) Cᵀ``: ``[n, d, d]``."""
+    return C @ (D.transpose(-1, -2) @ D) @ C.transpose(-1, -2)
+
+
+def _scores(writer: Tensor, reader: Tensor, chunk: int = 32) -> Tensor:
+    """``‖W_w W_r‖ / (‖W_w‖ ‖W_r‖)`` from writer Grams ``(W_w)ᵀW_w`` and reader Grams ``W_r W_rᵀ``.
+
+    ``trace(Gram)`` is the squared Frobenius norm of each map.
+    """
+    flat_w = writer.flatten(1)
+    norm_w = writer.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(0).sqrt()
+    out = []
+    for start in range(0, reader.shape[0], chunk):
+        r = reader[start:start + chunk]
+        num = (flat_w @ r.flatten(1).T).clamp_min(0).sqrt()
+        norm_r = r.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(0).sqrt()
+        out.append(num / (norm_w[:, None] * norm_r[None]))
+    return torch.cat(out, 1)
+
+
+def _baselines(d_model: int, d_head: int, d_mlp: int, samples: int = 4) -> dict[str, float]:
+    """Mean scores of Gaussian matrices with the real factors' shapes (fixed seed)."""
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> Tensor:
+        return torch.randn(samples, *shape, generator=g)
+
+    heads_w = _gram(rand(d_model, d_head), rand(d_model, d_head))
+    heads_r = _gram_T(rand(d_model, d_head), rand(d_model, d_head))
+    w_out, w_in = rand(d_mlp, d_model), rand(d_model, d_mlp)
+    mlp_w, mlp_r = w_out.transpose(-1, -2) @ w_out, w_in @ w_in.transpose(-1, -2)
+    head = float(_scores(heads_w, heads_r).diagonal().mean())
+    return {"q": head, "k": head, "v": head,
+            "in": float(_scores(heads_w, mlp_r).diagonal().mean()),
+            **dict.fromkeys(("mlp_q", "mlp_k", "mlp_v"),
+                            float(_scores(mlp_w, heads_r).diagonal().mean()))}
+
+
+def composition(model) -> Composition:
+    """Q/K/V composition between all head pairs, and head↔MLP analogues, from weights only."""
+    a = model.anatomy
+    per_layer = [model.weights(L) for L in range(a.n_layers)]
+    W_V = torch.cat([w.W_V for w in per_layer])                    # (head, d, d_head)
+    W_Ot = torch.cat([w.W_O.transpose(-1, -2) for w in per_layer])  # W_OV = W_V (W_Oᵀ)ᵀ
+    q, k, v = (torch.cat([_fold(model, L, "attn", getattr(w, name))
+                          for L, w in enumerate(per_layer)]) for name in ("W_Q", "W_K", "W_V"))
+    head_w = _gram(W_V, W_Ot)                                      # writes of heads
+    mlp_w = torch.stack([w.W_out.T @ w.W_out for w in per_layer])  # writes of MLPs (W_outᵀW_out)
+    readers = {"q": _gram_T(q, k), "k": _gram_T(k, q), "v": _gram_T(v, W_Ot)}
+    w_in = [_fold(model, L, "mlp", w.W_in) for L, w in enumerate(per_layer)]
+    mlp_r = torch.stack([W @ W.T for W in w_in])                   # W_in W_inᵀ
+    layer = torch.tensor([L for L in range(a.n_layers) for _ in range(a.n_heads)])
+    mlp_layer = torch.arange(a.n_layers)
+    return Composition(
+        heads=tuple(f"L{L}H{h}" for L in range(a.n_layers) for h in range(a.n_heads)),
+        mlps=tuple(f"L{L}.mlp" for L in range(a.n_layers)),
+        head_to_head=torch.stack([_scores(head_w, readers[kd]) for kd in KINDS])
+        * (layer[None] > layer[:, None]),
+        head_to_mlp=_scores(head_w, mlp_r) * (mlp_layer[None] > layer[:, None]),
+        mlp_to_head=torch.stack([_scores(mlp_w, readers[kd]) for kd in KINDS])
+        * (layer[None] > mlp_layer[:, None]),
+        baseline=_baselines(a.d_model, a.d_head, a.d_mlp),
+    )

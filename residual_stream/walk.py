@@ -1,0 +1,63 @@
+"""Walk the stream program over the stream itself (not over contributions).
+
+Cheaper than a decomposition: one running ``[batch, pos, d_model]`` tensor. At each
+operation it reports the stream as that operation sees it, and for an ``Add`` the write
+before and after its own norm (sandwich models). At every ``Mark`` the running stream is
+reset to the captured one, so each step is local to its block and rounding never
+accumulates across blocks. Used by the conservation checks and by norm-growth measures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from .program import Add, Embed, Mark, Norm, Op, Scale
+
+if TYPE_CHECKING:
+    from .capture import Captured
+    from .trace import Trace
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """The stream ``x`` as ``op`` sees it; for ``Add``, the write as produced and as added."""
+
+    op: Op
+    x: Tensor
+    write: Tensor | None = None
+    added: Tensor | None = None
+
+
+def component_of(name: str) -> tuple[int, str]:
+    """``"L3.mlp"`` → ``(3, "mlp")``."""
+    layer, kind = name.split(".", 1)
+    return int(layer[1:]), kind
+
+
+def walk_stream(trace: Trace, captured: Captured | None = None) -> Iterator[Step]:
+    """Yield a ``Step`` per program operation (see the module docstring)."""
+    cap = captured or trace.captured
+    norms = trace.anatomy.norms
+    x = torch.zeros_like(cap.resid[0])
+    for op in trace.anatomy.program:
+        if isinstance(op, Add):
+            layer, kind = component_of(op.component)
+            w = trace.attn_write(layer) if kind == "attn" else cap.mlp_out[layer]
+            added = w if op.via is None else norms[op.via].apply_frozen(w, cap.norm_scale[op.via])
+            yield Step(op, x, w, added)
+            x = x + added
+            continue
+        yield Step(op, x)
+        if isinstance(op, Embed):
+            x = x + cap.embeds[op.label]
+        elif isinstance(op, Norm):
+            x = norms[op.norm].apply_frozen(x, cap.norm_scale[op.norm])
+        elif isinstance(op, Scale):
+            x = x * op.alpha
+        elif isinstance(op, Mark) and op.point != "final":
+            x = cap.resid[op.point]
