@@ -50,7 +50,8 @@ class ModulePaths:
     """Where each hooked module sits in the framework model (dotted paths from its root).
 
     ``qkv``, ``mlp_in``, ``mlp_gate`` and ``mlp_down`` are relative to a block (``layers[L]``);
-    ``qkv_layout`` says how to split them (see ``weights.layer_weights``).
+    ``qkv_layout`` says how to split them (see ``weights.layer_weights``). ``lm_head`` is the
+    nonlinear transform applied before the unembedding, if the model has one (BERT's MLM head).
     """
 
     layers: tuple[str, ...]

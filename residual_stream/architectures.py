@@ -45,6 +45,9 @@ class ArchSpec:
     mlp_in: str = "mlp.up_proj"
     mlp_gate: str | None = "mlp.gate_proj"
     mlp_down: str = "mlp.down_proj"
+    # a nonlinear transform between the final stream and the unembedding (BERT's MLM head),
+    # relative to the top model; the lens applies it, direct logit attribution cannot
+    head_transform: str | None = None
 
 
 _LLAMA = ArchSpec(
@@ -98,6 +101,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         attn_out="attention.output.dense", mlp_out="output.dense",
         qkv=("attention.self.query", "attention.self.key", "attention.self.value"),
         mlp_in="intermediate.dense", mlp_gate=None, mlp_down="output.dense",
+        head_transform="cls.predictions.transform",
     ),
     "rs-twin": ArchSpec(
         family="residual-stream twin (any norm, any placement)",
@@ -208,7 +212,8 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
             attn_out=tuple(full(f"{p}.{spec.attn_out}") for p in layer_paths),
             mlp_out=tuple(full(f"{p}.{spec.mlp_out}") for p in layer_paths),
             norms={k: v.module_path for k, v in norms.items()},
-            lm_head=None,
+            lm_head=spec.head_transform if has_lm_head and spec.head_transform and _has(
+                model, spec.head_transform) else None,
             qkv=spec.qkv, qkv_layout=spec.qkv_layout,
             mlp_in=spec.mlp_in, mlp_gate=spec.mlp_gate if _has(
                 base, f"{layer_paths[0]}.{spec.mlp_gate}") else None, mlp_down=spec.mlp_down,

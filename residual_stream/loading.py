@@ -29,7 +29,7 @@ from .architectures import describe
 from .errors import CorruptModelFileError, ModelNotFoundError, ModelNotInstalledError, ResidualStreamError
 from .registry import REGISTRY
 from .tl_compat import is_bridge, unwrap_bridge
-from .weights import LayerWeights, layer_weights
+from .weights import LayerWeights, Unembed, layer_weights, unembedding
 
 LM_HEAD_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForMaskedLM")
 
@@ -67,6 +67,10 @@ class Model:
         if not 0 <= layer < self.anatomy.n_layers:
             raise IndexError(f"layer must be in 0..{self.anatomy.n_layers - 1}, got {layer}")
         return layer_weights(self.module, self.anatomy, layer)
+
+    def unembed(self) -> Unembed:
+        """``W_U``, ``b_U`` and any transform before them; ``NotAvailableError`` without an LM head."""
+        return unembedding(self.module, self.anatomy)
 
     def __repr__(self) -> str:
         a = self.anatomy

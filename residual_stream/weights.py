@@ -109,3 +109,42 @@ def layer_weights(model: nn.Module, anatomy, layer: int) -> LayerWeights:
         W_gate=None if gate is None else as_in_out(gate), W_out=as_in_out(down),
         b_out=bias_of(down),
     )
+
+
+@dataclass(frozen=True, eq=False)
+class Unembed:
+    """How the final stream becomes logits: ``transform`` (if any), ``@ W_U + b_U``, soft-cap.
+
+    ``transform`` is a module applied before ``W_U`` (BERT's MLM head: dense, GELU,
+    LayerNorm); when it is set the map is not linear, so direct logit attribution is not
+    defined. ``softcap`` is Gemma 2's ``final_logit_softcapping`` (``c · tanh(logits / c)``).
+    """
+
+    W_U: Float[Tensor, "d_model d_vocab"]
+    b_U: Float[Tensor, " d_vocab"] | None
+    transform: nn.Module | None
+    softcap: float | None
+
+    def logits(self, h: Float[Tensor, "*lead d_model"]) -> Float[Tensor, "*lead d_vocab"]:
+        """Logits of final-normed states ``h``, as the model computes them."""
+        if self.transform is not None:
+            h = self.transform(h.to(next(self.transform.parameters()).dtype)).float()
+        out = h @ self.W_U
+        if self.b_U is not None:
+            out = out + self.b_U
+        if self.softcap:
+            out = self.softcap * torch.tanh(out / self.softcap)
+        return out
+
+
+def unembedding(model: nn.Module, anatomy) -> Unembed:
+    """The model's unembedding, or ``NotAvailableError`` when it has no trained LM head."""
+    from .errors import NotAvailableError
+
+    head = model.get_output_embeddings() if anatomy.has_lm_head else None
+    if head is None:
+        raise NotAvailableError(anatomy.lm_head_note or "this model has no LM head")
+    transform = model.get_submodule(anatomy.modules.lm_head) if anatomy.modules.lm_head else None
+    bias = bias_of(head)
+    return Unembed(as_in_out(head), bias, transform,
+                   getattr(getattr(model, "config", None), "final_logit_softcapping", None))

@@ -1,0 +1,167 @@
+"""The logit lens and direct logit attribution.
+
+**Logit lens** (nostalgebraist 2020): read the stream at every point as if it were final:
+apply the final norm the way the model applies it (its own per-token scale, recomputed for
+that point's stream), any head transform, the unembedding, and Gemma's soft-cap. Reported
+per point: KL(final ‖ lens) in nats, top-1 agreement with the final prediction, and the
+rank of the final top token under the lens. At the last point the lens *is* the model.
+
+**Direct logit attribution.** The final-normed stream is an exact sum of contributions
+(``trace.decompose("final")``), and the unembedding is linear, so the logit of a target token
+is an exact sum of per-contribution terms ``c_i · W_U[:, t]`` plus ``b_U[t]``. With a
+``baseline`` token, the terms are for the logit difference ``t − baseline`` (which, unlike
+single logits, does not depend on a per-position constant added to every logit). Needs a
+linear unembedding: BERT's MLM head applies a nonlinear transform first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from ..errors import NotAvailableError
+from .tokens import masked_mean
+
+
+@dataclass(frozen=True, eq=False)
+class LogitLens:
+    """Per point (0..n_layers) and token: KL to the final distribution, agreement, rank, top-k."""
+
+    kl: Float[Tensor, "point batch pos"]
+    top1_agree: Float[Tensor, "point batch pos"]
+    final_token_rank: Int[Tensor, "point batch pos"]
+    top_ids: Int[Tensor, "point batch pos k"]
+    top_probs: Float[Tensor, "point batch pos k"]
+    top_tokens: tuple[tuple[tuple[str, ...], ...], ...]
+    attention_mask: Int[Tensor, "batch pos"]
+
+    def summary(self) -> pd.DataFrame:
+        """Per point, over real tokens: mean KL (nats), top-1 agreement, median rank."""
+        m = self.attention_mask.bool()
+        return pd.DataFrame({
+            "point": range(self.kl.shape[0]),
+            "kl": masked_mean(self.kl, self.attention_mask, lead=1).numpy(),
+            "top1_agreement": masked_mean(self.top1_agree, self.attention_mask, lead=1).numpy(),
+            "median_rank": [float(r[m].float().median()) for r in self.final_token_rank],
+        })
+
+    def to_frame(self) -> pd.DataFrame:
+        """Long frame: ``point, batch, pos, kl, top1_agree, final_token_rank, top_token, top_prob``."""
+        rows = []
+        for p in range(self.kl.shape[0]):
+            for b, t in self.attention_mask.nonzero().tolist():
+                rows.append((p, b, t, float(self.kl[p, b, t]), bool(self.top1_agree[p, b, t]),
+                             int(self.final_token_rank[p, b, t]), self.top_tokens[p][b][t],
+                             float(self.top_probs[p, b, t, 0])))
+        return pd.DataFrame(rows, columns=["point", "batch", "pos", "kl", "top1_agree",
+                                           "final_token_rank", "top_token", "top_prob"])
+
+
+def _final_norm(trace, x: Tensor) -> Tensor:
+    spec = trace.anatomy.norms.get("ln_final")
+    return x if spec is None else spec.apply(x)
+
+
+def logit_lens(trace, *, k: int = 5) -> LogitLens:
+    """The logit lens over every point of ``trace`` (see the module docstring)."""
+    unembed = trace.model.unembed()
+    final = trace.logits.log_softmax(-1)
+    final_top = final.argmax(-1)
+    kls, agree, ranks, ids, probs = [], [], [], [], []
+    tok = trace.model.tokenizer
+    for L in range(trace.anatomy.n_layers + 1):
+        logp = unembed.logits(_final_norm(trace, trace.stream(L))).log_softmax(-1)
+        kls.append((final.exp() * (final - logp)).sum(-1))
+        agree.append((logp.argmax(-1) == final_top).float())
+        ranks.append((logp > logp.gather(-1, final_top[..., None])).sum(-1))
+        p, i = logp.exp().topk(k, dim=-1)
+        ids.append(i)
+        probs.append(p)
+    top_ids = torch.stack(ids).cpu()
+    top_tokens = tuple(tuple(tuple(tok.convert_ids_to_tokens(row[:, 0].tolist()))
+                             for row in point) for point in top_ids)
+    return LogitLens(torch.stack(kls).cpu(), torch.stack(agree).cpu(), torch.stack(ranks).cpu(),
+                     top_ids, torch.stack(probs).cpu(), top_tokens, trace.attention_mask.cpu())
+
+
+@dataclass(frozen=True, eq=False)
+class DirectLogitAttribution:
+    """Per contribution and token: its term in the target logit (or logit difference).
+
+    ``values.sum(0) + bias`` equals the model's logit (difference) for the target tokens.
+    """
+
+    labels: tuple[str, ...]
+    kinds: tuple[str, ...]
+    layers: tuple[int, ...]
+    values: Float[Tensor, "component batch pos"]
+    bias: Float[Tensor, "batch pos"]
+    targets: Int[Tensor, "batch pos"]
+    baselines: Int[Tensor, "batch pos"] | None
+    attention_mask: Int[Tensor, "batch pos"]
+
+    def total(self) -> Float[Tensor, "batch pos"]:
+        """The reconstructed logit (difference): every term plus ``b_U``."""
+        return self.values.sum(0) + self.bias
+
+    def to_frame(self) -> pd.DataFrame:
+        """Per contribution: mean term over real tokens (logit units), kind and layer."""
+        return pd.DataFrame({
+            "label": self.labels, "kind": self.kinds, "layer": self.layers,
+            "logit": masked_mean(self.values, self.attention_mask, lead=1).numpy(),
+        })
+
+
+Target = Literal["top", "next"]
+
+
+def _targets(trace, target: Target | Tensor) -> Tensor:
+    if isinstance(target, Tensor):
+        if target.shape != trace.tokens.shape:
+            raise ValueError(f"target ids must be [batch, pos] = {tuple(trace.tokens.shape)}, "
+                             f"got {tuple(target.shape)}")
+        return target.to(trace.logits.device)
+    if target == "top":
+        return trace.logits.argmax(-1)
+    if target == "next":  # the next input token; the last position keeps the model's top
+        nxt = trace.logits.argmax(-1).clone()
+        nxt[:, :-1] = trace.tokens[:, 1:].to(nxt.device)
+        return nxt
+    raise ValueError(f"target must be 'top', 'next' or a [batch, pos] tensor, got {target!r}")
+
+
+def direct_logit_attribution(
+    trace, *, target: Target | Tensor = "top", baseline: Tensor | None = None
+) -> DirectLogitAttribution:
+    """Exact per-contribution terms of each position's target logit (see the module docstring).
+
+    Args:
+        trace: A trace of a model with a linear unembedding.
+        target: ``"top"`` (the model's prediction), ``"next"`` (the next input token) or ids
+            ``[batch, pos]``.
+        baseline: Optional ids ``[batch, pos]``: attribute the logit difference instead.
+    """
+    unembed = trace.model.unembed()
+    if unembed.transform is not None or unembed.softcap:
+        raise NotAvailableError(
+            "direct logit attribution needs a linear unembedding; this model applies a "
+            f"{'nonlinear head transform' if unembed.transform is not None else 'logit soft-cap'}"
+            " after the stream. Use the logit lens instead.")
+    tgt = _targets(trace, target)
+    direction = unembed.W_U.T[tgt]                                   # (batch, pos, d_model)
+    bias = unembed.b_U[tgt] if unembed.b_U is not None else torch.zeros(tgt.shape)
+    if baseline is not None:
+        base = baseline.to(tgt.device)
+        direction = direction - unembed.W_U.T[base]
+        bias = bias - (unembed.b_U[base] if unembed.b_U is not None else 0)
+    parts = trace.decompose("final")
+    values = torch.einsum("cbpd,bpd->cbp", parts.values, direction.to(parts.values.device))
+    return DirectLogitAttribution(parts.labels, parts.kinds, parts.layers, values.cpu(),
+                                  bias.float().cpu(), tgt.cpu(),
+                                  None if baseline is None else baseline.cpu(),
+                                  trace.attention_mask.cpu())
