@@ -1,0 +1,282 @@
+"""Subspace decomposition of every write.
+
+A write ``w`` (one head, one attention total, one MLP, at one token) splits into its part in a
+subspace ``S`` and the orthogonal rest, ``w = P_S w + (I − P_S) w``; its *energy fraction* in
+``S`` is ``‖P_S w‖² / ‖w‖²``, and the two parts' fractions sum to 1. Named subspaces:
+
+* ``mean``: the all-ones direction ``1/√d``, what LayerNorm's centering removes;
+* ``unembed``: the top-k left singular vectors of ``C diag(γ_final) W_U`` (the final norm folded),
+  the directions the logits read most (only with a trained LM head);
+* ``pca``: the top principal components of the stream at a point, over real tokens of the
+  trace, or of a calibration trace;
+* ``basis``: any basis the user passes (probe directions, SAE decoder rows), orthonormalized;
+* ``W_O(h)``: the write subspace of every other head (the row space of its ``W_O``);
+* reads: for every later reader (a head's Q, K, V; an MLP's input), the fraction of the write
+  *as carried to the read point* (through every norm between them, frozen scales) that lies in
+  the reader's read subspace, the column space of ``C diag(γ) W``, and the read strength
+  ``‖w M‖ / (σ_max(M) ‖w‖)`` with ``M = C diag(γ) W`` (1 = read along its strongest direction).
+
+``orthogonal_split`` splits a write into an ordered list of subspaces made mutually
+orthogonal (each takes what the earlier ones left), so the parts and their fractions sum to
+the write and to 1: the stacked bars of the app.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from ..decomposition import replay_states
+from ..program import Read
+from .flow import component_label
+from .tokens import real
+
+RANK_TOL = 1e-6
+
+
+@dataclass(frozen=True, eq=False)
+class Subspace:
+    """A named subspace of ``d_model`` with an orthonormal basis (columns)."""
+
+    name: str
+    basis: Float[Tensor, "d_model k"]
+
+    @classmethod
+    def from_vectors(cls, name: str, vectors: Tensor) -> Subspace:
+        """Orthonormalize spanning vectors given as columns ``[d_model, k]`` (rank-revealing)."""
+        U, S, _ = torch.linalg.svd(vectors.float(), full_matrices=False)
+        keep = S > RANK_TOL * S.max().clamp_min(1e-30)
+        return cls(name, U[:, keep])
+
+    def fraction(self, w: Float[Tensor, "*lead d_model"]) -> Float[Tensor, "*lead"]:
+        """Energy fraction of ``w`` in this subspace (0 for a zero write)."""
+        inside = (w @ self.basis.to(w.device)).pow(2).sum(-1)
+        return inside / w.pow(2).sum(-1).clamp_min(1e-30)
+
+
+def mean_direction(d_model: int) -> Subspace:
+    """The all-ones direction."""
+    return Subspace("mean", torch.ones(d_model, 1) / d_model ** 0.5)
+
+
+def _fold_norm(spec, W: Tensor) -> Tensor:
+    if spec is None:
+        return W
+    W = W * torch.as_tensor(spec.gain(W), dtype=W.dtype).reshape(-1, 1)
+    return W - W.mean(0, keepdim=True) if spec.kind == "layernorm" else W
+
+
+def unembed_subspace(model, k: int = 32) -> Subspace:
+    """Top-k left singular vectors of ``C diag(γ_final) W_U``."""
+    M = _fold_norm(model.anatomy.norms.get("ln_final"), model.unembed().W_U).double()
+    _, U = torch.linalg.eigh(M @ M.T)                                  # ascending eigenvalues
+    return Subspace(f"unembed_top{k}", U[:, -k:].flip(-1).float())
+
+
+def pca_subspace(trace, point: int | None = None, k: int = 16) -> Subspace:
+    """Top-k principal components of the stream at ``point`` (default: after the last block)."""
+    point = trace.anatomy.n_layers if point is None else point
+    x = real(trace.stream(point), trace.attention_mask)
+    x = x - x.mean(0, keepdim=True)
+    _, _, Vh = torch.linalg.svd(x, full_matrices=False)
+    return Subspace(f"pca{k}@{point}", Vh[:k].T)
+
+
+def orthogonal_split(w: Float[Tensor, "*lead d_model"], subspaces: Sequence[Subspace]
+                     ) -> tuple[tuple[str, ...], Float[Tensor, "*lead part"]]:
+    """Energy fractions of ``w`` in ordered subspaces made mutually orthogonal, plus the rest.
+
+    Each subspace keeps only what is orthogonal to all earlier ones, so fractions are
+    non-negative and sum to 1 (the last part, ``"rest"``, is what no subspace holds).
+    """
+    taken = torch.zeros(w.shape[-1], 0, device=w.device)
+    names, fracs = [], []
+    energy = w.pow(2).sum(-1).clamp_min(1e-30)
+    for s in subspaces:
+        B = s.basis.to(w.device)
+        B = B - taken @ (taken.T @ B)
+        new = Subspace.from_vectors(s.name, B).basis if B.abs().max() > RANK_TOL else B[:, :0]
+        taken = torch.cat([taken, new], 1)
+        names.append(s.name)
+        fracs.append((w @ new).pow(2).sum(-1) / energy)
+    names.append("rest")
+    fracs.append(1 - torch.stack(fracs, -1).sum(-1) if fracs else torch.ones_like(energy))
+    return tuple(names), torch.stack(fracs, -1)
+
+
+@dataclass(frozen=True, eq=False)
+class WriteSubspaces:
+    """Mean (over real tokens) energy fractions of each write, and how later readers read it.
+
+    ``named`` is ``[write, subspace]``; ``head_overlap`` ``[write, head]`` (fraction in each
+    other head's ``W_O`` subspace; NaN for the writer itself); ``read_fraction`` and
+    ``read_strength`` ``[write, reader]`` (NaN where the reader is not later).
+    """
+
+    writes: tuple[str, ...]
+    subspaces: tuple[str, ...]
+    named: Float[Tensor, "write subspace"]
+    heads: tuple[str, ...]
+    head_overlap: Float[Tensor, "write head"]
+    readers: tuple[str, ...]
+    read_fraction: Float[Tensor, "write reader"]
+    read_strength: Float[Tensor, "write reader"]
+
+    def to_frame(self) -> pd.DataFrame:
+        """Long frame: ``write, target, measure, value`` (NaN entries dropped)."""
+        frames = []
+        for measure, cols, values in (
+            ("fraction", self.subspaces, self.named),
+            ("fraction_in_head_write", self.heads, self.head_overlap),
+            ("read_fraction", self.readers, self.read_fraction),
+            ("read_strength", self.readers, self.read_strength),
+        ):
+            f = pd.DataFrame(values.numpy(), index=list(self.writes), columns=list(cols))
+            f = f.stack().rename("value").reset_index()
+            f.columns = ["write", "target", "value"]
+            frames.append(f.assign(measure=measure))
+        return pd.concat(frames, ignore_index=True)[["write", "target", "measure", "value"]]
+
+
+def _targets(label: str, wanted: set[str] | Sequence[str]) -> list[str]:
+    """Which wanted writes a contribution counts toward: itself and/or its attention total."""
+    comp = component_label(label)
+    return [t for t in dict.fromkeys((label, comp)) if t in wanted]
+
+
+def _writes_as_added(trace, wanted: set[str]) -> dict[str, Tensor]:
+    """Each wanted write (head label, ``L3.attn`` total or ``L3.mlp``) as it is added."""
+    first: dict[str, Tensor] = {}
+    for _, pieces in replay_states(trace.anatomy.program, trace.sources()):
+        for p in pieces:
+            for lab, v in zip(p.labels, p.values, strict=True):
+                first.setdefault(lab, v)  # the first time a label is seen is as it was added
+    out: dict[str, Tensor] = {}
+    for lab, v in first.items():
+        for t in _targets(lab, wanted):
+            out[t] = out[t] + v if t in out else v
+    return out
+
+
+def _bases(M: Tensor) -> tuple[Tensor, Tensor]:
+    """Orthonormal column-space bases of a batch ``M [n, d, k]``, and each largest singular value.
+
+    Columns beyond the numerical rank are zeroed. Computed from the smaller Gram matrix in
+    float64 (``eigh`` of ``MᵀM`` or ``MMᵀ``), much faster than an SVD of a tall or wide map.
+    """
+    M64 = M.double()
+    if M.shape[-1] <= M.shape[-2]:
+        S2, V = torch.linalg.eigh(M64.transpose(-1, -2) @ M64)        # ascending
+        S = S2.clamp_min(0).sqrt()
+        U = (M64 @ V) / S.clamp_min(1e-300)[:, None, :]
+    else:
+        S2, U = torch.linalg.eigh(M64 @ M64.transpose(-1, -2))
+        S = S2.clamp_min(0).sqrt()
+    keep = S > RANK_TOL * S.amax(-1, keepdim=True).clamp_min(1e-300)
+    return (U * keep[:, None, :]).to(M.dtype), S.amax(-1).to(M.dtype)
+
+
+def _reader_maps(trace):
+    """Per component, in order: ``(name, reader labels, M [n, d, k] = C diag(γ) W)``."""
+    a = trace.anatomy
+    for comp in a.components:
+        w = trace.model.weights(comp.layer)
+        spec = a.norms.get(comp.reads_through) if comp.reads_through else None
+        if comp.kind == "attn":
+            labels = [f"L{comp.layer}H{h}.{ch}" for ch in "qkv" for h in range(a.n_heads)]
+            M = torch.cat([w.W_Q, w.W_K, w.W_V])
+        else:
+            labels, M = [f"L{comp.layer}.mlp.in"], w.W_in[None]
+        yield comp.name, labels, _fold_norm(spec, M)
+
+
+def _read_measures(trace, writes: Sequence[str]):
+    """Fraction and strength of each write (carried to each read point) in each later read."""
+    carried: dict[str, dict[str, Tensor]] = {}
+    for op, pieces in replay_states(trace.anatomy.program, trace.sources()):
+        if isinstance(op, Read):
+            values: dict[str, Tensor] = {}
+            for p in pieces:
+                for lab, v in zip(p.labels, p.values, strict=True):
+                    for t in _targets(lab, writes):
+                        values[t] = values[t] + v if t in values else v
+            carried[op.component] = values
+    mask = trace.attention_mask
+    readers, frac, strength = [], [], []
+    for comp, labels, M in _reader_maps(trace):
+        Q, sigma = _bases(M)
+        present = [w for w in writes if w in carried[comp]]
+        f = torch.full((len(writes), len(labels)), float("nan"))
+        st = f.clone()
+        if present:
+            W = torch.stack([real(carried[comp][w], mask) for w in present])  # (write, token, d)
+            energy = W.pow(2).sum(-1, keepdim=True).clamp_min(1e-30)          # (write, token, 1)
+            inside = torch.einsum("wtd,ndk->wtnk", W, Q).pow(2).sum(-1)
+            read = torch.einsum("wtd,ndk->wtnk", W, M).pow(2).sum(-1)
+            rows = [writes.index(w) for w in present]
+            f[rows] = (inside / energy).mean(1).cpu()
+            st[rows] = (read.sqrt() / (sigma * energy.sqrt())).mean(1).cpu()
+        readers += labels
+        frac.append(f)
+        strength.append(st)
+    return tuple(readers), torch.cat(frac, 1), torch.cat(strength, 1)
+
+
+def write_subspaces(
+    trace, *, writes: Sequence[str] | None = None, unembed_k: int = 32, pca_k: int = 16,
+    pca_trace=None, basis: Tensor | None = None, readers: bool = True,
+) -> WriteSubspaces:
+    """Energy fractions of writes in the named subspaces (module docstring).
+
+    Args:
+        trace: The trace whose writes are split.
+        writes: Labels (``"L3H5"``, ``"L3.attn"``, ``"L3.mlp"``); default every attention total
+            and every MLP.
+        unembed_k: Dimension of the unembedding subspace (skipped without an LM head).
+        pca_k: Number of stream principal components.
+        pca_trace: A calibration trace for the PCs (default: ``trace`` itself).
+        basis: Extra subspace as rows ``[k, d_model]`` (probe directions, SAE decoder rows).
+        readers: Also measure every later reader's read fraction and strength.
+    """
+    a = trace.anatomy
+    writes = tuple(writes or [c.name for c in a.components])
+    values = _writes_as_added(trace, set(writes))
+    missing = [w for w in writes if w not in values]
+    if missing:
+        raise KeyError(f"no writes named {missing}; use labels like 'L3H5', 'L3.attn', 'L3.mlp'")
+    subs = [mean_direction(a.d_model), pca_subspace(pca_trace or trace, k=pca_k)]
+    if a.has_lm_head:
+        subs.insert(1, unembed_subspace(trace.model, unembed_k))
+    if basis is not None:
+        subs.append(Subspace.from_vectors("basis", basis.T))
+    mask = trace.attention_mask
+    toks = {w: real(values[w], mask) for w in writes}
+    named = torch.tensor([[float(s.fraction(toks[w]).mean()) for s in subs] for w in writes])
+    heads = tuple(f"L{L}H{h}" for L in range(a.n_layers) for h in range(a.n_heads))
+    W_O = torch.cat([trace.model.weights(L).W_O for L in range(a.n_layers)])
+    Q, _ = _bases(W_O.transpose(-1, -2))                              # (head, d, d_head)
+    overlap = torch.stack([
+        ((toks[w] @ Q).pow(2).sum(-1) / toks[w].pow(2).sum(-1).clamp_min(1e-30)).mean(-1).cpu()
+        for w in writes])
+    for i, w in enumerate(writes):
+        if w in heads:
+            overlap[i, heads.index(w)] = float("nan")
+    r_labels, r_frac, r_strength = (_read_measures(trace, writes) if readers
+                                    else ((), torch.zeros(len(writes), 0), torch.zeros(len(writes), 0)))
+    return WriteSubspaces(writes, tuple(s.name for s in subs), named, heads, overlap, r_labels,
+                          r_frac, r_strength)
+
+
+def write_vector(trace, write: str) -> Tensor:
+    """One write (head ``"L3H5"``, attention total ``"L3.attn"`` or ``"L3.mlp"``) as added,
+    ``[batch, pos, d_model]``.
+    """
+    values = _writes_as_added(trace, {write})
+    if write not in values:
+        raise KeyError(f"no write named {write!r}; use labels like 'L3H5', 'L3.attn', 'L3.mlp'")
+    return values[write]
