@@ -8,6 +8,17 @@ trace.check()                        # conservation against the model's own hidd
 """
 
 from . import errors
+from .analyses import (
+    ablation_check,
+    composition,
+    direct_logit_attribution,
+    logit_lens,
+    mixing_ratio,
+    norm_growth,
+    read_attribution,
+    survival,
+    write_subspaces,
+)
 from .anatomy import Anatomy
 from .architectures import supported_architectures
 from .decomposition import Contributions
@@ -16,7 +27,16 @@ from .registry import list_models
 from .trace import Trace, trace
 
 __all__ = [
-    "Anatomy", "Contributions", "Model", "Trace", "errors", "list_models", "load",
-    "supported_architectures", "trace",
+    "Anatomy", "Contributions", "Model", "Trace", "ablation_check", "composition",
+    "direct_logit_attribution", "errors", "list_models", "load", "logit_lens", "mixing_ratio",
+    "norm_growth", "read_attribution", "supported_architectures", "survival", "trace", "twin",
+    "write_subspaces",
 ]
+
+
+def twin(**kwargs):
+    """An untrained twin built in code; see ``residual_stream.twins.twin`` for the arguments."""
+    from .twins import twin as build
+
+    return build(**kwargs)
 __version__ = "0.1.0"

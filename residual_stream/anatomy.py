@@ -111,8 +111,9 @@ class Anatomy:
         reads = {op.component: op.norm for op in self.program if isinstance(op, Read)}
         vias = {op.component: op.via for op in self.program if isinstance(op, Add)}
         comps = tuple(
-            Component(f"L{L}.{k}", L, k, reads.get(f"L{L}.{k}"), vias.get(f"L{L}.{k}"))
-            for L in range(self.n_layers) for k in ("attn", "mlp")
+            Component(name, int(name[1:].split(".")[0]), name.split(".")[1], reads.get(name),
+                      via)
+            for name, via in vias.items()
         )
         object.__setattr__(self, "components", comps)
 

@@ -191,9 +191,11 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
 
     embeds = tuple(k for k, p in spec.embeds.items() if _has(base, p))
     alpha = float(spec.alpha(config))
-    program = compile_program(placement=placement, n_layers=n_layers, embeds=embeds,
-                              norms=set(norms), alpha=alpha)
     layer_paths = tuple(f"{spec.layers}.{L}" for L in range(n_layers))
+    has_mlp = _has(base, f"{layer_paths[0]}.{spec.mlp_out}")
+    program = compile_program(placement=placement, n_layers=n_layers, embeds=embeds,
+                              norms=set(norms), alpha=alpha,
+                              sublayers=("attn", "mlp") if has_mlp else ("attn",))
     attn0 = base.get_submodule(f"{layer_paths[0]}.{spec.attn_out}")
     n_heads = int(config.num_attention_heads)
     d_model = int(config.hidden_size)
@@ -203,20 +205,21 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
         norm_kind=next((n.kind for n in norms.values()), "none"),
         n_layers=n_layers, d_model=d_model, n_heads=n_heads,
         n_kv_heads=int(getattr(config, "num_key_value_heads", None) or n_heads),
-        d_head=z_dim // n_heads, d_mlp=_mlp_width(base, layer_paths[0], spec),
+        d_head=z_dim // n_heads, d_mlp=_mlp_width(base, layer_paths[0], spec) if has_mlp else 0,
         d_vocab=int(config.vocab_size), n_ctx=_first_attr(config, spec.n_ctx_keys, 2048),
         embeds=embeds, norms=norms, program=program,
         modules=ModulePaths(
             layers=tuple(full(p) for p in layer_paths),
             embeds={k: full(spec.embeds[k]) for k in embeds},
             attn_out=tuple(full(f"{p}.{spec.attn_out}") for p in layer_paths),
-            mlp_out=tuple(full(f"{p}.{spec.mlp_out}") for p in layer_paths),
+            mlp_out=tuple(full(f"{p}.{spec.mlp_out}") for p in layer_paths) if has_mlp else (),
             norms={k: v.module_path for k, v in norms.items()},
             lm_head=spec.head_transform if has_lm_head and spec.head_transform and _has(
                 model, spec.head_transform) else None,
             qkv=spec.qkv, qkv_layout=spec.qkv_layout,
-            mlp_in=spec.mlp_in, mlp_gate=spec.mlp_gate if _has(
-                base, f"{layer_paths[0]}.{spec.mlp_gate}") else None, mlp_down=spec.mlp_down,
+            mlp_in=spec.mlp_in if has_mlp else "", mlp_down=spec.mlp_down if has_mlp else "",
+            mlp_gate=spec.mlp_gate if has_mlp and _has(
+                base, f"{layer_paths[0]}.{spec.mlp_gate}") else None,
         ),
         has_lm_head=has_lm_head, lm_head_note=lm_head_note, alpha=alpha,
         has_attn_bias=getattr(attn0, "bias", None) is not None,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -38,6 +38,7 @@ class Captured:
     norm_in: dict[str, Tensor] = field(default_factory=dict)
     attn_out: dict[int, Tensor] = field(default_factory=dict)
     logits: Tensor | None = None
+    patterns: tuple[Tensor, ...] | None = None  # per layer [batch, head, query, key]
 
 
 def _first(x: object) -> Tensor:
@@ -136,6 +137,33 @@ def untouched(model: nn.Module) -> Iterator[None]:
             m.training = mode
 
 
+@contextmanager
+def edited(model: nn.Module, edits: Sequence[tuple[str, Callable]]) -> Iterator[None]:
+    """Attach intervention hooks for the duration of the block, and remove them on any exit."""
+    handles = []
+    try:
+        for path, hook in edits:
+            handles.append(model.get_submodule(path).register_forward_hook(hook))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextmanager
+def eager_attention(model: nn.Module, on: bool) -> Iterator[None]:
+    """Switch a Hugging Face model to eager attention (needed for patterns), then switch back."""
+    before = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    switch = on and hasattr(model, "set_attn_implementation") and before != "eager"
+    if switch:
+        model.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        if switch:
+            model.set_attn_implementation(before)
+
+
 def capture(
     model: nn.Module,
     anatomy: Anatomy,
@@ -143,15 +171,27 @@ def capture(
     attention_mask: Int[Tensor, "batch pos"],
     *,
     verify: bool = False,
+    patterns: bool = False,
+    edits: Sequence[tuple[str, Callable]] = (),
 ) -> Captured:
-    """Run ``model`` on ``tokens`` under ``torch.inference_mode`` and return what was captured."""
+    """Run ``model`` on ``tokens`` under ``torch.inference_mode`` and return what was captured.
+
+    ``patterns=True`` also records attention patterns, running a Hugging Face model with eager
+    attention for this one call (its implementation is restored afterwards). ``edits`` are
+    ``(module path, forward hook)`` interventions (a hook returning a value replaces the
+    module's output); they are attached for this call only.
+    """
     out = Captured()
     kwargs: dict[str, object] = {"input_ids": tokens, "attention_mask": attention_mask}
     if "use_cache" in inspect.signature(model.forward).parameters:
         kwargs["use_cache"] = False
-    with torch.inference_mode(), untouched(model), hooked(model, anatomy, out, tokens.shape,
-                                                          verify=verify):
+    if patterns:
+        kwargs["output_attentions"] = True
+    with torch.inference_mode(), untouched(model), eager_attention(model, patterns), \
+            edited(model, edits), hooked(model, anatomy, out, tokens.shape, verify=verify):
         result = model(**kwargs)
+    if patterns:
+        out.patterns = tuple(a.detach().float() for a in result.attentions)
     if anatomy.has_lm_head:
         logits = getattr(result, "logits", result)
         out.logits = logits.detach().float() if isinstance(logits, Tensor) else None

@@ -101,8 +101,12 @@ BLOCK_NORM_ROLES: dict[str, tuple[str, ...]] = {
 }
 
 
-def compile_block(placement: str, layer: int, norms: set[str], *, alpha: float = 1.0) -> list[Op]:
-    """The stream program of block ``layer`` for ``placement``, given the norm names present."""
+def compile_block(placement: str, layer: int, norms: set[str], *, alpha: float = 1.0,
+                  sublayers: tuple[str, ...] = ("attn", "mlp")) -> list[Op]:
+    """The stream program of block ``layer`` for ``placement``, given the norm names present.
+
+    ``sublayers`` drops the steps of a missing sublayer (``("attn",)`` for attention-only models).
+    """
     if placement not in BLOCK_TEMPLATES:
         raise ValueError(f"unknown placement {placement!r}; expected one of {PLACEMENTS}")
 
@@ -113,6 +117,8 @@ def compile_block(placement: str, layer: int, norms: set[str], *, alpha: float =
     ops: list[Op] = []
     for step in BLOCK_TEMPLATES[placement]:
         kind = step[0]
+        if kind in ("read", "add") and step[1] not in sublayers:
+            continue
         if kind == "read":
             ops.append(Read(f"L{layer}.{step[1]}", norm_name(step[2])))
         elif kind == "add":
@@ -131,6 +137,7 @@ def compile_program(
     embeds: tuple[str, ...],
     norms: set[str],
     alpha: float = 1.0,
+    sublayers: tuple[str, ...] = ("attn", "mlp"),
 ) -> tuple[Op, ...]:
     """The whole model's stream program: embeddings, every block, the final norm."""
     ops: list[Op] = [Embed(label) for label in embeds]
@@ -138,7 +145,7 @@ def compile_program(
         ops.append(Norm("ln_embed"))
     for layer in range(n_layers):
         ops.append(Mark(layer))
-        ops.extend(compile_block(placement, layer, norms, alpha=alpha))
+        ops.extend(compile_block(placement, layer, norms, alpha=alpha, sublayers=sublayers))
     ops.append(Mark(n_layers))
     if "ln_final" in norms:
         ops.append(Norm("ln_final"))

@@ -97,6 +97,14 @@ class Trace:
             raise KeyError(f"no norm {name!r}; norms are {list(self.anatomy.norms)[:6]}...") from None
 
     @property
+    def patterns(self) -> tuple[Float[Tensor, "batch head query key"], ...]:
+        """Attention patterns per layer; trace with ``patterns=True`` to record them."""
+        if self.captured.patterns is None:
+            raise NotAvailableError("attention patterns were not recorded: trace again with "
+                                    "rs.trace(model, texts, patterns=True)")
+        return self.captured.patterns
+
+    @property
     def logits(self) -> Float[Tensor, "batch pos d_vocab"]:
         """Final logits; raises ``NotAvailableError`` for models without a trained LM head."""
         if self.captured.logits is None:
@@ -153,6 +161,7 @@ def trace(
     max_length: int | None = None,
     overflow: Overflow = "error",
     verify: bool = False,
+    patterns: bool = False,
 ) -> Trace:
     """Tokenize ``texts`` and capture one forward pass of ``model`` over them.
 
@@ -163,6 +172,8 @@ def trace(
         overflow: What to do with a text longer than that: ``"error"`` (default) raises
             ``ContextLengthError`` naming the limit; ``"chunk"`` splits it into several rows.
         verify: Also keep full norm inputs and projection outputs (used by ``check``).
+        patterns: Also record attention patterns (``trace.patterns``; needed by
+            ``mixing_ratio``). Hugging Face models run with eager attention for this call.
 
     Raises:
         EmptyTextError: A text is empty.
@@ -171,7 +182,7 @@ def trace(
     """
     batch = encode(model, texts, max_length=max_length, overflow=overflow)
     captured = capture(model.module, model.anatomy, batch.tokens.to(model.device),
-                       batch.attention_mask.to(model.device), verify=verify)
+                       batch.attention_mask.to(model.device), verify=verify, patterns=patterns)
     result = Trace(model, batch, captured)
     _raise_if_non_finite(result)
     return result
@@ -189,9 +200,10 @@ def _raise_if_non_finite(t: Trace) -> None:
             raise NonFiniteError(f"NaN/inf in the embedding {label!r}: the model's weights are "
                                  "corrupt; reload them from a good file")
     for L in range(t.anatomy.n_layers):
-        if bad(t.captured.resid[L + 1]) or bad(t.captured.z[L]) or bad(t.captured.mlp_out[L]):
+        mlp = t.captured.mlp_out.get(L, t.captured.z[L][..., :0])
+        if bad(t.captured.resid[L + 1]) or bad(t.captured.z[L]) or bad(mlp):
             where = ("attention" if bad(t.captured.z[L]) else
-                     "MLP" if bad(t.captured.mlp_out[L]) else "a norm or the residual add")
+                     "MLP" if bad(mlp) else "a norm or the residual add")
             raise NonFiniteError(
                 f"NaN/inf first appears in layer {L}, in {where}. Check that layer's weights "
                 "(rs.load refuses non-finite weights from files) or run in float32."

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from .program import Add, Embed, Mark, Norm, Op, Scale
+from .program import Add, Embed, Mark, Norm, Op, Read, Scale
 
 if TYPE_CHECKING:
     from .capture import Captured
@@ -61,3 +61,15 @@ def walk_stream(trace: Trace, captured: Captured | None = None) -> Iterator[Step
             x = x * op.alpha
         elif isinstance(op, Mark) and op.point != "final":
             x = cap.resid[op.point]
+
+
+def read_inputs(trace: Trace, captured: Captured | None = None) -> dict[str, Tensor]:
+    """What every component reads: the stream at its read point through its norm (frozen scale)."""
+    cap = captured or trace.captured
+    out = {}
+    for step in walk_stream(trace, cap):
+        if isinstance(step.op, Read):
+            norm = step.op.norm
+            out[step.op.component] = step.x if norm is None else \
+                trace.anatomy.norms[norm].apply_frozen(step.x, cap.norm_scale[norm])
+    return out

@@ -51,7 +51,8 @@ class LayerWeights:
     """Read and write maps of one block, float32, in TransformerLens's shapes.
 
     Key and value maps of grouped-query attention are expanded to one per query head.
-    Biases are None where the model has none. ``W_gate`` is None for ungated MLPs.
+    Biases are None where the model has none. ``W_gate`` is None for ungated MLPs; every MLP
+    map is None for attention-only models.
     """
 
     W_Q: Float[Tensor, "head d_model d_head"]
@@ -62,10 +63,10 @@ class LayerWeights:
     b_V: Float[Tensor, "head d_head"] | None
     W_O: Float[Tensor, "head d_head d_model"]
     b_O: Float[Tensor, " d_model"] | None
-    W_in: Float[Tensor, "d_model d_mlp"]
+    W_in: Float[Tensor, "d_model d_mlp"] | None
     b_in: Float[Tensor, " d_mlp"] | None
     W_gate: Float[Tensor, "d_model d_mlp"] | None
-    W_out: Float[Tensor, "d_mlp d_model"]
+    W_out: Float[Tensor, "d_mlp d_model"] | None
     b_out: Float[Tensor, " d_model"] | None
 
 
@@ -101,13 +102,17 @@ def layer_weights(model: nn.Module, anatomy, layer: int) -> LayerWeights:
     W_K, b_K = _per_head(Wk, bk, H, anatomy.n_kv_heads)
     W_V, b_V = _per_head(Wv, bv, H, anatomy.n_kv_heads)
     o = model.get_submodule(paths.attn_out[layer])
-    up, down = block.get_submodule(paths.mlp_in), block.get_submodule(paths.mlp_down)
+    up = block.get_submodule(paths.mlp_in) if paths.mlp_in else None
+    down = block.get_submodule(paths.mlp_down) if paths.mlp_down else None
     gate = block.get_submodule(paths.mlp_gate) if paths.mlp_gate else None
+
+    def maybe(fn, module):
+        return None if module is None else fn(module)
+
     return LayerWeights(
         W_Q=W_Q, W_K=W_K, W_V=W_V, b_Q=b_Q, b_K=b_K, b_V=b_V,
-        W_O=attn_W_O(o, H), b_O=bias_of(o), W_in=as_in_out(up), b_in=bias_of(up),
-        W_gate=None if gate is None else as_in_out(gate), W_out=as_in_out(down),
-        b_out=bias_of(down),
+        W_O=attn_W_O(o, H), b_O=bias_of(o), W_in=maybe(as_in_out, up), b_in=maybe(bias_of, up),
+        W_gate=maybe(as_in_out, gate), W_out=maybe(as_in_out, down), b_out=maybe(bias_of, down),
     )
 
 

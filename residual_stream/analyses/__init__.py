@@ -4,14 +4,17 @@ Every statistic over tokens ignores padding. Each result has ``to_frame()`` (a l
 frame) and a figure builder in ``residual_stream.plotting``.
 """
 
+from .ablation import AblationCheck, ablation_check
 from .composition import Composition, composition
 from .flow import ReadAttribution, Survival, read_attribution, survival
 from .growth import NormGrowth, norm_growth
 from .lens import DirectLogitAttribution, LogitLens, direct_logit_attribution, logit_lens
-from .subspaces import Subspace, WriteSubspaces, write_subspaces
+from .mixing import MixingRatio, mixing_ratio
+from .subspaces import Subspace, WriteSubspaces, orthogonal_split, write_subspaces
 
 __all__ = [
-    "Composition", "DirectLogitAttribution", "LogitLens", "NormGrowth", "ReadAttribution",
-    "Subspace", "Survival", "WriteSubspaces", "composition", "direct_logit_attribution",
-    "logit_lens", "norm_growth", "read_attribution", "survival", "write_subspaces",
+    "AblationCheck", "Composition", "DirectLogitAttribution", "LogitLens", "MixingRatio",
+    "NormGrowth", "ReadAttribution", "Subspace", "Survival", "WriteSubspaces", "ablation_check",
+    "composition", "direct_logit_attribution", "logit_lens", "mixing_ratio", "norm_growth",
+    "orthogonal_split", "read_attribution", "survival", "write_subspaces",
 ]

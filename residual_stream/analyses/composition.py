@@ -52,7 +52,7 @@ class Composition:
     def to_frame(self) -> pd.DataFrame:
         """Long frame: ``kind, writer, reader, score, baseline`` for every later-reader pair."""
         head_layer = np.array([int(h[1:].split("H")[0]) for h in self.heads])
-        mlp_layer = np.arange(len(self.mlps))
+        mlp_layer = np.array([int(m[1:].split(".")[0]) for m in self.mlps], dtype=int)
         blocks = [(KINDS, self.heads, head_layer, self.heads, head_layer, self.head_to_head, ""),
                   (KINDS, self.mlps, mlp_layer, self.heads, head_layer, self.mlp_to_head, "mlp_"),
                   (("in",), self.heads, head_layer, self.mlps, mlp_layer, self.head_to_mlp[None], "")]
@@ -99,6 +99,8 @@ def _scores(writer: Tensor, reader: Tensor, chunk: int = 32) -> Tensor:
 
     ``trace(Gram)`` is the squared Frobenius norm of each map.
     """
+    if reader.shape[0] == 0 or writer.shape[0] == 0:
+        return torch.zeros(writer.shape[0], reader.shape[0])
     flat_w = writer.flatten(1)
     norm_w = writer.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(0).sqrt()
     out = []
@@ -137,19 +139,21 @@ def composition(model) -> Composition:
     q, k, v = (torch.cat([_fold(model, L, "attn", getattr(w, name))
                           for L, w in enumerate(per_layer)]) for name in ("W_Q", "W_K", "W_V"))
     head_w = _gram(W_V, W_Ot)                                      # writes of heads
-    mlp_w = torch.stack([w.W_out.T @ w.W_out for w in per_layer])  # writes of MLPs (W_outᵀW_out)
     readers = {"q": _gram_T(q, k), "k": _gram_T(k, q), "v": _gram_T(v, W_Ot)}
-    w_in = [_fold(model, L, "mlp", w.W_in) for L, w in enumerate(per_layer)]
-    mlp_r = torch.stack([W @ W.T for W in w_in])                   # W_in W_inᵀ
+    d, mlp_layers = a.d_model, [L for L, w in enumerate(per_layer) if w.W_in is not None]
+    mlp_w = torch.stack([per_layer[L].W_out.T @ per_layer[L].W_out for L in mlp_layers]) \
+        if mlp_layers else torch.zeros(0, d, d)                    # W_outᵀ W_out
+    w_in = [_fold(model, L, "mlp", per_layer[L].W_in) for L in mlp_layers]
+    mlp_r = torch.stack([W @ W.T for W in w_in]) if w_in else torch.zeros(0, d, d)  # W_in W_inᵀ
     layer = torch.tensor([L for L in range(a.n_layers) for _ in range(a.n_heads)])
-    mlp_layer = torch.arange(a.n_layers)
+    mlp_layer = torch.tensor(mlp_layers, dtype=torch.long)
     return Composition(
         heads=tuple(f"L{L}H{h}" for L in range(a.n_layers) for h in range(a.n_heads)),
-        mlps=tuple(f"L{L}.mlp" for L in range(a.n_layers)),
+        mlps=tuple(f"L{L}.mlp" for L in mlp_layers),
         head_to_head=torch.stack([_scores(head_w, readers[kd]) for kd in KINDS])
         * (layer[None] > layer[:, None]),
         head_to_mlp=_scores(head_w, mlp_r) * (mlp_layer[None] > layer[:, None]),
         mlp_to_head=torch.stack([_scores(mlp_w, readers[kd]) for kd in KINDS])
         * (layer[None] > mlp_layer[:, None]),
-        baseline=_baselines(a.d_model, a.d_head, a.d_mlp),
+        baseline=_baselines(a.d_model, a.d_head, a.d_mlp or a.d_model),
     )

@@ -122,7 +122,7 @@ def _massive(trace, streams: Tensor) -> pd.DataFrame:
 
 def _updates_and_norm_inputs(trace) -> tuple[Tensor, Tensor, pd.DataFrame]:
     n, mask = trace.anatomy.n_layers, trace.attention_mask
-    upd = {"attn": torch.zeros(n), "mlp": torch.zeros(n)}
+    upd = {"attn": torch.full((n,), float("nan")), "mlp": torch.full((n,), float("nan"))}
     rows = []
     for step in walk_stream(trace):
         if isinstance(step.op, Add):

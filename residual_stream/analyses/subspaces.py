@@ -273,9 +273,7 @@ def write_subspaces(
 
 
 def write_vector(trace, write: str) -> Tensor:
-    """One write (head ``"L3H5"``, attention total ``"L3.attn"`` or ``"L3.mlp"``) as added,
-    ``[batch, pos, d_model]``.
-    """
+    """One write (``"L3H5"``, ``"L3.attn"`` or ``"L3.mlp"``) as added, ``[batch, pos, d_model]``."""
     values = _writes_as_added(trace, {write})
     if write not in values:
         raise KeyError(f"no write named {write!r}; use labels like 'L3H5', 'L3.attn', 'L3.mlp'")

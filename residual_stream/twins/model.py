@@ -39,6 +39,7 @@ class TwinConfig:
     n_ctx: int = 256
     mlp: Literal["gelu", "swiglu"] = "gelu"
     positions: Literal["learned", "rotary"] = "learned"
+    attn_only: bool = False
     bias: bool = False
     eps: float = 1e-5
     model_type: str = "rs-twin"
@@ -107,6 +108,9 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.v_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.o_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.hook_pattern = HookPoint()
+        self.keep_pattern = False  # set by TwinTransformer.forward(output_attentions=True)
+        self.pattern: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(batch, pos, d_model)`` → the attention's write, same shape."""
@@ -116,7 +120,13 @@ class Attention(nn.Module):
                                                                     self.v_proj))
         if self.cfg.positions == "rotary":
             q, k = rotary(q), rotary(k)
-        z = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, P, d_head)
+        if self.keep_pattern:  # explicit softmax, so the pattern can be returned
+            scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+            causal = torch.ones(P, P, dtype=torch.bool, device=x.device).triu(1)
+            self.pattern = self.hook_pattern(scores.masked_fill(causal, float("-inf")).softmax(-1))
+            z = self.pattern @ v
+        else:
+            z = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, P, d_head)
         return self.o_proj(z.transpose(1, 2).reshape(B, P, -1))
 
 
@@ -143,14 +153,18 @@ class Block(nn.Module):
         super().__init__()
         self.placement, self.alpha = cfg.placement, cfg.deepnorm_alpha
         for role in ROLES[cfg.placement]:
-            setattr(self, role, make_norm(cfg))
-        self.attn, self.mlp = Attention(cfg), MLP(cfg)
+            if not (cfg.attn_only and "mlp" in role):
+                setattr(self, role, make_norm(cfg))
+        self.attn = Attention(cfg)
+        self.mlp = None if cfg.attn_only else MLP(cfg)
         self.hook_resid_pre, self.hook_attn_out, self.hook_mlp_out = HookPoint(), HookPoint(), HookPoint()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The stream entering the block → the stream leaving it."""
         x = self.hook_resid_pre(x)
         attn = lambda h: self.hook_attn_out(self.attn(h))  # noqa: E731
+        if self.mlp is None:  # attention-only: the placements without their MLP half
+            return self._attn_only(x, attn)
         mlp = lambda h: self.hook_mlp_out(self.mlp(h))  # noqa: E731
         if self.placement == "pre":
             x = x + attn(self.ln_attn_in(x))
@@ -164,6 +178,13 @@ class Block(nn.Module):
         x = self.ln_resid_attn(self.alpha * x + attn(x))
         return self.ln_resid_mlp(self.alpha * x + mlp(x))
 
+    def _attn_only(self, x: torch.Tensor, attn) -> torch.Tensor:
+        if self.placement in ("pre", "parallel"):
+            return x + attn(self.ln_attn_in(x))
+        if self.placement == "sandwich":
+            return x + self.ln_attn_out(attn(self.ln_attn_in(x)))
+        return self.ln_resid_attn(self.alpha * x + attn(x))
+
 
 @dataclass
 class TwinOutput:
@@ -171,6 +192,7 @@ class TwinOutput:
 
     logits: torch.Tensor
     hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
 
 
 class TwinTransformer(HookedRootModule):
@@ -215,9 +237,11 @@ class TwinTransformer(HookedRootModule):
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-        output_hidden_states: bool = False,
+        output_hidden_states: bool = False, output_attentions: bool = False,
     ) -> TwinOutput:
         """Run the model. Padding must be on the right (causal attention ignores it)."""
+        for block in self.blocks:
+            block.attn.keep_pattern = output_attentions
         P = input_ids.shape[1]
         if P > self.config.n_ctx:
             raise ValueError(f"sequence of {P} tokens exceeds n_ctx={self.config.n_ctx}")
@@ -230,5 +254,9 @@ class TwinTransformer(HookedRootModule):
             x = block(x)
         x = self.ln_final(x)
         states.append(x)
-        return TwinOutput(self.unembed(x), tuple(states) if output_hidden_states else None)
+        patterns = tuple(b.attn.pattern for b in self.blocks) if output_attentions else None
+        for block in self.blocks:
+            block.attn.keep_pattern, block.attn.pattern = False, None
+        return TwinOutput(self.unembed(x), tuple(states) if output_hidden_states else None,
+                          patterns)
 

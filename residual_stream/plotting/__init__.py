@@ -1,0 +1,17 @@
+"""Figure builders: each turns one analysis result into a ``plotly.graph_objects.Figure``.
+
+They compute nothing of their own beyond arranging the result for display. Token labels are
+escaped and de-duplicated in one place (``labels.token_labels``), so text like ``<script>``
+shows as text.
+"""
+
+from .bars import contribution_bars, subspace_bars
+from .graph import read_write_graph
+from .growth import norm_growth_figure, update_size_figure
+from .heatmap import heatmap, lens_figure, survival_figure
+from .labels import token_labels
+
+__all__ = [
+    "contribution_bars", "heatmap", "lens_figure", "norm_growth_figure", "read_write_graph",
+    "subspace_bars", "survival_figure", "token_labels", "update_size_figure",
+]

@@ -1,0 +1,43 @@
+"""Norm growth and relative update sizes against depth."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from .labels import escape
+
+
+def norm_growth_figure(result, *, relative_depth: bool = False, name: str = "") -> go.Figure:
+    """Mean and median stream norm with a 5–95 % band, and the first token separately."""
+    n = len(result.mean)
+    x = [i / (n - 1) for i in range(n)] if relative_depth else list(range(n))
+    label = escape(name or result.model_name)
+    fig = go.Figure([
+        go.Scatter(x=x + x[::-1], y=list(result.p95.numpy()) + list(result.p5.numpy())[::-1],
+                   fill="toself", line={"width": 0}, opacity=0.25, name=f"{label} 5–95 %",
+                   hoverinfo="skip"),
+        go.Scatter(x=x, y=result.mean.numpy(), name=f"{label} mean", mode="lines+markers"),
+        go.Scatter(x=x, y=result.median.numpy(), name=f"{label} median", line={"dash": "dot"}),
+        go.Scatter(x=x, y=result.first_token.numpy(), name=f"{label} first token",
+                   line={"dash": "dash"}),
+    ])
+    fig.update_layout(
+        title=f"Stream norm by depth (fit: ×{result.fit_growth:.3f} per layer, R² {result.fit_r2:.2f})",
+        xaxis_title="relative depth" if relative_depth else "point (stream entering block L)",
+        yaxis_title="‖x‖ (L2 norm)", yaxis_type="log", hovermode="x unified")
+    return fig
+
+
+def update_size_figure(result, *, relative_depth: bool = False, name: str = "") -> go.Figure:
+    """Relative update ``‖write‖ / ‖stream before it‖`` of every attention and MLP."""
+    n = len(result.update_attn)
+    x = [(i + 0.5) / n for i in range(n)] if relative_depth else list(range(n))
+    label = escape(name or result.model_name)
+    fig = go.Figure([
+        go.Scatter(x=x, y=result.update_attn.numpy(), name=f"{label} attention", mode="lines+markers"),
+        go.Scatter(x=x, y=result.update_mlp.numpy(), name=f"{label} MLP", mode="lines+markers"),
+    ])
+    fig.update_layout(title="Relative update size", yaxis_type="log",
+                      xaxis_title="relative depth" if relative_depth else "layer",
+                      yaxis_title="‖write‖ / ‖stream before it‖", hovermode="x unified")
+    return fig

@@ -1,0 +1,48 @@
+"""Heatmaps: any labelled matrix, survival, and the logit lens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from .labels import escape, token_labels
+
+
+def heatmap(frame: pd.DataFrame, *, title: str, x_title: str, y_title: str,
+            colorbar: str = "", diverging: bool = False) -> go.Figure:
+    """A heatmap of ``frame`` (rows → y, columns → x), labels escaped."""
+    z = frame.to_numpy(dtype=float)
+    limit = np.nanmax(np.abs(z)) if diverging and np.isfinite(z).any() else None
+    fig = go.Figure(go.Heatmap(
+        z=z, x=[escape(c) for c in frame.columns], y=[escape(r) for r in frame.index],
+        colorscale="RdBu" if diverging else "Viridis", zmid=0 if diverging else None,
+        zmin=-limit if limit else None, zmax=limit, colorbar={"title": colorbar},
+        hovertemplate=f"{y_title}: %{{y}}<br>{x_title}: %{{x}}<br>{colorbar}: %{{z:.4g}}<extra></extra>"))
+    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title,
+                      yaxis_autorange="reversed")
+    return fig
+
+
+def survival_figure(result, measure: str = "retention") -> go.Figure:
+    """Survival of every write across later points: ``retention``, ``share`` or ``norm``."""
+    frame = pd.DataFrame(getattr(result, measure).numpy(), index=list(result.sources))
+    units = {"retention": "norm now / norm when added", "share": "signed share of ‖x‖²",
+             "norm": "‖contribution‖"}
+    return heatmap(frame, title=f"Survival of each write ({measure})",
+                   x_title="point (stream entering block L)", y_title="write",
+                   colorbar=units[measure], diverging=measure == "share")
+
+
+def lens_figure(result, batch: int, str_tokens: list[str]) -> go.Figure:
+    """Logit lens for one text: KL to the final distribution per point and token, top tokens."""
+    n = int(result.attention_mask[batch].sum())
+    kl = result.kl[:, batch, :n].numpy()
+    text = [[escape(t) for t in row[:n]] for row in (p[batch] for p in result.top_tokens)]
+    fig = go.Figure(go.Heatmap(
+        z=kl, x=token_labels(str_tokens[:n]), y=list(range(kl.shape[0])), text=text,
+        texttemplate="%{text}", colorscale="Viridis_r", colorbar={"title": "KL (nats)"},
+        hovertemplate="point %{y}<br>%{x}<br>lens top-1: %{text}<br>KL %{z:.3f}<extra></extra>"))
+    fig.update_layout(title="Logit lens: top-1 token and KL(final ‖ lens)",
+                      xaxis_title="token", yaxis_title="point (stream entering block L)")
+    return fig

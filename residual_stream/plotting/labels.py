@@ -1,0 +1,22 @@
+"""Token labels for axes: escaped, and unique (plotly merges categories with equal names).
+
+Escaping means no user text reaches a page as HTML.
+"""
+
+from __future__ import annotations
+
+import html
+
+
+def token_labels(tokens: list[str]) -> list[str]:
+    """``["The", " cat", "The"]`` → ``["0 The", "1 ␣cat", "2 The"]``, HTML-escaped."""
+    out = []
+    for i, tok in enumerate(tokens):
+        shown = tok.replace("Ġ", "␣").replace("Ċ", "↵").replace("\n", "↵").replace(" ", "␣")
+        out.append(f"{i} {html.escape(shown)}")
+    return out
+
+
+def escape(text: str) -> str:
+    """Escape any user-supplied text for a figure title or hover."""
+    return html.escape(str(text))
