@@ -87,6 +87,14 @@ class NormSpec:
         out = self.apply_linear(x, scale)
         return out if self.bias is None else out + self.bias.to(out.device, out.dtype)
 
+    def fold_into(self, W: Float[Tensor, "*lead d_model k"]) -> Float[Tensor, "*lead d_model k"]:
+        """The read map seen from the stream: ``C diag(γ) W`` for a map ``W`` applied after this norm.
+
+        (Up to the per-token ``1/s``.) ``C`` centers for a LayerNorm; Gemma's offset is included.
+        """
+        W = W * torch.as_tensor(self.gain(W), dtype=W.dtype).reshape(-1, 1)
+        return W - W.mean(-2, keepdim=True) if self.kind == "layernorm" else W
+
     def apply(self, x: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
         """The full norm computed from scratch (reference for the frozen form)."""
         return self.apply_frozen(x, self.scale(x).to(x.dtype))

@@ -44,9 +44,9 @@ class Composition:
 
     heads: tuple[str, ...]
     mlps: tuple[str, ...]
-    head_to_head: Float[Tensor, "kind writer reader"]
-    head_to_mlp: Float[Tensor, "writer reader"]
-    mlp_to_head: Float[Tensor, "kind writer reader"]
+    head_to_head: Float[Tensor, "kind head reader_head"]
+    head_to_mlp: Float[Tensor, "head mlp"]
+    mlp_to_head: Float[Tensor, "kind mlp head"]
     baseline: dict[str, float]
 
     def to_frame(self) -> pd.DataFrame:
@@ -77,11 +77,7 @@ class Composition:
 def _fold(model, layer: int, kind: str, W: Tensor) -> Tensor:
     """Fold the reading norm of ``L{layer}.{kind}`` into ``W [..., d_model, k]``."""
     comp = next(c for c in model.anatomy.components if c.name == f"L{layer}.{kind}")
-    if comp.reads_through is None:
-        return W
-    spec = model.anatomy.norms[comp.reads_through]
-    W = W * torch.as_tensor(spec.gain(W), dtype=W.dtype).reshape(-1, 1)
-    return W - W.mean(-2, keepdim=True) if spec.kind == "layernorm" else W
+    return W if comp.reads_through is None else model.anatomy.norms[comp.reads_through].fold_into(W)
 
 
 def _gram(A: Tensor, B: Tensor) -> Tensor:

@@ -65,10 +65,7 @@ def mean_direction(d_model: int) -> Subspace:
 
 
 def _fold_norm(spec, W: Tensor) -> Tensor:
-    if spec is None:
-        return W
-    W = W * torch.as_tensor(spec.gain(W), dtype=W.dtype).reshape(-1, 1)
-    return W - W.mean(0, keepdim=True) if spec.kind == "layernorm" else W
+    return W if spec is None else spec.fold_into(W)
 
 
 def unembed_subspace(model, k: int = 32) -> Subspace:
