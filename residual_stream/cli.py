@@ -3,6 +3,7 @@
     residual-stream models                     the registry: what is installed, how to install the rest
     residual-stream anatomy MODEL              sizes, norms and the stream program of a model
     residual-stream check MODEL --text TEXT    trace TEXT and print the conservation report
+    residual-stream summarize MODEL [--text T] headline numbers of every analysis
     residual-stream app [--host H --port P]    serve the Streamlit app
 
 Exit codes: 0 on success, 2 on a usage error, 1 on any other failure (with a one-line reason
@@ -36,6 +37,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--device", default="auto", help="auto (cuda, mps, cpu), cpu, cuda ...")
     c.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, else float32), float32 ...")
     c.add_argument("--verbose", action="store_true", help="print every comparison")
+    m = sub.add_parser("summarize", help="headline numbers of every analysis for a model")
+    m.add_argument("model", help="registry name, HF folder, .gguf file or cached hub id")
+    m.add_argument("--text", action="append", help="text to analyse (repeat; default: 3 built-in)")
+    m.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s = sub.add_parser("app", help="serve the Streamlit app")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default: localhost only)")
     s.add_argument("--port", type=int, default=8501)
@@ -71,6 +76,22 @@ def _check(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _summarize(args: argparse.Namespace) -> int:
+    import json
+
+    from .loading import load
+    from .summary import DEFAULT_TEXTS, summarize
+
+    numbers = summarize(load(args.model, device="cpu"), args.text or DEFAULT_TEXTS)
+    if args.json:
+        print(json.dumps(numbers, indent=1))
+    else:
+        for key, value in numbers.items():
+            shown = f"{value:.4g}" if isinstance(value, float) else value
+            print(f"{key:>45}: {shown}")
+    return 0
+
+
 def _app(args: argparse.Namespace) -> int:
     env = dict(os.environ, HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))
     cmd = [sys.executable, "-m", "streamlit", "run", str(APP), "--server.address", args.host,
@@ -79,7 +100,8 @@ def _app(args: argparse.Namespace) -> int:
     return subprocess.call(cmd, env=env)
 
 
-COMMANDS = {"models": _models, "anatomy": _anatomy, "check": _check, "app": _app}
+COMMANDS = {"models": _models, "anatomy": _anatomy, "check": _check, "summarize": _summarize,
+            "app": _app}
 
 
 def main(argv: list[str] | None = None) -> int:

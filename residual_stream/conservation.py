@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from .capture import capture, hidden_states_reference
+from .decomposition import collect, replay_states
 from .errors import ConservationError
 from .program import Add, Mark, Norm, Read
 from .walk import component_of, walk_stream
@@ -127,9 +128,11 @@ def check_conservation(trace: Trace, *, tolerance: float | None = None) -> Conse
         with torch.inference_mode():
             expected = module(cap.norm_in[name].to(model.dtype))
         rec.compare("norm", name, spec.apply(cap.norm_in[name]), expected)
-    for point in [*range(n + 1)]:
-        rec.compare("decomposition", f"resid_pre {point}", trace.decompose(point).total(),
-                    trace.stream(point))
+    for op, pieces in replay_states(anatomy.program, trace.sources()):  # one pass, every point
+        if isinstance(op, Mark) and op.point != "final":
+            rec.compare("decomposition", f"resid_pre {op.point}",
+                        collect(pieces, op.point, trace.attention_mask).total(),
+                        trace.stream(op.point))
     return ConservationReport(tuple(rec.rows), tolerance)
 
 

@@ -58,11 +58,35 @@ def _pad_id(tokenizer: object) -> int:
     return 0
 
 
+def from_ids(model: Model, tokens: Tensor) -> Batch:
+    """A ``Batch`` from token ids ``[batch, pos]`` (no padding), checked against the vocabulary."""
+    if tokens.ndim != 2 or tokens.numel() == 0 or tokens.dtype.is_floating_point:
+        raise InputError(f"token ids must be a non-empty integer tensor [batch, pos], got "
+                         f"{tuple(tokens.shape)} of {tokens.dtype}")
+    if tokens.shape[1] > model.anatomy.n_ctx:
+        raise ContextLengthError(f"{tokens.shape[1]} tokens is longer than the model's context "
+                                 f"of {model.anatomy.n_ctx}; pass fewer positions")
+    _check_vocab(model, int(tokens.min()), int(tokens.max()))
+    tokens = tokens.long().cpu()
+    convert = getattr(model.tokenizer, "convert_ids_to_tokens", None)
+    names = [convert(r.tolist()) if convert else [str(i) for i in r.tolist()] for r in tokens]
+    return Batch(tokens, torch.ones_like(tokens), names, tuple(range(len(tokens))))
+
+
+def _check_vocab(model: Model, low: int, high: int) -> None:
+    if low < 0 or high >= model.anatomy.d_vocab:
+        raise InputError(
+            f"token id {high if high >= model.anatomy.d_vocab else low} is outside the model's "
+            f"vocabulary of {model.anatomy.d_vocab} ids: the tokenizer does not match the model")
+
+
 def encode(
-    model: Model, texts: str | list[str], *, max_length: int | None = None,
+    model: Model, texts: str | list[str] | Tensor, *, max_length: int | None = None,
     overflow: Overflow = "error",
 ) -> Batch:
-    """Tokenize ``texts`` for ``model`` into a right-padded ``Batch``."""
+    """Tokenize ``texts`` for ``model`` into a right-padded ``Batch`` (token-id tensors pass through)."""
+    if isinstance(texts, Tensor):
+        return from_ids(model, texts)
     if isinstance(texts, str):
         texts = [texts]
     if not isinstance(texts, (list, tuple)) or not texts:
@@ -87,6 +111,7 @@ def encode(
         chunks = [ids[s:s + limit] for s in range(0, len(ids), limit)]
         rows.extend(chunks)
         index.extend([i] * len(chunks))
+    _check_vocab(model, min(min(r) for r in rows), max(max(r) for r in rows))
     width = max(len(r) for r in rows)
     pad = _pad_id(model.tokenizer)
     tokens = torch.full((len(rows), width), pad, dtype=torch.long)

@@ -156,7 +156,7 @@ class Trace:
 
 def trace(
     model: Model,
-    texts: str | list[str],
+    texts: str | list[str] | Int[Tensor, "batch pos"],
     *,
     max_length: int | None = None,
     overflow: Overflow = "error",
@@ -167,7 +167,8 @@ def trace(
 
     Args:
         model: A loaded model (``rs.load``).
-        texts: One text or a list of texts; each becomes one row of the batch.
+        texts: One text or a list of texts; each becomes one row of the batch. A tensor of
+            token ids ``[batch, pos]`` is used as it is (no padding).
         max_length: Longest sequence accepted; defaults to the model's context ``n_ctx``.
         overflow: What to do with a text longer than that: ``"error"`` (default) raises
             ``ContextLengthError`` naming the limit; ``"chunk"`` splits it into several rows.

@@ -98,14 +98,18 @@ def survival(trace, *, granularity: Granularity = "component") -> Survival:
     mask = trace.attention_mask
     born: dict[str, float] = {}
     cols: list[dict[str, tuple[float, float]]] = []
+    seen: set[str] = set()
     for op, pieces in replay_states(trace.anatomy.program, trace.sources()):
-        if not pieces:
-            continue
-        labels, values = merged(pieces, granularity)
-        norms = values.norm(dim=-1)                                      # (source, batch, pos)
-        for lab, nm in zip(labels, masked_mean(norms, mask, lead=1).tolist(), strict=True):
-            born.setdefault(lab, nm)
+        new = [p for p in pieces if not seen.issuperset(p.labels)]
+        if new:  # a write's norm as it was added: the first time its pieces appear
+            seen.update(lab for p in new for lab in p.labels)
+            labels, values = merged(new, granularity)
+            norms = masked_mean(values.norm(dim=-1), mask, lead=1).tolist()
+            for lab, nm in zip(labels, norms, strict=True):
+                born.setdefault(lab, nm)
         if isinstance(op, Mark) and op.point != "final":
+            labels, values = merged(pieces, granularity)
+            norms = values.norm(dim=-1)                                  # (source, batch, pos)
             x = collect(pieces, op.point, mask).total()
             share = safe_ratio((values * x).sum(-1), x.pow(2).sum(-1))
             cols.append(dict(zip(labels, zip(masked_mean(norms, mask, lead=1).tolist(),

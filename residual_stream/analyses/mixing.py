@@ -29,6 +29,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..program import Add, Mark, Norm, Read, Scale
+from ..walk import read_inputs, walk_stream
 from .tokens import masked_mean, safe_ratio
 
 
@@ -69,9 +70,8 @@ def _after_attention(trace, layer: int) -> list:
     return out
 
 
-def _layer(trace, layer: int, A: Tensor):
-    u = trace.read_input(f"L{layer}.attn")                              # (batch, pos, d_model)
-    x = trace.decompose_read(f"L{layer}.attn").total()                  # the residual's own part
+def _layer(trace, layer: int, A: Tensor, u: Tensor, x: Tensor):
+    """Ratios of one layer: ``u`` is what attention reads, ``x`` the stream at its read point."""
     w = trace.model.weights(layer)
     f = torch.einsum("bjd,hdk,hke->bhje", u, w.W_V, w.W_O)             # per head, per source token
     T = torch.einsum("bhij,bhje->bije", A, f)                           # (batch, i, j, d_model)
@@ -99,7 +99,9 @@ def _layer(trace, layer: int, A: Tensor):
 
 def mixing_ratio(trace) -> MixingRatio:
     """Context-mixing ratios of every attention layer of ``trace`` (module docstring)."""
-    rows = [_layer(trace, L, A.to(trace.stream(0).device))
-            for L, A in enumerate(trace.patterns)]
+    streams = {s.op.component: s.x for s in walk_stream(trace) if isinstance(s.op, Read)}
+    inputs = read_inputs(trace)
+    rows = [_layer(trace, L, A.to(trace.stream(0).device), inputs[f"L{L}.attn"],
+                   streams[f"L{L}.attn"]) for L, A in enumerate(trace.patterns)]
     stack = [torch.stack([r[i] for r in rows]).cpu() for i in range(3)]
     return MixingRatio(*stack, attention_mask=trace.attention_mask.cpu())
