@@ -49,7 +49,9 @@ def summarize(model, texts: Sequence[str] = DEFAULT_TEXTS) -> dict[str, float | 
         "norm_fit_growth_per_layer": g.fit_growth,
         "norm_fit_r2": g.fit_r2,
         "first_token_norm_ratio": float((g.first_token[1:] / g.mean[1:]).mean()),
-        "massive_activations": float(len(g.massive)),
+        "massive_activations_token_rule": float(len(g.massive)),
+        "massive_activations_point_rule": float(len(
+            analyses.norm_growth(tr, massive_reference="point").massive)),
         "ones_share_mean": float(g.ones_share.mean()),
         "update_attn_median": float(g.update_attn.nanmedian()),
         "update_mlp_median": float(g.update_mlp.nanmedian()) if len(g.update_mlp) else None,

@@ -97,6 +97,12 @@ def test_massive_activation_is_found_where_planted():
     hits = rs.norm_growth(tr).massive
     assert len(hits) and set(hits.dim) == {7} and set(hits.token) == {"Z"}
     assert set(hits.point) == {0, 1, 2}  # pre-norm: it is never normalized away
+    with torch.no_grad():  # now a 5000 among 31 other coordinates near 10: the token's median
+        model.module.embed.weight[ord("Z")] += 10.0  # is ~10 (500×), the point's is far lower
+    tr = rs.trace(model, "aaaaZaaaa")
+    assert rs.norm_growth(tr).massive.empty
+    point = rs.norm_growth(tr, massive_reference="point").massive
+    assert set(point.dim) == {7} and set(point.token) == {"Z"}
 
 
 # --- survival -----------------------------------------------------------------------------

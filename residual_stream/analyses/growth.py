@@ -17,7 +17,10 @@ last block, before any final norm):
 * the share of the stream's energy along the all-ones direction, ``(Σ_k x_k)² / (d ‖x‖²)``:
   what LayerNorm's centering removes and RMSNorm keeps;
 * massive activations: coordinates with ``|x| > 100`` and ``|x| > 1000 ×`` the median
-  ``|x|`` of that token (Sun et al. 2024), with point, token and dimension.
+  ``|x|`` of that token (``massive_reference="token"``, the default) or of the whole point
+  over real tokens (``"point"``, closer to Sun et al. 2024's "median of its hidden states"),
+  with point, token and dimension. SmolLM2's first token carries a coordinate near 22,500 at
+  mid depth, only ~500× its own median (which it inflates) but ~10,000× the point's median.
 """
 
 from __future__ import annotations
@@ -105,10 +108,15 @@ def _fit(mean: Tensor) -> tuple[float, float]:
     return float(r), float(1 - (resid ** 2).sum() / total) if total > 0 else 1.0
 
 
-def _massive(trace, streams: Tensor) -> pd.DataFrame:
+def _massive(trace, streams: Tensor, reference: str) -> pd.DataFrame:
     mask = trace.attention_mask.bool().to(streams.device)
     mags = streams.abs()                                             # (point, batch, pos, d)
-    med = mags.median(-1, keepdim=True).values
+    if reference == "token":
+        med = mags.median(-1, keepdim=True).values
+    elif reference == "point":
+        med = torch.stack([m[mask].median() for m in mags])[:, None, None, None].expand_as(mags[..., :1])
+    else:
+        raise ValueError(f"massive_reference must be 'token' or 'point', got {reference!r}")
     hit = (mags > MASSIVE_ABS) & (mags > MASSIVE_REL * med) & mask[None, :, :, None]
     rows = [
         {"point": int(p), "batch": int(b), "pos": int(t), "dim": int(d),
@@ -137,8 +145,11 @@ def _updates_and_norm_inputs(trace) -> tuple[Tensor, Tensor, pd.DataFrame]:
     return upd["attn"], upd["mlp"], pd.DataFrame(rows, columns=["norm", "input_norm", "scale"])
 
 
-def norm_growth(trace) -> NormGrowth:
-    """Measure norm growth, update sizes, centering share and massive activations of ``trace``."""
+def norm_growth(trace, *, massive_reference: str = "token") -> NormGrowth:
+    """Measure norm growth, update sizes, centering share and massive activations of ``trace``.
+
+    ``massive_reference`` is ``"token"`` or ``"point"``: whose median the 1000× rule compares to.
+    """
     n, mask = trace.anatomy.n_layers, trace.attention_mask
     streams = torch.stack([trace.stream(L) for L in range(n + 1)])   # (point, batch, pos, d)
     norms = streams.norm(dim=-1)
@@ -157,5 +168,5 @@ def norm_growth(trace) -> NormGrowth:
         per_position=per_position.cpu(), growth=(mean[1:] / mean[:-1]).cpu(), fit_rate=rate,
         fit_r2=r2, update_attn=attn, update_mlp=mlp,
         ones_share=masked_mean(ones, mask, lead=1).cpu(), norm_inputs=norm_inputs,
-        massive=_massive(trace, streams), model_name=trace.model.name,
+        massive=_massive(trace, streams, massive_reference), model_name=trace.model.name,
     )

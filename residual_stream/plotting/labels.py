@@ -17,6 +17,6 @@ def token_labels(tokens: list[str]) -> list[str]:
     return out
 
 
-def escape(text: str) -> str:
+def escape(text: object) -> str:
     """Escape any user-supplied text for a figure title or hover."""
     return html.escape(str(text))

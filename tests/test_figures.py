@@ -1,0 +1,50 @@
+"""Figure builders build from real results: trace types, titles, axes, escaped labels."""
+
+import plotly.graph_objects as go
+import pytest
+from conftest import TEXTS
+
+import residual_stream as rs
+from residual_stream import plotting
+from residual_stream.analyses.subspaces import mean_direction, orthogonal_split, write_vector
+
+
+@pytest.fixture(scope="module")
+def trace():
+    model = rs.twin(norm="layernorm", placement="pre", n_layers=3, d_model=32, seed=0)
+    return rs.trace(model, TEXTS + ["<script>alert(1)</script>"], patterns=True)
+
+
+def test_growth_figures(trace):
+    g = rs.norm_growth(trace)
+    fig = plotting.norm_growth_figure(g)
+    assert isinstance(fig, go.Figure) and len(fig.data) == 4
+    assert fig.layout.yaxis.title.text == "‖x‖ (L2 norm)"
+    assert list(fig.data[1].y) == pytest.approx(g.mean.tolist())
+    rel = plotting.update_size_figure(g, relative_depth=True)
+    assert rel.layout.xaxis.title.text == "relative depth" and max(rel.data[0].x) < 1
+
+
+def test_heatmaps_and_graph(trace):
+    s = plotting.survival_figure(rs.survival(trace), "share")
+    assert s.data[0].type == "heatmap" and s.data[0].zmid == 0
+    ra = rs.read_attribution(trace).matrix("component", absolute=True)
+    graph = plotting.read_write_graph(ra, threshold=0.1, highlight="L1.attn")
+    edges = [d for d in graph.data if d.mode == "lines"]
+    assert edges and all(d.line.width >= 1 for d in edges)
+    assert any(d.line.color == "crimson" for d in edges)
+    hm = plotting.heatmap(ra, title="t", x_title="source", y_title="reader", colorbar="share")
+    assert hm.layout.xaxis.title.text == "source" and hm.data[0].z.shape == ra.shape
+
+
+def test_lens_and_bars_escape_user_text(trace):
+    lens = plotting.lens_figure(rs.logit_lens(trace), 2, trace.str_tokens[2])
+    labels = list(lens.data[0].x)
+    assert not any("<script>" in x for x in labels) and any("&lt;" in x for x in labels)
+    assert len(set(labels)) == len(labels)  # repeated tokens stay distinct categories
+    names, f = orthogonal_split(write_vector(trace, "L1.attn")[0, :3], [mean_direction(32)])
+    bars = plotting.subspace_bars(names, f, ["a", "b", "c"], title="split")
+    assert bars.layout.barmode == "stack" and len(bars.data) == 2
+    dla = rs.direct_logit_attribution(trace).to_frame()
+    top = plotting.contribution_bars(dla, "logit", title="DLA", top=5)
+    assert len(top.data[0].y) == 5

@@ -1,0 +1,48 @@
+"""Every analysis runs on both bundled real models and every figure builds from the results.
+
+The values asserted are the geometric facts the project is about: SmolLM2 (pre-RMSNorm)
+keeps every contribution unchanged (retention exactly 1) while its stream grows; MiniLM
+(post-LN) renormalizes every block, so contributions are rescaled and its norm does not grow.
+"""
+
+import math
+
+import pytest
+
+import residual_stream as rs
+from residual_stream import plotting
+from residual_stream.summary import DEFAULT_TEXTS, summarize
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["smollm2", "minilm"])
+def test_every_measure_and_figure(name, request):
+    model = request.getfixturevalue(name)
+    numbers = summarize(model)
+    assert numbers["conservation_worst_relative_error"] < 1e-4
+    assert 0 <= numbers["mixing_ratio_norm_res_ln_mean"] <= 1
+    assert numbers["max_k_composition"] > numbers["k_composition_baseline"]
+    if name == "smollm2":
+        assert numbers["embed_retention_at_end"] == pytest.approx(1.0, abs=1e-5)
+        assert numbers["norm_fit_growth_per_layer"] > 1.02 and numbers["norm_fit_r2"] > 0.8
+        assert numbers["massive_activations_point_rule"] > 0  # the first token's dim 507
+        assert numbers["lens_kl_mid_depth"] > 0 and numbers["dla_top_contributor"]
+    else:
+        assert abs(numbers["embed_retention_at_end"] - 1) > 0.1
+        assert numbers["norm_fit_growth_per_layer"] < 1.02
+        assert numbers["lens_kl_mid_depth"] is None and numbers["dla_top_contributor"] is None
+
+    tr = rs.trace(model, list(DEFAULT_TEXTS), patterns=True)
+    ws = rs.write_subspaces(tr, writes=["L1.attn", "L2.mlp"])
+    assert not math.isnan(float(ws.named[0, 0]))
+    figures = [
+        plotting.norm_growth_figure(rs.norm_growth(tr)),
+        plotting.update_size_figure(rs.norm_growth(tr)),
+        plotting.survival_figure(rs.survival(tr)),
+        plotting.read_write_graph(rs.read_attribution(tr).matrix("component", absolute=True)),
+        plotting.heatmap(ws.to_frame().pivot_table(index="write", columns="target", values="value"),
+                         title="subspaces", x_title="subspace", y_title="write"),
+    ]
+    if model.anatomy.has_lm_head:
+        figures.append(plotting.lens_figure(rs.logit_lens(tr), 0, tr.str_tokens[0]))
+    assert all(len(f.data) > 0 for f in figures)
