@@ -1,4 +1,9 @@
-"""Every cache of the app, in one place: models (resources, never mutated) and small results."""
+"""Every cache of the app, in one place.
+
+``st.cache_resource`` for models and traces (large, shared, never mutated);
+``st.cache_data`` for small CPU results (registry table, analysis results, experiments).
+All keys are plain strings, so any page asking for the same (model, text) reuses the work.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,19 @@ import pandas as pd
 import streamlit as st
 
 import residual_stream as rs
+import residual_stream.experiments as ex
 
 
-@st.cache_resource(show_spinner="Loading model (the first SmolLM2 load dequantizes, ~20 s)...")
+@st.cache_resource(show_spinner="Loading the model (the first SmolLM2 load dequantizes, ~20 s)…")
 def model(name: str) -> rs.Model:
-    """A loaded model, shared by every session (treated as read-only)."""
+    """A loaded model, shared by every session (read-only)."""
     return rs.load(name, progress=False)
+
+
+@st.cache_resource(show_spinner="Tracing…", max_entries=16)
+def trace(name: str, text: str) -> rs.Trace:
+    """One trace (with attention patterns) of ``text`` on model ``name``."""
+    return rs.trace(model(name), text, patterns=True)
 
 
 @st.cache_data(show_spinner=False)
@@ -20,7 +32,92 @@ def registry() -> pd.DataFrame:
     return rs.list_models()
 
 
-@st.cache_data(show_spinner="Tracing...")
+@st.cache_data(show_spinner="Checking conservation…")
 def conservation(name: str, text: str) -> pd.DataFrame:
-    """The conservation report of ``text`` on model ``name``, as a table."""
-    return rs.trace(model(name), text).check().to_frame()
+    """The conservation report as a table."""
+    return trace(name, text).check().to_frame()
+
+
+@st.cache_data(show_spinner="Measuring norm growth…")
+def norm_growth(name: str, text: str):
+    """``rs.norm_growth``."""
+    return rs.norm_growth(trace(name, text))
+
+
+@st.cache_data(show_spinner="Splitting every write into subspaces…")
+def write_subspaces(name: str, text: str):
+    """``rs.write_subspaces`` for every attention total and MLP."""
+    return rs.write_subspaces(trace(name, text))
+
+
+@st.cache_data(show_spinner="Attributing every read…")
+def read_matrix(name: str, text: str, level: str) -> pd.DataFrame:
+    """Mean |share| read-attribution matrix at ``level``."""
+    return rs.read_attribution(trace(name, text)).matrix(level, absolute=True)
+
+
+@st.cache_data(show_spinner="Computing composition scores…")
+def composition_matrix(name: str, kind: str) -> pd.DataFrame:
+    """Head × head composition scores of ``kind`` (``q k v``), writer rows."""
+    c = rs.composition(model(name))
+    k = "qkv".index(kind)
+    return pd.DataFrame(c.head_to_head[k].numpy(), index=list(c.heads), columns=list(c.heads)).T
+
+
+@st.cache_data(show_spinner="Following every write…")
+def survival(name: str, text: str):
+    """``rs.survival`` at component granularity."""
+    return rs.survival(trace(name, text))
+
+
+@st.cache_data(show_spinner="Running the logit lens…")
+def logit_lens(name: str, text: str):
+    """``rs.logit_lens``."""
+    return rs.logit_lens(trace(name, text))
+
+
+@st.cache_data(show_spinner="Running the experiment (tiny sizes, seconds)…")
+def experiment(kind: str):
+    """One norm-lab experiment at sizes that keep the app responsive."""
+    runs = {
+        "forward": lambda: ex.forward_norms_at_init(n_layers=24, d_model=64),
+        "gradients": lambda: ex.gradient_norms_at_init(n_layers=12, d_model=64, depths=(4, 8, 16)),
+        "deepnorm": lambda: ex.deepnorm_update(n_layers=48, d_model=16, steps=10, batch=4),
+        "norms": lambda: ex.layernorm_vs_rmsnorm(d_models=(576,), tokens=2048, repeats=10),
+        "warmup": lambda: ex.warmup_sensitivity(steps=150, warmup=50, n_layers=6, d_model=48,
+                                                lrs=(1e-3,), batch=8),
+    }
+    return runs[kind]()
+
+
+@st.cache_resource(show_spinner="Collecting every write…", max_entries=4)
+def writes(name: str, text: str) -> dict:
+    """Every head, attention total and MLP write as added, for the text: label → [pos, d_model]."""
+    from residual_stream.analyses.subspaces import _writes_as_added
+
+    tr = trace(name, text)
+    labels = {lab for c in tr.anatomy.components for lab in
+              ([c.name] + [f"L{c.layer}H{h}" for h in range(tr.anatomy.n_heads)]
+               if c.kind == "attn" else [c.name])}
+    return {k: v[0] for k, v in _writes_as_added(tr, labels).items()}
+
+
+@st.cache_resource(show_spinner="Building subspaces…", max_entries=4)
+def subspaces(name: str, text: str) -> list:
+    """The ordered subspaces of the Writes page: mean, unembedding (if any), stream PCs."""
+    from residual_stream.analyses.subspaces import mean_direction, pca_subspace, unembed_subspace
+
+    m, tr = model(name), trace(name, text)
+    subs = [mean_direction(m.anatomy.d_model), pca_subspace(tr, k=16)]
+    if m.anatomy.has_lm_head:
+        subs.insert(1, unembed_subspace(m))
+    return subs
+
+
+@st.cache_data(show_spinner=False, max_entries=256)
+def split(name: str, text: str, write: str, pos: int):
+    """``orthogonal_split`` of one write at one token: ``(names, fractions [part])``."""
+    from residual_stream.analyses.subspaces import orthogonal_split
+
+    names, fractions = orthogonal_split(writes(name, text)[write][pos], subspaces(name, text))
+    return names, fractions

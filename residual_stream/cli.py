@@ -4,6 +4,7 @@
     residual-stream anatomy MODEL              sizes, norms and the stream program of a model
     residual-stream check MODEL --text TEXT    trace TEXT and print the conservation report
     residual-stream summarize MODEL [--text T] headline numbers of every analysis
+    residual-stream train --norm N --placement P --out DIR   train a twin (see --help)
     residual-stream app [--host H --port P]    serve the Streamlit app
 
 Exit codes: 0 on success, 2 on a usage error, 1 on any other failure (with a one-line reason
@@ -13,12 +14,13 @@ on stderr).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from .errors import ResidualStreamError
+from .errors import InputError, ResidualStreamError
 
 APP = Path(__file__).resolve().parent.parent / "app" / "main.py"
 
@@ -41,9 +43,30 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("model", help="registry name, HF folder, .gguf file or cached hub id")
     m.add_argument("--text", action="append", help="text to analyse (repeat; default: 3 built-in)")
     m.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    t = sub.add_parser("train", help="train a twin transformer with the shared recipe")
+    t.add_argument("--norm", choices=["layernorm", "rmsnorm", "none"], required=True)
+    t.add_argument("--placement", choices=["pre", "post", "sandwich", "deepnorm", "parallel"],
+                   required=True)
+    t.add_argument("--layers", type=int, default=4)
+    t.add_argument("--d-model", type=int, default=128)
+    t.add_argument("--heads", type=int, default=4)
+    t.add_argument("--d-mlp", type=int, default=512)
+    t.add_argument("--mlp", choices=["gelu", "swiglu"], default="gelu")
+    t.add_argument("--positions", choices=["learned", "rotary"], default="learned")
+    t.add_argument("--n-ctx", type=int, default=128)
+    t.add_argument("--steps", type=int, default=600)
+    t.add_argument("--batch", type=int, default=16)
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--warmup", type=int, default=100, help="linear warm-up steps (0: none)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--device", default="auto", help="auto (cuda, mps, cpu), cpu, cuda ...")
+    t.add_argument("--out", required=True, type=Path, help="folder for model.safetensors + twin.json")
+    t.add_argument("--quiet", action="store_true", help="no progress bar or loss log")
     s = sub.add_parser("app", help="serve the Streamlit app")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default: localhost only)")
     s.add_argument("--port", type=int, default=8501)
+    s.add_argument("--allow", action="append", default=[], metavar="DIR",
+                   help="allow loading local models from DIR (repeatable); none by default")
     return p
 
 
@@ -77,8 +100,6 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _summarize(args: argparse.Namespace) -> int:
-    import json
-
     from .loading import load
     from .summary import DEFAULT_TEXTS, summarize
 
@@ -92,16 +113,43 @@ def _summarize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from .loading import resolve_device
+    from .twins.data import Mix
+    from .twins.model import TwinConfig
+    from .twins.train import Recipe, save, train
+
+    if args.out.exists() and any(args.out.iterdir()) and not (args.out / "twin.json").exists():
+        raise InputError(f"--out {args.out} exists and is not a twin folder: choose an empty one")
+    config = TwinConfig(norm=args.norm, placement=args.placement, n_layers=args.layers,
+                        d_model=args.d_model, n_heads=args.heads, d_mlp=args.d_mlp, mlp=args.mlp,
+                        positions=args.positions, n_ctx=args.n_ctx)
+    recipe = Recipe(steps=args.steps, batch=args.batch, lr=args.lr, warmup=args.warmup,
+                    seed=args.seed, mix=Mix(seq_len=min(128, args.n_ctx)))
+    log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    result = train(config, recipe, device=resolve_device(args.device), progress=not args.quiet,
+                   log=log)
+    if result.diverged:
+        print(f"residual-stream: error: training diverged at step {len(result.losses)} (loss "
+              "became NaN/inf): lower --lr or raise --warmup", file=sys.stderr)
+        return 1
+    save(result, recipe, args.out)
+    print(json.dumps(result.evaluation | {"seconds": round(result.seconds, 1)}))
+    return 0
+
+
 def _app(args: argparse.Namespace) -> int:
     env = dict(os.environ, HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))
+    if args.allow:
+        env["RESIDUAL_STREAM_ALLOWED_DIRS"] = os.pathsep.join(str(Path(p).resolve()) for p in args.allow)
     cmd = [sys.executable, "-m", "streamlit", "run", str(APP), "--server.address", args.host,
            "--server.port", str(args.port), "--server.headless", "true",
-           "--browser.gatherUsageStats", "false"]
+           "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"]
     return subprocess.call(cmd, env=env)
 
 
 COMMANDS = {"models": _models, "anatomy": _anatomy, "check": _check, "summarize": _summarize,
-            "app": _app}
+            "train": _train, "app": _app}
 
 
 def main(argv: list[str] | None = None) -> int:

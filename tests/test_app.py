@@ -1,32 +1,127 @@
-"""The app, page by page, with Streamlit's AppTest (no browser)."""
+"""The app, page by page, with Streamlit's AppTest (no browser): each page runs without an
+exception, a widget changes what is shown, and each bad input shows its message."""
 
+import json
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
 APP = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
+pytestmark = pytest.mark.slow
 
 
-@pytest.mark.slow
-def test_models_page_lists_models_and_shows_anatomy():
-    at = AppTest.from_file(APP, default_timeout=120).run()
+def app(page: str | None = None, **env) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.run()
+    if page:
+        at.switch_page(f"views/{page}.py").run()
+    assert not at.exception, at.exception
+    return at
+
+
+def chart(at: AppTest, i: int = 0) -> dict:
+    return json.loads(at.get("plotly_chart")[i].proto.spec)
+
+
+def test_overview_shows_program_growth_and_updates():
+    at = app()
+    assert at.title[0].value == "Overview"
+    titles = [chart(at, i)["layout"]["title"]["text"] for i in range(3)]
+    assert titles[0].startswith("Stream program (pre, rmsnorm")
+    assert titles[1].startswith("Stream norm by depth") and "Relative update" in titles[2]
+    at.sidebar.selectbox(key="model").select("minilm-l6").run()
     assert not at.exception
-    assert "Models" in at.title[0].value
-    assert at.selectbox(key="model").options[:2] == ["smollm2-135m", "minilm-l6"]
-    program = at.code[0].value
-    assert "L0.attn reads L0.ln_attn_in(x)" in program  # SmolLM2: pre-RMSNorm
+    assert chart(at)["layout"]["title"]["text"].startswith("Stream program (post, layernorm")
+    assert any("Data (CSV)" == b.label for b in at.get("download_button"))
+
+
+def test_writes_page_reacts_to_layer_write_and_measure():
+    at = app("writes")
+    first = chart(at)["data"][0]["x"][0]
+    at.slider(key="layer").set_value(5).run()
+    assert chart(at)["data"][0]["x"][0] != first and chart(at)["data"][0]["x"][0].startswith("L5")
+    at.selectbox(key="write").select("L5H2").run()
+    assert chart(at)["data"][0]["x"][0] == "L5H2 @ 0"
+    before = chart(at, 1)["layout"]["title"]["text"]
+    at.selectbox(key="measure").select(at.selectbox(key="measure").options[-1]).run()
+    assert chart(at, 1)["layout"]["title"]["text"] != before
+
+
+def test_flow_page_threshold_and_node():
+    at = app("flow")
+    def edges(a):
+        return sum(1 for d in chart(a)["data"] if d.get("mode") == "lines")
+    many = edges(at)
+    at.slider(key="threshold").set_value(0.4).run()
+    assert edges(at) < many
+    at.selectbox(key="node").select("L3.attn").run()
+    assert "L3.attn reads from" in " ".join(m.value for m in at.markdown)
+    assert chart(at, 1)["data"][0]["type"] == "heatmap"      # survival
+    assert "Logit lens" in chart(at, 2)["layout"]["title"]["text"]
+
+
+def test_compare_page_overlays_two_models():
+    at = app("compare")
+    at.selectbox(key="other").select("minilm-l6").run()
+    names = [d["name"] for d in chart(at)["data"]]
+    assert names == ["smollm2-135m", "minilm-l6"]
+    at.selectbox(key="cmp_measure").select("retention of the embedding").run()
+    ys = chart(at)["data"][0]["y"]
+    assert "retention" in chart(at)["layout"]["yaxis"]["title"]["text"]
+    assert ys  # pre-norm retention is present for every point
+
+
+def test_norm_lab_switches_experiments():
+    at = app("normlab")
+    first = chart(at)["layout"]["title"]["text"]
+    at.radio(key="experiment").set_value(
+        "LayerNorm vs RMSNorm: invariances and speed").run()
+    assert not at.exception and chart(at)["layout"]["title"]["text"] != first
+    assert "RMSNorm" in chart(at)["layout"]["title"]["text"]
+
+
+def test_models_page_lists_models_and_shows_anatomy():
+    at = app("models")
+    assert "smollm2-135m" in at.selectbox(key="models_model").options
+    at.selectbox(key="models_model").select("minilm-l6").run()
+    assert "x = L0.ln_resid_attn(x)" in at.code[0].value
     assert "worst relative error" in at.success[0].value
 
-    at.selectbox(key="model").select("minilm-l6").run()
+
+@pytest.mark.parametrize("text,message", [
+    ("   ", "empty"), ("x" * 5000, "at most 4000"), ("word " * 3000, "at most 4000"),
+])
+def test_bad_text_shows_a_message(text, message):
+    at = app()
+    at.sidebar.text_area(key="text").set_value(text).run()
     assert not at.exception
-    assert "x = L0.ln_resid_attn(x)" in at.code[0].value  # MiniLM: post-LN
-    assert "L0.attn reads L0.ln_attn_in" not in at.code[0].value
+    assert message in at.error[0].value
 
 
-@pytest.mark.slow
-def test_empty_text_shows_a_message():
-    at = AppTest.from_file(APP, default_timeout=120).run()
-    at.text_input(key="text").set_value("   ").run()
+def test_text_over_the_context_limit(monkeypatch):
+    at = app()
+    at.sidebar.selectbox(key="model").select("minilm-l6").run()   # context of 512 tokens
+    at.sidebar.text_area(key="text").set_value("word " * 700).run()
+    assert not at.exception and "limit of 512 tokens" in at.error[0].value
+
+
+def test_local_paths_need_the_allow_list(tmp_path, monkeypatch):
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    monkeypatch.setenv("RESIDUAL_STREAM_ALLOWED_DIRS", str(allowed))
+    at = app()
+    at.sidebar.selectbox(key="model").select("local path…").run()
+    at.sidebar.text_input(key="path").set_value(str(tmp_path / "elsewhere")).run()
+    assert "outside the allowed folders" in at.error[0].value
+    (allowed / "broken").mkdir()
+    (allowed / "broken" / "config.json").write_text("{not json")
+    at.sidebar.text_input(key="path").set_value(str(allowed / "broken")).run()
+    assert not at.exception and "could not load" in at.error[0].value
+
+
+def test_unavailable_analysis_is_explained():
+    at = app("flow")
+    at.sidebar.selectbox(key="model").select("minilm-l6").run()
     assert not at.exception
-    assert "empty" in at.error[0].value
+    assert "without a trained masked-LM head" in at.info[0].value

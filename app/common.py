@@ -1,0 +1,93 @@
+"""What every page shares: the sidebar (model and text), guarded calls, figure + downloads."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+
+import cache
+import pandas as pd
+import streamlit as st
+
+from residual_stream.errors import ResidualStreamError
+
+DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_TEXT = ("The residual stream is a shared channel: every attention head and every MLP "
+                "reads from it and adds its write back. In a pre-norm transformer the stream "
+                "itself is never normalized, so it grows with depth.")
+MAX_CHARS = 4000
+ALLOW_ENV = "RESIDUAL_STREAM_ALLOWED_DIRS"
+
+
+def allowed_dirs() -> list[Path]:
+    """Folders from which local models may be loaded (``residual-stream app --allow DIR``)."""
+    return [Path(p).resolve() for p in os.environ.get(ALLOW_ENV, "").split(os.pathsep) if p]
+
+
+def check_local_path(raw: str) -> str:
+    """The resolved path if it lies inside an allowed folder; ``ValueError`` otherwise."""
+    path = Path(raw).expanduser().resolve()
+    if not any(path == d or d in path.parents for d in allowed_dirs()):
+        raise ValueError(f"{raw!r} is outside the allowed folders; start the app with "
+                         "`residual-stream app --allow DIR` to allow one")
+    return str(path)
+
+
+def sidebar(*, key: str = "", label: str = "Model") -> tuple[str | None, str | None]:
+    """Model and text pickers; returns ``(model, text)`` or ``None`` parts after an error shown."""
+    table = cache.registry()
+    names = table[table.installed].name.tolist()
+    if allowed_dirs():
+        names.append("local path…")
+    default = names.index(DEFAULT_MODEL) if DEFAULT_MODEL in names else 0
+    name = st.sidebar.selectbox(label, names, index=default, key=f"model{key}")
+    if name == "local path…":
+        try:
+            name = check_local_path(st.sidebar.text_input("Model folder or .gguf", key=f"path{key}"))
+        except ValueError as e:
+            st.error(str(e))
+            return None, None
+    text = st.sidebar.text_area("Text", DEFAULT_TEXT, key="text", height=150)
+    if not text.strip():
+        st.error("The text is empty: type something to analyse.")
+        return name, None
+    if len(text) > MAX_CHARS:
+        st.error(f"The text is {len(text)} characters; the app takes at most {MAX_CHARS}. "
+                 "Shorten it, or use the Python API for long texts.")
+        return name, None
+    return name, text
+
+
+def selection() -> tuple[str, str]:
+    """The sidebar's ``(model, text)``; stops the page (its error is already shown) if unusable."""
+    name, text = st.session_state.get("choice", (None, None))
+    if name is None or text is None:
+        st.stop()
+    return name, text
+
+
+@contextmanager
+def guarded():
+    """Show library errors (bad input, unavailable analyses) in the page instead of crashing."""
+    try:
+        yield
+    except ResidualStreamError as e:
+        st.error(str(e))
+        st.stop()
+
+
+def show(fig, frame: pd.DataFrame | None, *, key: str, note: str, **chart) -> object:
+    """Render ``fig`` with a 'how to read this' note and CSV / HTML downloads."""
+    event = st.plotly_chart(fig, key=f"chart-{key}", **chart)
+    with st.expander("How to read this"):
+        st.markdown(note)
+    cols = st.columns(3)
+    if frame is not None:
+        cols[0].download_button("Data (CSV)", frame.to_csv(index=False), f"{key}.csv", "text/csv",
+                                key=f"csv-{key}")
+    html: Callable[[], str] = lambda: fig.to_html(include_plotlyjs=True, full_html=True)  # noqa: E731
+    cols[1].download_button("Figure (HTML)", html, f"{key}.html", "text/html", key=f"html-{key}")
+    cols[2].caption("PNG export needs `kaleido`, which is not installed.")
+    return event

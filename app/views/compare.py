@@ -1,0 +1,44 @@
+"""Compare: two models on the same text and measure, depth aligned."""
+
+import cache
+import common
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from residual_stream.plotting.labels import escape
+
+name, text = common.selection()
+st.title("Compare")
+table = cache.registry()
+names = table[table.installed].name.tolist()
+default = next((n for n in ("twin-post-ln", "minilm-l6") if n in names and n != name), names[0])
+other = st.selectbox("Compare with", names, index=names.index(default), key="other")
+measure = st.selectbox("Measure", ["mean stream norm", "relative update (attention)",
+                                   "relative update (MLP)", "all-ones share",
+                                   "retention of the embedding"], key="cmp_measure")
+
+
+def series(model_name: str) -> pd.DataFrame:
+    g = cache.norm_growth(model_name, text)
+    if measure == "retention of the embedding":
+        s = cache.survival(model_name, text)
+        values = s.retention[s.sources.index("embed")].numpy()
+    else:
+        values = {"mean stream norm": g.mean, "relative update (attention)": g.update_attn,
+                  "relative update (MLP)": g.update_mlp, "all-ones share": g.ones_share}[measure].numpy()
+    depth = [i / max(len(values) - 1, 1) for i in range(len(values))]
+    return pd.DataFrame({"model": model_name, "relative_depth": depth, "value": values})
+
+
+with common.guarded():
+    frame = pd.concat([series(name), series(other)], ignore_index=True)
+fig = go.Figure([go.Scatter(x=f.relative_depth, y=f.value, name=escape(m), mode="lines+markers")
+                 for m, f in frame.groupby("model", sort=False)])
+fig.update_layout(title=f"{measure}: {escape(name)} vs {escape(other)}",
+                  xaxis_title="relative depth (0 = embeddings, 1 = last block)",
+                  yaxis_title=measure, yaxis_type="log" if "norm" in measure else "linear")
+common.show(fig, frame, key="compare", note=(
+    "Both models on the same text. Depth is relative so models with different layer counts align. "
+    "Pre-norm streams grow and keep every contribution (retention 1); post-norm streams are "
+    "renormalized every block."))

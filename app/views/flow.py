@@ -1,0 +1,55 @@
+"""Flow: the read-write graph, survival of every write, and the logit lens."""
+
+import cache
+import common
+import pandas as pd
+import streamlit as st
+
+from residual_stream import plotting
+
+name, text = common.selection()
+st.title("Flow")
+with common.guarded():
+    model = cache.model(name)
+    matrix = cache.read_matrix(name, text, "component")
+left, right = st.columns([1, 2])
+threshold = left.slider("Edge threshold (mean |share|)", 0.0, 0.5, 0.05, 0.01, key="threshold")
+nodes = list(matrix.index)
+node = left.selectbox("Component", nodes, index=len(nodes) - 1, key="node")
+event = common.show(plotting.read_write_graph(matrix, threshold=threshold, highlight=node), matrix,
+                    key="graph", on_select="rerun", selection_mode="points", note=(
+    "Nodes are components by layer (attention below, MLPs above, embeddings at the left). An edge "
+    "from A to B means A's write makes up at least the threshold of B's normalized read, averaged "
+    "over heads, Q/K/V and tokens (linear through the frozen norm scales). Click a node or pick it "
+    "on the left: its edges turn red and the tables list whom it reads and who reads it."))
+picked = (event or {}).get("selection", {}).get("points", []) if event else []
+if picked and picked[0].get("customdata") in nodes:
+    node = picked[0]["customdata"]
+reads = matrix.loc[node].sort_values(ascending=False) if node in matrix.index else pd.Series()
+read_by = matrix[node].sort_values(ascending=False) if node in matrix.columns else pd.Series()
+c1, c2 = st.columns(2)
+c1.markdown(f"**{node} reads from**")
+c1.dataframe(reads[reads > 0].rename("mean |share|").head(10))
+c2.markdown(f"**{node} is read by**")
+c2.dataframe(read_by[read_by > 0].rename("mean |share|").head(10))
+
+st.subheader("Survival")
+measure = st.radio("Measure", ["retention", "share", "norm"], horizontal=True, key="surv")
+with common.guarded():
+    surv = cache.survival(name, text)
+common.show(plotting.survival_figure(surv, measure), surv.to_frame(), key="survival", note=(
+    "Each row is a write; each column a later point of the stream. Retention is its norm there "
+    "over its norm when it was added: exactly 1 everywhere in pre-norm models, rescaled at every "
+    "block in post-norm ones. Share is its signed part of ‖x‖² (columns sum to 1)."))
+
+st.subheader("Logit lens")
+if not model.anatomy.has_lm_head:
+    st.info(model.anatomy.lm_head_note)
+else:
+    with common.guarded():
+        lens = cache.logit_lens(name, text)
+    tr = cache.trace(name, text)
+    common.show(plotting.lens_figure(lens, 0, tr.str_tokens[0]), lens.summary(), key="lens", note=(
+        "The stream at every point read as if it were final (the final norm applied as the model "
+        "applies it, then the unembedding). Cell text: the lens's top token; color: KL to the "
+        "model's final distribution in nats."))

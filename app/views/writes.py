@@ -1,0 +1,53 @@
+"""Writes: one write split into subspaces at one token; a measure over layers × components."""
+
+import cache
+import common
+import pandas as pd
+import streamlit as st
+
+from residual_stream import plotting
+
+name, text = common.selection()
+st.title("Writes")
+with common.guarded():
+    model, tr = cache.model(name), cache.trace(name, text)
+a = model.anatomy
+left, mid, right = st.columns(3)
+layer = left.slider("Layer", 0, a.n_layers - 1, 0, key="layer")
+options = [f"L{layer}.attn", *(f"L{layer}H{h}" for h in range(a.n_heads))]
+if any(c.name == f"L{layer}.mlp" for c in a.components):
+    options.append(f"L{layer}.mlp")
+write = mid.selectbox("Write", options, key="write")
+tokens = tr.str_tokens[0]
+pos = right.selectbox("Token", range(len(tokens)), format_func=lambda i: f"{i}: {tokens[i]!r}",
+                      key="token")
+with common.guarded():
+    names, fractions = cache.split(name, text, write, pos)
+frame = pd.DataFrame({"part": names, "fraction": fractions.numpy()})
+common.show(plotting.subspace_bars(names, fractions[None], [f"{write} @ {pos}"],
+                                   title=f"{write} at token {pos}, split into orthogonal subspaces"),
+            frame, key="split", note=(
+    "The write's energy ‖w‖² split over subspaces taken in order, each keeping only what the "
+    "earlier ones left: the all-ones direction (what LayerNorm removes), the unembedding's top "
+    "directions (what the logits read most), the stream's top principal components, and the "
+    "rest. Fractions sum to 1."))
+
+st.subheader("A measure over layers × components")
+with common.guarded():
+    ws = cache.write_subspaces(name, text)
+measures = {f"fraction in {s}": ("named", i) for i, s in enumerate(ws.subspaces)}
+measures["max fraction read by a later head (Q, K or V)"] = ("read_fraction", None)
+measures["mean read strength of later readers"] = ("read_strength", None)
+choice = st.selectbox("Measure", list(measures), key="measure")
+field, index = measures[choice]
+values = ws.named[:, index] if field == "named" else (
+    getattr(ws, field).nan_to_num(nan=float("-inf")).max(1).values if field == "read_fraction"
+    else getattr(ws, field).nanmean(1))
+grid = pd.DataFrame({"write": ws.writes, "value": values.numpy()})
+grid["layer"] = grid.write.str.extract(r"L(\d+)").astype(int)
+grid["component"] = grid.write.str.split(".").str[1]
+matrix = grid.pivot(index="component", columns="layer", values="value")
+common.show(plotting.heatmap(matrix, title=choice, x_title="layer", y_title="component",
+                             colorbar="value"), grid, key="measure", note=(
+    "Each cell is one write (attention total or MLP) averaged over the text's tokens. Read "
+    "measures use the write as it arrives at each later reader, through every norm between."))

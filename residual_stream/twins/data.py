@@ -1,0 +1,118 @@
+"""Training data for the twins, reproducible offline: bytes of Python's own documentation.
+
+Text: ``pydoc_data.topics`` (the language reference topics that ``help()`` shows) and every
+docstring (module, class, function) of the top-level standard-library ``.py`` files, read
+with ``ast`` (nothing is imported), in sorted file order, joined by blank lines and encoded
+as UTF-8 bytes (ids 0..255; 256 is BOS). The last ``VAL_FRACTION`` of the bytes is held out.
+
+Synthetic training rows are back-to-back pairs of random printable segments
+(``s₁ s₁ s₂ s₂ …``), so that induction heads have a reason to form; the in-context check
+uses rows ``[prefix][seg][seg][filler]`` and compares the loss on the second occurrence of
+the segment with the loss on the first. The corpus depends on the Python
+version's standard library (the cards record it).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+import sysconfig
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+VAL_FRACTION = 0.05
+BOS = 256
+
+
+@lru_cache(maxsize=1)
+def corpus_bytes() -> bytes:
+    """The whole text corpus as bytes (about 1.5 MB on Python 3.11)."""
+    import pydoc_data.topics as topics
+
+    parts = [topics.topics[k] for k in sorted(topics.topics)]
+    root = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(root.glob("*.py")):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc and len(doc) > 40:
+                    parts.append(doc)
+    return "\n\n".join(parts).encode("utf-8")
+
+
+def describe_corpus() -> str:
+    """One line for model cards: sources, size, split, Python version."""
+    data = corpus_bytes()
+    n_val = int(len(data) * VAL_FRACTION)
+    return (f"pydoc_data.topics + stdlib docstrings (Python {sys.version.split()[0]}): "
+            f"{len(data):,} bytes; train {len(data) - n_val:,}, validation (last 5 %) {n_val:,}")
+
+
+@dataclass(frozen=True)
+class Mix:
+    """How a batch is made: ``synthetic_fraction`` of rows are repeated random segments."""
+
+    seq_len: int = 128
+    synthetic_fraction: float = 0.25
+    min_segment: int = 8
+    max_segment: int = 32
+
+
+def _split(split: str) -> torch.Tensor:
+    data = torch.frombuffer(bytearray(corpus_bytes()), dtype=torch.uint8).long()
+    n_val = int(len(data) * VAL_FRACTION)
+    return data[:-n_val] if split == "train" else data[-n_val:]
+
+
+def text_batch(split: str, n: int, seq_len: int, g: torch.Generator) -> torch.Tensor:
+    """``n`` windows of ``seq_len`` tokens (BOS + bytes) from the ``split``."""
+    data = _split(split)
+    starts = torch.randint(0, len(data) - seq_len, (n,), generator=g)
+    rows = torch.stack([data[s:s + seq_len - 1] for s in starts.tolist()])
+    return torch.cat([torch.full((n, 1), BOS), rows], 1)
+
+
+def repeat_batch(n: int, seq_len: int, g: torch.Generator, mix: Mix = Mix()
+                 ) -> tuple[torch.Tensor, int, int]:
+    """Rows ``BOS [prefix] [seg] [seg] [filler]`` of printable bytes; returns (rows, start, len).
+
+    ``start`` is where the second occurrence begins; all rows share it.
+    """
+    longest = min(mix.max_segment, (seq_len - 2) // 2)      # both copies must fit after BOS
+    seg = int(torch.randint(min(mix.min_segment, longest), longest + 1, (1,), generator=g))
+    pre = int(torch.randint(0, seq_len - 1 - 2 * seg + 1, (1,), generator=g))
+    body = torch.randint(32, 127, (n, seq_len - 1), generator=g)
+    body[:, pre + seg:pre + 2 * seg] = body[:, pre:pre + seg]
+    return torch.cat([torch.full((n, 1), BOS), body], 1), 1 + pre + seg, seg
+
+
+def pairs_batch(n: int, seq_len: int, g: torch.Generator, mix: Mix = Mix()) -> torch.Tensor:
+    """Rows ``BOS s₁ s₁ s₂ s₂ …``: back-to-back pairs of random printable segments.
+
+    Each row holds several repeats (segment lengths ``min_segment//2`` to ``max_segment//2``),
+    so every synthetic row carries many chances to learn induction.
+    """
+    parts, length = [], 1
+    while length < seq_len:
+        seg = int(torch.randint(max(2, mix.min_segment // 2), mix.max_segment // 2 + 1, (1,),
+                                generator=g))
+        s = torch.randint(32, 127, (n, seg), generator=g)
+        parts += [s, s]
+        length += 2 * seg
+    return torch.cat([torch.full((n, 1), BOS), *parts], 1)[:, :seq_len]
+
+
+def train_batch(n: int, g: torch.Generator, mix: Mix = Mix()) -> torch.Tensor:
+    """A training batch: text windows, with ``synthetic_fraction`` of rows repeated segments."""
+    n_syn = round(n * mix.synthetic_fraction)
+    rows = [text_batch("train", n - n_syn, mix.seq_len, g)]
+    if n_syn:
+        rows.append(pairs_batch(n_syn, mix.seq_len, g, mix))
+    return torch.cat(rows)

@@ -1,0 +1,148 @@
+"""Training, evaluating, saving and loading twins. One recipe for every twin.
+
+The recipe (``Recipe``) fixes everything but the norm: data order (a generator seeded with
+``seed``), initial weights (same seed), steps, batch, AdamW with linear warm-up then cosine
+decay to 10 %, weight decay and gradient clipping. Twins are saved as fp16 safetensors with
+a JSON file holding the config, the recipe and the measured losses; the recorded validation
+loss is measured *after* the fp16 round trip, so a loaded twin reproduces it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from .data import BOS, Mix, repeat_batch, text_batch, train_batch
+from .model import TwinConfig, TwinTransformer
+
+EVAL_SEED = 1234
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything about training that the twins share."""
+
+    steps: int = 800
+    batch: int = 16
+    lr: float = 1e-3
+    warmup: int = 100
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    seed: int = 0
+    mix: Mix = field(default_factory=Mix)
+
+    def lr_at(self, step: int) -> float:
+        """Linear warm-up to ``lr``, then cosine decay to ``lr / 10``."""
+        if step < self.warmup:
+            return self.lr * (step + 1) / self.warmup
+        t = (step - self.warmup) / max(1, self.steps - self.warmup)
+        return self.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * t)))
+
+
+@dataclass
+class TrainResult:
+    """A trained twin and what happened: per-step losses, evaluation, seconds."""
+
+    module: TwinTransformer
+    losses: list[float]
+    evaluation: dict[str, float]
+    seconds: float
+    diverged: bool
+
+
+def next_byte_loss(module: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of predicting every next token."""
+    logits = module(tokens).logits[:, :-1]
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+
+
+@torch.no_grad()
+def evaluate(module: TwinTransformer, device: torch.device | str = "cpu") -> dict[str, float]:
+    """Validation loss (nats/byte) on a fixed held-out batch, and the in-context check."""
+    module.eval()
+    g = torch.Generator().manual_seed(EVAL_SEED)
+    seq = min(128, module.config.n_ctx)
+    val = text_batch("validation", 32, seq, g).to(device)
+    rows, start, seg = repeat_batch(32, seq, g)
+    logits = module(rows.to(device)).logits.float().cpu()
+    nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), rows[:, 1:], reduction="none")
+    first = nll[:, start - seg:start - 1].mean()          # predicting seg[1:] the first time
+    second = nll[:, start:start + seg - 1].mean()         # and the second time
+    return {"val_loss": float(next_byte_loss(module, val)), "first_occurrence_loss": float(first),
+            "second_occurrence_loss": float(second)}
+
+
+def train(
+    config: TwinConfig, recipe: Recipe = Recipe(), *, device: str | torch.device = "cpu",
+    progress: bool = True, log: Callable[[str], None] | None = None,
+) -> TrainResult:
+    """Train a twin from ``config`` with ``recipe``; deterministic for a seed on one device.
+
+    Rows longer than the model's context are cut to ``n_ctx``.
+    """
+    if recipe.mix.seq_len > config.n_ctx:
+        recipe = replace(recipe, mix=replace(recipe.mix, seq_len=config.n_ctx))
+    torch.manual_seed(recipe.seed)
+    module = TwinTransformer(config).to(device).train()
+    decay = [p for n, p in module.named_parameters() if p.ndim >= 2]
+    other = [p for n, p in module.named_parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
+                             {"params": other, "weight_decay": 0.0}], lr=recipe.lr)
+    g = torch.Generator().manual_seed(recipe.seed)
+    losses: list[float] = []
+    start, diverged = time.perf_counter(), False
+    bar = tqdm(range(recipe.steps), disable=not progress, desc=f"twin {config.placement}-{config.norm}")
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = recipe.lr_at(step)
+        loss = next_byte_loss(module, train_batch(recipe.batch, g, recipe.mix).to(device))
+        if not torch.isfinite(loss):
+            diverged = True
+            losses.append(float("nan"))
+            break
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), recipe.clip)
+        opt.step()
+        losses.append(loss.item())
+        if step % 50 == 0:
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+            if log:
+                log(f"step {step} loss {loss.item():.4f} lr {recipe.lr_at(step):.2e}")
+    module.eval()
+    if not diverged:  # evaluate the weights that will be shipped (fp16 round trip)
+        module.load_state_dict({k: v.half().float() for k, v in module.state_dict().items()})
+    evaluation = evaluate(module, device) if not diverged else {}
+    return TrainResult(module, losses, evaluation, time.perf_counter() - start, diverged)
+
+
+def save(result: TrainResult, recipe: Recipe, out: Path) -> Path:
+    """Write ``model.safetensors`` (fp16) and ``twin.json`` into ``out``; returns the weights path."""
+    out.mkdir(parents=True, exist_ok=True)
+    weights = out / "model.safetensors"
+    save_file({k: v.detach().half().contiguous().cpu() for k, v in result.module.state_dict().items()},
+              str(weights))
+    meta = {"config": result.module.config.to_dict(), "recipe": asdict(recipe),
+            "evaluation": result.evaluation, "train_loss_last_50": sum(result.losses[-50:]) / 50,
+            "seconds": result.seconds, "bos": BOS}
+    (out / "twin.json").write_text(json.dumps(meta, indent=1))
+    return weights
+
+
+def load_twin(folder: Path) -> TwinTransformer:
+    """A twin saved by ``save`` (float32, eval mode)."""
+    meta = json.loads((folder / "twin.json").read_text())
+    config = TwinConfig(**{k: v for k, v in meta["config"].items() if k != "model_type"})
+    module = TwinTransformer(config)
+    state = load_file(str(folder / "model.safetensors"))
+    module.load_state_dict({k: v.float() for k, v in state.items()})
+    return module.eval()

@@ -1,0 +1,92 @@
+"""A real browser (Debian's chromium, headless, driven by Playwright) against the app served by
+the command ``make app`` uses. Clicks through every page on the default model, checks visible
+content and that the browser logged no console errors, and saves screenshots to artifacts/.
+
+Needs /usr/bin/chromium (``.ci/run`` installs it). Without it the test is skipped, except
+when ``REQUIRE_BROWSER=1`` (set by CI), where it fails.
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "artifacts"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+PAGES = [("Overview", "Stream program"), ("Writes", "split into orthogonal subspaces"),
+         ("Flow", "Read-write graph"), ("Compare", "relative depth"),
+         ("Norm lab", "Forward norm at initialization"), ("Models", "Stream program")]
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    if not Path(CHROMIUM).exists():
+        if os.environ.get("REQUIRE_BROWSER") == "1":
+            pytest.fail("chromium is required (REQUIRE_BROWSER=1) but /usr/bin/chromium is missing")
+        pytest.skip("no chromium: apt-get install -y chromium")
+    port = free_port()
+    cli = Path(sys.executable).parent / "residual-stream"
+    proc = subprocess.Popen([str(cli), "app", "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            if urllib.request.urlopen(f"{url}/_stcore/health", timeout=1).read() == b"ok":
+                break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("the app did not start: " + proc.stdout.read().decode()[-2000:])
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_click_through_every_page(server):
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    errors: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("requestfailed", lambda r: errors.append(f"request failed: {r.url}"))
+        page.goto(server)
+        for title, content in PAGES:
+            page.get_by_role("link", name=title).first.click()
+            page.get_by_role("heading", name=title).first.wait_for(timeout=180_000)
+            page.get_by_text(content).first.wait_for(timeout=180_000)
+            if title != "Models":
+                page.locator(".js-plotly-plot").first.wait_for(timeout=180_000)
+            page.wait_for_timeout(500)
+            page.screenshot(path=str(ARTIFACTS / f"app-{title.lower().replace(' ', '-')}.png"),
+                            full_page=True)
+        # user text with markup is shown as text, never executed
+        page.get_by_role("link", name="Overview").first.click()
+        box = page.get_by_label("Text")
+        box.fill("<script>window.__pwned = 1</script> <b>bold?</b>")
+        box.press("Control+Enter")
+        page.get_by_text("Stream program").first.wait_for(timeout=180_000)
+        page.wait_for_timeout(2000)
+        assert page.evaluate("window.__pwned") is None
+        browser.close()
+    assert not errors, errors

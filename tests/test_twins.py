@@ -1,0 +1,70 @@
+"""Twins: the untrained builder, the trainer, the CLI, and the bundled trained twins."""
+
+import json
+
+import pytest
+import torch
+from conftest import TEXTS
+
+import residual_stream as rs
+from residual_stream.cli import main
+from residual_stream.registry import REGISTRY, TWIN_NAMES
+from residual_stream.twins.model import TwinConfig
+from residual_stream.twins.train import Recipe, evaluate, train
+
+VAL_LOSS_ATOL = 1e-3  # nats/byte: the recorded loss is of the shipped fp16 weights
+
+
+def test_twin_builder_is_deterministic_and_maps_tokens_to_logits():
+    a = rs.twin(norm="layernorm", placement="sandwich", n_layers=2, seed=3)
+    b = rs.twin(norm="layernorm", placement="sandwich", n_layers=2, seed=3)
+    c = rs.twin(norm="layernorm", placement="sandwich", n_layers=2, seed=4)
+    sa, sb, sc = (m.module.state_dict() for m in (a, b, c))
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not all(torch.equal(sa[k], sc[k]) for k in sa)
+    tokens = torch.randint(0, 257, (2, 9))
+    assert a.module(tokens).logits.shape == (2, 9, 257)
+
+
+def test_twins_differ_only_in_normalization():
+    pre = rs.twin(norm="rmsnorm", placement="pre", n_layers=2, seed=0).module.state_dict()
+    post = rs.twin(norm="layernorm", placement="post", n_layers=2, seed=0).module.state_dict()
+    shared = [k for k in pre if "ln_" not in k]
+    assert shared and all(torch.equal(pre[k], post[k]) for k in shared)
+
+
+def test_training_is_deterministic_for_a_seed():
+    cfg = TwinConfig(norm="layernorm", placement="post", n_layers=1, d_model=32, n_heads=2,
+                     n_ctx=32)
+    recipe = Recipe(steps=30, batch=4, warmup=5, lr=3e-3)
+    first, second = (train(cfg, recipe, progress=False) for _ in range(2))
+    assert first.losses == second.losses and not first.diverged
+    assert sum(first.losses[-5:]) < sum(first.losses[:5])  # and it learns
+
+
+def test_cli_trains_a_twin_that_loads(tmp_path, capsys):
+    out = tmp_path / "tiny"
+    code = main(["train", "--norm", "rmsnorm", "--placement", "pre", "--layers", "1",
+                 "--d-model", "32", "--heads", "2", "--d-mlp", "64", "--n-ctx", "32",
+                 "--steps", "3", "--batch", "2", "--warmup", "1", "--out", str(out), "--quiet"])
+    assert code == 0
+    printed = json.loads(capsys.readouterr().out)
+    model = rs.load(out)
+    assert model.anatomy.n_layers == 1 and model.anatomy.norm_kind == "rmsnorm"
+    assert evaluate(model.module)["val_loss"] == pytest.approx(printed["val_loss"], abs=1e-5)
+    assert rs.trace(model, ["hello", "hi there"]).check().ok
+
+
+@pytest.mark.parametrize("name", list(TWIN_NAMES))
+def test_bundled_twin_loads_reproduces_its_loss_and_conserves(name):
+    if REGISTRY[name].location() is None:
+        pytest.fail(f"{name} is missing from models/: run python models/build_twins.py")
+    model = rs.load(name)
+    meta = json.loads((REGISTRY[name].location() / "twin.json").read_text())
+    norm, placement = TWIN_NAMES[name]
+    assert (model.anatomy.norm_kind if norm != "none" else "none", model.anatomy.placement) == (
+        norm, placement)
+    ev = evaluate(model.module)
+    assert ev["val_loss"] == pytest.approx(meta["evaluation"]["val_loss"], abs=VAL_LOSS_ATOL)
+    report = rs.trace(model, TEXTS).check()
+    assert report.ok, str(report)
