@@ -2,7 +2,7 @@
 
     python models/build_twins.py [--steps N] [--only NAME ...]
 
-Deterministic for the recipe's seed on the CPU. Takes about 4 minutes per twin on one CPU core.
+Deterministic for the recipe's seed on the CPU. Takes about 2.5 minutes per twin on one CPU core.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def card(name: str, folder: Path) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--steps", type=int, default=1200)
+    parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--only", nargs="*", default=list(TWINS))
     args = parser.parse_args()
     recipe = Recipe(steps=args.steps, lr=3e-3, mix=Mix(synthetic_fraction=0.5))

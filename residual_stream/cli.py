@@ -4,6 +4,8 @@
     residual-stream anatomy MODEL              sizes, norms and the stream program of a model
     residual-stream check MODEL --text TEXT    trace TEXT and print the conservation report
     residual-stream summarize MODEL [--text T] headline numbers of every analysis
+    residual-stream report --model A --model B [--builtin] --out report.html   compare models
+    residual-stream trace MODEL --text T --out stats.safetensors   save a trace's statistics
     residual-stream train --norm N --placement P --out DIR   train a twin (see --help)
     residual-stream app [--host H --port P]    serve the Streamlit app
 
@@ -43,6 +45,25 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("model", help="registry name, HF folder, .gguf file or cached hub id")
     m.add_argument("--text", action="append", help="text to analyse (repeat; default: 3 built-in)")
     m.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    r = sub.add_parser("report", help="write an HTML report comparing models (plotly inlined)")
+    r.add_argument("--model", action="append", required=True, help="model to compare (repeat)")
+    src = r.add_mutually_exclusive_group()
+    src.add_argument("--text", type=Path, help="text file: one text per non-empty line")
+    src.add_argument("--corpus", type=Path, help="folder of .txt files, one text per line")
+    src.add_argument("--builtin", action="store_true",
+                     help="the shipped corpus of English sentences and code (the default)")
+    r.add_argument("--max-tokens", type=int, default=1024, help="token budget per model")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--title", default="Residual-stream geometry")
+    r.add_argument("--device", default="auto")
+    r.add_argument("--out", type=Path, required=True, help="the HTML file to write")
+    r.add_argument("--data", type=Path, help="also write the numbers as JSON here")
+    r.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
+    tr = sub.add_parser("trace", help="save a trace's statistics (safetensors + JSON metadata)")
+    tr.add_argument("model")
+    tr.add_argument("--text", action="append", required=True, help="text to trace (repeat)")
+    tr.add_argument("--out", type=Path, required=True, help="a .safetensors file")
+    tr.add_argument("--device", default="auto")
     t = sub.add_parser("train", help="train a twin transformer with the shared recipe")
     t.add_argument("--norm", choices=["layernorm", "rmsnorm", "none"], required=True)
     t.add_argument("--placement", choices=["pre", "post", "sandwich", "deepnorm", "parallel"],
@@ -138,6 +159,91 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_texts(args: argparse.Namespace) -> list[str]:
+    from .report import builtin_corpus
+
+    if args.text is not None:
+        if not args.text.is_file():
+            raise InputError(f"--text {args.text}: no such file")
+        return [ln.strip() for ln in args.text.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if args.corpus is not None:
+        if not args.corpus.is_dir():
+            raise InputError(f"--corpus {args.corpus}: no such folder")
+        return [ln.strip() for f in sorted(args.corpus.glob("*.txt"))
+                for ln in f.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    return builtin_corpus()
+
+
+def _writable(path: Path) -> None:
+    parent = path.resolve().parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise InputError(f"cannot write {path}: {parent} is not a writable folder")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Write to a temporary file beside ``path``, then rename: never a partial file."""
+    tmp = path.with_name(f".{path.name}.partial")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from .errors import EmptyTextError
+    from .loading import load
+    from .report import build_report
+
+    for path in filter(None, (args.out, args.data)):
+        _writable(path)
+    texts = _read_texts(args)
+    if not texts:
+        raise EmptyTextError("the corpus is empty: give a file or folder with some text")
+    say = None if args.quiet else (lambda m: print(f"residual-stream: {m}", file=sys.stderr, flush=True))
+    models = [load(name, device=args.device, progress=not args.quiet) for name in args.model]
+    page, data = build_report(models, texts, max_tokens=args.max_tokens, seed=args.seed,
+                              title=args.title, progress=say)
+    _atomic_write(args.out, page)
+    if args.data:
+        _atomic_write(args.data, json.dumps(data, indent=1))
+    if say:
+        say(f"wrote {args.out}" + (f" and {args.data}" if args.data else ""))
+    return 0
+
+
+def _trace_stats(args: argparse.Namespace) -> int:
+    import torch
+    from safetensors.torch import save_file
+
+    from .loading import load
+    from .trace import trace
+
+    _writable(args.out)
+    model = load(args.model, device=args.device)
+    tr = trace(model, args.text)
+    n = model.anatomy.n_layers
+    tensors = {
+        "tokens": tr.tokens, "attention_mask": tr.attention_mask,
+        "stream_norm": torch.stack([tr.stream(L).norm(dim=-1) for L in range(n + 1)]).cpu(),
+        "attn_write_norm": torch.stack([tr.attn_write(L).norm(dim=-1) for L in range(n)]).cpu(),
+        **{f"norm_scale.{k}": v.cpu() for k, v in tr.captured.norm_scale.items()},
+    }
+    if tr.captured.mlp_out:
+        tensors["mlp_write_norm"] = torch.stack([tr.mlp_write(L).norm(dim=-1) for L in range(n)]).cpu()
+    meta = {"model": model.name, "anatomy": json.dumps(model.anatomy.summary()),
+            "str_tokens": json.dumps(tr.str_tokens), "texts": json.dumps(args.text)}
+    tmp = args.out.with_name(f".{args.out.name}.partial")
+    try:
+        save_file({k: v.contiguous().float() if v.is_floating_point() else v.contiguous()
+                   for k, v in tensors.items()}, str(tmp), metadata=meta)
+        os.replace(tmp, args.out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    print(f"wrote {args.out}: {', '.join(sorted(tensors))}")
+    return 0
+
+
 def _app(args: argparse.Namespace) -> int:
     env = dict(os.environ, HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))
     if args.allow:
@@ -149,7 +255,7 @@ def _app(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"models": _models, "anatomy": _anatomy, "check": _check, "summarize": _summarize,
-            "train": _train, "app": _app}
+            "train": _train, "report": _report, "trace": _trace_stats, "app": _app}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except ResidualStreamError as e:
+        print(f"residual-stream: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # unreadable or unwritable files found late
         print(f"residual-stream: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

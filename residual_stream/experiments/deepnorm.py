@@ -79,7 +79,7 @@ def deepnorm_update(*, n_layers: int = 48, d_model: int = 32, steps: int = 30, l
     """Experiment 4 (module docstring); Adam without warm-up, the same for every placement."""
     updates, losses = {}, {}
     mix = Mix(seq_len=32)
-    probe = train_batch(batch, torch.Generator().manual_seed(seed + 1), mix)
+    probe = train_batch(batch, torch.Generator().manual_seed(seed + 1), mix)[0]
     for placement in placements:
         torch.manual_seed(seed)
         module = TwinTransformer(TwinConfig(norm="layernorm", placement=placement,
@@ -90,7 +90,7 @@ def deepnorm_update(*, n_layers: int = 48, d_model: int = 32, steps: int = 30, l
         start = _final_states(module, probe)
         u, ls = [], []
         for _ in range(steps):
-            loss = next_byte_loss(module, train_batch(batch, g, mix))
+            loss = next_byte_loss(module, *train_batch(batch, g, mix))
             opt.zero_grad()
             loss.backward()
             opt.step()

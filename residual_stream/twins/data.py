@@ -93,26 +93,35 @@ def repeat_batch(n: int, seq_len: int, g: torch.Generator, mix: Mix = Mix()
     return torch.cat([torch.full((n, 1), BOS), body], 1), 1 + pre + seg, seg
 
 
-def pairs_batch(n: int, seq_len: int, g: torch.Generator, mix: Mix = Mix()) -> torch.Tensor:
-    """Rows ``BOS s₁ s₁ s₂ s₂ …``: back-to-back pairs of random printable segments.
+def pairs_batch(n: int, seq_len: int, g: torch.Generator, mix: Mix = Mix()
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``BOS s₁ s₁ s₂ s₂ …`` of random printable segments, and which targets are learnable.
 
     Each row holds several repeats (segment lengths ``min_segment//2`` to ``max_segment//2``),
-    so every synthetic row carries many chances to learn induction.
+    so every synthetic row carries many chances to learn induction. The mask marks the
+    second copies (after their first byte): the first copies are noise, nothing to learn.
     """
-    parts, length = [], 1
+    parts, learnable, length = [], [], 1
     while length < seq_len:
         seg = int(torch.randint(max(2, mix.min_segment // 2), mix.max_segment // 2 + 1, (1,),
                                 generator=g))
         s = torch.randint(32, 127, (n, seg), generator=g)
         parts += [s, s]
+        learnable += [0] * (seg + 1) + [1] * (seg - 1)
         length += 2 * seg
-    return torch.cat([torch.full((n, 1), BOS), *parts], 1)[:, :seq_len]
+    rows = torch.cat([torch.full((n, 1), BOS), *parts], 1)[:, :seq_len]
+    mask = torch.tensor([0, *learnable])[:seq_len].expand(n, -1)
+    return rows, mask
 
 
-def train_batch(n: int, g: torch.Generator, mix: Mix = Mix()) -> torch.Tensor:
-    """A training batch: text windows, with ``synthetic_fraction`` of rows repeated segments."""
+def train_batch(n: int, g: torch.Generator, mix: Mix = Mix()) -> tuple[torch.Tensor, torch.Tensor]:
+    """Text windows, and ``synthetic_fraction`` of rows of repeated segments; with a target mask.
+
+    The mask (``[batch, pos]``, 1 = the token is a training target) is all ones for text.
+    """
     n_syn = round(n * mix.synthetic_fraction)
-    rows = [text_batch("train", n - n_syn, mix.seq_len, g)]
-    if n_syn:
-        rows.append(pairs_batch(n_syn, mix.seq_len, g, mix))
-    return torch.cat(rows)
+    text = text_batch("train", n - n_syn, mix.seq_len, g)
+    if not n_syn:
+        return text, torch.ones_like(text)
+    rows, mask = pairs_batch(n_syn, mix.seq_len, g, mix)
+    return torch.cat([text, rows]), torch.cat([torch.ones_like(text), mask])

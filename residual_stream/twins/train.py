@@ -59,10 +59,15 @@ class TrainResult:
     diverged: bool
 
 
-def next_byte_loss(module: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of predicting every next token."""
+def next_byte_loss(module: torch.nn.Module, tokens: torch.Tensor,
+                   targets: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean cross-entropy of predicting each next token (only where ``targets`` is 1, if given)."""
     logits = module(tokens).logits[:, :-1]
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+    nll = F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
+    if targets is None:
+        return nll.mean()
+    keep = targets[:, 1:].to(nll.dtype)
+    return (nll * keep).sum() / keep.sum()
 
 
 @torch.no_grad()
@@ -104,7 +109,8 @@ def train(
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = recipe.lr_at(step)
-        loss = next_byte_loss(module, train_batch(recipe.batch, g, recipe.mix).to(device))
+        tokens, targets = train_batch(recipe.batch, g, recipe.mix)
+        loss = next_byte_loss(module, tokens.to(device), targets.to(device))
         if not torch.isfinite(loss):
             diverged = True
             losses.append(float("nan"))

@@ -1,0 +1,157 @@
+"""Reports and the CLI around them: content, escaping, determinism, bad input, exit codes."""
+
+import json
+from html.parser import HTMLParser
+
+import pytest
+import torch
+from tiny_hf import build
+
+import residual_stream as rs
+from residual_stream.cli import main
+from residual_stream.inputs import ByteTokenizer
+from residual_stream.report import build_report, builtin_corpus, select_texts
+
+EVIL = "<script>window.__pwned=1</script></div> & friends"
+
+
+class Checker(HTMLParser):
+    """Fails on mismatched tags; counts plot divs and scripts."""
+
+    VOID = {"meta", "br", "hr", "img", "input", "link"}
+
+    def __init__(self):
+        super().__init__()
+        self.stack, self.plots, self.errors = [], 0, []
+
+    def handle_starttag(self, tag, attrs):
+        if tag not in self.VOID:
+            self.stack.append(tag)
+        if tag == "div" and dict(attrs).get("id", "").startswith("fig-"):
+            self.plots += 1
+
+    def handle_endtag(self, tag):
+        if not self.stack or self.stack.pop() != tag:
+            self.errors.append(tag)
+
+
+def twins():
+    return [rs.twin(norm="rmsnorm", placement="pre", n_layers=2, seed=0),
+            rs.twin(norm="layernorm", placement="post", n_layers=2, seed=0)]
+
+
+@pytest.fixture(scope="module")
+def report():
+    return build_report(twins(), builtin_corpus()[:6] + [EVIL], max_tokens=400,
+                        title=f"title {EVIL}")
+
+
+def test_report_is_well_formed_and_complete(report):
+    page, data = report
+    checker = Checker()
+    checker.feed(page)
+    assert not checker.errors and checker.stack == []
+    assert checker.plots >= 2 * 2 + 8 + 2  # programs, reads, comparisons, norm-lab
+    for section in ("anatomy", "growth", "retention", "unembed", "mixing", "reads", "normlab",
+                    "conservation", "methods", "metadata"):
+        assert f"id='{section}'" in page
+    # plotly inlined, no external script: the file opens offline
+    assert "<script src=" not in page and "src=\"http" not in page and "Plotly" in page
+    assert data["metadata"]["seed"] == 0 and data["metadata"]["tokens"]
+
+
+def test_user_text_is_escaped(report):
+    page, _ = report
+    assert "<script>window.__pwned" not in page and "&lt;script&gt;window.__pwned" in page
+
+
+def test_report_numbers_are_the_apis(report):
+    _, data = report
+    model = twins()[1]
+    texts = select_texts(model, builtin_corpus()[:6] + [EVIL], 400)  # what the report used
+    api = rs.norm_growth(rs.trace(model, texts, patterns=True, overflow="chunk"))
+    assert data["models"][model.name]["norm_mean"] == pytest.approx(api.mean.tolist(), rel=1e-6)
+
+
+def test_same_seed_same_report():
+    a = build_report(twins()[:1], ["one text", "another text"], seed=3)
+    b = build_report(twins()[:1], ["one text", "another text"], seed=3)
+    strip = lambda d: {**d, "metadata": {**d["metadata"], "seconds": 0}}  # noqa: E731
+    assert strip(a[1]) == strip(b[1])
+    assert a[0].split("<h2 id='metadata'>")[0] == b[0].split("<h2 id='metadata'>")[0]
+
+
+def test_cli_report_on_real_and_folder_models(tmp_path):
+    folder = tmp_path / "gpt2"
+    build("gpt2").save_pretrained(folder)
+    from transformers import AutoTokenizer
+    from residual_stream.registry import REGISTRY
+    AutoTokenizer.from_pretrained(REGISTRY["minilm-l6"].location()).save_pretrained(folder)
+    text = tmp_path / "texts.txt"
+    text.write_text("hello world\n\nsecond line here\n")
+    out, data = tmp_path / "r.html", tmp_path / "r.json"
+    assert main(["report", "--model", "minilm-l6", "--text", str(text), "--out", str(out),
+                 "--data", str(data), "--quiet"]) == 0
+    numbers = json.loads(data.read_text())["models"]["minilm-l6"]
+    assert numbers["placement"] == "post" and numbers["conservation_ok"]
+    assert out.read_text().startswith("<!DOCTYPE html>")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["report", "--model", "minilm-l6", "--text", "/nonexistent.txt"], "no such file"),
+    (["report", "--model", "no-such-model", "--builtin"], "unknown model"),
+    (["report", "--model", "minilm-l6", "--corpus", "EMPTY"], "corpus is empty"),
+    (["report", "--model", "minilm-l6", "--builtin", "--out", "/nonexistent/dir/r.html"],
+     "not a writable folder"),
+])
+def test_cli_errors_exit_1_and_leave_nothing(argv, message, tmp_path, capsys):
+    (tmp_path / "EMPTY").mkdir()
+    argv = [a.replace("EMPTY", str(tmp_path / "EMPTY")) for a in argv]
+    if "--out" not in argv:
+        argv += ["--out", str(tmp_path / "r.html")]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not list(tmp_path.glob("*.html")) and not list(tmp_path.glob(".*partial"))
+
+
+def test_cli_usage_errors_exit_2():
+    with pytest.raises(SystemExit) as e:
+        main(["report"])
+    assert e.value.code == 2
+
+
+def test_cli_trace_saves_statistics(tmp_path):
+    from safetensors import safe_open
+
+    out = tmp_path / "t.safetensors"
+    assert main(["trace", "minilm-l6", "--text", "hello there", "--out", str(out)]) == 0
+    with safe_open(str(out), "pt") as f:
+        assert f.get_tensor("stream_norm").shape[0] == 7
+        assert json.loads(f.metadata()["str_tokens"])[0][0] == "[CLS]"
+
+
+def test_report_renders_in_chromium(report, tmp_path):
+    import shutil
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    from pathlib import Path
+    if not Path(chromium).exists():
+        pytest.skip("no chromium")
+    from playwright.sync_api import sync_playwright
+    page_html, _ = report
+    path = tmp_path / "report.html"
+    path.write_text(page_html)
+    errors = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, headless=True,
+                                     args=["--no-sandbox", "--disable-gpu",
+                                           "--disable-background-networking"])
+        page = browser.new_page()
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(path.as_uri())
+        page.wait_for_timeout(1500)
+        rendered = page.locator(".js-plotly-plot .main-svg").count()
+        assert page.evaluate("window.__pwned") is None
+        browser.close()
+    assert rendered >= 14 and not errors, errors
