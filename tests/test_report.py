@@ -4,12 +4,10 @@ import json
 from html.parser import HTMLParser
 
 import pytest
-import torch
 from tiny_hf import build
 
 import residual_stream as rs
 from residual_stream.cli import main
-from residual_stream.inputs import ByteTokenizer
 from residual_stream.report import build_report, builtin_corpus, select_texts
 
 EVIL = "<script>window.__pwned=1</script></div> & friends"
@@ -85,6 +83,7 @@ def test_cli_report_on_real_and_folder_models(tmp_path):
     folder = tmp_path / "gpt2"
     build("gpt2").save_pretrained(folder)
     from transformers import AutoTokenizer
+
     from residual_stream.registry import REGISTRY
     AutoTokenizer.from_pretrained(REGISTRY["minilm-l6"].location()).save_pretrained(folder)
     text = tmp_path / "texts.txt"
