@@ -1,6 +1,8 @@
-"""How long the default report takes: two twins on the built-in corpus (issue: under a minute
-on the 2-core CPU). The baseline, run side by side in this process, is a plain forward pass
-of both models over the same texts; the ratio is what the analyses cost on top of it.
+"""How long the default report takes: two twins on the built-in corpus.
+
+The target is under a minute on the 2-core CPU. The baseline, run side by side in this
+process, is a plain forward pass of both models over the same texts; the ratio is what the
+analyses cost on top of it.
 
     python benchmarks/report_speed.py [--models twin-pre-rms twin-post-ln] [--repeats 2]
 """
@@ -18,6 +20,7 @@ from residual_stream.report import build_report, builtin_corpus, select_texts
 
 
 def main() -> None:
+    """Time the report and the baseline; print one Markdown table row."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", nargs="+", default=["twin-pre-rms", "twin-post-ln"])
     parser.add_argument("--repeats", type=int, default=2)

@@ -32,6 +32,7 @@ TWINS = {
 
 
 def card(name: str, folder: Path) -> str:
+    """The model card of one saved twin (Markdown)."""
     meta = json.loads((folder / "twin.json").read_text())
     digest = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
     ev, cfg, rec = meta["evaluation"], meta["config"], meta["recipe"]
@@ -56,6 +57,7 @@ def card(name: str, folder: Path) -> str:
 
 
 def main() -> None:
+    """Train the twins asked for, then rewrite every card."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--only", nargs="*", default=list(TWINS))

@@ -9,7 +9,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_ruff_is_clean():
-    result = subprocess.run([sys.executable, "-m", "ruff", "check", "residual_stream", "app", "tests"],
+    paths = ["residual_stream", "app", "tests", "benchmarks", "models"]
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", *paths],
                             cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-3000:]
 
