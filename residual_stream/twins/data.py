@@ -74,6 +74,8 @@ def _split(split: str) -> torch.Tensor:
 def text_batch(split: str, n: int, seq_len: int, g: torch.Generator) -> torch.Tensor:
     """``n`` windows of ``seq_len`` tokens (BOS + bytes) from the ``split``."""
     data = _split(split)
+    if n == 0:
+        return torch.zeros(0, seq_len, dtype=torch.long)
     starts = torch.randint(0, len(data) - seq_len, (n,), generator=g)
     rows = torch.stack([data[s:s + seq_len - 1] for s in starts.tolist()])
     return torch.cat([torch.full((n, 1), BOS), rows], 1)
