@@ -93,13 +93,13 @@ def experiment(kind: str):
 @st.cache_resource(show_spinner="Collecting every write…", max_entries=4)
 def writes(name: str, text: str) -> dict:
     """Every head, attention total and MLP write as added, for the text: label → [pos, d_model]."""
-    from residual_stream.analyses.subspaces import _writes_as_added
+    from residual_stream.analyses.subspaces import writes_as_added
 
     tr = trace(name, text)
     labels = {lab for c in tr.anatomy.components for lab in
               ([c.name] + [f"L{c.layer}H{h}" for h in range(tr.anatomy.n_heads)]
                if c.kind == "attn" else [c.name])}
-    return {k: v[0] for k, v in _writes_as_added(tr, labels).items()}
+    return {k: v[0] for k, v in writes_as_added(tr, labels).items()}
 
 
 @st.cache_resource(show_spinner="Building subspaces…", max_entries=4)

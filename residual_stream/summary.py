@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
 from . import analyses
 from .errors import NotAvailableError
 from .trace import trace as run_trace
@@ -71,5 +69,4 @@ def summarize(model, texts: Sequence[str] = DEFAULT_TEXTS) -> dict[str, float | 
     dla = _nan_or(lambda: analyses.direct_logit_attribution(tr).to_frame())
     out["dla_top_contributor"] = None if dla is None else str(
         dla.loc[dla.logit.abs().idxmax(), "label"])
-    torch.cuda.empty_cache() if torch.cuda.is_available() else None
     return out

@@ -32,6 +32,18 @@ def test_gradient_norms_at_init_theorem_1():
     assert by["post"][-1] / by["post"][0] > by["pre"][-1] / by["pre"][0]
 
 
+def test_warmup_matters_for_post_ln_and_not_for_pre_ln():
+    # 8 layers, d_model 64, 300 steps at lr 1e-3: measured here, post-LN without warm-up ends
+    # 0.38 nats/byte worse than with it, pre-LN 0.006; asserted with margins of ~3x
+    r = ex.warmup_sensitivity(steps=300, warmup=100, n_layers=8, d_model=64, lrs=(1e-3,),
+                              batch=8)
+    gain_post = r.final_loss("post", 1e-3, False) - r.final_loss("post", 1e-3, True)
+    gain_pre = r.final_loss("pre", 1e-3, False) - r.final_loss("pre", 1e-3, True)
+    assert gain_post > 0.1
+    assert gain_post > 3 * abs(gain_pre)
+    assert not r.runs.diverged.any() and len(r.figure().data) == 4
+
+
 def test_deepnorm_constants_match_the_paper():
     c = ex.deepnorm_constants("decoder", n_decoder=48)
     assert c["alpha"] == pytest.approx(96 ** 0.25) and c["beta"] == pytest.approx(384 ** -0.25)

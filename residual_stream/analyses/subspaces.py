@@ -146,8 +146,11 @@ def _targets(label: str, wanted: set[str] | Sequence[str]) -> list[str]:
     return [t for t in dict.fromkeys((label, comp)) if t in wanted]
 
 
-def _writes_as_added(trace, wanted: set[str]) -> dict[str, Tensor]:
-    """Each wanted write (head label, ``L3.attn`` total or ``L3.mlp``) as it is added."""
+def writes_as_added(trace, wanted: set[str]) -> dict[str, Tensor]:
+    """Each wanted write (head label, ``L3.attn`` total or ``L3.mlp``) as it is added.
+
+    Returns label → ``[batch, pos, d_model]`` (after any sandwich norm on the write).
+    """
     first: dict[str, Tensor] = {}
     for _, pieces in replay_states(trace.anatomy.program, trace.sources()):
         for p in pieces:
@@ -242,7 +245,7 @@ def write_subspaces(
     """
     a = trace.anatomy
     writes = tuple(writes or [c.name for c in a.components])
-    values = _writes_as_added(trace, set(writes))
+    values = writes_as_added(trace, set(writes))
     missing = [w for w in writes if w not in values]
     if missing:
         raise KeyError(f"no writes named {missing}; use labels like 'L3H5', 'L3.attn', 'L3.mlp'")
@@ -271,7 +274,7 @@ def write_subspaces(
 
 def write_vector(trace, write: str) -> Tensor:
     """One write (``"L3H5"``, ``"L3.attn"`` or ``"L3.mlp"``) as added, ``[batch, pos, d_model]``."""
-    values = _writes_as_added(trace, {write})
+    values = writes_as_added(trace, {write})
     if write not in values:
         raise KeyError(f"no write named {write!r}; use labels like 'L3H5', 'L3.attn', 'L3.mlp'")
     return values[write]

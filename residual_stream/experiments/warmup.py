@@ -34,8 +34,8 @@ class WarmupSensitivity:
 
     def final_loss(self, placement: str, lr: float, warmup: bool) -> float:
         """Final training loss of one run (inf when it diverged)."""
-        row = self.runs[(self.runs.placement == placement) & (self.runs.lr == lr)
-                        & (self.runs.warmup > 0) == warmup]
+        runs = self.runs
+        row = runs[(runs.placement == placement) & (runs.lr == lr) & ((runs.warmup > 0) == warmup)]
         return float(row.final_train_loss.iloc[0])
 
     def figure(self) -> go.Figure:
