@@ -63,6 +63,7 @@ class Mix:
     synthetic_fraction: float = 0.25
     min_segment: int = 8
     max_segment: int = 32
+    alphabet: tuple[int, int] = (32, 127)  # byte range of the synthetic segments
 
 
 def _split(split: str) -> torch.Tensor:
@@ -107,7 +108,7 @@ def pairs_batch(n: int, seq_len: int, g: torch.Generator, mix: Mix = Mix()
     while length < seq_len:
         seg = int(torch.randint(max(2, mix.min_segment // 2), mix.max_segment // 2 + 1, (1,),
                                 generator=g))
-        s = torch.randint(32, 127, (n, seg), generator=g)
+        s = torch.randint(*mix.alphabet, (n, seg), generator=g)
         parts += [s, s]
         learnable += [0] * (seg + 1) + [1] * (seg - 1)
         length += 2 * seg
