@@ -14,9 +14,8 @@ import streamlit as st
 from residual_stream.errors import ResidualStreamError
 
 DEFAULT_MODEL = "smollm2-135m"
-DEFAULT_TEXT = ("The residual stream is a shared channel: every attention head and every MLP "
-                "reads from it and adds its write back. In a pre-norm transformer the stream "
-                "itself is never normalized, so it grows with depth.")
+# short enough for the twins' 128-byte context
+DEFAULT_TEXT = "The residual stream is a shared channel: every head and MLP reads it and writes back."
 MAX_CHARS = 4000
 ALLOW_ENV = "RESIDUAL_STREAM_ALLOWED_DIRS"
 

@@ -88,6 +88,12 @@ printable segments (so induction heads have a reason to form). The validation lo
 on a fixed batch of 32 held-out windows (seed 1234) *after* rounding the weights to fp16, as
 shipped; `tests/test_twins.py` reproduces it.
 
+**Known limitation.** Under this recipe no twin has learned induction yet: the loss on the
+second occurrence of a repeated random segment is within 0.02 nats of the loss on the first
+(the check below). A 2-layer attention-only twin on a 32-symbol task does learn it in the
+tests (`tests/test_induction.py`), so the plateau is one of training length and data, not of
+the architecture. twin-post-ln also trains slowest (see experiment 3: post-LN needs warm-up).
+
 {cards}"""
 
 

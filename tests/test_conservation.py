@@ -23,7 +23,7 @@ TWINS = [(n, p) for n in ("layernorm", "rmsnorm", "none") for p in PLACEMENTS]
 def perturbed_twin(norm: str, placement: str) -> rs.Model:
     # Vary every option across the grid so each is exercised somewhere.
     model = twin(norm=norm, placement=placement, n_layers=3, d_model=32, n_heads=4, seed=1,
-                 bias=norm == "layernorm", mlp="swiglu" if norm == "rmsnorm" else "gelu",
+                 bias=norm == "layernorm", init="xavier", mlp="swiglu" if norm == "rmsnorm" else "gelu",
                  positions="rotary" if placement in ("pre", "sandwich") else "learned")
     with torch.no_grad():  # γ = 1, β = 0 at init would hide norm arithmetic errors
         for name, p in model.module.named_parameters():

@@ -46,7 +46,7 @@ def plant_previous_token_head(net, g):
 @pytest.fixture(scope="module")
 def trained():
     model = rs.twin(norm="none", placement="pre", n_layers=2, d_model=D, n_heads=H, seed=0,
-                    attn_only=True, d_vocab=V, n_ctx=N_CTX)
+                    attn_only=True, d_vocab=V, n_ctx=N_CTX, init="xavier")
     net, g = model.module, torch.Generator().manual_seed(0)
     plant_previous_token_head(net, g)
     opt = torch.optim.Adam([p for p in net.parameters() if p.requires_grad], lr=3e-3)

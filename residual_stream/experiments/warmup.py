@@ -46,7 +46,7 @@ class WarmupSensitivity:
         return fig
 
 
-def warmup_sensitivity(*, lrs: tuple[float, float] = (1e-3, 1e-2), steps: int = 300,
+def warmup_sensitivity(*, lrs: tuple[float, ...] = (1e-3, 1e-2), steps: int = 300,
                        warmup: int = 100, n_layers: int = 6, d_model: int = 64,
                        placements: tuple[str, ...] = ("post", "pre"), batch: int = 16,
                        clip: float = float("inf"), seed: int = 0) -> WarmupSensitivity:
