@@ -41,7 +41,8 @@ class Captured:
     patterns: tuple[Tensor, ...] | None = None  # per layer [batch, head, query, key]
 
 
-def _first(x: object) -> Tensor:
+def first_output(x: object) -> Tensor:
+    """A module's main output: the first element when it returns a tuple."""
     return x[0] if isinstance(x, (tuple, list)) else x
 
 
@@ -79,7 +80,7 @@ def _hook_plan(anatomy: Anatomy, out: Captured, shape: torch.Size, verify: bool)
         return t if t.shape[:-1] == shape else t.expand(*shape, t.shape[-1])
 
     def store_output(store: dict, key: object):
-        return lambda mod, args, y: store.__setitem__(key, keep(_first(y)))
+        return lambda mod, args, y: store.__setitem__(key, keep(first_output(y)))
 
     def store_input(store: dict, key: object):
         return lambda mod, args, kwargs: store.__setitem__(key, keep(_input(args, kwargs)))

@@ -112,8 +112,8 @@ def check_conservation(trace: Trace, *, tolerance: float | None = None) -> Conse
         tolerance = TOLERANCE_F32 if model.dtype in (torch.float32, torch.float64) else TOLERANCE_HALF
     tokens = trace.tokens.to(model.device)
     mask = trace.attention_mask.to(model.device)
-    cap = trace.captured if trace.captured.norm_in or not anatomy.norms else capture(
-        model.module, anatomy, tokens, mask, verify=True)
+    verified = bool(trace.captured.attn_out)  # traced with verify=True already
+    cap = trace.captured if verified else capture(model.module, anatomy, tokens, mask, verify=True)
     rec = _Recorder(trace.attention_mask)
     refs = hidden_states_reference(model.module, tokens, mask)
     n = anatomy.n_layers

@@ -98,7 +98,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 
 def wrap(module: nn.Module, tokenizer: object, *, name: str, source: str = "object") -> Model:
     """Wrap a framework model without changing it."""
-    arch = [a for a in (getattr(module.config, "architectures", None) or [type(module).__name__])]
+    arch = getattr(module.config, "architectures", None) or [type(module).__name__]
     has_head = module.get_output_embeddings() is not None if hasattr(
         module, "get_output_embeddings") else False
     entry = REGISTRY.get(name)

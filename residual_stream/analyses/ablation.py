@@ -29,7 +29,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..capture import capture
+from ..capture import capture, first_output
 from ..walk import component_of, read_inputs
 from .flow import read_attribution
 from .tokens import masked_mean
@@ -72,14 +72,10 @@ def _ablated_output(trace, write: str, mode: Mode):
 
     def hook(module, args, output):
         rest = output[1:] if isinstance(output, tuple) else None
-        new = value.to(_first(output).dtype)
+        new = value.to(first_output(output).dtype)
         return (new, *rest) if rest is not None else new
 
     return path, hook
-
-
-def _first(x):
-    return x[0] if isinstance(x, tuple) else x
 
 
 def _rank(x: np.ndarray) -> np.ndarray:
