@@ -73,16 +73,22 @@ def test_click_through_every_page(server):
         page.goto(server)
         for title, content in PAGES:
             page.get_by_role("link", name=title).first.click()
-            page.get_by_role("heading", name=title).first.wait_for(timeout=180_000)
-            page.get_by_text(content).first.wait_for(timeout=180_000)
-            if title != "Models":
-                page.locator(".js-plotly-plot").first.wait_for(timeout=180_000)
+            try:
+                page.get_by_role("heading", name=title).first.wait_for(timeout=180_000)
+                page.get_by_text(content).first.wait_for(timeout=180_000)
+                if title != "Models":
+                    page.locator(".js-plotly-plot").first.wait_for(timeout=180_000)
+            except Exception:  # keep evidence: what the page showed instead
+                page.screenshot(path=str(ARTIFACTS / "failure.png"), full_page=True)
+                shown = page.locator("[data-testid='stAlert']").all_inner_texts()
+                raise AssertionError(f"page {title!r} did not show {content!r}; alerts: {shown}")
             page.wait_for_timeout(500)
             page.screenshot(path=str(ARTIFACTS / f"app-{title.lower().replace(' ', '-')}.png"),
                             full_page=True)
         # user text with markup is shown as text, never executed
         page.get_by_role("link", name="Overview").first.click()
-        box = page.get_by_label("Text")
+        page.get_by_role("heading", name="Overview").first.wait_for(timeout=180_000)
+        box = page.locator("[data-testid='stSidebar'] textarea").first
         box.fill("<script>window.__pwned = 1</script> <b>bold?</b>")
         box.press("Control+Enter")
         page.get_by_text("Stream program").first.wait_for(timeout=180_000)
