@@ -78,10 +78,11 @@ def test_click_through_every_page(server):
                 page.get_by_text(content).first.wait_for(timeout=180_000)
                 if title != "Models":
                     page.locator(".js-plotly-plot").first.wait_for(timeout=180_000)
-            except Exception:  # keep evidence: what the page showed instead
+            except Exception as error:  # keep evidence: what the page showed instead
                 page.screenshot(path=str(ARTIFACTS / "failure.png"), full_page=True)
                 shown = page.locator("[data-testid='stAlert']").all_inner_texts()
-                raise AssertionError(f"page {title!r} did not show {content!r}; alerts: {shown}")
+                raise AssertionError(
+                    f"page {title!r} did not show {content!r}; alerts: {shown}") from error
             page.wait_for_timeout(500)
             page.screenshot(path=str(ARTIFACTS / f"app-{title.lower().replace(' ', '-')}.png"),
                             full_page=True)
