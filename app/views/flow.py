@@ -53,3 +53,4 @@ else:
         "The stream at every point read as if it were final (the final norm applied as the model "
         "applies it, then the unembedding). Cell text: the lens's top token; color: KL to the "
         "model's final distribution in nats."))
+    st.dataframe(lens.summary(), hide_index=True)  # per point: KL, top-1 agreement, median rank
