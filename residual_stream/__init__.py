@@ -5,6 +5,7 @@ model = rs.load("smollm2-135m")
 trace = rs.trace(model, ["The capital of France is", "Residual streams grow"])
 parts = trace.decompose(12)          # exact, labelled sum of contributions
 trace.check()                        # conservation against the model's own hidden states
+scan = rs.scan(model, "builtin", stats=["growth", "lens"])   # corpus statistics, streamed
 """
 
 from . import errors
@@ -24,12 +25,13 @@ from .architectures import supported_architectures
 from .decomposition import Contributions
 from .loading import Model, load
 from .registry import list_models
+from .streaming import scan
 from .trace import Trace, trace
 
 __all__ = [
     "Anatomy", "Contributions", "Model", "Trace", "ablation_check", "composition",
     "direct_logit_attribution", "errors", "list_models", "load", "logit_lens", "mixing_ratio",
-    "norm_growth", "read_attribution", "supported_architectures", "survival", "trace", "twin",
+    "norm_growth", "read_attribution", "scan", "supported_architectures", "survival", "trace", "twin",
     "write_subspaces",
 ]
 

@@ -7,6 +7,7 @@
     residual-stream report --model A --model B [--builtin] --out report.html   compare models
     residual-stream trace MODEL --text T --out stats.safetensors   save a trace's statistics
     residual-stream train --norm N --placement P --out DIR   train a twin (see --help)
+    residual-stream scan MODEL CORPUS --stats growth,lens --out scan.json   corpus statistics
     residual-stream app [--host H --port P]    serve the Streamlit app
 
 Exit codes: 0 on success, 2 on a usage error, 1 on any other failure (with a one-line reason
@@ -83,6 +84,10 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--device", default="auto", help="auto (cuda, mps, cpu), cpu, cuda ...")
     t.add_argument("--out", required=True, type=Path, help="folder for model.safetensors + twin.json")
     t.add_argument("--quiet", action="store_true", help="no progress bar or loss log")
+    from .scan import add_arguments
+
+    add_arguments(sub.add_parser("scan", help="streaming statistics over a corpus (resumable; "
+                                 "torchrun -m residual_stream.scan for several processes)"))
     s = sub.add_parser("app", help="serve the Streamlit app")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default: localhost only)")
     s.add_argument("--port", type=int, default=8501)
@@ -254,15 +259,26 @@ def _app(args: argparse.Namespace) -> int:
     return subprocess.call(cmd, env=env)
 
 
+def _scan(args: argparse.Namespace) -> int:
+    from .scan import run
+
+    return run(args)
+
+
 COMMANDS = {"models": _models, "anatomy": _anatomy, "check": _check, "summarize": _summarize,
-            "train": _train, "report": _report, "trace": _trace_stats, "app": _app}
+            "train": _train, "report": _report, "trace": _trace_stats, "scan": _scan, "app": _app}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code (argparse exits with 2 on usage errors)."""
     args = _parser().parse_args(argv)
+    return run_guarded(COMMANDS[args.command], args)
+
+
+def run_guarded(command, args: argparse.Namespace) -> int:
+    """Run ``command(args)``: library errors and file errors become exit code 1 and one line."""
     try:
-        return COMMANDS[args.command](args)
+        return command(args)
     except ResidualStreamError as e:
         print(f"residual-stream: error: {e}", file=sys.stderr)
         return 1

@@ -111,6 +111,13 @@ def encode(
         chunks = [ids[s:s + limit] for s in range(0, len(ids), limit)]
         rows.extend(chunks)
         index.extend([i] * len(chunks))
+    return pack(model, rows, tuple(index))
+
+
+def pack(model: Model, rows: list[list[int]], text_index: tuple[int, ...] | None = None) -> Batch:
+    """Right-pad token-id ``rows`` into a ``Batch``, checked against the model's vocabulary."""
+    if not rows or not all(rows):
+        raise EmptyTextError("no tokens to pack: every row needs at least one token")
     _check_vocab(model, min(min(r) for r in rows), max(max(r) for r in rows))
     width = max(len(r) for r in rows)
     pad = _pad_id(model.tokenizer)
@@ -119,4 +126,5 @@ def encode(
     for r, ids in enumerate(rows):
         tokens[r, : len(ids)] = torch.tensor(ids)
         mask[r, : len(ids)] = 1
-    return Batch(tokens, mask, [model.tokenizer.convert_ids_to_tokens(r) for r in rows], tuple(index))
+    index = tuple(range(len(rows))) if text_index is None else text_index
+    return Batch(tokens, mask, [model.tokenizer.convert_ids_to_tokens(r) for r in rows], index)

@@ -182,6 +182,11 @@ def trace(
         NonFiniteError: NaN or inf appears in the stream (names the first layer and component).
     """
     batch = encode(model, texts, max_length=max_length, overflow=overflow)
+    return trace_batch(model, batch, verify=verify, patterns=patterns)
+
+
+def trace_batch(model: Model, batch: Batch, *, verify: bool = False, patterns: bool = False) -> Trace:
+    """Capture one forward pass over an already tokenized ``Batch`` (see ``trace``)."""
     captured = capture(model.module, model.anatomy, batch.tokens.to(model.device),
                        batch.attention_mask.to(model.device), verify=verify, patterns=patterns)
     result = Trace(model, batch, captured)

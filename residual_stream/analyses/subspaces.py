@@ -239,7 +239,8 @@ def write_subspaces(
             and every MLP.
         unembed_k: Dimension of the unembedding subspace (skipped without an LM head).
         pca_k: Number of stream principal components.
-        pca_trace: A calibration trace for the PCs (default: ``trace`` itself).
+        pca_trace: A calibration trace for the PCs (default: ``trace`` itself), or the
+            ``Subspace`` they span (what a corpus scan fixes from its first batch).
         basis: Extra subspace as rows ``[k, d_model]`` (probe directions, SAE decoder rows).
         readers: Also measure every later reader's read fraction and strength.
     """
@@ -249,7 +250,8 @@ def write_subspaces(
     missing = [w for w in writes if w not in values]
     if missing:
         raise KeyError(f"no writes named {missing}; use labels like 'L3H5', 'L3.attn', 'L3.mlp'")
-    subs = [mean_direction(a.d_model), pca_subspace(pca_trace or trace, k=pca_k)]
+    pca = pca_trace if isinstance(pca_trace, Subspace) else pca_subspace(pca_trace or trace, k=pca_k)
+    subs = [mean_direction(a.d_model), pca]
     if a.has_lm_head:
         subs.insert(1, unembed_subspace(trace.model, unembed_k))
     if basis is not None:

@@ -1,0 +1,208 @@
+"""``rs.scan``: stream a corpus through a model, batch by batch, into accumulators.
+
+Per batch: tokenize (``corpus``), capture one forward pass (``trace_batch``; float32 copies,
+whatever the model's dtype), let every accumulator add its sums, drop the trace. Memory is
+one batch's trace plus the accumulators, whatever the corpus length.
+
+**Resuming.** With ``state=PATH`` the accumulators and the index of the next batch are saved
+atomically (temporary file, then rename) after every ``save_every`` batches. Batch ``i`` is
+the same batch in every run, so a rerun with the same arguments skips the batches already in
+the saved sums and continues: an interruption loses no batch and counts none twice (a batch
+whose update was not saved yet is simply done again). A state saved for other arguments is
+refused with a message, never mixed in.
+
+**Several processes.** Process ``rank`` of ``world_size`` takes batches ``i`` with
+``i % world_size == rank``; at the end every process gathers every accumulator state and
+merges them in rank order (``torch.distributed``, gloo on the CPU, nccl on the GPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..errors import InputError
+from ..trace import trace_batch
+from .accumulators import Accumulator, _json_ready, frames, make_accumulators
+from .corpus import Corpus, corpus_batches
+
+STATE_VERSION = 1
+
+
+@dataclass
+class ScanResult:
+    """What a scan measured: ``stats[name]`` is the analysis result over every scanned token."""
+
+    stats: dict[str, object]
+    tokens: int
+    batches: int
+    seconds: float
+    model_name: str
+    accumulators: dict[str, Accumulator] = field(repr=False, default_factory=dict)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Scanned tokens per second of this run (0 when nothing was left to scan)."""
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        """JSON-ready: metadata and, per statistic, its frames as lists of records."""
+        return {
+            "model": self.model_name, "tokens": self.tokens, "batches": self.batches,
+            "seconds": self.seconds,
+            "stats": {name: {k: _json_ready(f) for k, f in frames(result).items()}
+                      for name, result in self.stats.items()},
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``to_dict()`` as JSON, atomically."""
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.partial")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1), encoding="utf-8")
+        os.replace(tmp, path)
+        return path
+
+
+def _config(model, corpus: Corpus, stats: list[str], batch_size: int, seq_len: int,
+            max_tokens: int | None, rank: int, world_size: int) -> dict:
+    return {"version": STATE_VERSION, "model": model.name, "stats": stats, "batch_size": batch_size,
+            "seq_len": seq_len, "max_tokens": max_tokens, "corpus": corpus.fingerprint(),
+            "rank": rank, "world_size": world_size}
+
+
+def _load_state(path: Path, config: dict) -> dict | None:
+    if not path.exists():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same advice
+        raise InputError(f"the scan state {path} is unreadable ({type(e).__name__}); delete it to "
+                         "start the scan again") from None
+    if state.get("config") != config:
+        diff = {k: (state.get("config", {}).get(k), v) for k, v in config.items()
+                if state.get("config", {}).get(k) != v}
+        raise InputError(f"the scan state {path} was saved for other arguments {diff} (saved, now); "
+                         "use the same arguments to resume, or another --state path")
+    return state
+
+
+def _save_state(path: Path, config: dict, next_batch: int, tokens: int, batches: int,
+                accs: dict[str, Accumulator]) -> None:
+    tmp = path.with_name(f".{path.name}.partial")
+    torch.save({"config": config, "next_batch": next_batch, "tokens": tokens, "batches": batches,
+                "stats": {n: a.state_dict() for n, a in accs.items()}}, tmp)
+    os.replace(tmp, path)
+
+
+def _gather(accs: dict[str, Accumulator], tokens: int, batches: int,
+            world_size: int) -> tuple[dict, int, int]:
+    """Merge every process's accumulators, in rank order, on every process."""
+    import torch.distributed as dist
+
+    states: list = [None] * world_size
+    dist.all_gather_object(states, {"tokens": tokens, "batches": batches,
+                                    "stats": {n: a.state_dict() for n, a in accs.items()}})
+    merged = {n: type(a)() for n, a in accs.items()}
+    for name, acc in merged.items():
+        acc.model = accs[name].model
+        for s in states:
+            part = type(acc)()
+            part.load_state_dict(s["stats"][name])
+            acc.merge(part)
+    return merged, sum(s["tokens"] for s in states), sum(s["batches"] for s in states)
+
+
+def _own_batches(model, corpus: Corpus, accs: dict[str, Accumulator], batch_size: int, seq_len: int,
+                 max_tokens: int | None, next_batch: int, rank: int, world_size: int):
+    """``(index, batch, first row)`` of this process's batches not yet in the saved sums.
+
+    Batch 0 first fixes data-dependent choices (the PCA of ``subspaces``) in every process.
+    """
+    batches = corpus_batches(model, corpus, batch_size=batch_size, seq_len=seq_len,
+                             max_tokens=max_tokens)
+    for i, (batch, first_row) in enumerate(batches):
+        if i == 0:
+            calibration = trace_batch(model, batch) if any(a.calibrates for a in accs.values()) else None
+            for acc in accs.values():
+                acc.prepare(model, calibration)
+        if i >= next_batch and i % world_size == rank:
+            yield i, batch, first_row
+
+
+def scan(
+    model,
+    corpus: str | Path | Sequence[str] | Corpus,
+    stats: str | Sequence[str] = ("growth",),
+    *,
+    batch_size: int = 8,
+    seq_len: int | None = None,
+    max_tokens: int | None = None,
+    state: str | Path | None = None,
+    save_every: int = 1,
+    progress: bool = True,
+    rank: int = 0,
+    world_size: int = 1,
+    on_batch: Callable[[int, int], None] | None = None,
+) -> ScanResult:
+    """Scan ``corpus`` with ``model`` and return the statistics over every token.
+
+    Args:
+        model: A loaded model (``rs.load``).
+        corpus: Texts, a text file (one text per line), a folder of ``.txt`` files, or
+            ``"builtin"``.
+        stats: Names from ``residual_stream.streaming.STATS``: ``growth`` (norms, updates,
+            massive activations), ``survival``, ``read_attribution``, ``subspaces``, ``lens``,
+            ``composition``.
+        batch_size: Rows per forward pass.
+        seq_len: Tokens per row (default: the model's context, at most 128).
+        max_tokens: Stop after this many tokens (the last row is cut to fit).
+        state: File to save the scan state to and resume from.
+        save_every: Save the state after every this many batches.
+        progress: Show a progress bar with tokens/s.
+        rank: This process's index among ``world_size`` (set by ``torchrun``; see
+            ``python -m residual_stream.scan``).
+        world_size: Number of processes sharing the batches; results are merged across them.
+        on_batch: Called as ``on_batch(batch_index, tokens_so_far)`` after each batch is
+            added (and saved).
+    """
+    corpus = corpus if isinstance(corpus, Corpus) else Corpus(corpus)
+    accs = make_accumulators(stats)
+    seq_len = int(seq_len or min(model.anatomy.n_ctx, 128))
+    config = _config(model, corpus, list(accs), batch_size, seq_len, max_tokens, rank, world_size)
+    path = Path(state) if state is not None else None
+    saved = _load_state(path, config) if path is not None else None
+    next_batch, tokens, added = ((saved["next_batch"], saved["tokens"], saved["batches"]) if saved
+                                 else (0, 0, 0))
+    for name, acc in (accs.items() if saved else ()):
+        acc.load_state_dict(saved["stats"][name])
+    batches = _own_batches(model, corpus, accs, batch_size, seq_len, max_tokens, next_batch, rank,
+                           world_size)
+    bar = tqdm(total=max_tokens, initial=tokens, unit="tok", unit_scale=True, disable=not progress,
+               desc=f"scan {model.name}" + (f" [{rank}/{world_size}]" if world_size > 1 else ""))
+    start, done = time.perf_counter(), 0
+    for i, batch, first_row in batches:
+        t = trace_batch(model, batch)
+        for acc in accs.values():
+            acc.update(t, first_row)
+        n = int(batch.attention_mask.sum())
+        tokens, next_batch, done, added = tokens + n, i + 1, done + 1, added + 1
+        bar.update(n)
+        if path is not None and done % save_every == 0:
+            _save_state(path, config, next_batch, tokens, added, accs)
+        if on_batch is not None:
+            on_batch(i, tokens)
+    bar.close()
+    if path is not None:
+        _save_state(path, config, next_batch, tokens, added, accs)
+    if world_size > 1:
+        accs, tokens, added = _gather(accs, tokens, added, world_size)
+    seconds = time.perf_counter() - start
+    return ScanResult({n: a.result() for n, a in accs.items()}, tokens, added, seconds,
+                      model.name, accs)

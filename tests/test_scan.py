@@ -1,0 +1,245 @@
+"""Streaming statistics: a scan over batches equals the analyses on one trace of every row.
+
+Reference: the package's analyses (each checked elsewhere against hand examples, float64
+loops and TransformerLens) run on a single trace holding every row of the corpus, against
+``rs.scan`` over the same rows in batches of 3. Tolerances:
+
+* means: ``REL_MEAN`` relative (float32 per batch, float64 sums; only summation order differs);
+* norm quantiles: within one histogram bin, ``BIN_WIDTH`` relative (the stated approximation);
+* counts, ranks, massive-activation rows: exactly equal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import residual_stream as rs
+from residual_stream.errors import InputError
+from residual_stream.inputs import pack
+from residual_stream.streaming import Corpus, corpus_batches
+from residual_stream.streaming.accumulators import BIN_WIDTH, histogram_quantile, log_histogram
+from residual_stream.trace import trace_batch
+
+REL_MEAN = 1e-5
+TEXTS = [
+    "Residual streams grow with depth.", "Zebras Zigzag.", "The norm is frozen per token, so the "
+    "map is affine and every state is an exact sum.", "a", "Attention reads; the MLP writes back.",
+    "Pre-norm keeps the stream; post-norm rescales it at every block.", "Zz", "print('hello')",
+    "DeepNorm scales the residual by alpha.", "for i in range(10): total += i",
+]
+ALL = ["growth", "survival", "read_attribution", "subspaces", "lens", "composition"]
+
+
+@pytest.fixture(scope="module")
+def model() -> rs.Model:
+    m = rs.twin(norm="layernorm", placement="pre", n_layers=3, d_model=32, n_heads=4, seed=3,
+                n_ctx=64)
+    with torch.no_grad():  # a planted massive activation on every "Z"
+        m.module.embed.weight[ord("Z"), 5] = 4000.0
+    return m
+
+
+def _rows(model, corpus, **kw) -> list[list[int]]:
+    rows = []
+    for batch, _ in corpus_batches(model, Corpus(corpus), **kw):
+        rows += [r[m.bool()].tolist() for r, m in zip(batch.tokens, batch.attention_mask, strict=True)]
+    return rows
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, rel: float = REL_MEAN) -> None:
+    a, b = a.double(), b.double()
+    assert torch.equal(a.isnan(), b.isnan())
+    scale = b.nan_to_num().abs().max().clamp_min(1e-12)
+    assert float((a - b).nan_to_num().abs().max() / scale) <= rel
+
+
+@pytest.fixture(scope="module")
+def scanned(model):
+    kw = dict(batch_size=3, seq_len=24)
+    result = rs.scan(model, TEXTS, ALL, progress=False, **kw)
+    whole = trace_batch(model, pack(model, _rows(model, TEXTS, **kw)))
+    return result, whole
+
+
+def test_rows_batches_and_token_budget(model):
+    rows = _rows(model, TEXTS, batch_size=3, seq_len=24)
+    assert all(len(r) <= 24 for r in rows)
+    assert sum(map(len, rows)) == sum(len(t.encode()) + 1 for t in TEXTS)  # bytes + BOS
+    cut = _rows(model, TEXTS, batch_size=3, seq_len=24, max_tokens=50)
+    assert sum(map(len, cut)) == 50 and cut[:-1] == rows[: len(cut) - 1]
+
+
+def test_growth_equals_the_single_trace(scanned):
+    result, whole = scanned
+    got, ref = result.stats["growth"], rs.norm_growth(whole)
+    for field in ("mean", "first_token", "per_position", "growth", "update_attn", "update_mlp",
+                  "ones_share"):
+        _close(getattr(got, field), getattr(ref, field))
+    for q in ("median", "p5", "p95"):
+        assert float(((getattr(got, q) - getattr(ref, q)).abs() / getattr(ref, q)).max()) <= BIN_WIDTH
+    assert got.fit_rate == pytest.approx(ref.fit_rate, rel=1e-4)
+    _close(torch.tensor(got.norm_inputs.input_norm.values), torch.tensor(ref.norm_inputs.input_norm.values))
+    key = ["point", "batch", "pos", "dim"]
+    assert len(ref.massive) > 0  # the planted "Z"s
+    a = got.massive.sort_values(key).reset_index(drop=True)
+    b = ref.massive.sort_values(key).reset_index(drop=True)
+    assert a[key + ["token"]].equals(b[key + ["token"]])
+    assert int(result.accumulators["growth"].sums["massive_found"]) == len(ref.massive)
+
+
+def test_flow_subspaces_lens_and_composition_equal_the_single_trace(scanned, model):
+    result, whole = scanned
+    s, rs_ = result.stats["survival"], rs.survival(whole)
+    assert s.sources == rs_.sources
+    for field in ("norm", "share", "retention", "born_norm"):
+        _close(getattr(s, field), getattr(rs_, field))
+    r, ref = result.stats["read_attribution"], rs.read_attribution(whole)
+    assert (r.readers, r.sources) == (ref.readers, ref.sources)
+    _close(r.share, ref.share)
+    _close(r.abs_share, ref.abs_share)
+    first, _ = next(corpus_batches(model, Corpus(TEXTS), batch_size=3, seq_len=24))
+    w = result.stats["subspaces"]
+    wr = rs.write_subspaces(whole, pca_trace=trace_batch(model, first))
+    for field in ("named", "head_overlap", "read_fraction", "read_strength"):
+        _close(getattr(w, field), getattr(wr, field))
+    lens, lr = result.stats["lens"], rs.logit_lens(whole).summary()
+    _close(torch.tensor(lens.kl.values), torch.tensor(lr.kl.values))
+    _close(torch.tensor(lens.top1_agreement.values), torch.tensor(lr.top1_agreement.values))
+    assert list(lens.median_rank) == list(lr.median_rank)
+    _close(result.stats["composition"].head_to_head, rs.composition(model).head_to_head)
+    assert result.tokens == int(whole.attention_mask.sum())
+    json.dumps(result.to_dict())  # every statistic serializes
+
+
+def test_histogram_quantiles_are_within_one_bin():
+    g = torch.Generator().manual_seed(0)
+    values = torch.exp(torch.randn(3, 5000, generator=g) * 2.0)
+    counts = log_histogram(values)
+    for q in (0.05, 0.5, 0.95):
+        exact = torch.quantile(values.double(), q, dim=-1)
+        assert float(((histogram_quantile(counts, q) - exact).abs() / exact).max()) <= BIN_WIDTH
+
+
+def test_memory_does_not_grow_with_the_corpus(model):
+    kw = dict(batch_size=4, seq_len=16, progress=False)
+    small = rs.scan(model, TEXTS * 2, ["growth", "survival", "lens"], max_tokens=300, **kw)
+    big = rs.scan(model, TEXTS * 20, ["growth", "survival", "lens"], max_tokens=3000, **kw)
+    assert big.tokens == 10 * small.tokens
+    for name, acc in big.accumulators.items():  # every sum has the same size at 10× the tokens
+        assert {k: v.shape for k, v in acc.sums.items()} == \
+            {k: v.shape for k, v in small.accumulators[name].sums.items()}
+
+
+def test_massive_activations_keep_the_top_k_by_magnitude(model):
+    from residual_stream.streaming.accumulators import GrowthStats
+
+    acc, first = GrowthStats(top_k=5), 0
+    found = []
+    for batch, first in corpus_batches(model, Corpus(TEXTS * 3), batch_size=2, seq_len=16):
+        t = trace_batch(model, batch)
+        acc.update(t, first)
+        found += rs.norm_growth(t).massive.value.abs().tolist()
+    assert len(found) > 5 and int(acc.sums["massive_found"]) == len(found)
+    kept = sorted(abs(r["value"]) for r in acc.meta["massive"])
+    assert kept == sorted(found)[-5:]
+
+
+class Interrupt(Exception):
+    pass
+
+
+@pytest.mark.parametrize("save_every", [1, 2])
+def test_an_interrupted_scan_resumes_without_losing_or_double_counting(model, tmp_path, save_every):
+    kw = dict(batch_size=2, seq_len=16, progress=False, save_every=save_every)
+    whole = rs.scan(model, TEXTS, ["growth", "survival"], **kw)
+    state = tmp_path / "scan.pt"
+
+    def stop_after_3(i: int, tokens: int) -> None:
+        if i == 2:  # three batches added; with save_every=2 the third is not saved yet
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        rs.scan(model, TEXTS, ["growth", "survival"], state=state, on_batch=stop_after_3, **kw)
+    saved = torch.load(state, weights_only=True)
+    assert saved["next_batch"] == (3 if save_every == 1 else 2)
+    seen: list[int] = []
+    resumed = rs.scan(model, TEXTS, ["growth", "survival"], state=state,
+                      on_batch=lambda i, t: seen.append(i), **kw)
+    assert seen[0] == saved["next_batch"]  # continues where the saved sums end
+    assert resumed.tokens == whole.tokens and resumed.batches == whole.batches
+    for key, value in whole.accumulators["growth"].sums.items():
+        _close(resumed.accumulators["growth"].sums[key], value, rel=1e-12)
+    _close(resumed.stats["survival"].retention, whole.stats["survival"].retention, rel=1e-12)
+    again = rs.scan(model, TEXTS, ["growth", "survival"], state=state, **kw)  # already complete
+    assert again.tokens == whole.tokens and again.batches == whole.batches
+
+
+def test_a_state_for_other_arguments_or_a_corrupt_one_is_refused(model, tmp_path):
+    state = tmp_path / "scan.pt"
+    rs.scan(model, TEXTS, ["growth"], batch_size=2, seq_len=16, state=state, progress=False)
+    before = state.read_bytes()
+    with pytest.raises(InputError, match="other arguments.*batch_size"):
+        rs.scan(model, TEXTS, ["growth"], batch_size=3, seq_len=16, state=state, progress=False)
+    assert state.read_bytes() == before
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a torch file")
+    with pytest.raises(InputError, match="unreadable.*delete it"):
+        rs.scan(model, TEXTS, ["growth"], state=bad, progress=False)
+    assert bad.read_bytes() == b"not a torch file"
+    with pytest.raises(InputError, match="unknown statistics.*choose from"):
+        rs.scan(model, TEXTS, ["growth", "nope"], progress=False)
+    with pytest.raises(InputError, match="context"):
+        rs.scan(model, TEXTS, ["growth"], seq_len=1000, progress=False)
+    with pytest.raises(rs.errors.EmptyTextError):
+        rs.scan(model, ["", "  "], ["growth"], progress=False)
+
+
+# --- command line and several processes ----------------------------------------------------
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+@pytest.mark.slow
+def test_cli_scan_resumes_and_two_processes_give_the_single_process_result(tmp_path: Path):
+    args = ["twin-pre-ln", "builtin", "--stats", "growth,survival,read_attribution,lens",
+            "--batch-size", "4", "--seq-len", "64", "--max-tokens", "2000", "--quiet"]
+    one = _run("-m", "residual_stream.cli", "scan", *args, "--out", str(tmp_path / "one.json"),
+               "--state", str(tmp_path / "s.pt"))
+    assert one.returncode == 0, one.stderr
+    assert "scanned 2000 tokens" in one.stderr
+    again = _run("-m", "residual_stream.cli", "scan", *args, "--out", str(tmp_path / "again.json"),
+                 "--state", str(tmp_path / "s.pt"))  # the saved state is complete: nothing to redo
+    assert again.returncode == 0 and "scanned 2000 tokens" in again.stderr, again.stderr
+    assert json.loads((tmp_path / "again.json").read_text())["stats"] == \
+        json.loads((tmp_path / "one.json").read_text())["stats"]
+    two = _run("-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533",
+               "-m", "residual_stream.scan", *args, "--out", str(tmp_path / "two.json"))
+    assert two.returncode == 0, two.stderr
+    a = json.loads((tmp_path / "one.json").read_text())
+    b = json.loads((tmp_path / "two.json").read_text())
+    assert (a["tokens"], a["batches"]) == (b["tokens"], b["batches"])
+    assert a["tokens"] == 2000 and a["batches"] > 2
+    for name, frames in a["stats"].items():
+        for key, records in frames.items():
+            other = b["stats"][name][key]
+            assert len(records) == len(other), (name, key)
+            for ra, rb in zip(records, other, strict=True):
+                assert ra.keys() == rb.keys()
+                for k, va in ra.items():
+                    if isinstance(va, float):
+                        assert va == pytest.approx(rb[k], rel=1e-6, abs=1e-9), (name, key, k)
+                    else:
+                        assert va == rb[k], (name, key, k)
+    bad = _run("-m", "residual_stream.cli", "scan", "twin-pre-ln", "builtin", "--stats", "nope",
+               "--out", str(tmp_path / "x.json"))
+    assert bad.returncode == 1 and "unknown statistics" in bad.stderr
+    assert not (tmp_path / "x.json").exists()
