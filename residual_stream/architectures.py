@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .anatomy import Anatomy, ModulePaths
+from .devices import parameter
 from .errors import UnsupportedArchitectureError
 from .norms import NormSpec
 from .program import compile_program
@@ -150,8 +151,8 @@ def _norm_spec(name: str, module: nn.Module, path: str, offset: float) -> NormSp
         # a detached view, not a copy: later edits to the model's norm weights stay visible
         return None if t is None else t.detach()
 
-    return NormSpec(name, kind, float(eps), view(getattr(module, "weight", None)),
-                    view(getattr(module, "bias", None)), offset, path)
+    return NormSpec(name, kind, float(eps), view(parameter(module, "weight")),
+                    view(parameter(module, "bias")), offset, path)
 
 
 def _in_out(module: nn.Module) -> tuple[int, int]:

@@ -52,7 +52,8 @@ def _input(args: tuple, kwargs: dict) -> Tensor:
 
 @contextmanager
 def hooked(
-    model: nn.Module, anatomy: Anatomy, out: Captured, shape: torch.Size, *, verify: bool
+    model: nn.Module, anatomy: Anatomy, out: Captured, shape: torch.Size, *, verify: bool,
+    home: torch.device | None = None,
 ) -> Iterator[None]:
     """Attach the capture hooks for ``anatomy`` to ``model``; remove them on exit, always.
 
@@ -61,7 +62,7 @@ def hooked(
     """
     handles: list[torch.utils.hooks.RemovableHandle] = []
     try:
-        for path, fn, is_pre in _hook_plan(anatomy, out, shape, verify):
+        for path, fn, is_pre in _hook_plan(anatomy, out, shape, verify, home):
             module = model.get_submodule(path)
             handles.append(module.register_forward_pre_hook(fn, with_kwargs=True) if is_pre
                            else module.register_forward_hook(fn))
@@ -71,12 +72,17 @@ def hooked(
             h.remove()
 
 
-def _hook_plan(anatomy: Anatomy, out: Captured, shape: torch.Size, verify: bool) -> list[tuple]:
-    """``(module path, hook function, is_pre_hook)`` for everything ``out`` should receive."""
+def _hook_plan(anatomy: Anatomy, out: Captured, shape: torch.Size, verify: bool,
+               home: torch.device | None = None) -> list[tuple]:
+    """``(module path, hook function, is_pre_hook)`` for everything ``out`` should receive.
+
+    Every tensor is kept as float32 on ``home`` (default: where it was computed), so a model
+    split over devices yields a trace on one device.
+    """
     m = anatomy.modules
 
     def keep(t: Tensor) -> Tensor:
-        t = t.detach().float()
+        t = t.detach().to(home or t.device, torch.float32)
         return t if t.shape[:-1] == shape else t.expand(*shape, t.shape[-1])
 
     def store_output(store: dict, key: object):
@@ -189,13 +195,15 @@ def capture(
     if patterns:
         kwargs["output_attentions"] = True
     with torch.inference_mode(), untouched(model), eager_attention(model, patterns), \
-            edited(model, edits), hooked(model, anatomy, out, tokens.shape, verify=verify):
+            edited(model, edits), hooked(model, anatomy, out, tokens.shape, verify=verify,
+                                         home=tokens.device):
         result = model(**kwargs)
     if patterns:
-        out.patterns = tuple(a.detach().float() for a in result.attentions)
+        out.patterns = tuple(a.detach().to(tokens.device, torch.float32) for a in result.attentions)
     if anatomy.has_lm_head:
         logits = getattr(result, "logits", result)
-        out.logits = logits.detach().float() if isinstance(logits, Tensor) else None
+        out.logits = logits.detach().to(tokens.device, torch.float32) if isinstance(logits, Tensor) \
+            else None
     return out
 
 
@@ -205,4 +213,4 @@ def hidden_states_reference(
     """The framework's own ``output_hidden_states`` for the same inputs (float32)."""
     with torch.inference_mode(), untouched(model):
         result = model(input_ids=tokens, attention_mask=attention_mask, output_hidden_states=True)
-    return tuple(h.detach().float() for h in result.hidden_states)
+    return tuple(h.detach().to(tokens.device, torch.float32) for h in result.hidden_states)

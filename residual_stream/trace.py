@@ -77,7 +77,8 @@ class Trace:
 
     def attn_bias(self, layer: int) -> Float[Tensor, " d_model"] | None:
         """The attention output bias ``b_O`` of block ``layer``, or None."""
-        return bias_of(self.model.module.get_submodule(self.anatomy.modules.attn_out[layer]))
+        b = bias_of(self.model.module.get_submodule(self.anatomy.modules.attn_out[layer]))
+        return None if b is None else b.to(self.captured.z[layer].device)
 
     def attn_write(self, layer: int) -> Float[Tensor, "batch pos d_model"]:
         """The attention's output (all heads plus ``b_O``), before any sandwich norm."""

@@ -8,7 +8,7 @@ the model is float32 (no copy); other dtypes are upcast to float32 for analysis.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import einops
 import torch
@@ -16,18 +16,19 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from .anatomy import ModulePaths
+from .devices import parameter
 
 
 def as_in_out(module: nn.Module) -> Float[Tensor, "d_in d_out"]:
     """The weight of a Linear or Conv1D as an ``[in, out]`` float32 matrix (``y = x @ W + b``)."""
-    w = module.weight
+    w = parameter(module, "weight")
     w = w if type(module).__name__ == "Conv1D" else w.T
     return w.detach().float()
 
 
 def bias_of(module: nn.Module) -> Float[Tensor, " d_out"] | None:
     """The bias of a projection as float32, or None."""
-    b = getattr(module, "bias", None)
+    b = parameter(module, "bias")
     return None if b is None else b.detach().float()
 
 
@@ -43,7 +44,7 @@ def head_writes(
     """Per-head attention writes ``z_h @ W_O[h]`` (without the output bias)."""
     z = einops.rearrange(z.to(W_O.dtype), "batch pos (head d_head) -> batch pos head d_head",
                          head=W_O.shape[0])
-    return torch.einsum("bphk,hkd->hbpd", z, W_O)
+    return torch.einsum("bphk,hkd->hbpd", z, W_O.to(z.device))
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,6 +69,11 @@ class LayerWeights:
     W_gate: Float[Tensor, "d_model d_mlp"] | None
     W_out: Float[Tensor, "d_mlp d_model"] | None
     b_out: Float[Tensor, " d_model"] | None
+
+    def to(self, device: torch.device) -> LayerWeights:
+        """The same maps on ``device`` (no copy for those already there)."""
+        return LayerWeights(**{f.name: None if getattr(self, f.name) is None
+                               else getattr(self, f.name).to(device) for f in fields(self)})
 
 
 def _split_qkv(block: nn.Module, paths: ModulePaths, n_heads: int, n_kv: int):

@@ -1,0 +1,190 @@
+"""Scan speed and memory against a plain Hugging Face forward pass and TransformerLens.
+
+Every variant runs over the same batches in this one process, in interleaved rounds, and
+is reported as the median seconds per batch and the ratio to the plain forward pass (SDPA
+attention, ``torch.inference_mode``):
+
+* ``hf_forward``: the baseline;
+* ``rs_capture``: ``trace_batch`` (hooks keep the stream, z, MLP outputs, norm scales);
+* ``rs_stats``: capture + the ``growth`` accumulator (norms, update sizes, norm inputs,
+  centering share, massive activations): "statistics alone";
+* ``rs_stats_flow``: capture + ``growth``, ``survival`` and ``read_attribution``;
+* ``rs_lens``: capture + the ``lens`` accumulator (one unembedding per point);
+* ``rs_decompose``: capture + the full per-head decomposition of the last point;
+* ``tl_cache_all`` / ``tl_cache_resid``: TransformerLens ``run_with_cache`` on a bridge booted
+  on a private copy of the model, with every hook / residual hooks only (as users call it,
+  autograd left on);
+* ``tl_decompose_resid``: ``run_with_cache`` + ``cache.decompose_resid()``.
+
+Memory (``--memory``): each variant runs in a fresh subprocess over ``--batches`` batches and
+reports its peak: on CUDA ``torch.cuda.max_memory_allocated``; on the CPU the peak resident
+set (``ru_maxrss``) and its increase over the resident set right after loading.
+
+    python benchmarks/scan_speed.py [--model smollm2-135m] [--batches 4] [--batch-size 8]
+        [--seq-len 128] [--rounds 3] [--device auto] [--memory] [--no-tl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+import residual_stream as rs
+from residual_stream.report import builtin_corpus
+from residual_stream.streaming import Corpus, corpus_batches, make_accumulators
+from residual_stream.trace import trace_batch
+
+
+def _batches(model, n: int, batch_size: int, seq_len: int) -> list:
+    text = " ".join(builtin_corpus())  # one long text: every row is seq_len tokens
+    out = [b for b, _ in corpus_batches(model, Corpus([text] * 50), batch_size=batch_size,
+                                        seq_len=seq_len)]
+    return out[:n]
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def variants(model, use_tl: bool) -> dict:
+    """Variant name → function of one batch."""
+    dev = model.device
+
+    def hf_forward(batch):
+        with torch.inference_mode():
+            model.module(input_ids=batch.tokens.to(dev), attention_mask=batch.attention_mask.to(dev),
+                         use_cache=False)
+
+    def stats(names):
+        def run(batch):
+            accs = make_accumulators(names)
+            t = trace_batch(model, batch)
+            for a in accs.values():
+                a.prepare(model, None)
+                a.update(t)
+        return run
+
+    def decompose(batch):
+        trace_batch(model, batch).decompose(model.anatomy.n_layers)
+
+    out = {"hf_forward": hf_forward, "rs_capture": lambda b: trace_batch(model, b),
+           "rs_stats": stats(["growth"]), "rs_stats_flow": stats(["growth", "survival", "read_attribution"]),
+           "rs_lens": stats(["lens"]), "rs_decompose": decompose}
+    if use_tl:
+        from residual_stream.tl_compat import boot_bridge
+
+        bridge = boot_bridge(copy.deepcopy(model.module), model.tokenizer, "smollm2")
+        n = model.anatomy.n_layers
+        resid = {f"blocks.{L}.hook_resid_pre" for L in range(n)} | {f"blocks.{n - 1}.hook_resid_post"}
+        out["tl_cache_all"] = lambda b: bridge.run_with_cache(b.tokens.to(dev))
+        out["tl_cache_resid"] = lambda b: bridge.run_with_cache(b.tokens.to(dev),
+                                                                names_filter=lambda h: h in resid)
+        out["tl_decompose_resid"] = lambda b: bridge.run_with_cache(b.tokens.to(dev))[1].decompose_resid()
+    return out
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def memory_of(args, name: str) -> dict:
+    """Run one variant in this (fresh) process and report its peak memory."""
+    model = rs.load(args.model, device=args.device, dtype=args.dtype, progress=False)
+    batches = _batches(model, args.batches, args.batch_size, args.seq_len)
+    fn = variants(model, name.startswith("tl_"))[name]
+    cuda = model.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    base_rss = _rss_bytes()
+    for b in batches:
+        fn(b)
+    if cuda:
+        return {"variant": name, "peak_bytes": torch.cuda.max_memory_allocated(),
+                "over_loaded_bytes": torch.cuda.max_memory_allocated() - base}
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"variant": name, "peak_bytes": peak, "over_loaded_bytes": peak - base_rss}
+
+
+def measure_memory(args, names: list[str]) -> list[dict]:
+    """Peak memory of each variant, each in a fresh subprocess; prints a Markdown table."""
+    memory = []
+    for name in names:
+        cmd = [sys.executable, __file__, "--only-memory-of", name, "--model", args.model,
+               "--batches", str(args.batches), "--batch-size", str(args.batch_size),
+               "--seq-len", str(args.seq_len), "--device", args.device, "--dtype", args.dtype]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        memory.append(json.loads(out.strip().splitlines()[-1]))
+    base_peak = memory[0]["peak_bytes"]
+    print("\n| variant | peak memory | over the loaded model | × plain forward (peak) |")
+    print("|---|---|---|---|")
+    for m in memory:
+        print(f"| {m['variant']} | {m['peak_bytes'] / 2**20:,.0f} MiB | "
+              f"{m['over_loaded_bytes'] / 2**20:,.0f} MiB | ×{m['peak_bytes'] / base_peak:.2f} |")
+    return memory
+
+
+def main() -> None:
+    """Time every variant (and optionally measure memory); print Markdown tables and JSON."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--batches", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--memory", action="store_true", help="also measure peak memory per variant")
+    p.add_argument("--no-tl", action="store_true", help="skip the TransformerLens baselines")
+    p.add_argument("--only-memory-of", help=argparse.SUPPRESS)
+    p.add_argument("--json", help="write the figures here too")
+    args = p.parse_args()
+    if args.only_memory_of:
+        print(json.dumps(memory_of(args, args.only_memory_of)))
+        return
+    model = rs.load(args.model, device=args.device, dtype=args.dtype, progress=False)
+    batches = _batches(model, args.batches, args.batch_size, args.seq_len)
+    tokens = sum(int(b.attention_mask.sum()) for b in batches)
+    fns = variants(model, not args.no_tl)
+    for fn in fns.values():  # warm up every path once
+        fn(batches[0])
+    times: dict[str, list[float]] = {n: [] for n in fns}
+    for _ in range(args.rounds):
+        for name, fn in fns.items():
+            _sync(model.device)
+            t = time.perf_counter()
+            for b in batches:
+                fn(b)
+            _sync(model.device)
+            times[name].append((time.perf_counter() - t) / len(batches))
+    base = statistics.median(times["hf_forward"])
+    print(f"model {model.name}, {model.device}, {model.dtype}, {torch.get_num_threads()} threads, "
+          f"{len(batches)} batches of {args.batch_size}×{args.seq_len} ({tokens} tokens)\n")
+    print("| variant | s / batch (median of rounds) | range | × plain forward | tokens/s |")
+    print("|---|---|---|---|---|")
+    rows = []
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        per = tokens / len(batches) / med
+        rows.append({"variant": name, "seconds_per_batch": med, "ratio": med / base,
+                     "min_ratio": min(ts) / base, "max_ratio": max(ts) / base, "tokens_per_s": per})
+        print(f"| {name} | {med:.3f} | {min(ts):.3f}–{max(ts):.3f} | ×{med / base:.2f} | {per:,.0f} |")
+    memory = measure_memory(args, list(fns)) if args.memory else []
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": model.name, "device": str(model.device), "dtype": str(model.dtype),
+                       "tokens": tokens, "timing": rows, "memory": memory}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""A model split by accelerate's ``device_map`` traces and decomposes like the whole model.
+
+This machine has one device (the CPU), so the split is CPU + disk: accelerate leaves the
+disk-mapped blocks' weights on the ``meta`` device and loads them from its offload map for
+each forward pass, exactly as it does for blocks offloaded from a full GPU. Reference: the
+same weights loaded whole, traced on the same texts. The GPU command (several real devices)
+is in docs/architecture.md ("Several devices") and benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_hf import build
+
+import residual_stream as rs
+from residual_stream.inputs import ByteTokenizer
+
+ATOL = 1e-5
+TEXTS = ["The stream is split over two devices.", "Offloaded blocks load their weights per pass."]
+DEVICE_MAP = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu",
+              "model.layers.1": "disk", "model.layers.2": "disk", "model.norm": "cpu", "lm_head": "cpu"}
+
+
+def _byte_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    build("llama").save_pretrained(folder)
+    _byte_tokenizer().save_pretrained(folder)
+    whole = rs.load(str(folder), device="cpu", dtype="float32")
+    split = rs.load(str(folder), dtype="float32", device_map=DEVICE_MAP,
+                    offload_folder=str(tmp_path_factory.mktemp("offload")))
+    return whole, split
+
+
+def test_the_split_really_offloads(pair):
+    _, split = pair
+    offloaded = [n for n, p in split.module.named_parameters() if p.device.type == "meta"]
+    assert offloaded and all(n.startswith(("model.layers.1.", "model.layers.2.")) for n in offloaded)
+    assert split.device == torch.device("cpu")
+
+
+def test_split_model_traces_weights_and_decomposes_like_the_whole(pair):
+    whole, split = pair
+    ta, tb = rs.trace(whole, TEXTS, verify=True), rs.trace(split, TEXTS, verify=True)
+    assert tb.check().ok
+    n = whole.anatomy.n_layers
+    for L in range(n + 1):
+        torch.testing.assert_close(tb.stream(L), ta.stream(L), atol=ATOL, rtol=0)
+    for L in range(n):
+        for field in ("W_Q", "W_K", "W_V", "W_O", "W_in", "W_gate", "W_out"):
+            torch.testing.assert_close(getattr(split.weights(L), field), getattr(whole.weights(L), field))
+        torch.testing.assert_close(tb.head_writes(L), ta.head_writes(L), atol=ATOL, rtol=0)
+    da, db = ta.decompose("final"), tb.decompose("final")
+    assert da.labels == db.labels
+    torch.testing.assert_close(db.values, da.values, atol=ATOL, rtol=0)
+    ra, rb = rs.read_attribution(ta), rs.read_attribution(tb)
+    torch.testing.assert_close(rb.share, ra.share, atol=ATOL, rtol=0)
+
+
+def test_scan_over_a_split_model_equals_the_whole(pair):
+    whole, split = pair
+    kw = dict(batch_size=1, seq_len=16, progress=False)
+    a = rs.scan(whole, TEXTS, ["growth", "survival", "lens"], **kw)
+    b = rs.scan(split, TEXTS, ["growth", "survival", "lens"], **kw)
+    torch.testing.assert_close(b.stats["growth"].mean, a.stats["growth"].mean, atol=ATOL, rtol=0)
+    torch.testing.assert_close(b.stats["survival"].retention, a.stats["survival"].retention,
+                               atol=ATOL, rtol=0, equal_nan=True)
+
+
+def test_a_twin_refuses_a_device_map():
+    with pytest.raises(rs.errors.InputError, match="drop device_map"):
+        rs.load("twin-pre-rms", device_map={"": "cpu"})
+    assert rs.load("twin-pre-rms").device == torch.device("cpu")
+    assert isinstance(rs.load("twin-pre-rms").tokenizer, ByteTokenizer)
