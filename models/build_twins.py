@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--only", nargs="*", default=list(TWINS))
     args = parser.parse_args()
-    recipe = Recipe(steps=args.steps, lr=3e-3, mix=Mix(synthetic_fraction=0.5))
+    recipe = Recipe(steps=args.steps, lr=2e-3, warmup=500, mix=Mix(synthetic_fraction=0.5))
     for name in args.only:
         norm, placement = TWINS[name]
         result = train(TwinConfig(norm=norm, placement=placement, **SHAPE), recipe, progress=True)

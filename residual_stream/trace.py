@@ -199,8 +199,8 @@ def _raise_if_non_finite(t: Trace) -> None:
     """Find the first place NaN/inf appears, in program order, over real tokens only."""
     mask = t.attention_mask.bool().to(t.captured.resid[0].device)
 
-    def bad(x: Tensor) -> bool:
-        return not bool(x[mask].isfinite().all())
+    def bad(x: Tensor) -> bool:  # the whole tensor first (no copy); real tokens only if needed
+        return not bool(x.isfinite().all()) and not bool(x[mask].isfinite().all())
 
     for label, e in t.captured.embeds.items():
         if bad(e):
