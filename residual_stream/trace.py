@@ -26,8 +26,8 @@ from .capture import Captured, capture
 from .decomposition import Contributions, Sources, Write, replay, replay_to_read
 from .errors import NonFiniteError, NotAvailableError
 from .inputs import Batch, Overflow, encode
-from .program import Point
-from .walk import component_of
+from .program import Point, Read
+from .walk import component_of, walk_stream
 from .weights import attn_W_O, bias_of, head_writes
 
 if TYPE_CHECKING:
@@ -143,10 +143,18 @@ class Trace:
         return replay_to_read(self.anatomy.program, self.sources(), component)
 
     def read_input(self, component: str) -> Float[Tensor, "batch pos d_model"]:
-        """What ``component`` actually reads: the stream at its read point, through its norm."""
-        x = self.decompose_read(component).total()
-        norm = next(c.reads_through for c in self.anatomy.components if c.name == component)
-        return x if norm is None else self.anatomy.norms[norm].apply_frozen(x, self.norm_scale(norm))
+        """What ``component`` actually reads: the stream at its read point, through its norm.
+
+        Walks the program over the captured stream (one running tensor, reset at every block),
+        not over contributions: ``decompose_read(component).total()`` is the same stream, summed.
+        """
+        for step in walk_stream(self):
+            if isinstance(step.op, Read) and step.op.component == component:
+                norm = step.op.norm
+                return step.x if norm is None else \
+                    self.anatomy.norms[norm].apply_frozen(step.x, self.norm_scale(norm))
+        names = [c.name for c in self.anatomy.components]
+        raise KeyError(f"no component {component!r}; components are {names[:4]}...")
 
     def check(self, *, tolerance: float | None = None) -> ConservationReport:
         """Conservation report: hooks, norms and decompositions against the model's own outputs."""
