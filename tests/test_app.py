@@ -1,9 +1,11 @@
 """The app, page by page, with Streamlit's AppTest (no browser): each page runs without an
 exception, a widget changes what is shown, and each bad input shows its message."""
 
+import base64
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -67,9 +69,18 @@ def test_compare_page_overlays_two_models():
     names = [d["name"] for d in chart(at)["data"]]
     assert names == ["smollm2-135m", "minilm-l6"]
     at.selectbox(key="cmp_measure").select("retention of the embedding").run()
-    ys = chart(at)["data"][0]["y"]
     assert "retention" in chart(at)["layout"]["yaxis"]["title"]["text"]
-    assert ys  # pre-norm retention is present for every point
+    pre, post = (_numbers(d["y"]) for d in chart(at)["data"])
+    pre, post = pre[np.isfinite(pre)], post[np.isfinite(post)]
+    assert len(pre) > 1 and np.abs(pre - 1).max() < 1e-4  # pre-norm: the embedding passes unchanged
+    assert np.abs(post - 1).max() > 0.1                     # post-norm rescales it every block
+
+
+def _numbers(y) -> np.ndarray:
+    """Plotly figure JSON keeps arrays either as lists or as base64 ``{"dtype", "bdata"}``."""
+    if isinstance(y, dict) and "bdata" in y:
+        return np.frombuffer(base64.b64decode(y["bdata"]), dtype=np.dtype(y["dtype"])).astype(float)
+    return np.array([np.nan if v is None else v for v in y], dtype=float)
 
 
 def test_norm_lab_switches_experiments():
