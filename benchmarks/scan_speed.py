@@ -17,8 +17,8 @@ attention, ``torch.inference_mode``):
 * ``tl_decompose_resid``: ``run_with_cache`` + ``cache.decompose_resid()``.
 
 Memory (``--memory``): each variant runs in a fresh subprocess over ``--batches`` batches and
-reports its peak: on CUDA ``torch.cuda.max_memory_allocated``; on the CPU the peak resident
-set (``ru_maxrss``) and its increase over the resident set right after loading.
+reports its peak: on CUDA ``torch.cuda.max_memory_allocated``; on the CPU the resident set
+sampled every millisecond during the run; both also as the increase over the loaded model.
 
     python benchmarks/scan_speed.py [--model smollm2-135m] [--batches 4] [--batch-size 8]
         [--seq-len 128] [--rounds 3] [--device auto] [--memory] [--no-tl]
@@ -28,23 +28,24 @@ from __future__ import annotations
 
 import argparse
 import copy
+import ctypes
 import json
 import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 import torch
 
 import residual_stream as rs
-from residual_stream.report import builtin_corpus
 from residual_stream.streaming import Corpus, corpus_batches, make_accumulators
 from residual_stream.trace import trace_batch
 
 
 def _batches(model, n: int, batch_size: int, seq_len: int) -> list:
-    text = " ".join(builtin_corpus())  # one long text: every row is seq_len tokens
+    text = " ".join(Corpus("builtin").texts())  # one long text: every row is seq_len tokens
     out = [b for b, _ in corpus_batches(model, Corpus([text] * 50), batch_size=batch_size,
                                         seq_len=seq_len)]
     return out[:n]
@@ -82,7 +83,7 @@ def variants(model, use_tl: bool) -> dict:
     if use_tl:
         from residual_stream.tl_compat import boot_bridge
 
-        bridge = boot_bridge(copy.deepcopy(model.module), model.tokenizer, "smollm2")
+        bridge = boot_bridge(copy.deepcopy(model.module), model.tokenizer, "smollm2", str(dev))
         n = model.anatomy.n_layers
         resid = {f"blocks.{L}.hook_resid_pre" for L in range(n)} | {f"blocks.{n - 1}.hook_resid_post"}
         out["tl_cache_all"] = lambda b: bridge.run_with_cache(b.tokens.to(dev))
@@ -97,23 +98,51 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
+class _PeakRss:
+    """Peak resident set while the block runs, sampled every millisecond by a thread."""
+
+    def __enter__(self):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # hand freed loading buffers back to the OS first
+        self.base = self.peak = _rss_bytes()
+        self.running = True
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while self.running:
+            self.peak = max(self.peak, _rss_bytes())
+            time.sleep(0.001)
+
+    def __exit__(self, *exc) -> None:
+        self.running = False
+        self.thread.join()
+        self.peak = max(self.peak, _rss_bytes())
+
+
 def memory_of(args, name: str) -> dict:
-    """Run one variant in this (fresh) process and report its peak memory."""
+    """Run one variant in this (fresh) process and report its peak memory.
+
+    CUDA: ``max_memory_allocated`` over the run and its increase over the loaded model. CPU:
+    the resident set sampled every millisecond during the run (after ``malloc_trim``), and its
+    increase over the resident set just before it.
+    """
     model = rs.load(args.model, device=args.device, dtype=args.dtype, progress=False)
     batches = _batches(model, args.batches, args.batch_size, args.seq_len)
     fn = variants(model, name.startswith("tl_"))[name]
-    cuda = model.device.type == "cuda"
-    if cuda:
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-    base_rss = _rss_bytes()
-    for b in batches:
-        fn(b)
-    if cuda:
-        return {"variant": name, "peak_bytes": torch.cuda.max_memory_allocated(),
-                "over_loaded_bytes": torch.cuda.max_memory_allocated() - base}
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"variant": name, "peak_bytes": peak, "over_loaded_bytes": peak - base_rss}
+        for b in batches:
+            fn(b)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        return {"variant": name, "peak_bytes": peak, "over_loaded_bytes": peak - base}
+    with _PeakRss() as rss:
+        for b in batches:
+            fn(b)
+    return {"variant": name, "peak_bytes": rss.peak, "over_loaded_bytes": rss.peak - rss.base}
 
 
 def measure_memory(args, names: list[str]) -> list[dict]:
@@ -126,11 +155,14 @@ def measure_memory(args, names: list[str]) -> list[dict]:
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
         memory.append(json.loads(out.strip().splitlines()[-1]))
     base_peak = memory[0]["peak_bytes"]
-    print("\n| variant | peak memory | over the loaded model | × plain forward (peak) |")
-    print("|---|---|---|---|")
+    base_over = memory[0]["over_loaded_bytes"]
+    print("\n| variant | peak memory | over the loaded model | × plain forward (peak) "
+          "| × plain forward (over) |")
+    print("|---|---|---|---|---|")
     for m in memory:
         print(f"| {m['variant']} | {m['peak_bytes'] / 2**20:,.0f} MiB | "
-              f"{m['over_loaded_bytes'] / 2**20:,.0f} MiB | ×{m['peak_bytes'] / base_peak:.2f} |")
+              f"{m['over_loaded_bytes'] / 2**20:,.0f} MiB | ×{m['peak_bytes'] / base_peak:.2f} | "
+              f"×{m['over_loaded_bytes'] / base_over:.2f} |")
     return memory
 
 

@@ -23,12 +23,12 @@ def unwrap_bridge(bridge: object) -> tuple[nn.Module, object]:
     return bridge.original_model, bridge.tokenizer
 
 
-def boot_bridge(hf_model: nn.Module, tokenizer: object, name: str) -> object:
+def boot_bridge(hf_model: nn.Module, tokenizer: object, name: str, device: str = "cpu") -> object:
     """Boot a ``TransformerBridge`` around ``hf_model`` offline. It mutates ``hf_model``: pass a copy."""
     from transformer_lens.model_bridge import TransformerBridge
 
     return TransformerBridge.boot_transformers(name, hf_model=hf_model, tokenizer=tokenizer,
-                                               device="cpu")
+                                               device=str(device))
 
 
 def resid_pre_hook(layer: int) -> str:

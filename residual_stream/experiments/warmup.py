@@ -47,22 +47,24 @@ class WarmupSensitivity:
 
 
 def warmup_sensitivity(*, lrs: tuple[float, ...] = (1e-3, 1e-2), steps: int = 300,
-                       warmup: int = 100, n_layers: int = 6, d_model: int = 64,
+                       warmup: int = 100, n_layers: int = 6, d_model: int = 64, n_heads: int = 4,
+                       d_mlp: int = 0, seq_len: int = 64, synthetic_fraction: float = 0.25,
                        placements: tuple[str, ...] = ("post", "pre"), batch: int = 16,
                        clip: float = float("inf"), seed: int = 0) -> WarmupSensitivity:
     """Experiment 3 (module docstring). Every run shares data order and initial weights.
 
     Gradients are not clipped by default (``clip``): clipping is itself a stabilizer that
-    hides the effect warm-up compensates for.
+    hides the effect warm-up compensates for. ``models/build_twins.py --warmup-experiment``
+    runs it at the bundled twins' shape and recipe (clip 1.0, 50 % synthetic rows).
     """
     rows, curves = [], {}
     for placement in placements:
         cfg = TwinConfig(norm="layernorm", placement=placement, n_layers=n_layers,
-                         d_model=d_model, n_heads=4, n_ctx=64)
+                         d_model=d_model, n_heads=n_heads, d_mlp=d_mlp, n_ctx=seq_len)
         for lr in lrs:
             for w in (0, warmup):
                 recipe = Recipe(steps=steps, batch=batch, lr=lr, warmup=w, seed=seed, clip=clip,
-                                mix=Mix(seq_len=64))
+                                mix=Mix(seq_len=seq_len, synthetic_fraction=synthetic_fraction))
                 result = train(cfg, recipe, progress=False)
                 losses = np.array(result.losses)
                 final = float("inf") if result.diverged else float(losses[-10:].mean())

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from ..analyses.composition import composition
 from ..analyses.flow import read_attribution, survival
-from ..analyses.growth import NormGrowth, _fit, norm_growth
+from ..analyses.growth import MASSIVE_ABS, MASSIVE_REL, NormGrowth, _fit, _updates_and_norm_inputs
 from ..analyses.lens import logit_lens
 from ..analyses.subspaces import WriteSubspaces, pca_subspace, write_subspaces
 from ..analyses.tokens import real, safe_ratio
@@ -68,13 +68,18 @@ class Accumulator:
         self.model = model
 
     def add(self, key: str, value: Tensor | float | int) -> None:
-        """Add ``value`` to the sum ``key`` (float64, or int64 for integer values)."""
-        v = torch.as_tensor(value).detach().cpu()
+        """Add ``value`` to the sum ``key`` (float64, or int64 for integer values).
+
+        Sums stay on the device of their first value (no host sync per batch); ``state_dict``
+        and ``result`` read them back to the CPU.
+        """
+        v = torch.as_tensor(value).detach()
         v = v.to(torch.int64) if not v.is_floating_point() else v.to(torch.float64)
         old = self.sums.get(key)
         if old is None:
             self.sums[key] = v.clone()
             return
+        v = v.to(old.device)
         if old.shape != v.shape:  # per-position sums: pad the shorter along the last axis
             width = max(old.shape[-1], v.shape[-1])
             old, v = (torch.nn.functional.pad(t, (0, width - t.shape[-1])) for t in (old, v))
@@ -90,8 +95,9 @@ class Accumulator:
             self.meta.setdefault(key, value)
 
     def state_dict(self) -> dict:
-        """Sums and metadata (labels, top-k rows), safe for ``torch.load(weights_only=True)``."""
-        return {"sums": {k: v.clone() for k, v in self.sums.items()}, "meta": dict(self.meta)}
+        """Sums (on the CPU) and metadata, safe for ``torch.load(weights_only=True)``."""
+        return {"sums": {k: v.detach().cpu().clone() for k, v in self.sums.items()},
+                "meta": dict(self.meta)}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what ``state_dict`` returned."""
@@ -99,8 +105,8 @@ class Accumulator:
         self.meta = dict(state["meta"])
 
     def mean(self, key: str, count: str = "n") -> Tensor:
-        """The float32 mean ``sums[key] / sums[count]``."""
-        return (self.sums[key] / self.sums[count]).float()
+        """The float32 mean ``sums[key] / sums[count]`` (on the CPU)."""
+        return (self.sums[key].cpu() / self.sums[count].cpu()).float()
 
     def update(self, trace, first_row: int = 0) -> None:  # pragma: no cover - abstract
         """Add one batch."""
@@ -113,8 +119,8 @@ class Accumulator:
 
 def log_histogram(values: Tensor) -> Tensor:
     """Counts of ``values [point, n]`` in the ``LOG_BINS`` log-spaced bins (clamped), per point."""
-    idx = (torch.bucketize(values.double().cpu(), _EDGES) - 1).clamp(0, LOG_BINS - 1)
-    offset = torch.arange(values.shape[0])[:, None] * LOG_BINS
+    idx = (torch.bucketize(values.double(), _EDGES.to(values.device)) - 1).clamp(0, LOG_BINS - 1)
+    offset = torch.arange(values.shape[0], device=values.device)[:, None] * LOG_BINS
     return torch.bincount((idx + offset).flatten(), minlength=values.shape[0] * LOG_BINS) \
         .view(values.shape[0], LOG_BINS)
 
@@ -137,7 +143,7 @@ def histogram_quantile(counts: Tensor, q: float) -> Tensor:
     (``BIN_WIDTH``, relative) of the exact quantile.
     """
     out = []
-    for row in counts:
+    for row in counts.cpu():
         n, cum = int(row.sum()), row.cumsum(0)
         rank = q * (n - 1)
         k = math.floor(rank)
@@ -157,35 +163,63 @@ class GrowthStats(Accumulator):
         self.top_k = top_k
 
     def update(self, trace, first_row: int = 0) -> None:
-        """Add one batch (``first_row``: the corpus row index of its first row)."""
-        ng = norm_growth(trace, massive_reference="token")
-        mask = trace.attention_mask.bool()
+        """Add one batch (``first_row``: the corpus row index of its first row).
+
+        The same quantities as ``norm_growth``, kept as sums on the trace's device: no host
+        round trip per field; massive activations are read back only when there are some.
+        """
+        n = trace.anatomy.n_layers
+        streams = [trace.stream(L) for L in range(n + 1)]
+        mask = trace.attention_mask.to(streams[0].device).bool()
         rest = mask.clone()
         rest[:, 0] = False
-        if not rest.any():
-            rest = mask
-        n = trace.anatomy.n_layers
-        norms = torch.stack([trace.stream(L).norm(dim=-1) for L in range(n + 1)]).cpu()
-        vals = real(norms, rest, lead=1)
-        self.add("mean", ng.mean.double() * vals.shape[1])
-        self.add("n_rest", vals.shape[1])
+        rest = rest if rest.any() else mask
+        energy = torch.stack([x.pow(2).sum(-1) for x in streams])          # (point, batch, pos)
+        norms = energy.sqrt()
+        d = streams[0].shape[-1]
+        ones = torch.stack([x.sum(-1) for x in streams]).pow(2) / (d * energy.clamp_min(1e-30))
+        vals = norms[:, rest]
+        self.add("mean", vals.double().sum(-1))
+        self.add("n_rest", rest.sum())
         self.add("sumsq", vals.double().pow(2).sum(-1))
         self.add("hist", log_histogram(vals))
-        self.add("first", ng.first_token.double() * mask.shape[0])
+        self.add("first", norms[:, :, 0].double().sum(-1))
         self.add("n_rows", mask.shape[0])
         self.add("per_position", (norms * mask).sum(1))
         self.add("position_count", mask.sum(0))
-        n_real = _real_count(trace)
-        for key in ("ones_share", "update_attn", "update_mlp"):
-            self.add(key, getattr(ng, key).double() * n_real)
-        self.add("n", n_real)
-        self.add("norm_input", torch.tensor(ng.norm_inputs.input_norm.to_numpy()) * n_real)
-        self.add("norm_scale", torch.tensor(ng.norm_inputs.scale.to_numpy()) * n_real)
-        self.meta["norms"] = list(ng.norm_inputs.norm)
-        self.meta["model_name"] = ng.model_name
-        rows = ng.massive.assign(batch=ng.massive.batch + first_row).to_dict("records")
+        self.add("ones_share", ones[:, mask].double().sum(-1))
+        self.add("n", mask.sum())
+        attn, mlp, norm_inputs = _updates_and_norm_inputs(trace)
+        n_real = mask.sum()
+        self.add("update_attn", attn.double() * n_real.cpu())
+        self.add("update_mlp", mlp.double() * n_real.cpu())
+        self.add("norm_input", torch.tensor(norm_inputs.input_norm.to_numpy()) * n_real.cpu())
+        self.add("norm_scale", torch.tensor(norm_inputs.scale.to_numpy()) * n_real.cpu())
+        self.meta["norms"] = list(norm_inputs.norm)
+        self.meta["model_name"] = trace.model.name
+        rows = self._massive(trace, streams, mask, first_row)
         self.add("massive_found", len(rows))
         self._keep_massive(rows)
+
+    @staticmethod
+    def _massive(trace, streams: list[Tensor], mask: Tensor, first_row: int) -> list[dict]:
+        """Coordinates over ``MASSIVE_ABS`` and ``MASSIVE_REL`` × their token's median |x|."""
+        hits = []
+        for p, x in enumerate(streams):
+            mags = x.abs()
+            med = mags.median(-1, keepdim=True).values
+            hit = (mags > MASSIVE_ABS) & (mags > MASSIVE_REL * med) & mask[..., None]
+            hits.append((p, hit, x, med))
+        found = torch.stack([h.any() for _, h, _, _ in hits])
+        rows = []
+        for (p, hit, x, med), any_hit in zip(hits, found.tolist(), strict=True):
+            if not any_hit:
+                continue
+            for b, t, d in hit.nonzero().tolist():
+                rows.append({"point": p, "batch": b + first_row, "pos": t, "dim": d,
+                             "token": trace.str_tokens[b][t], "value": float(x[b, t, d]),
+                             "ratio_to_median": float(x[b, t, d].abs() / med[b, t, 0].clamp_min(1e-30))})
+        return rows
 
     def _keep_massive(self, rows: list[dict]) -> None:
         kept = list(self.meta.get("massive", [])) + rows
@@ -202,7 +236,7 @@ class GrowthStats(Accumulator):
     def result(self) -> NormGrowth:
         """``NormGrowth`` over every token so far (quantiles from the histogram)."""
         mean = self.mean("mean", "n_rest")
-        per_pos = (self.sums["per_position"] / self.sums["position_count"]).float()
+        per_pos = self.mean("per_position", "position_count")
         rate, r2 = _fit(mean)
         massive = pd.DataFrame(self.meta.get("massive", []),
                                columns=["point", "batch", "pos", "dim", "token", "value",
@@ -222,8 +256,8 @@ class GrowthStats(Accumulator):
 
     def std(self) -> Tensor:
         """Standard deviation of the stream norm per point (from the second moment)."""
-        mean = self.sums["mean"] / self.sums["n_rest"]
-        return (self.sums["sumsq"] / self.sums["n_rest"] - mean.pow(2)).clamp_min(0).sqrt().float()
+        mean = self.mean("mean", "n_rest").double()
+        return (self.mean("sumsq", "n_rest").double() - mean.pow(2)).clamp_min(0).sqrt().float()
 
 
 class SurvivalStats(Accumulator):
@@ -343,7 +377,7 @@ class LensStats(Accumulator):
         """Per point: ``kl`` (nats), ``top1_agreement``, ``median_rank`` (as ``LogitLens.summary``)."""
         n = int(self.sums["n"])
         k = (n - 1) // 2  # torch.median's order statistic
-        cum = self.sums["rank_hist"].cumsum(-1)
+        cum = self.sums["rank_hist"].cpu().cumsum(-1)
         median = [float(torch.searchsorted(c, torch.tensor(k), right=True)) for c in cum]
         return pd.DataFrame({"point": range(cum.shape[0]), "kl": self.mean("kl").numpy(),
                              "top1_agreement": self.mean("top1").numpy(), "median_rank": median})
