@@ -108,11 +108,12 @@ def _hook_plan(anatomy: Anatomy, out: Captured, shape: torch.Size, verify: bool,
 
 def _norm_hook(anatomy: Anatomy, names: list[str], out: Captured, verify: bool, keep):
     def hook(mod, args, kwargs):
-        x = keep(_input(args, kwargs))
+        x = _input(args, kwargs).detach()
+        kept = keep(x) if verify else None  # the full input only when verifying
         for name in names:
-            out.norm_scale[name] = anatomy.norms[name].scale(x)
+            out.norm_scale[name] = keep(anatomy.norms[name].scale(x)[..., None])[..., 0]
             if verify:
-                out.norm_in[name] = x
+                out.norm_in[name] = kept
     return hook
 
 

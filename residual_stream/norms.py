@@ -63,10 +63,12 @@ class NormSpec:
 
     def scale(self, x: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch"]:
         """The per-token scale ``s`` the norm divides by, in float32 (float64 stays float64)."""
-        x = x.float() if x.dtype != torch.float64 else x
         if self.kind == "layernorm":
+            x = x.float() if x.dtype != torch.float64 else x
             return torch.sqrt(x.var(-1, unbiased=False) + self.eps)
-        return torch.sqrt(x.pow(2).mean(-1) + self.eps)
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32  # no upcast copy of x
+        return torch.sqrt(torch.linalg.vector_norm(x, dim=-1, dtype=acc).square() / x.shape[-1]
+                          + self.eps)
 
     def apply_linear(
         self, c: Float[Tensor, "*lead d_model"], scale: Float[Tensor, "*tokens"]
