@@ -16,11 +16,10 @@ from pathlib import Path
 
 import torch
 
-from residual_stream.twins.data import Mix, describe_corpus
+from residual_stream.twins.data import describe_corpus
 from residual_stream.twins.model import TwinConfig
-from residual_stream.twins.train import Recipe, save, train
-
-RECIPE = Recipe(steps=3000, lr=2e-3, warmup=500, mix=Mix(synthetic_fraction=0.5))
+from residual_stream.twins.train import TWIN_RECIPE as RECIPE
+from residual_stream.twins.train import save, train
 
 HERE = Path(__file__).resolve().parent
 SHAPE = dict(n_layers=4, d_model=128, n_heads=4, d_mlp=512, n_ctx=128, mlp="gelu",

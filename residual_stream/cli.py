@@ -65,7 +65,10 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--text", action="append", required=True, help="text to trace (repeat)")
     tr.add_argument("--out", type=Path, required=True, help="a .safetensors file")
     tr.add_argument("--device", default="auto")
-    t = sub.add_parser("train", help="train a twin transformer with the shared recipe")
+    from .twins.train import TWIN_RECIPE
+
+    t = sub.add_parser("train", help="train a twin transformer with the shared recipe "
+                       "(defaults: the bundled twins' recipe)")
     t.add_argument("--norm", choices=["layernorm", "rmsnorm", "none"], required=True)
     t.add_argument("--placement", choices=["pre", "post", "sandwich", "deepnorm", "parallel"],
                    required=True)
@@ -76,11 +79,14 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--mlp", choices=["gelu", "swiglu"], default="gelu")
     t.add_argument("--positions", choices=["learned", "rotary"], default="learned")
     t.add_argument("--n-ctx", type=int, default=128)
-    t.add_argument("--steps", type=int, default=600)
-    t.add_argument("--batch", type=int, default=16)
-    t.add_argument("--lr", type=float, default=1e-3)
-    t.add_argument("--warmup", type=int, default=100, help="linear warm-up steps (0: none)")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--steps", type=int, default=TWIN_RECIPE.steps)
+    t.add_argument("--batch", type=int, default=TWIN_RECIPE.batch)
+    t.add_argument("--lr", type=float, default=TWIN_RECIPE.lr, help="peak learning rate")
+    t.add_argument("--warmup", type=int, default=TWIN_RECIPE.warmup,
+                   help="linear warm-up steps (0: none)")
+    t.add_argument("--synthetic-fraction", type=float, default=TWIN_RECIPE.mix.synthetic_fraction,
+                   help="share of rows that are repeated random segments")
+    t.add_argument("--seed", type=int, default=TWIN_RECIPE.seed)
     t.add_argument("--device", default="auto", help="auto (cuda, mps, cpu), cpu, cuda ...")
     t.add_argument("--out", required=True, type=Path, help="folder for model.safetensors + twin.json")
     t.add_argument("--quiet", action="store_true", help="no progress bar or loss log")
@@ -151,7 +157,8 @@ def _train(args: argparse.Namespace) -> int:
                         d_model=args.d_model, n_heads=args.heads, d_mlp=args.d_mlp, mlp=args.mlp,
                         positions=args.positions, n_ctx=args.n_ctx)
     recipe = Recipe(steps=args.steps, batch=args.batch, lr=args.lr, warmup=args.warmup,
-                    seed=args.seed, mix=Mix(seq_len=min(128, args.n_ctx)))
+                    seed=args.seed, mix=Mix(seq_len=min(128, args.n_ctx),
+                                            synthetic_fraction=args.synthetic_fraction))
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     result = train(config, recipe, device=resolve_device(args.device), progress=not args.quiet,
                    log=log)

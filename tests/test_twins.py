@@ -1,6 +1,7 @@
 """Twins: the untrained builder, the trainer, the CLI, and the bundled trained twins."""
 
 import json
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import residual_stream as rs
 from residual_stream.cli import main
 from residual_stream.registry import REGISTRY, TWIN_NAMES
 from residual_stream.twins.model import TwinConfig
-from residual_stream.twins.train import Recipe, evaluate, train
+from residual_stream.twins.train import TWIN_RECIPE, Recipe, evaluate, train
 
 VAL_LOSS_ATOL = 1e-3  # nats/byte: the recorded loss is of the shipped fp16 weights
 IN_CONTEXT_RATIO = 0.5  # second-occurrence loss must be under half the first
@@ -67,6 +68,8 @@ def test_bundled_twin_loads_reproduces_its_loss_and_conserves(name):
     norm, placement = TWIN_NAMES[name]
     assert (model.anatomy.norm_kind if norm != "none" else "none", model.anatomy.placement) == (
         norm, placement)
+    # trained with the recipe `residual-stream train` defaults to (the twins' shared recipe)
+    assert meta["recipe"] == json.loads(json.dumps(asdict(TWIN_RECIPE)))
     ev = evaluate(model.module)
     assert ev["val_loss"] == pytest.approx(meta["evaluation"]["val_loss"], abs=VAL_LOSS_ATOL)
     report = rs.trace(model, TEXTS).check()

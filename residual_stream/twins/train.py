@@ -48,6 +48,10 @@ class Recipe:
         return self.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * t)))
 
 
+# The recipe the bundled twins were trained with (models/build_twins.py); the CLI's defaults.
+TWIN_RECIPE = Recipe(steps=3000, lr=2e-3, warmup=500, mix=Mix(synthetic_fraction=0.5))
+
+
 @dataclass
 class TrainResult:
     """A trained twin and what happened: per-step losses, evaluation, seconds."""
