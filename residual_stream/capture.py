@@ -53,7 +53,7 @@ def _input(args: tuple, kwargs: dict) -> Tensor:
 @contextmanager
 def hooked(
     model: nn.Module, anatomy: Anatomy, out: Captured, shape: torch.Size, *, verify: bool,
-    home: torch.device | None = None,
+    home: torch.device | None = None, heads: bool = True,
 ) -> Iterator[None]:
     """Attach the capture hooks for ``anatomy`` to ``model``; remove them on exit, always.
 
@@ -62,7 +62,7 @@ def hooked(
     """
     handles: list[torch.utils.hooks.RemovableHandle] = []
     try:
-        for path, fn, is_pre in _hook_plan(anatomy, out, shape, verify, home):
+        for path, fn, is_pre in _hook_plan(anatomy, out, shape, verify, home, heads):
             module = model.get_submodule(path)
             handles.append(module.register_forward_pre_hook(fn, with_kwargs=True) if is_pre
                            else module.register_forward_hook(fn))
@@ -73,11 +73,13 @@ def hooked(
 
 
 def _hook_plan(anatomy: Anatomy, out: Captured, shape: torch.Size, verify: bool,
-               home: torch.device | None = None) -> list[tuple]:
+               home: torch.device | None = None, heads: bool = True) -> list[tuple]:
     """``(module path, hook function, is_pre_hook)`` for everything ``out`` should receive.
 
     Every tensor is kept as float32 on ``home`` (default: where it was computed), so a model
-    split over devices yields a trace on one device.
+    split over devices yields a trace on one device. ``heads=False`` keeps each attention's
+    output whole (``attn_out``) instead of the per-head ``z`` (cheaper, for statistics that
+    need no per-head writes).
     """
     m = anatomy.modules
 
@@ -94,8 +96,9 @@ def _hook_plan(anatomy: Anatomy, out: Captured, shape: torch.Size, verify: bool,
     plan = [(path, store_output(out.embeds, label), False) for label, path in m.embeds.items()]
     plan += [(path, store_input(out.resid, L), True) for L, path in enumerate(m.layers)]
     plan.append((m.layers[-1], store_output(out.resid, len(m.layers)), False))
-    plan += [(path, store_input(out.z, L), True) for L, path in enumerate(m.attn_out)]
-    if verify:
+    if heads:
+        plan += [(path, store_input(out.z, L), True) for L, path in enumerate(m.attn_out)]
+    if verify or not heads:
         plan += [(path, store_output(out.attn_out, L), False) for L, path in enumerate(m.attn_out)]
     plan += [(path, store_output(out.mlp_out, L), False) for L, path in enumerate(m.mlp_out)]
     by_path: dict[str, list[str]] = defaultdict(list)
@@ -181,15 +184,20 @@ def capture(
     verify: bool = False,
     patterns: bool = False,
     edits: Sequence[tuple[str, Callable]] = (),
+    heads: bool = True,
+    logits: bool = True,
+    out: Captured | None = None,
 ) -> Captured:
     """Run ``model`` on ``tokens`` under ``torch.inference_mode`` and return what was captured.
 
     ``patterns=True`` also records attention patterns, running a Hugging Face model with eager
     attention for this one call (its implementation is restored afterwards). ``edits`` are
     ``(module path, forward hook)`` interventions (a hook returning a value replaces the
-    module's output); they are attached for this call only.
+    module's output); they are attached for this call only. ``heads=False`` keeps attention
+    outputs whole instead of per-head ``z``; ``logits=False`` drops the logits; ``out`` is
+    the ``Captured`` to fill (a streaming consumer can pass one that reduces and evicts).
     """
-    out = Captured()
+    out = Captured() if out is None else out
     kwargs: dict[str, object] = {"input_ids": tokens, "attention_mask": attention_mask}
     if "use_cache" in inspect.signature(model.forward).parameters:
         kwargs["use_cache"] = False
@@ -197,14 +205,13 @@ def capture(
         kwargs["output_attentions"] = True
     with torch.inference_mode(), untouched(model), eager_attention(model, patterns), \
             edited(model, edits), hooked(model, anatomy, out, tokens.shape, verify=verify,
-                                         home=tokens.device):
+                                         home=tokens.device, heads=heads):
         result = model(**kwargs)
     if patterns:
         out.patterns = tuple(a.detach().to(tokens.device, torch.float32) for a in result.attentions)
-    if anatomy.has_lm_head:
-        logits = getattr(result, "logits", result)
-        out.logits = logits.detach().to(tokens.device, torch.float32) if isinstance(logits, Tensor) \
-            else None
+    if anatomy.has_lm_head and logits:
+        raw = getattr(result, "logits", result)
+        out.logits = raw.detach().to(tokens.device, torch.float32) if isinstance(raw, Tensor) else None
     return out
 
 

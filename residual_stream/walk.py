@@ -9,7 +9,7 @@ accumulates across blocks. Used by the conservation checks and by norm-growth me
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -42,12 +42,21 @@ def component_of(name: str) -> tuple[int, str]:
 def walk_stream(trace: Trace, captured: Captured | None = None) -> Iterator[Step]:
     """Yield a ``Step`` per program operation (see the module docstring)."""
     cap = captured or trace.captured
-    norms = trace.anatomy.norms
-    x = torch.zeros_like(cap.resid[0])
-    for op in trace.anatomy.program:
+    yield from walk_ops(trace.anatomy.program, torch.zeros_like(cap.resid[0]), cap,
+                        trace.anatomy.norms, trace.attn_write)
+
+
+def walk_ops(ops, x: Tensor, cap: Captured, norms: dict, attn_write: Callable[[int], Tensor]
+             ) -> Iterator[Step]:
+    """Walk ``ops`` (a whole program or one block's segment) from the stream ``x``.
+
+    ``attn_write(layer)`` gives an attention's output (from per-head writes, or captured
+    whole); everything else comes from ``cap``.
+    """
+    for op in ops:
         if isinstance(op, Add):
             layer, kind = component_of(op.component)
-            w = trace.attn_write(layer) if kind == "attn" else cap.mlp_out[layer]
+            w = attn_write(layer) if kind == "attn" else cap.mlp_out[layer]
             added = w if op.via is None else norms[op.via].apply_frozen(w, cap.norm_scale[op.via])
             yield Step(op, x, w, added)
             x = x + added

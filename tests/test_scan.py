@@ -55,7 +55,9 @@ def _rows(model, corpus, **kw) -> list[list[int]]:
 
 def _close(a: torch.Tensor, b: torch.Tensor, rel: float = REL_MEAN) -> None:
     a, b = a.double(), b.double()
-    assert torch.equal(a.isnan(), b.isnan())
+    assert a.shape == b.shape and torch.equal(a.isnan(), b.isnan())
+    if b.numel() == 0:
+        return
     scale = b.nan_to_num().abs().max().clamp_min(1e-12)
     assert float((a - b).nan_to_num().abs().max() / scale) <= rel
 
@@ -76,8 +78,7 @@ def test_rows_batches_and_token_budget(model):
     assert sum(map(len, cut)) == 50 and cut[:-1] == rows[: len(cut) - 1]
 
 
-def test_growth_equals_the_single_trace(scanned):
-    result, whole = scanned
+def _assert_growth_equal(result, whole) -> None:
     got, ref = result.stats["growth"], rs.norm_growth(whole)
     for field in ("mean", "first_token", "per_position", "growth", "update_attn", "update_mlp",
                   "ones_share"):
@@ -85,13 +86,57 @@ def test_growth_equals_the_single_trace(scanned):
     for q in ("median", "p5", "p95"):
         assert float(((getattr(got, q) - getattr(ref, q)).abs() / getattr(ref, q)).max()) <= BIN_WIDTH
     assert got.fit_rate == pytest.approx(ref.fit_rate, abs=1e-6)  # log units per layer
-    _close(torch.tensor(got.norm_inputs.input_norm.values), torch.tensor(ref.norm_inputs.input_norm.values))
+    assert list(got.norm_inputs.norm) == list(ref.norm_inputs.norm)
+    for col in ("input_norm", "scale"):
+        _close(torch.tensor(got.norm_inputs[col].to_numpy(float)),
+               torch.tensor(ref.norm_inputs[col].to_numpy(float)))
     key = ["point", "batch", "pos", "dim"]
-    assert len(ref.massive) > 0  # the planted "Z"s
     a = got.massive.sort_values(key).reset_index(drop=True)
     b = ref.massive.sort_values(key).reset_index(drop=True)
     assert a[key + ["token"]].equals(b[key + ["token"]])
     assert int(result.accumulators["growth"].sums["massive_found"]) == len(ref.massive)
+
+
+def test_growth_equals_the_single_trace(scanned):
+    result, whole = scanned
+    assert len(rs.norm_growth(whole).massive) > 0  # the planted "Z"s
+    _assert_growth_equal(result, whole)
+
+
+LEAN_CASES = [("layernorm", "pre"), ("layernorm", "post"), ("rmsnorm", "sandwich"),
+              ("layernorm", "deepnorm"), ("rmsnorm", "parallel"), ("none", "pre")]
+
+
+@pytest.mark.parametrize("norm,placement", LEAN_CASES)
+def test_lean_growth_scan_equals_the_single_trace(norm, placement, monkeypatch):
+    """``growth`` alone takes the lean pass (reduced block by block during the forward pass)."""
+    m = rs.twin(norm=norm, placement=placement, n_layers=3, d_model=32, seed=1, n_ctx=64)
+    with torch.no_grad():
+        m.module.embed.weight[ord("Z"), 5] = 4000.0
+    kw = dict(batch_size=3, seq_len=24)
+    whole = trace_batch(m, pack(m, _rows(m, TEXTS, **kw)))
+    monkeypatch.setattr("residual_stream.streaming.runner.trace_batch", None)  # no full trace
+    _assert_growth_equal(rs.scan(m, TEXTS, ["growth"], progress=False, **kw), whole)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "bert", "gemma2", "gpt_neox_parallel"])
+def test_lean_growth_scan_on_framework_models(name):
+    from tiny_hf import build
+
+    from residual_stream.inputs import ByteTokenizer
+
+    m = rs.load(build(name), tokenizer=ByteTokenizer())
+    kw = dict(batch_size=4, seq_len=32)
+    result = rs.scan(m, TEXTS, ["growth"], progress=False, **kw)
+    _assert_growth_equal(result, trace_batch(m, pack(m, _rows(m, TEXTS, **kw))))
+
+
+def test_lean_pass_refuses_nan_and_names_the_point():
+    m = rs.twin(norm="rmsnorm", placement="pre", n_layers=3, d_model=32, seed=1)
+    with torch.no_grad():
+        m.module.blocks[1].mlp.fc_out.weight[0, 0] = float("nan")
+    with pytest.raises(rs.errors.NonFiniteError, match="block 2"):
+        rs.scan(m, TEXTS, ["growth"], progress=False)
 
 
 def test_flow_subspaces_lens_and_composition_equal_the_single_trace(scanned, model):

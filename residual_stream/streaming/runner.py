@@ -2,7 +2,9 @@
 
 Per batch: tokenize (``corpus``), capture one forward pass (``trace_batch``; float32 copies,
 whatever the model's dtype), let every accumulator add its sums, drop the trace. Memory is
-one batch's trace plus the accumulators, whatever the corpus length.
+one batch's trace plus the accumulators, whatever the corpus length. When every statistic
+asked for can be reduced during the forward pass (``growth``), the batch takes the lean pass
+instead (``lean``): one block's tensors at a time.
 
 **Resuming.** With ``state=PATH`` the accumulators and the index of the next batch are saved
 atomically (temporary file, then rename) after every ``save_every`` batches. Batch ``i`` is
@@ -32,6 +34,7 @@ from ..errors import InputError
 from ..trace import trace_batch
 from .accumulators import Accumulator, _json_ready, frames, make_accumulators
 from .corpus import Corpus, corpus_batches
+from .lean import lean_pass
 
 STATE_VERSION = 1
 
@@ -136,6 +139,19 @@ def _own_batches(model, corpus: Corpus, accs: dict[str, Accumulator], batch_size
             yield i, batch, first_row
 
 
+def _add_batch(model, batch, first_row: int, accs: dict[str, Accumulator]) -> None:
+    """Add one batch: a lean pass when every statistic can take one, else a full trace."""
+    if all(a.lean for a in accs.values()):
+        sums = [a.sums_for(model, batch, first_row) for a in accs.values()]
+        lean_pass(model, batch, sums)
+        for acc, s in zip(accs.values(), sums, strict=True):
+            s.into(acc)
+        return
+    t = trace_batch(model, batch)
+    for acc in accs.values():
+        acc.update(t, first_row)
+
+
 def scan(
     model,
     corpus: str | Path | Sequence[str] | Corpus,
@@ -188,9 +204,7 @@ def scan(
                desc=f"scan {model.name}" + (f" [{rank}/{world_size}]" if world_size > 1 else ""))
     start, done = time.perf_counter(), 0
     for i, batch, first_row in batches:
-        t = trace_batch(model, batch)
-        for acc in accs.values():
-            acc.update(t, first_row)
+        _add_batch(model, batch, first_row, accs)
         n = int(batch.attention_mask.sum())
         tokens, next_batch, done, added = tokens + n, i + 1, done + 1, added + 1
         bar.update(n)

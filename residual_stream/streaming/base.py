@@ -1,0 +1,146 @@
+"""Accumulators: every corpus-level statistic as sums, counts, histograms and top-k lists.
+
+Each accumulator runs the package's own analysis on one batch's trace and keeps only what
+merges exactly: a mean over the real tokens of a batch becomes ``mean × tokens`` added to a
+float64 sum, with the token count beside it. Means over the whole corpus are then exactly
+the means the analysis would give on one trace of every row (up to float64 summation order),
+and memory depends on the model, never on the number of tokens.
+
+Two statistics are not means and use a stated approximation or a bound:
+
+* quantiles of the stream norm (median, 5th, 95th percentile) come from a histogram with
+  ``LOG_BINS`` log-spaced bins between ``NORM_RANGE``; the estimate interpolates
+  geometrically inside the bin holding the order statistic, so it is within one bin width
+  (``BIN_WIDTH`` ≈ 0.58 % relative) of ``torch.quantile`` on the same values; norms outside
+  the range are clamped into the end bins;
+* massive activations keep the ``top_k`` largest by magnitude (and the total number found);
+  the logit lens's median rank is exact (an integer histogram over the vocabulary).
+
+Composition is a function of the weights alone: computed once, not accumulated.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+LOG_BINS = 4000
+NORM_RANGE = (1e-4, 1e6)
+BIN_WIDTH = (NORM_RANGE[1] / NORM_RANGE[0]) ** (1 / LOG_BINS) - 1
+_EDGES = torch.logspace(math.log10(NORM_RANGE[0]), math.log10(NORM_RANGE[1]), LOG_BINS + 1,
+                        dtype=torch.float64)
+
+
+class Accumulator:
+    """Base: named float64 / int64 sums that add on ``update`` and ``merge``.
+
+    Subclasses implement ``update(trace, first_row)`` (add one batch) and ``result()``.
+    ``state_dict`` / ``load_state_dict`` hold only tensors, numbers, strings and lists, so a
+    state can be saved with ``torch.save`` and read back with ``weights_only=True``.
+    """
+
+    name: ClassVar[str] = ""
+    calibrates: ClassVar[bool] = False  # needs the corpus's first batch before any update
+    lean: ClassVar[bool] = False  # can be fed during the forward pass (``lean.lean_pass``)
+
+    def __init__(self) -> None:
+        self.sums: dict[str, Tensor] = {}
+        self.meta: dict[str, object] = {}
+
+    def prepare(self, model, calibration) -> None:
+        """Fix anything data-dependent before the first batch (``calibration``: batch 0's trace)."""
+        self.model = model
+
+    def add(self, key: str, value: Tensor | float | int) -> None:
+        """Add ``value`` to the sum ``key`` (float64, or int64 for integer values).
+
+        Sums stay on the device of their first value (no host sync per batch); ``state_dict``
+        and ``result`` read them back to the CPU.
+        """
+        v = torch.as_tensor(value).detach()
+        v = v.to(torch.int64) if not v.is_floating_point() else v.to(torch.float64)
+        old = self.sums.get(key)
+        if old is None:
+            self.sums[key] = v.clone()
+            return
+        v = v.to(old.device)
+        if old.shape != v.shape:  # per-position sums: pad the shorter along the last axis
+            width = max(old.shape[-1], v.shape[-1])
+            old, v = (torch.nn.functional.pad(t, (0, width - t.shape[-1])) for t in (old, v))
+        self.sums[key] = old + v
+
+    def merge(self, other: Accumulator) -> None:
+        """Add ``other``'s sums (same statistic, disjoint batches) into this one."""
+        if type(other) is not type(self):
+            raise TypeError(f"cannot merge {type(other).__name__} into {type(self).__name__}")
+        for key, value in other.sums.items():
+            self.add(key, value)
+        for key, value in other.meta.items():
+            self.meta.setdefault(key, value)
+
+    def state_dict(self) -> dict:
+        """Sums (on the CPU) and metadata, safe for ``torch.load(weights_only=True)``."""
+        return {"sums": {k: v.detach().cpu().clone() for k, v in self.sums.items()},
+                "meta": dict(self.meta)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what ``state_dict`` returned."""
+        self.sums = {k: v.clone() for k, v in state["sums"].items()}
+        self.meta = dict(state["meta"])
+
+    def mean(self, key: str, count: str = "n") -> Tensor:
+        """The float32 mean ``sums[key] / sums[count]`` (on the CPU)."""
+        return (self.sums[key].cpu() / self.sums[count].cpu()).float()
+
+    def update(self, trace, first_row: int = 0) -> None:  # pragma: no cover - abstract
+        """Add one batch."""
+        raise NotImplementedError
+
+    def result(self):  # pragma: no cover - abstract
+        """The statistic over every batch added so far."""
+        raise NotImplementedError
+
+
+def log_histogram(values: Tensor, weights: Tensor | None = None) -> Tensor:
+    """Counts of ``values [point, n]`` in the ``LOG_BINS`` log-spaced bins (clamped), per point.
+
+    ``weights [n]`` (0 or 1) selects which of the ``n`` values count, without indexing.
+    """
+    idx = (torch.bucketize(values.double(), _EDGES.to(values.device)) - 1).clamp(0, LOG_BINS - 1)
+    offset = torch.arange(values.shape[0], device=values.device)[:, None] * LOG_BINS
+    w = None if weights is None else weights.to(torch.float64).expand_as(idx).flatten()
+    counts = torch.bincount((idx + offset).flatten(), weights=w, minlength=values.shape[0] * LOG_BINS)
+    return counts.round().to(torch.int64).view(values.shape[0], LOG_BINS)
+
+
+def _order_statistic(row: Tensor, cum: Tensor, k: int) -> float:
+    """Estimate of the ``k``-th smallest value (0-based) from one histogram row: inside its bin."""
+    b = int(torch.searchsorted(cum, torch.tensor(k), right=True))
+    before = int(cum[b - 1]) if b else 0
+    frac = (k - before + 0.5) / max(int(row[b]), 1)
+    lo, hi = float(_EDGES[b]), float(_EDGES[b + 1])
+    return lo * (hi / lo) ** min(max(frac, 0.0), 1.0)
+
+
+def histogram_quantile(counts: Tensor, q: float) -> Tensor:
+    """``q``-quantile per row of log-histogram ``counts``, defined as ``torch.quantile`` does.
+
+    ``torch.quantile`` interpolates linearly between the order statistics at ranks
+    ``floor(q (n − 1))`` and the next; each is estimated inside its own bin (geometric
+    interpolation by rank within the bin), so the result is within one bin width
+    (``BIN_WIDTH``, relative) of the exact quantile.
+    """
+    out = []
+    for row in counts.cpu():
+        n, cum = int(row.sum()), row.cumsum(0)
+        rank = q * (n - 1)
+        k = math.floor(rank)
+        lo = _order_statistic(row, cum, k)
+        hi = _order_statistic(row, cum, min(k + 1, n - 1))
+        out.append(lo + (rank - k) * (hi - lo))
+    return torch.tensor(out, dtype=torch.float32)
+
+

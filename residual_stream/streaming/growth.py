@@ -1,0 +1,165 @@
+"""Norm growth over a corpus: the same measures as ``analyses.growth.norm_growth``, as sums.
+
+``GrowthSums`` reduces one batch point by point (the stream at every ``Mark``) and operation
+by operation (every step of the program's walk: update sizes at each ``Add``, the sum entering
+each stream norm and its scale), keeping everything on the batch's device. It is fed either
+from a finished trace (``GrowthStats.update``) or block by block during the forward pass
+(``lean.lean_pass``), so the two paths cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from ..analyses.growth import MASSIVE_ABS, MASSIVE_REL, NormGrowth, _fit
+from ..program import Add, Norm
+from ..walk import component_of, walk_stream
+from .base import Accumulator, histogram_quantile, log_histogram
+
+
+class GrowthSums:
+    """One batch's growth sums; ``point`` and ``step`` in program order, then ``into``."""
+
+    def __init__(self, mask: Tensor, n_layers: int, str_tokens: list[list[str]], first_row: int) -> None:
+        self.mask, self.n_layers = mask.bool(), n_layers
+        rest = self.mask.clone()
+        rest[:, 0] = False
+        self.rest = rest if rest.any() else self.mask
+        self.str_tokens, self.first_row = str_tokens, first_row
+        self.points: dict[int, dict[str, Tensor]] = {}
+        self.updates = {"attn": [None] * n_layers, "mlp": [None] * n_layers}
+        self.norms: list[tuple[str, Tensor, Tensor]] = []
+        self.massive: list[tuple[int, Tensor, Tensor, Tensor]] = []
+
+    def point(self, point: int, x: Tensor) -> None:
+        """The stream entering block ``point`` (``n_layers``: after the last block).
+
+        Masks multiply rather than index, so nothing here waits for the device.
+        """
+        energy = x.pow(2).sum(-1)
+        norms = energy.sqrt()
+        rest, m = self.rest.to(norms.dtype), self.mask.to(norms.dtype)
+        ones = x.sum(-1).pow(2) / (x.shape[-1] * energy.clamp_min(1e-30))
+        self.points[point] = {
+            "mean": (norms * rest).double().sum(), "sumsq": (norms.pow(2) * rest).double().sum(),
+            "norms": norms, "first": norms[:, 0].double().sum(), "per_position": (norms * m).sum(0),
+            "ones_share": (ones * m).double().sum(),
+        }
+        mags = x.abs()
+        med = mags.median(-1, keepdim=True).values
+        hit = (mags > MASSIVE_ABS) & (mags > MASSIVE_REL * med) & self.mask[..., None]
+        self.massive.append((point, hit, x, med))
+
+    def step(self, step, scales: dict[str, Tensor]) -> None:
+        """One operation of the walk: update sizes at ``Add``; inputs and scales of stream norms."""
+        op, m = step.op, self.mask
+        if isinstance(op, Add):
+            layer, kind = component_of(op.component)
+            ratio = step.added.norm(dim=-1) / step.x.norm(dim=-1).clamp_min(1e-30)
+            self.updates[kind][layer] = (ratio * m).double().sum()
+        norm = op.norm if isinstance(op, Norm) else getattr(op, "via", None)
+        if norm is not None:
+            entering = step.x if isinstance(op, Norm) else step.write
+            self.norms.append((norm, (entering.norm(dim=-1) * m).double().sum(),
+                               (scales[norm] * m).double().sum()))
+
+    def massive_rows(self) -> list[dict]:
+        """Massive activations as rows (reads back to the host only where some were found)."""
+        found = torch.stack([h.any() for _, h, _, _ in self.massive]).tolist()
+        rows = []
+        for (p, hit, x, med), any_hit in zip(self.massive, found, strict=True):
+            for b, t, d in (hit.nonzero().tolist() if any_hit else ()):
+                rows.append({"point": p, "batch": b + self.first_row, "pos": t, "dim": d,
+                             "token": self.str_tokens[b][t], "value": float(x[b, t, d]),
+                             "ratio_to_median": float(x[b, t, d].abs() / med[b, t, 0].clamp_min(1e-30))})
+        return rows
+
+    def into(self, acc: GrowthStats) -> None:
+        """Add this batch's sums to ``acc``."""
+        pts = [self.points[p] for p in range(self.n_layers + 1)]
+        for key in ("mean", "sumsq", "first", "ones_share", "per_position"):
+            acc.add(key, torch.stack([p[key] for p in pts]))
+        norms = torch.stack([p["norms"] for p in pts]).flatten(1)                 # (point, token)
+        acc.add("hist", log_histogram(norms, weights=self.rest.flatten()))
+        acc.add("n_rest", self.rest.sum())
+        acc.add("n_rows", self.mask.shape[0])
+        acc.add("position_count", self.mask.sum(0))
+        acc.add("n", self.mask.sum())
+        nan = torch.tensor(float("nan"), dtype=torch.float64, device=self.mask.device)
+        for kind in ("attn", "mlp"):
+            acc.add(f"update_{kind}", torch.stack([nan if v is None else v for v in self.updates[kind]]))
+        acc.add("norm_input", torch.stack([v for _, v, _ in self.norms]) if self.norms else torch.zeros(0))
+        acc.add("norm_scale", torch.stack([s for _, _, s in self.norms]) if self.norms else torch.zeros(0))
+        acc.meta["norms"] = [name for name, _, _ in self.norms]
+        rows = self.massive_rows()
+        acc.add("massive_found", len(rows))
+        acc.keep_massive(rows)
+
+
+class GrowthStats(Accumulator):
+    """Norm growth, update sizes, norm inputs, centering share and massive activations."""
+
+    name = "growth"
+    lean = True
+
+    def __init__(self, top_k: int = 1000) -> None:
+        super().__init__()
+        self.top_k = top_k
+
+    def sums_for(self, model, batch, first_row: int) -> GrowthSums:
+        """A ``GrowthSums`` for one batch of ``model`` (fill it, then ``into(self)``)."""
+        self.meta["model_name"] = model.name
+        return GrowthSums(batch.attention_mask.to(model.device), model.anatomy.n_layers,
+                          batch.str_tokens, first_row)
+
+    def update(self, trace, first_row: int = 0) -> None:
+        """Add one batch from a finished trace (``first_row``: the corpus index of its first row)."""
+        sums = self.sums_for(trace.model, trace.batch, first_row)
+        for L in range(trace.anatomy.n_layers + 1):
+            sums.point(L, trace.stream(L))
+        for step in walk_stream(trace):
+            sums.step(step, trace.captured.norm_scale)
+        sums.into(self)
+
+    def keep_massive(self, rows: list[dict]) -> None:
+        """Keep the ``top_k`` largest by magnitude of what was kept and ``rows``."""
+        kept = list(self.meta.get("massive", [])) + rows
+        kept.sort(key=lambda r: (-abs(r["value"]), r["batch"], r["pos"], r["point"], r["dim"]))
+        self.meta["massive"] = kept[: self.top_k]
+
+    def merge(self, other: Accumulator) -> None:
+        """Add sums; keep the top-k massive activations of both."""
+        mine = list(self.meta.get("massive", []))
+        super().merge(other)
+        self.meta["massive"] = mine
+        self.keep_massive(list(other.meta.get("massive", [])))
+
+    def result(self) -> NormGrowth:
+        """``NormGrowth`` over every token so far (quantiles from the histogram)."""
+        mean = self.mean("mean", "n_rest")
+        per_pos = self.mean("per_position", "position_count")
+        rate, r2 = _fit(mean)
+        massive = pd.DataFrame(self.meta.get("massive", []),
+                               columns=["point", "batch", "pos", "dim", "token", "value",
+                                        "ratio_to_median"])
+        norm_inputs = pd.DataFrame({"norm": self.meta.get("norms", []),
+                                    "input_norm": self.mean("norm_input").numpy(),
+                                    "scale": self.mean("norm_scale").numpy()})
+        return NormGrowth(
+            mean=mean, median=histogram_quantile(self.sums["hist"], 0.5),
+            p5=histogram_quantile(self.sums["hist"], 0.05),
+            p95=histogram_quantile(self.sums["hist"], 0.95), first_token=self.mean("first", "n_rows"),
+            per_position=per_pos, growth=mean[1:] / mean[:-1], fit_rate=rate, fit_r2=r2,
+            update_attn=self.mean("update_attn"), update_mlp=self.mean("update_mlp"),
+            ones_share=self.mean("ones_share"), norm_inputs=norm_inputs, massive=massive,
+            model_name=str(self.meta.get("model_name", "")),
+        )
+
+    def std(self) -> Tensor:
+        """Standard deviation of the stream norm per point (from the second moment)."""
+        mean = self.mean("mean", "n_rest").double()
+        return (self.mean("sumsq", "n_rest").double() - mean.pow(2)).clamp_min(0).sqrt().float()
+
+

@@ -1,0 +1,91 @@
+"""The lean pass: statistics reduced inside the forward pass, one block at a time.
+
+A trace keeps every block's stream, writes and scales until the forward pass ends. A
+statistic that needs no per-head writes, logits or patterns (``growth``) does not have to
+wait: when the stream entering block ``L`` arrives, the program segment between ``Mark(L−1)``
+and ``Mark(L)`` is walked over what block ``L−1`` captured (its input, attention output, MLP
+output, norm scales), every reducer takes what it needs, and those tensors are dropped.
+Memory is one block's captured tensors whatever the depth; the arithmetic is the walk's.
+
+Reducers get ``point(L, x)`` for the stream at each ``Mark`` and ``step(step, scales)`` for
+every operation of the walk (``walk.Step``), in program order, as ``walk_stream`` yields them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from ..capture import Captured, capture
+from ..errors import NonFiniteError
+from ..program import Mark
+from ..walk import walk_ops
+
+
+def segments(program) -> list[list]:
+    """The program cut after each ``Mark(L)``: segment ``L`` ends at ``Mark(L)``; the last is the tail."""
+    out, current = [], []
+    for op in program:
+        current.append(op)
+        if isinstance(op, Mark) and op.point != "final":
+            out.append(current)
+            current = []
+    out.append(current)
+    return out
+
+
+class _Stream(dict):
+    """``Captured.resid`` that walks and evicts the previous block when a new point arrives."""
+
+    def __init__(self, on_point) -> None:
+        super().__init__()
+        self.on_point = on_point
+
+    def __setitem__(self, point: int, x: Tensor) -> None:
+        super().__setitem__(point, x)
+        self.on_point(point)
+
+
+def lean_pass(model, batch, reducers: Sequence) -> None:
+    """One forward pass of ``model`` over ``batch``, feeding ``reducers`` block by block.
+
+    Raises ``NonFiniteError`` (naming the first point) if the stream holds NaN or inf on real
+    tokens; the check costs one device sync at the end of the pass.
+    """
+    anatomy = model.anatomy
+    segs = segments(anatomy.program)
+    cap = Captured()
+    finite: list[Tensor] = []
+    mask = batch.attention_mask.to(model.device).bool()
+
+    def attn_write(layer: int) -> Tensor:
+        return cap.attn_out[layer]
+
+    def walk(seg: list, x: Tensor) -> None:
+        for step in walk_ops(seg, x, cap, anatomy.norms, attn_write):
+            for r in reducers:
+                r.step(step, cap.norm_scale)
+
+    def on_point(point: int) -> None:
+        x = cap.resid[point]
+        finite.append((x.isfinite().all(-1) | ~mask).all())  # no device sync
+        start = cap.resid.get(point - 1, torch.zeros_like(x))
+        walk(segs[point], start)
+        for r in reducers:
+            r.point(point, x)
+        for store in (cap.resid, cap.attn_out, cap.mlp_out):  # block point − 1 is done
+            dict.pop(store, point - 1, None)
+        if point == 0:
+            cap.embeds.clear()
+
+    cap.resid = _Stream(on_point)
+    capture(model.module, anatomy, batch.tokens.to(model.device), batch.attention_mask.to(model.device),
+            heads=False, logits=False, out=cap)
+    walk(segs[-1], cap.resid[anatomy.n_layers])
+    flags = torch.stack(finite)
+    if not bool(flags.all()):
+        first = int((~flags).nonzero()[0, 0])
+        raise NonFiniteError(f"NaN/inf first appears in the stream entering block {first} "
+                             f"(point {first}). Check the weights before it or run in float32.")
