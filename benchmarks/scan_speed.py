@@ -6,8 +6,9 @@ attention, ``torch.inference_mode``):
 
 * ``hf_forward``: the baseline;
 * ``rs_capture``: ``trace_batch`` (hooks keep the stream, z, MLP outputs, norm scales);
-* ``rs_stats``: capture + the ``growth`` accumulator (norms, update sizes, norm inputs,
-  centering share, massive activations): "statistics alone";
+* ``rs_stats``: the ``growth`` statistic as ``rs.scan`` computes it: the lean pass, reduced
+  block by block inside the forward pass (norms, update sizes, norm inputs, centering share,
+  massive activations): "statistics alone";
 * ``rs_stats_flow``: capture + ``growth``, ``survival`` and ``read_attribution``;
 * ``rs_lens``: capture + the ``lens`` accumulator (one unembedding per point);
 * ``rs_decompose``: capture + the full per-head decomposition of the last point;
@@ -41,6 +42,7 @@ import torch
 
 import residual_stream as rs
 from residual_stream.streaming import Corpus, corpus_batches, make_accumulators
+from residual_stream.streaming.runner import _add_batch
 from residual_stream.trace import trace_batch
 
 
@@ -66,12 +68,11 @@ def variants(model, use_tl: bool) -> dict:
                          use_cache=False)
 
     def stats(names):
-        def run(batch):
+        def run(batch):  # what rs.scan does per batch (the lean pass for growth alone)
             accs = make_accumulators(names)
-            t = trace_batch(model, batch)
             for a in accs.values():
                 a.prepare(model, None)
-                a.update(t)
+            _add_batch(model, batch, 0, accs)
         return run
 
     def decompose(batch):
@@ -178,6 +179,7 @@ def main() -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--memory", action="store_true", help="also measure peak memory per variant")
     p.add_argument("--no-tl", action="store_true", help="skip the TransformerLens baselines")
+    p.add_argument("--variants", help="comma-separated subset of the variants (hf_forward first)")
     p.add_argument("--only-memory-of", help=argparse.SUPPRESS)
     p.add_argument("--json", help="write the figures here too")
     args = p.parse_args()
@@ -187,7 +189,9 @@ def main() -> None:
     model = rs.load(args.model, device=args.device, dtype=args.dtype, progress=False)
     batches = _batches(model, args.batches, args.batch_size, args.seq_len)
     tokens = sum(int(b.attention_mask.sum()) for b in batches)
-    fns = variants(model, not args.no_tl)
+    fns = variants(model, not args.no_tl and (not args.variants or "tl_" in args.variants))
+    if args.variants:
+        fns = {n: fns[n] for n in args.variants.split(",")}
     for fn in fns.values():  # warm up every path once
         fn(batches[0])
     times: dict[str, list[float]] = {n: [] for n in fns}

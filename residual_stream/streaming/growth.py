@@ -22,8 +22,9 @@ from .base import Accumulator, histogram_quantile, log_histogram
 class GrowthSums:
     """One batch's growth sums; ``point`` and ``step`` in program order, then ``into``."""
 
-    def __init__(self, mask: Tensor, n_layers: int, str_tokens: list[list[str]], first_row: int) -> None:
-        self.mask, self.n_layers = mask.bool(), n_layers
+    def __init__(self, mask: Tensor, n_layers: int, d_model: int, str_tokens: list[list[str]],
+                 first_row: int, top_k: int) -> None:
+        self.mask, self.n_layers, self.d_model, self.top_k = mask.bool(), n_layers, d_model, top_k
         rest = self.mask.clone()
         rest[:, 0] = False
         self.rest = rest if rest.any() else self.mask
@@ -31,7 +32,7 @@ class GrowthSums:
         self.points: dict[int, dict[str, Tensor]] = {}
         self.updates = {"attn": [None] * n_layers, "mlp": [None] * n_layers}
         self.norms: list[tuple[str, Tensor, Tensor]] = []
-        self.massive: list[tuple[int, Tensor, Tensor, Tensor]] = []
+        self.massive: list[tuple] = []  # per point: (point, count, flat index, value, median)
 
     def point(self, point: int, x: Tensor) -> None:
         """The stream entering block ``point`` (``n_layers``: after the last block).
@@ -50,7 +51,9 @@ class GrowthSums:
         mags = x.abs()
         med = mags.median(-1, keepdim=True).values
         hit = (mags > MASSIVE_ABS) & (mags > MASSIVE_REL * med) & self.mask[..., None]
-        self.massive.append((point, hit, x, med))
+        # keep only the top_k candidates (small tensors), so the stream itself can be dropped
+        _, idx = torch.where(hit, mags, 0).flatten().topk(min(self.top_k, hit.numel()))
+        self.massive.append((point, hit.sum(), idx, x.flatten()[idx], med.flatten()[idx // x.shape[-1]]))
 
     def step(self, step, scales: dict[str, Tensor]) -> None:
         """One operation of the walk: update sizes at ``Add``; inputs and scales of stream norms."""
@@ -65,16 +68,20 @@ class GrowthSums:
             self.norms.append((norm, (entering.norm(dim=-1) * m).double().sum(),
                                (scales[norm] * m).double().sum()))
 
-    def massive_rows(self) -> list[dict]:
-        """Massive activations as rows (reads back to the host only where some were found)."""
-        found = torch.stack([h.any() for _, h, _, _ in self.massive]).tolist()
+    def massive_rows(self) -> tuple[int, list[dict]]:
+        """(how many were found, the top-k as rows); one read back to the host for the batch."""
+        if not self.massive:
+            return 0, []
+        counts = [int(c) for c in torch.stack([m[1] for m in self.massive]).tolist()]
         rows = []
-        for (p, hit, x, med), any_hit in zip(self.massive, found, strict=True):
-            for b, t, d in (hit.nonzero().tolist() if any_hit else ()):
+        P, D = self.mask.shape[1], self.d_model
+        for (p, _, idx, value, med), n in zip(self.massive, counts, strict=True):
+            for i, v, m in zip(idx[:n].tolist(), value[:n].tolist(), med[:n].tolist(), strict=True):  # n ≤ k
+                b, t, d = i // (P * D), (i // D) % P, i % D
                 rows.append({"point": p, "batch": b + self.first_row, "pos": t, "dim": d,
-                             "token": self.str_tokens[b][t], "value": float(x[b, t, d]),
-                             "ratio_to_median": float(x[b, t, d].abs() / med[b, t, 0].clamp_min(1e-30))})
-        return rows
+                             "token": self.str_tokens[b][t], "value": v,
+                             "ratio_to_median": abs(v) / max(m, 1e-30)})
+        return sum(counts), rows
 
     def into(self, acc: GrowthStats) -> None:
         """Add this batch's sums to ``acc``."""
@@ -93,8 +100,8 @@ class GrowthSums:
         acc.add("norm_input", torch.stack([v for _, v, _ in self.norms]) if self.norms else torch.zeros(0))
         acc.add("norm_scale", torch.stack([s for _, _, s in self.norms]) if self.norms else torch.zeros(0))
         acc.meta["norms"] = [name for name, _, _ in self.norms]
-        rows = self.massive_rows()
-        acc.add("massive_found", len(rows))
+        found, rows = self.massive_rows()
+        acc.add("massive_found", found)
         acc.keep_massive(rows)
 
 
@@ -112,7 +119,7 @@ class GrowthStats(Accumulator):
         """A ``GrowthSums`` for one batch of ``model`` (fill it, then ``into(self)``)."""
         self.meta["model_name"] = model.name
         return GrowthSums(batch.attention_mask.to(model.device), model.anatomy.n_layers,
-                          batch.str_tokens, first_row)
+                          model.anatomy.d_model, batch.str_tokens, first_row, self.top_k)
 
     def update(self, trace, first_row: int = 0) -> None:
         """Add one batch from a finished trace (``first_row``: the corpus index of its first row)."""
