@@ -31,6 +31,7 @@ import argparse
 import copy
 import ctypes
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -125,8 +126,9 @@ def memory_of(args, name: str) -> dict:
     """Run one variant in this (fresh) process and report its peak memory.
 
     CUDA: ``max_memory_allocated`` over the run and its increase over the loaded model. CPU:
-    the resident set sampled every millisecond during the run (after ``malloc_trim``), and its
-    increase over the resident set just before it.
+    the resident set sampled every millisecond during the run (after ``malloc_trim``, with a
+    fixed glibc mmap threshold so that freed blocks leave it), and its increase over the
+    resident set just before it.
     """
     model = rs.load(args.model, device=args.device, dtype=args.dtype, progress=False)
     batches = _batches(model, args.batches, args.batch_size, args.seq_len)
@@ -153,7 +155,10 @@ def measure_memory(args, names: list[str]) -> list[dict]:
         cmd = [sys.executable, __file__, "--only-memory-of", name, "--model", args.model,
                "--batches", str(args.batches), "--batch-size", str(args.batch_size),
                "--seq-len", str(args.seq_len), "--device", args.device, "--dtype", args.dtype]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        # glibc keeps freed heap memory in the resident set once its mmap threshold has grown;
+        # a fixed threshold returns every large block at free, so the sampled RSS is live memory
+        env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
         memory.append(json.loads(out.strip().splitlines()[-1]))
     base_peak = memory[0]["peak_bytes"]
     base_over = memory[0]["over_loaded_bytes"]

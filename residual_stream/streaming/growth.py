@@ -19,6 +19,11 @@ from ..walk import component_of, walk_stream
 from .base import Accumulator, histogram_quantile, log_histogram
 
 
+def _masked_sum(values: Tensor, mask: Tensor) -> Tensor:
+    """Float64 sum over real tokens; padding is excluded even where it holds NaN, with no sync."""
+    return torch.where(mask, values, 0).double().sum()
+
+
 class GrowthSums:
     """One batch's growth sums; ``point`` and ``step`` in program order, then ``into``."""
 
@@ -32,28 +37,44 @@ class GrowthSums:
         self.points: dict[int, dict[str, Tensor]] = {}
         self.updates = {"attn": [None] * n_layers, "mlp": [None] * n_layers}
         self.norms: list[tuple[str, Tensor, Tensor]] = []
-        self.massive: list[tuple] = []  # per point: (point, count, flat index, value, median)
+        self.massive: list[tuple] = []  # (point, count, flat index, value, median, batch/pos)
 
     def point(self, point: int, x: Tensor) -> None:
         """The stream entering block ``point`` (``n_layers``: after the last block).
 
-        Masks multiply rather than index, so nothing here waits for the device.
+        Masks select with ``torch.where`` rather than index, so nothing here waits for the device.
         """
         energy = x.pow(2).sum(-1)
         norms = energy.sqrt()
-        rest, m = self.rest.to(norms.dtype), self.mask.to(norms.dtype)
         ones = x.sum(-1).pow(2) / (x.shape[-1] * energy.clamp_min(1e-30))
         self.points[point] = {
-            "mean": (norms * rest).double().sum(), "sumsq": (norms.pow(2) * rest).double().sum(),
-            "norms": norms, "first": norms[:, 0].double().sum(), "per_position": (norms * m).sum(0),
-            "ones_share": (ones * m).double().sum(),
+            "mean": _masked_sum(norms, self.rest), "sumsq": _masked_sum(norms.pow(2), self.rest),
+            "norms": norms, "first": norms[:, 0].double().sum(),
+            "per_position": torch.where(self.mask, norms, 0).sum(0),
+            "ones_share": _masked_sum(ones, self.mask),
         }
+        self._massive_candidates(point, x)
+
+    def _massive_candidates(self, point: int, x: Tensor) -> None:
+        """Coordinates over ``MASSIVE_ABS`` and ``MASSIVE_REL`` × their token's median |x|.
+
+        The median is taken only for tokens holding a coordinate over ``MASSIVE_ABS`` (one
+        device sync per point to find them); at most ``top_k`` candidates are kept, so the
+        stream itself can be dropped.
+        """
         mags = x.abs()
-        med = mags.median(-1, keepdim=True).values
-        hit = (mags > MASSIVE_ABS) & (mags > MASSIVE_REL * med) & self.mask[..., None]
-        # keep only the top_k candidates (small tensors), so the stream itself can be dropped
-        _, idx = torch.where(hit, mags, 0).flatten().topk(min(self.top_k, hit.numel()))
-        self.massive.append((point, hit.sum(), idx, x.flatten()[idx], med.flatten()[idx // x.shape[-1]]))
+        cand = (mags > MASSIVE_ABS) & self.mask[..., None]
+        tok = cand.any(-1)
+        positions = tok.nonzero()                                          # (token, 2): batch, pos
+        if len(positions) == 0:
+            return
+        sel = mags[tok]                                                    # (token, d_model)
+        med = sel.median(-1, keepdim=True).values
+        hit = cand[tok] & (sel > MASSIVE_REL * med)
+        _, idx = torch.where(hit, sel, 0).flatten().topk(min(self.top_k, hit.numel()))
+        d = x.shape[-1]
+        self.massive.append((point, hit.sum(), idx, x[tok].flatten()[idx], med.flatten()[idx // d],
+                             positions[idx // d]))
 
     def step(self, step, scales: dict[str, Tensor]) -> None:
         """One operation of the walk: update sizes at ``Add``; inputs and scales of stream norms."""
@@ -61,12 +82,11 @@ class GrowthSums:
         if isinstance(op, Add):
             layer, kind = component_of(op.component)
             ratio = step.added.norm(dim=-1) / step.x.norm(dim=-1).clamp_min(1e-30)
-            self.updates[kind][layer] = (ratio * m).double().sum()
+            self.updates[kind][layer] = _masked_sum(ratio, m)
         norm = op.norm if isinstance(op, Norm) else getattr(op, "via", None)
         if norm is not None:
             entering = step.x if isinstance(op, Norm) else step.write
-            self.norms.append((norm, (entering.norm(dim=-1) * m).double().sum(),
-                               (scales[norm] * m).double().sum()))
+            self.norms.append((norm, _masked_sum(entering.norm(dim=-1), m), _masked_sum(scales[norm], m)))
 
     def massive_rows(self) -> tuple[int, list[dict]]:
         """(how many were found, the top-k as rows); one read back to the host for the batch."""
@@ -74,11 +94,10 @@ class GrowthSums:
             return 0, []
         counts = [int(c) for c in torch.stack([m[1] for m in self.massive]).tolist()]
         rows = []
-        P, D = self.mask.shape[1], self.d_model
-        for (p, _, idx, value, med), n in zip(self.massive, counts, strict=True):
-            for i, v, m in zip(idx[:n].tolist(), value[:n].tolist(), med[:n].tolist(), strict=True):  # n ≤ k
-                b, t, d = i // (P * D), (i // D) % P, i % D
-                rows.append({"point": p, "batch": b + self.first_row, "pos": t, "dim": d,
+        for (p, _, idx, value, med, pos), n in zip(self.massive, counts, strict=True):
+            for i, v, m, (b, t) in zip(idx[:n].tolist(), value[:n].tolist(), med[:n].tolist(),
+                                       pos[:n].tolist(), strict=True):  # the n hits lead the top-k
+                rows.append({"point": p, "batch": b + self.first_row, "pos": t, "dim": i % self.d_model,
                              "token": self.str_tokens[b][t], "value": v,
                              "ratio_to_median": abs(v) / max(m, 1e-30)})
         return sum(counts), rows
