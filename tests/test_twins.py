@@ -15,8 +15,7 @@ from residual_stream.twins.train import TWIN_RECIPE, Recipe, evaluate, train
 
 VAL_LOSS_ATOL = 1e-3  # nats/byte: the recorded loss is of the shipped fp16 weights
 IN_CONTEXT_RATIO = 0.5  # second-occurrence loss must be under half the first
-# every twin but the sandwich one formed induction heads under the shared recipe (models/README.md)
-INDUCTION_TWINS = {"twin-pre-rms", "twin-pre-ln", "twin-post-ln", "twin-deepnorm", "twin-none"}
+INDUCTION_TWINS = set(TWIN_NAMES)  # every twin formed induction heads under the shared recipe
 
 
 def test_twin_builder_is_deterministic_and_maps_tokens_to_logits():
@@ -74,8 +73,7 @@ def test_bundled_twin_loads_reproduces_its_loss_and_conserves(name):
     assert ev["val_loss"] == pytest.approx(meta["evaluation"]["val_loss"], abs=VAL_LOSS_ATOL)
     report = rs.trace(model, TEXTS).check()
     assert report.ok, str(report)
-    # the in-context check of the card is reproduced; where induction formed, the repeat is
-    # far cheaper (the sandwich twin did not get there under the shared recipe)
+    # the in-context check of the card is reproduced, and the repeat is far cheaper
     assert ev["second_occurrence_loss"] == pytest.approx(
         meta["evaluation"]["second_occurrence_loss"], abs=VAL_LOSS_ATOL)
     if name in INDUCTION_TWINS:

@@ -44,9 +44,8 @@ class GrowthSums:
 
         Masks select with ``torch.where`` rather than index, so nothing here waits for the device.
         """
-        energy = x.pow(2).sum(-1)
-        norms = energy.sqrt()
-        ones = x.sum(-1).pow(2) / (x.shape[-1] * energy.clamp_min(1e-30))
+        norms = torch.linalg.vector_norm(x, dim=-1)                       # one pass each
+        ones = x.sum(-1).pow(2) / (x.shape[-1] * norms.pow(2).clamp_min(1e-30))
         self.points[point] = {
             "mean": _masked_sum(norms, self.rest), "sumsq": _masked_sum(norms.pow(2), self.rest),
             "norms": norms, "first": norms[:, 0].double().sum(),
@@ -62,15 +61,13 @@ class GrowthSums:
         device sync per point to find them); at most ``top_k`` candidates are kept, so the
         stream itself can be dropped.
         """
-        mags = x.abs()
-        cand = (mags > MASSIVE_ABS) & self.mask[..., None]
-        tok = cand.any(-1)
+        tok = (torch.linalg.vector_norm(x, ord=float("inf"), dim=-1) > MASSIVE_ABS) & self.mask
         positions = tok.nonzero()                                          # (token, 2): batch, pos
         if len(positions) == 0:
             return
-        sel = mags[tok]                                                    # (token, d_model)
+        sel = x[tok].abs()                                                 # (token, d_model)
         med = sel.median(-1, keepdim=True).values
-        hit = cand[tok] & (sel > MASSIVE_REL * med)
+        hit = (sel > MASSIVE_ABS) & (sel > MASSIVE_REL * med)
         _, idx = torch.where(hit, sel, 0).flatten().topk(min(self.top_k, hit.numel()))
         d = x.shape[-1]
         self.massive.append((point, hit.sum(), idx, x[tok].flatten()[idx], med.flatten()[idx // d],

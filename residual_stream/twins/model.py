@@ -262,7 +262,14 @@ class TwinTransformer(HookedRootModule):
             (_xavier_init if xavier else _gpt2_init)(module, self.config)
         elif isinstance(module, nn.Linear) and module is self.unembed:
             nn.init.normal_(module.weight, std=0.02)
-
+        elif isinstance(module, Block) and self.config.init == "gpt2":
+            # Sandwich norms on the writes: their gain starts at GPT-2's write scale 0.02/√(2N),
+            # not 1. With gain 1 every write starts at unit RMS against N(0, 0.02) embeddings
+            # (block 0's attention write ~10× its input) and no induction head formed.
+            for role in ("ln_attn_out", "ln_mlp_out"):
+                norm = getattr(module, role, None)
+                if norm is not None and getattr(norm, "weight", None) is not None:
+                    nn.init.constant_(norm.weight, 0.02 / (2 * self.config.n_layers) ** 0.5)
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
