@@ -90,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--device", default="auto", help="auto (cuda, mps, cpu), cpu, cuda ...")
     t.add_argument("--out", required=True, type=Path, help="folder for model.safetensors + twin.json")
     t.add_argument("--quiet", action="store_true", help="no progress bar or loss log")
-    from .scan import add_arguments
+    from .streaming.cli import add_arguments
 
     add_arguments(sub.add_parser("scan", help="streaming statistics over a corpus (resumable; "
                                  "torchrun -m residual_stream.scan for several processes)"))
@@ -267,7 +267,7 @@ def _app(args: argparse.Namespace) -> int:
 
 
 def _scan(args: argparse.Namespace) -> int:
-    from .scan import run
+    from .streaming.cli import run
 
     return run(args)
 

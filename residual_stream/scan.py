@@ -1,99 +1,26 @@
-"""Scan a corpus from the command line, in one process or several.
+"""``python -m residual_stream.scan`` (and ``torchrun ... -m residual_stream.scan``): scan a corpus.
 
-    residual-stream scan MODEL CORPUS --stats growth,survival --out scan.json [--state scan.pt]
-    python -m residual_stream.scan MODEL CORPUS ...                 (the same)
-    torchrun --nproc-per-node 2 -m residual_stream.scan MODEL CORPUS ... --out scan.json
-
-Under ``torchrun`` (``WORLD_SIZE > 1``) each process scans every ``WORLD_SIZE``-th batch and
-the accumulators are merged across processes (gloo on the CPU, nccl on the GPU, one GPU per
-process by ``LOCAL_RANK``); rank 0 writes ``--out``. ``--state`` gets a ``.rank{r}`` suffix per
-process, so an interrupted multi-process scan resumes with the same command.
+The command line lives in ``residual_stream.streaming.cli``; this module is its entry point.
+Importing it as ``residual_stream.scan`` would shadow the function ``rs.scan`` with this
+module, so the module is made callable: ``rs.scan(...)`` works either way.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
-from pathlib import Path
+import types
+
+from .streaming.cli import main
+from .streaming.runner import scan
 
 
-def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The scan's arguments (shared by ``residual-stream scan`` and ``-m residual_stream.scan``)."""
-    from .streaming import STATS
-
-    p.add_argument("model", help="registry name, HF folder, .gguf file or cached hub id")
-    p.add_argument("corpus", help="'builtin', a text file (one text per line) or a folder of .txt files")
-    p.add_argument("--stats", default="growth",
-                   help=f"comma-separated statistics: {','.join(STATS)} (default: growth)")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seq-len", type=int, help="tokens per row (default: min(context, 128))")
-    p.add_argument("--max-tokens", type=int, help="stop after this many tokens")
-    p.add_argument("--state", type=Path, help="save the scan state here after each batch; resume from it")
-    p.add_argument("--save-every", type=int, default=1, help="batches between state saves")
-    p.add_argument("--out", type=Path, required=True, help="JSON file for the results")
-    p.add_argument("--device", default="auto", help="auto (cuda, mps, cpu), cpu, cuda ...")
-    p.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, else float32), float32 ...")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    return p
+class _CallableModule(types.ModuleType):
+    def __call__(self, *args, **kwargs):
+        """``rs.scan(...)``, whichever of the function or this module the attribute holds."""
+        return scan(*args, **kwargs)
 
 
-def _distributed() -> tuple[int, int, str | None]:
-    """``(rank, world_size, device)``: joins the process group when launched by torchrun."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
-        return 0, 1, None
-    import torch
-    import torch.distributed as dist
-
-    cuda = torch.cuda.is_available()
-    device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if cuda else "cpu"
-    if cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo")
-    return dist.get_rank(), world, device
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run the scan the arguments describe; rank 0 writes the JSON. Returns the exit code."""
-    from .loading import load
-    from .streaming import scan
-
-    rank, world, device = _distributed()
-    try:
-        if rank == 0:
-            parent = args.out.resolve().parent
-            if not parent.is_dir() or not os.access(parent, os.W_OK):
-                from .errors import InputError
-
-                raise InputError(f"cannot write {args.out}: {parent} is not a writable folder")
-        model = load(args.model, device=device or args.device, dtype=args.dtype, progress=not args.quiet)
-        state = args.state if args.state is None or world == 1 else \
-            args.state.with_name(f"{args.state.name}.rank{rank}")
-        result = scan(model, args.corpus, [s.strip() for s in args.stats.split(",") if s.strip()],
-                      batch_size=args.batch_size, seq_len=args.seq_len, max_tokens=args.max_tokens,
-                      state=state, save_every=args.save_every, progress=not args.quiet,
-                      rank=rank, world_size=world)
-        if rank == 0:
-            result.save(args.out)
-            print(f"residual-stream: scanned {result.tokens} tokens in {result.batches} batches "
-                  f"({result.tokens_per_second:.0f} tokens/s this run); wrote {args.out}",
-                  file=sys.stderr)
-    finally:
-        if world > 1:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m residual_stream.scan``: parse, run, map errors to exit codes like the CLI."""
-    from .cli import run_guarded
-
-    parser = add_arguments(argparse.ArgumentParser(prog="residual_stream.scan", description=__doc__))
-    return run_guarded(run, parser.parse_args(argv))
-
+sys.modules[__name__].__class__ = _CallableModule
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -248,6 +248,14 @@ def test_a_state_for_other_arguments_or_a_corrupt_one_is_refused(model, tmp_path
 
 # --- command line and several processes ----------------------------------------------------
 
+def test_importing_the_entry_module_keeps_rs_scan_callable(model):
+    import importlib
+
+    importlib.import_module("residual_stream.scan")  # the package attribute now names the module
+    result = rs.scan(model, TEXTS[:3], ["growth"], progress=False)
+    assert result.tokens == sum(len(t.encode()) + 1 for t in TEXTS[:3])
+
+
 def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
