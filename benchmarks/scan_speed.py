@@ -59,8 +59,12 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def variants(model, use_tl: bool) -> dict:
-    """Variant name → function of one batch."""
+def variants(model, use_tl: bool, copy_for_tl: bool = True) -> dict:
+    """Variant name → function of one batch.
+
+    The bridge boots on a copy of the model (booting changes the model in place) unless
+    ``copy_for_tl`` is False (a memory subprocess that runs one TransformerLens variant only).
+    """
     dev = model.device
 
     def hf_forward(batch):
@@ -85,7 +89,8 @@ def variants(model, use_tl: bool) -> dict:
     if use_tl:
         from residual_stream.tl_compat import boot_bridge
 
-        bridge = boot_bridge(copy.deepcopy(model.module), model.tokenizer, "smollm2", str(dev))
+        hf = copy.deepcopy(model.module) if copy_for_tl else model.module
+        bridge = boot_bridge(hf, model.tokenizer, "smollm2", str(dev))
         n = model.anatomy.n_layers
         resid = {f"blocks.{L}.hook_resid_pre" for L in range(n)} | {f"blocks.{n - 1}.hook_resid_post"}
         out["tl_cache_all"] = lambda b: bridge.run_with_cache(b.tokens.to(dev))
@@ -132,7 +137,8 @@ def memory_of(args, name: str) -> dict:
     """
     model = rs.load(args.model, device=args.device, dtype=args.dtype, progress=False)
     batches = _batches(model, args.batches, args.batch_size, args.seq_len)
-    fn = variants(model, name.startswith("tl_"))[name]
+    tl = name.startswith("tl_")
+    fn = variants(model, tl, copy_for_tl=False)[name]  # no second copy of the weights in memory
     if model.device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()

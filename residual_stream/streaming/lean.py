@@ -70,9 +70,9 @@ def lean_pass(model, batch, reducers: Sequence) -> None:
 
     def on_point(point: int) -> None:
         x = cap.resid[point]
-        finite.append((x.isfinite().all(-1) | ~mask).all())  # no device sync
-        start = cap.resid.get(point - 1, torch.zeros_like(x))
-        walk(segs[point], start)
+        # NaN and inf propagate through a sum: one cheap reduction, no full-size mask, no sync
+        finite.append((x.sum(-1).isfinite() | ~mask).all())
+        walk(segs[point], cap.resid[point - 1] if point else torch.zeros_like(x))
         for r in reducers:
             r.point(point, x)
         for store in (cap.resid, cap.attn_out, cap.mlp_out):  # block point − 1 is done
