@@ -16,7 +16,8 @@ import torch
 
 import residual_stream as rs
 from residual_stream.inputs import encode
-from residual_stream.report import build_report, builtin_corpus, select_texts
+from residual_stream.report import build_report, select_texts
+from residual_stream.streaming.corpus import builtin_corpus
 
 
 def main() -> None:

@@ -172,18 +172,13 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _read_texts(args: argparse.Namespace) -> list[str]:
-    from .report import builtin_corpus
+    from .streaming.corpus import Corpus
 
-    if args.text is not None:
-        if not args.text.is_file():
-            raise InputError(f"--text {args.text}: no such file")
-        return [ln.strip() for ln in args.text.read_text(encoding="utf-8").splitlines() if ln.strip()]
-    if args.corpus is not None:
-        if not args.corpus.is_dir():
-            raise InputError(f"--corpus {args.corpus}: no such folder")
-        return [ln.strip() for f in sorted(args.corpus.glob("*.txt"))
-                for ln in f.read_text(encoding="utf-8").splitlines() if ln.strip()]
-    return builtin_corpus()
+    if args.text is not None and not args.text.is_file():
+        raise InputError(f"--text {args.text}: no such file")
+    if args.corpus is not None and not args.corpus.is_dir():
+        raise InputError(f"--corpus {args.corpus}: no such folder")
+    return list(Corpus(args.text or args.corpus or "builtin").texts())
 
 
 def _writable(path: Path) -> None:

@@ -11,7 +11,6 @@ import html
 import platform
 import time
 from dataclasses import dataclass
-from importlib import resources
 
 import pandas as pd
 import plotly
@@ -45,12 +44,6 @@ METHODS = [
      "framework's hidden states, every hook against the replayed program, every norm module against "
      "its frozen-affine description, and the decomposition against the stream."),
 ]
-
-
-def builtin_corpus() -> list[str]:
-    """The shipped corpus: 220 English sentences and 100 lines of Python, one per line."""
-    text = resources.files("residual_stream").joinpath("data/builtin_corpus.txt").read_text("utf-8")
-    return [line for line in text.splitlines() if line and not line.startswith("#")]
 
 
 def select_texts(model, texts: list[str], max_tokens: int) -> list[str]:

@@ -8,7 +8,8 @@ from tiny_hf import build
 
 import residual_stream as rs
 from residual_stream.cli import main
-from residual_stream.report import build_report, builtin_corpus, select_texts
+from residual_stream.report import build_report, select_texts
+from residual_stream.streaming.corpus import builtin_corpus
 
 EVIL = "<script>window.__pwned=1</script></div> & friends"
 

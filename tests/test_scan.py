@@ -101,6 +101,12 @@ def test_growth_equals_the_single_trace(scanned):
     result, whole = scanned
     assert len(rs.norm_growth(whole).massive) > 0  # the planted "Z"s
     _assert_growth_equal(result, whole)
+    # the second moment: population std of each point's norms over the tokens the mean counts
+    rest = whole.attention_mask.bool().clone()
+    rest[:, 0] = False
+    ref = torch.stack([whole.stream(L).norm(dim=-1)[rest].double().std(correction=0)
+                       for L in range(whole.anatomy.n_layers + 1)])
+    _close(result.accumulators["growth"].std(), ref, rel=1e-4)
 
 
 LEAN_CASES = [("layernorm", "pre"), ("layernorm", "post"), ("rmsnorm", "sandwich"),
@@ -161,6 +167,23 @@ def test_flow_subspaces_lens_and_composition_equal_the_single_trace(scanned, mod
     _close(result.stats["composition"].head_to_head, rs.composition(model).head_to_head)
     assert result.tokens == int(whole.attention_mask.sum())
     json.dumps(result.to_dict())  # every statistic serializes
+
+
+def test_corpus_sources_read_the_same_texts(tmp_path):
+    from residual_stream.streaming.corpus import builtin_corpus
+
+    shipped = list(Corpus("builtin").texts())
+    assert shipped == builtin_corpus() and not any(t.startswith("#") for t in shipped)
+    assert len(shipped) == 320  # 220 sentences + 100 code lines, the header comment left out
+    (tmp_path / "a.txt").write_text("  first text \n\n second\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.txt").write_text("third\n")
+    assert list(Corpus(tmp_path / "a.txt").texts()) == ["first text", "second"]
+    assert list(Corpus(tmp_path).texts()) == ["first text", "second", "third"]
+    (tmp_path / "empty").mkdir()
+    assert list(Corpus(tmp_path / "empty").texts()) == []  # empty: the scan and report say so
+    with pytest.raises(InputError, match="not 'builtin'"):
+        list(Corpus(tmp_path / "missing.txt").texts())
 
 
 def test_histogram_quantiles_are_within_one_bin():

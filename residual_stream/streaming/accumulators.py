@@ -7,14 +7,16 @@ computed once, not accumulated. ``growth`` lives in ``growth`` (it can also run 
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 import pandas as pd
 import torch
 
 from ..analyses.composition import composition
-from ..analyses.flow import read_attribution, survival
+from ..analyses.flow import ReadAttribution, Survival, read_attribution, survival
 from ..analyses.lens import logit_lens
-from ..analyses.subspaces import WriteSubspaces, pca_subspace, write_subspaces
+from ..analyses.subspaces import Subspace, WriteSubspaces, pca_subspace, write_subspaces
 from ..analyses.tokens import real, safe_ratio
 from ..errors import InputError
 from .base import BIN_WIDTH, LOG_BINS, NORM_RANGE, Accumulator, histogram_quantile, log_histogram
@@ -24,64 +26,71 @@ __all__ = ["BIN_WIDTH", "LOG_BINS", "NORM_RANGE", "STATS", "Accumulator", "Growt
            "histogram_quantile", "log_histogram", "make_accumulators"]
 
 
-def _real_count(trace) -> int:
-    return int(trace.attention_mask.sum())
+class _TokenMeans(Accumulator):
+    """An analysis whose ``FIELDS`` are means over a batch's real tokens: keeps ``mean × tokens``.
+
+    ``LABELS`` (the axes' names) are structural, the same for every batch; they go to ``meta``.
+    """
+
+    FIELDS: ClassVar[tuple[str, ...]] = ()
+    LABELS: ClassVar[tuple[str, ...]] = ()
+
+    def analyse(self, trace):  # pragma: no cover - abstract
+        """The single-trace analysis of one batch."""
+        raise NotImplementedError
+
+    def update(self, trace, first_row: int = 0) -> None:
+        """Add one batch."""
+        result, n = self.analyse(trace), int(trace.attention_mask.sum())
+        for key in self.FIELDS:
+            self.add(key, getattr(result, key).double() * n)
+        self.add("n", n)
+        for key in self.LABELS:
+            self.meta[key] = list(getattr(result, key))
 
 
-class SurvivalStats(Accumulator):
+class SurvivalStats(_TokenMeans):
     """Survival of every write: mean norm, share and (derived) retention per point."""
 
     name = "survival"
+    FIELDS, LABELS = ("norm", "share", "born_norm"), ("sources",)
 
     def __init__(self, granularity: str = "component") -> None:
         super().__init__()
         self.granularity = granularity
 
-    def update(self, trace, first_row: int = 0) -> None:
-        """Add one batch."""
-        s = survival(trace, granularity=self.granularity)
-        n = _real_count(trace)
-        for key in ("norm", "share", "born_norm"):
-            self.add(key, getattr(s, key).double() * n)
-        self.add("n", n)
-        self.meta["sources"] = list(s.sources)
+    def analyse(self, trace) -> Survival:
+        """``survival`` of one batch."""
+        return survival(trace, granularity=self.granularity)
 
-    def result(self):
+    def result(self) -> Survival:
         """``Survival`` over every token so far; retention = mean norm / mean norm when added."""
-        from ..analyses.flow import Survival
-
         norm, born = self.mean("norm"), self.mean("born_norm")
         return Survival(tuple(self.meta["sources"]), norm, self.mean("share"),
                         safe_ratio(norm, born[:, None]), born, self.granularity)
 
 
-class ReadAttributionStats(Accumulator):
+class ReadAttributionStats(_TokenMeans):
     """Mean share of every source in every reader's linear read."""
 
     name = "read_attribution"
+    FIELDS, LABELS = ("share", "abs_share"), ("readers", "sources")
 
     def __init__(self, granularity: str = "component") -> None:
         super().__init__()
         self.granularity = granularity
 
-    def update(self, trace, first_row: int = 0) -> None:
-        """Add one batch."""
-        r = read_attribution(trace, granularity=self.granularity)
-        n = _real_count(trace)
-        self.add("share", r.share.double() * n)
-        self.add("abs_share", r.abs_share.double() * n)
-        self.add("n", n)
-        self.meta["readers"], self.meta["sources"] = list(r.readers), list(r.sources)
+    def analyse(self, trace) -> ReadAttribution:
+        """``read_attribution`` of one batch."""
+        return read_attribution(trace, granularity=self.granularity)
 
-    def result(self):
+    def result(self) -> ReadAttribution:
         """``ReadAttribution`` over every token so far (no per-token shares)."""
-        from ..analyses.flow import ReadAttribution
-
         return ReadAttribution(tuple(self.meta["readers"]), tuple(self.meta["sources"]),
                                self.mean("share"), self.mean("abs_share"), None, self.granularity)
 
 
-class SubspaceStats(Accumulator):
+class SubspaceStats(_TokenMeans):
     """Energy fractions of every write in the named subspaces, head overlaps, reads.
 
     The stream's principal components are fixed from the first batch of the corpus (the
@@ -90,6 +99,8 @@ class SubspaceStats(Accumulator):
 
     name = "subspaces"
     calibrates = True
+    FIELDS = ("named", "head_overlap", "read_fraction", "read_strength")
+    LABELS = ("writes", "subspaces", "heads", "readers")
 
     def __init__(self, pca_k: int = 16, unembed_k: int = 32) -> None:
         super().__init__()
@@ -101,18 +112,10 @@ class SubspaceStats(Accumulator):
         if "pca_basis" not in self.meta:
             self.meta["pca_basis"] = pca_subspace(calibration, k=self.pca_k).basis.cpu()
 
-    def update(self, trace, first_row: int = 0) -> None:
-        """Add one batch."""
-        from ..analyses.subspaces import Subspace
-
+    def analyse(self, trace) -> WriteSubspaces:
+        """``write_subspaces`` of one batch, against the calibrated PCA subspace."""
         pca = Subspace("pca", self.meta["pca_basis"])
-        w = write_subspaces(trace, pca_trace=pca, unembed_k=self.unembed_k)
-        n = _real_count(trace)
-        for key in ("named", "head_overlap", "read_fraction", "read_strength"):
-            self.add(key, getattr(w, key).double() * n)
-        self.add("n", n)
-        for key in ("writes", "subspaces", "heads", "readers"):
-            self.meta[key] = list(getattr(w, key))
+        return write_subspaces(trace, pca_trace=pca, unembed_k=self.unembed_k)
 
     def result(self) -> WriteSubspaces:
         """``WriteSubspaces`` over every token so far."""
@@ -130,7 +133,6 @@ class LensStats(Accumulator):
     def update(self, trace, first_row: int = 0) -> None:
         """Add one batch (the rank histogram covers the vocabulary, so the median is exact)."""
         lens = logit_lens(trace, k=1)
-        n = _real_count(trace)
         m = trace.attention_mask.bool()
         self.add("kl", real(lens.kl, m, lead=1).double().sum(-1))
         self.add("top1", real(lens.top1_agree, m, lead=1).double().sum(-1))
@@ -139,7 +141,7 @@ class LensStats(Accumulator):
         offset = torch.arange(ranks.shape[0])[:, None] * V
         self.add("rank_hist", torch.bincount((ranks + offset).flatten(),
                                              minlength=ranks.shape[0] * V).view(-1, V))
-        self.add("n", n)
+        self.add("n", m.sum())
 
     def result(self) -> pd.DataFrame:
         """Per point: ``kl`` (nats), ``top1_agreement``, ``median_rank`` (as ``LogitLens.summary``)."""

@@ -1,8 +1,9 @@
 """Accumulators: every corpus-level statistic as sums, counts, histograms and top-k lists.
 
-Each accumulator runs the package's own analysis on one batch's trace and keeps only what
-merges exactly: a mean over the real tokens of a batch becomes ``mean × tokens`` added to a
-float64 sum, with the token count beside it. Means over the whole corpus are then exactly
+Each accumulator keeps only what merges exactly: a mean over the real tokens of a batch
+becomes ``mean × tokens`` added to a float64 sum, with the token count beside it (the
+replay-based ones run the package's own analysis per batch, ``accumulators``; growth reduces
+the stream itself, ``growth``). Means over the whole corpus are then exactly
 the means the analysis would give on one trace of every row (up to float64 summation order),
 and memory depends on the model, never on the number of tokens.
 
@@ -21,6 +22,7 @@ Composition is a function of the weights alone: computed once, not accumulated.
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import ClassVar
 
@@ -71,6 +73,12 @@ class Accumulator:
             width = max(old.shape[-1], v.shape[-1])
             old, v = (torch.nn.functional.pad(t, (0, width - t.shape[-1])) for t in (old, v))
         self.sums[key] = old + v
+
+    def empty_like(self) -> Accumulator:
+        """A new accumulator with this one's settings (and model) and no sums."""
+        clone = copy.copy(self)
+        clone.sums, clone.meta = {}, {}
+        return clone
 
     def merge(self, other: Accumulator) -> None:
         """Add ``other``'s sums (same statistic, disjoint batches) into this one."""

@@ -21,6 +21,12 @@ from ..errors import EmptyTextError, InputError
 from ..inputs import Batch, pack
 
 
+def builtin_corpus() -> list[str]:
+    """The shipped corpus: 220 English sentences and 100 lines of Python, one per line."""
+    text = resources.files("residual_stream").joinpath("data/builtin_corpus.txt").read_text("utf-8")
+    return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+
 @dataclass(frozen=True)
 class Corpus:
     """Where the texts come from (see the module docstring)."""
@@ -29,29 +35,24 @@ class Corpus:
 
     def _files(self) -> list[Path]:
         path = Path(self.source)
-        if path.is_dir():
-            files = sorted(path.rglob("*.txt"))
-            if not files:
-                raise InputError(f"the folder {path} has no .txt files: put one text per line in "
-                                 "*.txt files")
-            return files
+        if path.is_dir():  # an empty folder is an empty corpus: its consumers say so
+            return sorted(path.rglob("*.txt"))
         if path.is_file():
             return [path]
         raise InputError(f"corpus {self.source!r} is not 'builtin', a text file or a folder of "
                          ".txt files")
 
     def texts(self) -> Iterator[str]:
-        """Every non-empty text, in order, read lazily."""
+        """Every non-empty line (stripped), in order, read lazily."""
         if not isinstance(self.source, (str, Path)):
             yield from (t for t in self.source if t.strip())
             return
         if self.source == "builtin":
-            text = resources.files("residual_stream").joinpath("data/builtin_corpus.txt")
-            yield from (line for line in text.read_text("utf-8").splitlines() if line.strip())
+            yield from builtin_corpus()
             return
         for f in self._files():
             with f.open(encoding="utf-8", errors="replace") as handle:
-                yield from (line.rstrip("\n") for line in handle if line.strip())
+                yield from (line.strip() for line in handle if line.strip())
 
     def fingerprint(self) -> str:
         """Identifies the corpus in a saved scan state: name, size and modification time."""

@@ -181,8 +181,12 @@ class GrowthStats(Accumulator):
         )
 
     def std(self) -> Tensor:
-        """Standard deviation of the stream norm per point (from the second moment)."""
-        mean = self.mean("mean", "n_rest").double()
-        return (self.mean("sumsq", "n_rest").double() - mean.pow(2)).clamp_min(0).sqrt().float()
+        """Standard deviation of the stream norm per point (population, from the second moment).
+
+        Over the tokens the mean counts (each row's first token left out), in float64 throughout.
+        """
+        n = self.sums["n_rest"].cpu().double()
+        mean = self.sums["mean"].cpu() / n
+        return (self.sums["sumsq"].cpu() / n - mean.pow(2)).clamp_min(0).sqrt().float()
 
 

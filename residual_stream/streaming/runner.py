@@ -112,11 +112,10 @@ def _gather(accs: dict[str, Accumulator], tokens: int, batches: int,
     states: list = [None] * world_size
     dist.all_gather_object(states, {"tokens": tokens, "batches": batches,
                                     "stats": {n: a.state_dict() for n, a in accs.items()}})
-    merged = {n: type(a)() for n, a in accs.items()}
+    merged = {n: a.empty_like() for n, a in accs.items()}  # same settings, no sums
     for name, acc in merged.items():
-        acc.model = accs[name].model
         for s in states:
-            part = type(acc)()
+            part = acc.empty_like()
             part.load_state_dict(s["stats"][name])
             acc.merge(part)
     return merged, sum(s["tokens"] for s in states), sum(s["batches"] for s in states)
