@@ -9,7 +9,9 @@ attention, ``torch.inference_mode``):
 * ``rs_stats``: the ``growth`` statistic as ``rs.scan`` computes it: the lean pass, reduced
   block by block inside the forward pass (norms, update sizes, norm inputs, centering share,
   massive activations): "statistics alone";
-* ``rs_stats_flow``: capture + ``growth``, ``survival`` and ``read_attribution``;
+* ``rs_survival`` / ``rs_read``: ``survival`` / ``read_attribution`` alone, lean (component
+  granularity: contributions carried in one buffer, ``streaming.flow``);
+* ``rs_stats_flow``: ``growth``, ``survival`` and ``read_attribution`` together, lean;
 * ``rs_lens``: capture + the ``lens`` accumulator (one unembedding per point);
 * ``rs_decompose``: capture + the full per-head decomposition of the last point;
 * ``tl_cache_all`` / ``tl_cache_resid``: TransformerLens ``run_with_cache`` on a bridge booted
@@ -84,7 +86,9 @@ def variants(model, use_tl: bool, copy_for_tl: bool = True) -> dict:
         trace_batch(model, batch).decompose(model.anatomy.n_layers)
 
     out = {"hf_forward": hf_forward, "rs_capture": lambda b: trace_batch(model, b),
-           "rs_stats": stats(["growth"]), "rs_stats_flow": stats(["growth", "survival", "read_attribution"]),
+           "rs_stats": stats(["growth"]), "rs_survival": stats(["survival"]),
+           "rs_read": stats(["read_attribution"]),
+           "rs_stats_flow": stats(["growth", "survival", "read_attribution"]),
            "rs_lens": stats(["lens"]), "rs_decompose": decompose}
     if use_tl:
         from residual_stream.tl_compat import boot_bridge

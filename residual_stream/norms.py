@@ -82,6 +82,27 @@ class NormSpec:
             c = c - c.mean(-1, keepdim=True)
         return c * (self.gain(c) / scale.to(c.dtype).unsqueeze(-1))
 
+    def apply_linear_(self, c: Float[Tensor, "*lead d_model"], scale: Tensor) -> Tensor:
+        """``apply_linear`` in place on ``c`` (same arithmetic, no temporaries of ``c``'s size).
+
+        ``scale`` broadcasts against ``c``'s leading axes from the right, as in ``apply_linear``.
+        """
+        if self.kind == "layernorm":
+            c.sub_(c.mean(-1, keepdim=True))
+        return c.mul_(self.gain(c) / scale.to(c.dtype).unsqueeze(-1))
+
+    def apply_adjoint(self, g: Float[Tensor, "*lead d_model"], scale: Float[Tensor, "*tokens"]
+                      ) -> Float[Tensor, "*lead d_model"]:
+        """The transpose of the frozen linear part ``L``: ``<L c, g> == <c, Lᵀ g>``.
+
+        ``Lᵀ g = C diag(γ) g / s`` (``C`` is symmetric): lets a read be attributed to many
+        contributions with one map of the read's gradient instead of one map per contribution.
+        """
+        g = g * self.gain(g)
+        if self.kind == "layernorm":
+            g = g - g.mean(-1, keepdim=True)
+        return g / scale.to(g.dtype).unsqueeze(-1)
+
     def apply_frozen(
         self, x: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*batch"]
     ) -> Float[Tensor, "*batch d_model"]:

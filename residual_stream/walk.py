@@ -25,7 +25,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, eq=False)
 class Step:
-    """The stream ``x`` as ``op`` sees it; for ``Add``, the write as produced and as added."""
+    """The stream ``x`` as ``op`` sees it; for ``Add``, the write as produced and as added.
+
+    For ``Embed``, ``write`` and ``added`` are the embedding.
+    """
 
     op: Op
     x: Tensor
@@ -61,10 +64,13 @@ def walk_ops(ops, x: Tensor, cap: Captured, norms: dict, attn_write: Callable[[i
             yield Step(op, x, w, added)
             x = x + added
             continue
-        yield Step(op, x)
         if isinstance(op, Embed):
-            x = x + cap.embeds[op.label]
-        elif isinstance(op, Norm):
+            e = cap.embeds[op.label]
+            yield Step(op, x, e, e)
+            x = x + e
+            continue
+        yield Step(op, x)
+        if isinstance(op, Norm):
             x = norms[op.norm].apply_frozen(x, cap.norm_scale[op.norm])
         elif isinstance(op, Scale):
             x = x * op.alpha

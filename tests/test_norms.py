@@ -45,6 +45,28 @@ def test_frozen_norm_is_affine_in_contributions():
 
 
 @pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+def test_adjoint_and_in_place_forms_of_the_linear_part(kind):
+    """<L c, g> == <c, Lᵀ g> on a stack of contributions; ``apply_linear_`` == ``apply_linear``."""
+    torch.manual_seed(1)
+    c = torch.randn(3, 2, 5, 8, dtype=torch.float64)        # (contribution, batch, pos, d)
+    g = torch.randn(2, 5, 8, dtype=torch.float64)
+    n = spec(kind, torch.randn(8, dtype=torch.float64), offset=1.0 if kind == "rmsnorm" else 0.0)
+    s = torch.rand(2, 5, dtype=torch.float64) + 0.5
+    lhs = (n.apply_linear(c, s) * g).sum(-1)
+    rhs = (c * n.apply_adjoint(g, s)).sum(-1)
+    torch.testing.assert_close(lhs, rhs, atol=ATOL_F64, rtol=RTOL_F64)
+    # by hand, one token of a 2-D RMSNorm with gain (1, 2) and s = 2: L c = (c₀/2, c₁)
+    hand = spec("rmsnorm", torch.tensor([0.0, 1.0], dtype=torch.float64), offset=1.0)
+    two = torch.tensor([2.0], dtype=torch.float64)
+    torch.testing.assert_close(hand.apply_adjoint(torch.tensor([[4.0, 3.0]], dtype=torch.float64), two),
+                               torch.tensor([[2.0, 3.0]], dtype=torch.float64))
+    tokens_major = c.permute(1, 2, 0, 3).clone()              # (batch, pos, contribution, d)
+    n.apply_linear_(tokens_major, s.unsqueeze(-1))
+    torch.testing.assert_close(tokens_major, n.apply_linear(c, s).permute(1, 2, 0, 3),
+                               atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
 def test_matches_torch_modules(kind):
     torch.manual_seed(0)
     x = torch.randn(3, 7, 16, dtype=torch.float64)

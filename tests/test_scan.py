@@ -113,28 +113,68 @@ LEAN_CASES = [("layernorm", "pre"), ("layernorm", "post"), ("rmsnorm", "sandwich
               ("layernorm", "deepnorm"), ("rmsnorm", "parallel"), ("none", "pre")]
 
 
+LEAN = ["growth", "survival", "read_attribution"]
+
+
+def _assert_flow_equal(result, whole) -> None:
+    """Survival and read attribution of a scan against the replay analyses on one trace."""
+    s, ref = result.stats["survival"], rs.survival(whole)
+    assert s.sources == ref.sources
+    for field in ("norm", "share", "retention", "born_norm"):
+        _close(getattr(s, field), getattr(ref, field))
+    r, ref = result.stats["read_attribution"], rs.read_attribution(whole)
+    assert (r.readers, r.sources) == (ref.readers, ref.sources)
+    _close(r.share, ref.share)
+    _close(r.abs_share, ref.abs_share)
+
+
 @pytest.mark.parametrize("norm,placement", LEAN_CASES)
-def test_lean_growth_scan_equals_the_single_trace(norm, placement, monkeypatch):
-    """``growth`` alone takes the lean pass (reduced block by block during the forward pass)."""
+def test_lean_scan_equals_the_single_trace(norm, placement, monkeypatch):
+    """growth, survival and read attribution take the lean pass (no trace is ever built)."""
     m = rs.twin(norm=norm, placement=placement, n_layers=3, d_model=32, seed=1, n_ctx=64)
     with torch.no_grad():
         m.module.embed.weight[ord("Z"), 5] = 4000.0
     kw = dict(batch_size=3, seq_len=24)
     whole = trace_batch(m, pack(m, _rows(m, TEXTS, **kw)))
     monkeypatch.setattr("residual_stream.streaming.runner.trace_batch", None)  # no full trace
-    _assert_growth_equal(rs.scan(m, TEXTS, ["growth"], progress=False, **kw), whole)
+    result = rs.scan(m, TEXTS, LEAN, progress=False, **kw)
+    _assert_growth_equal(result, whole)
+    _assert_flow_equal(result, whole)
 
 
 @pytest.mark.parametrize("name", ["llama", "gpt2", "bert", "gemma2", "gpt_neox_parallel"])
-def test_lean_growth_scan_on_framework_models(name):
+def test_lean_scan_on_framework_models(name, monkeypatch):
     from tiny_hf import build
 
     from residual_stream.inputs import ByteTokenizer
 
     m = rs.load(build(name), tokenizer=ByteTokenizer())
     kw = dict(batch_size=4, seq_len=32)
-    result = rs.scan(m, TEXTS, ["growth"], progress=False, **kw)
-    _assert_growth_equal(result, trace_batch(m, pack(m, _rows(m, TEXTS, **kw))))
+    whole = trace_batch(m, pack(m, _rows(m, TEXTS, **kw)))
+    monkeypatch.setattr("residual_stream.streaming.runner.trace_batch", None)
+    result = rs.scan(m, TEXTS, LEAN, progress=False, **kw)
+    _assert_growth_equal(result, whole)
+    _assert_flow_equal(result, whole)
+
+
+def test_per_head_flow_statistics_replay_the_trace(model):
+    """Per-head granularity is not lean: it runs the replay analysis batch by batch."""
+    from residual_stream.streaming.accumulators import ReadAttributionStats, SurvivalStats
+
+    kw = dict(batch_size=3, seq_len=24)
+    whole = trace_batch(model, pack(model, _rows(model, TEXTS, **kw)))
+    surv, read = SurvivalStats("head"), ReadAttributionStats("head")
+    assert not surv.lean and not read.lean
+    for batch, first in corpus_batches(model, Corpus(TEXTS), **kw):
+        t = trace_batch(model, batch)
+        surv.update(t, first)
+        read.update(t, first)
+    s, ref = surv.result(), rs.survival(whole, granularity="head")
+    assert s.sources == ref.sources and any("H" in x for x in s.sources)
+    _close(s.share, ref.share)
+    r, ref = read.result(), rs.read_attribution(whole, granularity="head")
+    assert r.sources == ref.sources
+    _close(r.share, ref.share)
 
 
 def test_lean_pass_refuses_nan_and_names_the_point():
@@ -147,14 +187,7 @@ def test_lean_pass_refuses_nan_and_names_the_point():
 
 def test_flow_subspaces_lens_and_composition_equal_the_single_trace(scanned, model):
     result, whole = scanned
-    s, rs_ = result.stats["survival"], rs.survival(whole)
-    assert s.sources == rs_.sources
-    for field in ("norm", "share", "retention", "born_norm"):
-        _close(getattr(s, field), getattr(rs_, field))
-    r, ref = result.stats["read_attribution"], rs.read_attribution(whole)
-    assert (r.readers, r.sources) == (ref.readers, ref.sources)
-    _close(r.share, ref.share)
-    _close(r.abs_share, ref.abs_share)
+    _assert_flow_equal(result, whole)  # fed from each batch's trace (lens needs one)
     first, _ = next(corpus_batches(model, Corpus(TEXTS), batch_size=3, seq_len=24))
     w = result.stats["subspaces"]
     wr = rs.write_subspaces(whole, pca_trace=trace_batch(model, first))

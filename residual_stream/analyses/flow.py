@@ -172,12 +172,12 @@ class ReadAttribution:
         return frame.groupby(by_reader, sort=False).mean()
 
 
-def _channels(trace, component: str):
+def read_channels(model, component: str):
     """``(reader labels, W [n, d_model, k], b [n, k] | None)`` for each linear read of ``component``."""
     layer, kind = component_of(component)
-    w = trace.model.weights(layer)
+    w = model.weights(layer)
     if kind == "attn":
-        H = trace.anatomy.n_heads
+        H = model.anatomy.n_heads
         for ch, W, b in (("q", w.W_Q, w.b_Q), ("k", w.W_K, w.b_K), ("v", w.W_V, w.b_V)):
             yield [f"L{layer}H{h}.{ch}" for h in range(H)], W, b
         return
@@ -196,7 +196,7 @@ def _read_shares(trace, op: Read, pieces: list[Write], granularity: Granularity)
             labels = [*labels, READ_NORM_BIAS]
             values = torch.cat([values, spec.bias.float().expand_as(values[0])[None]])
     u = values.sum(0)                                                   # (batch, pos, d_model)
-    for readers, W, b in _channels(trace, op.component):
+    for readers, W, b in read_channels(trace.model, op.component):
         y = torch.einsum("bpd,ndk->nbpk", u, W) + (0 if b is None else b[:, None, None])
         g = torch.einsum("nbpk,ndk->nbpd", y, W)                           # y Wᵀ per reader
         den = y.pow(2).sum(-1)                                             # (reader, batch, pos)

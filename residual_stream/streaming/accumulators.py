@@ -1,8 +1,10 @@
 """The accumulators of the analyses that replay contributions, and the registry ``STATS``.
 
-Each runs the package's own analysis on one batch's trace and keeps ``mean × tokens`` in a
-float64 sum beside the count (see ``base``). Composition is a function of the weights alone:
-computed once, not accumulated. ``growth`` lives in ``growth`` (it can also run lean).
+Each keeps ``mean × tokens`` in a float64 sum beside the count (see ``base``). Subspaces,
+the lens and per-head flow run the package's own analysis on one batch's trace; survival and
+read attribution at component granularity are reduced by ``flow.FlowSums``, and ``growth``
+by ``growth.GrowthSums``: both can also run lean, inside the forward pass. Composition is a
+function of the weights alone: computed once, not accumulated.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from ..analyses.subspaces import Subspace, WriteSubspaces, pca_subspace, write_s
 from ..analyses.tokens import real, safe_ratio
 from ..errors import InputError
 from .base import BIN_WIDTH, LOG_BINS, NORM_RANGE, Accumulator, histogram_quantile, log_histogram
+from .flow import FlowSums
 from .growth import GrowthStats
+from .lean import feed_trace
 
 __all__ = ["BIN_WIDTH", "LOG_BINS", "NORM_RANGE", "STATS", "Accumulator", "GrowthStats",
            "histogram_quantile", "log_histogram", "make_accumulators"]
@@ -49,18 +53,43 @@ class _TokenMeans(Accumulator):
             self.meta[key] = list(getattr(result, key))
 
 
-class SurvivalStats(_TokenMeans):
+class _FlowStats(_TokenMeans):
+    """Survival or read attribution, from a ``flow.FlowSums`` or the replay analysis.
+
+    At component granularity the batch feeds a shared ``flow.FlowSums`` (during the forward
+    pass when every statistic can, else from the trace's walk); per-head granularity runs the
+    replay analysis on the trace.
+    """
+
+    def __init__(self, granularity: str = "component") -> None:
+        super().__init__()
+        self.granularity = granularity
+        self.lean = granularity == "component"
+
+    def sums_for(self, model, batch, first_row: int, shared: dict | None = None) -> FlowSums:
+        """The batch's ``FlowSums`` (shared with the other flow statistic), asked for this one."""
+        flow = FlowSums.shared(shared, model, batch)
+        flow.wants.add(self.name)
+        return flow
+
+    def update(self, trace, first_row: int = 0) -> None:
+        """Add one batch from a finished trace."""
+        if not self.lean:
+            super().update(trace, first_row)
+            return
+        flow = self.sums_for(trace.model, trace.batch, first_row)
+        feed_trace(trace, [flow])
+        flow.into(self)
+
+
+class SurvivalStats(_FlowStats):
     """Survival of every write: mean norm, share and (derived) retention per point."""
 
     name = "survival"
     FIELDS, LABELS = ("norm", "share", "born_norm"), ("sources",)
 
-    def __init__(self, granularity: str = "component") -> None:
-        super().__init__()
-        self.granularity = granularity
-
     def analyse(self, trace) -> Survival:
-        """``survival`` of one batch."""
+        """``survival`` of one batch (per-head granularity)."""
         return survival(trace, granularity=self.granularity)
 
     def result(self) -> Survival:
@@ -70,18 +99,14 @@ class SurvivalStats(_TokenMeans):
                         safe_ratio(norm, born[:, None]), born, self.granularity)
 
 
-class ReadAttributionStats(_TokenMeans):
+class ReadAttributionStats(_FlowStats):
     """Mean share of every source in every reader's linear read."""
 
     name = "read_attribution"
     FIELDS, LABELS = ("share", "abs_share"), ("readers", "sources")
 
-    def __init__(self, granularity: str = "component") -> None:
-        super().__init__()
-        self.granularity = granularity
-
     def analyse(self, trace) -> ReadAttribution:
-        """``read_attribution`` of one batch."""
+        """``read_attribution`` of one batch (per-head granularity)."""
         return read_attribution(trace, granularity=self.granularity)
 
     def result(self) -> ReadAttribution:
@@ -153,10 +178,31 @@ class LensStats(Accumulator):
                              "top1_agreement": self.mean("top1").numpy(), "median_rank": median})
 
 
+class _NoSums:
+    """A reducer that takes nothing: for statistics that do not depend on the data."""
+
+    def point(self, point: int, x) -> None:
+        """Nothing."""
+
+    def step(self, step, scales) -> None:
+        """Nothing."""
+
+    def into(self, acc: Accumulator) -> None:
+        """Nothing."""
+
+
 class CompositionStats(Accumulator):
-    """Q/K/V composition scores: weights only, computed once (nothing to accumulate)."""
+    """Q/K/V composition scores: weights only, computed once (nothing to accumulate).
+
+    Lean, so that it never forces a full trace on the statistics scanned beside it.
+    """
 
     name = "composition"
+    lean = True
+
+    def sums_for(self, model, batch, first_row: int, shared: dict | None = None) -> _NoSums:
+        """Nothing to reduce per batch."""
+        return _NoSums()
 
     def update(self, trace, first_row: int = 0) -> None:
         """Nothing per batch: composition does not depend on the data."""

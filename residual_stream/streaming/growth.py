@@ -15,8 +15,9 @@ from torch import Tensor
 
 from ..analyses.growth import MASSIVE_ABS, MASSIVE_REL, NormGrowth, _fit
 from ..program import Add, Norm
-from ..walk import component_of, walk_stream
+from ..walk import component_of
 from .base import Accumulator, histogram_quantile, log_histogram
+from .lean import feed_trace
 
 
 def _masked_sum(values: Tensor, mask: Tensor) -> Tensor:
@@ -131,7 +132,7 @@ class GrowthStats(Accumulator):
         super().__init__()
         self.top_k = top_k
 
-    def sums_for(self, model, batch, first_row: int) -> GrowthSums:
+    def sums_for(self, model, batch, first_row: int, shared: dict | None = None) -> GrowthSums:
         """A ``GrowthSums`` for one batch of ``model`` (fill it, then ``into(self)``)."""
         self.meta["model_name"] = model.name
         return GrowthSums(batch.attention_mask.to(model.device), model.anatomy.n_layers,
@@ -140,10 +141,7 @@ class GrowthStats(Accumulator):
     def update(self, trace, first_row: int = 0) -> None:
         """Add one batch from a finished trace (``first_row``: the corpus index of its first row)."""
         sums = self.sums_for(trace.model, trace.batch, first_row)
-        for L in range(trace.anatomy.n_layers + 1):
-            sums.point(L, trace.stream(L))
-        for step in walk_stream(trace):
-            sums.step(step, trace.captured.norm_scale)
+        feed_trace(trace, [sums])
         sums.into(self)
 
     def keep_massive(self, rows: list[dict]) -> None:

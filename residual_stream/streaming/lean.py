@@ -21,7 +21,7 @@ from torch import Tensor
 from ..capture import Captured, capture
 from ..errors import NonFiniteError
 from ..program import Mark
-from ..walk import walk_ops
+from ..walk import walk_ops, walk_stream
 
 
 def segments(program) -> list[list]:
@@ -34,6 +34,16 @@ def segments(program) -> list[list]:
             current = []
     out.append(current)
     return out
+
+
+def feed_trace(trace, reducers: Sequence) -> None:
+    """Feed ``reducers`` from a finished trace: every point, then every step of the walk."""
+    for L in range(trace.anatomy.n_layers + 1):
+        for r in reducers:
+            r.point(L, trace.stream(L))
+    for step in walk_stream(trace):
+        for r in reducers:
+            r.step(step, trace.captured.norm_scale)
 
 
 class _Stream(dict):
@@ -81,9 +91,13 @@ def lean_pass(model, batch, reducers: Sequence) -> None:
             cap.embeds.clear()
 
     cap.resid = _Stream(on_point)
-    capture(model.module, anatomy, batch.tokens.to(model.device), batch.attention_mask.to(model.device),
-            heads=False, logits=False, out=cap)
-    walk(segs[-1], cap.resid[anatomy.n_layers])
+    try:
+        capture(model.module, anatomy, batch.tokens.to(model.device),
+                batch.attention_mask.to(model.device), heads=False, logits=False, out=cap)
+        walk(segs[-1], cap.resid[anatomy.n_layers])
+    finally:  # cap → its stream → on_point → cap is a cycle: break it, or the reducers (and
+        cap.resid = {}  # their buffers) would wait for the garbage collector
+
     flags = torch.stack(finite)
     if not bool(flags.all()):
         first = int((~flags).nonzero()[0, 0])

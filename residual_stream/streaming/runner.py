@@ -34,7 +34,7 @@ from ..errors import InputError
 from ..trace import trace_batch
 from .accumulators import Accumulator, _json_ready, frames, make_accumulators
 from .corpus import Corpus, corpus_batches
-from .lean import lean_pass
+from .lean import feed_trace, lean_pass
 
 STATE_VERSION = 1
 
@@ -139,16 +139,24 @@ def _own_batches(model, corpus: Corpus, accs: dict[str, Accumulator], batch_size
 
 
 def _add_batch(model, batch, first_row: int, accs: dict[str, Accumulator]) -> None:
-    """Add one batch: a lean pass when every statistic can take one, else a full trace."""
-    if all(a.lean for a in accs.values()):
-        sums = [a.sums_for(model, batch, first_row) for a in accs.values()]
-        lean_pass(model, batch, sums)
-        for acc, s in zip(accs.values(), sums, strict=True):
-            s.into(acc)
-        return
-    t = trace_batch(model, batch)
-    for acc in accs.values():
-        acc.update(t, first_row)
+    """Add one batch: a lean pass when every statistic can take one, else a full trace.
+
+    Lean-capable statistics give a reducer (``sums_for``; survival and read attribution share
+    one); on the trace path those reducers are fed from the trace's walk.
+    """
+    shared: dict = {}
+    sums = {n: a.sums_for(model, batch, first_row, shared) for n, a in accs.items() if a.lean}
+    reducers = list(dict.fromkeys(sums.values()))
+    if len(sums) == len(accs):
+        lean_pass(model, batch, reducers)
+    else:
+        t = trace_batch(model, batch)
+        feed_trace(t, reducers)
+        for name, acc in accs.items():
+            if name not in sums:
+                acc.update(t, first_row)
+    for name, s in sums.items():
+        s.into(accs[name])
 
 
 def scan(

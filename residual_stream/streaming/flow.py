@@ -1,0 +1,238 @@
+"""Survival and read attribution over a corpus, carried write by write instead of replayed.
+
+``analyses.flow`` replays the program over every contribution at every operation: exact, and
+right for one trace, but each step rebuilds the list of pieces (quadratic in depth). Here the
+contributions live in one preallocated buffer ``[batch, pos, source, d_model]`` (component
+granularity: embeddings, each attention, each MLP, each norm bias) that the walk of the
+program updates in place: an ``Embed`` or ``Add`` writes one slot, a stream ``Norm`` maps the
+filled slots through its frozen linear part, a ``Scale`` multiplies them. The same reducer is
+fed by a finished trace's walk (``FlowSums.feed``) or block by block inside the forward pass
+(``lean.lean_pass``).
+
+* At each ``Mark(L)``: per source, the summed norm (recomputed only after a stream norm or a
+  scale; pre-norm contributions never change) and the summed signed share ``<c, x>/‖x‖²``,
+  one batched matrix product over the tokens.
+* At each ``Read``: per reader ``y = N(x) W + b``, the share of source ``c`` is
+  ``<L(c) W, y>/‖y‖² = <c, Lᵀ(y Wᵀ)>/‖y‖²`` (``L`` the reading norm's frozen linear part,
+  ``NormSpec.apply_adjoint``): one map of ``y Wᵀ`` per reader, then one batched product
+  with every contribution; nothing is materialized per source.
+
+Token sums are float64 on the batch's device; nothing is read back until ``into``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..analyses.flow import READ_MAP_BIAS, READ_NORM_BIAS, read_channels
+from ..program import Add, Embed, Mark, Norm, Read, Scale
+from ..walk import walk_stream
+
+SURVIVAL, READ = "survival", "read_attribution"
+
+
+def n_sources(program, norms: dict) -> int:
+    """How many component-level contributions ``program`` creates (the buffer's depth)."""
+    n = 0
+    for op in program:
+        if isinstance(op, Embed):
+            n += 1
+        elif isinstance(op, Add):
+            n += 1 + (op.via is not None and norms[op.via].bias is not None)
+        elif isinstance(op, Norm):
+            n += norms[op.norm].bias is not None
+    return n
+
+
+class FlowSums:
+    """One batch's survival and read-attribution sums; ``step`` in program order, then ``into``.
+
+    ``wants`` holds ``"survival"`` and/or ``"read_attribution"``; one buffer serves both.
+    """
+
+    def __init__(self, model, mask: Tensor) -> None:
+        self.model, self.norms = model, model.anatomy.norms
+        self.mask = mask.bool()
+        self.wants: set[str] = set()
+        self.depth = n_sources(model.anatomy.program, self.norms)
+        self.buf: Tensor | None = None    # (batch, pos, source, d_model) float32
+        self.total: Tensor | None = None  # their running sum: the stream as the replay sees it
+        self.labels: list[str] = []
+        self.born: list[Tensor] = []        # per source: token sum of its norm when added
+        self.norm_sums: list[Tensor] | None = []  # per source now; None after a Norm or Scale
+        self.marks: list[tuple[Tensor, Tensor]] = []  # per Mark: (norm sums [n], share sums [n])
+        self.reads: list[tuple[list[str], list[str], Tensor, Tensor]] = []
+        self.tail = False  # past the last block: nothing reads the contributions any more
+
+    @classmethod
+    def shared(cls, shared: dict | None, model, batch) -> FlowSums:
+        """The batch's one ``FlowSums`` in ``shared`` (made on first use)."""
+        shared = {} if shared is None else shared
+        if "flow" not in shared:
+            shared["flow"] = cls(model, batch.attention_mask.to(model.device))
+        return shared["flow"]
+
+    # ---- feeding -------------------------------------------------------------------------
+    def feed(self, trace) -> FlowSums:
+        """Feed every step of a finished trace's walk."""
+        for step in walk_stream(trace):
+            self.step(step, trace.captured.norm_scale)
+        return self
+
+    def point(self, point: int, x: Tensor) -> None:
+        """Nothing: the ``Mark`` steps carry what survival needs."""
+
+    def step(self, step, scales: dict[str, Tensor]) -> None:
+        """One operation of the walk (``walk.Step``)."""
+        op = step.op
+        if isinstance(op, Embed):
+            self._append(op.label, step.write)
+        elif isinstance(op, Add):
+            if op.via is None:
+                self._append(op.component, step.write)
+            else:
+                spec = self.norms[op.via]
+                self._append(op.component, spec.apply_linear(step.write.float(), scales[op.via]))
+                self._append_bias(op.via)
+        elif isinstance(op, Norm):
+            if not self.tail and self.labels:
+                spec, scale = self.norms[op.norm], scales[op.norm]
+                spec.apply_linear_(self._filled(), scale.unsqueeze(-1))
+                spec.apply_linear_(self.total, scale)
+                self.norm_sums = None
+            self._append_bias(op.norm)
+        elif isinstance(op, Scale) and not self.tail:
+            self._filled().mul_(op.alpha)
+            self.total.mul_(op.alpha)
+            self.norm_sums = None
+        elif isinstance(op, Mark) and op.point != "final":
+            if SURVIVAL in self.wants:
+                self._survival()
+            self.tail = op.point == self.model.anatomy.n_layers
+        elif isinstance(op, Read) and READ in self.wants:
+            self._read(op, scales)
+
+    # ---- the buffer ----------------------------------------------------------------------
+    def _filled(self) -> Tensor:
+        return self.buf[:, :, : len(self.labels)]
+
+    def _token_sum(self, values: Tensor) -> Tensor:
+        """Float64 sum over real tokens of ``values [token, *rest]`` (tokens flattened) → ``[*rest]``."""
+        m = self.mask.reshape(-1, *([1] * (values.ndim - 1)))
+        return torch.where(m, values, 0).double().sum(0)
+
+    def _append(self, label: str, value: Tensor) -> None:
+        value = value.float()
+        if self.buf is None:
+            b, p, d = value.shape
+            self.buf = torch.empty(b, p, self.depth, d, device=value.device)
+            self.total = torch.zeros(b, p, d, device=value.device)
+        if not self.tail:
+            self.buf[:, :, len(self.labels)] = value
+            self.total += value
+        born = self._token_sum(torch.linalg.vector_norm(value, dim=-1).flatten())
+        self.labels.append(label)
+        self.born.append(born)
+        if self.norm_sums is not None:
+            self.norm_sums.append(born)
+
+    def _append_bias(self, norm: str) -> None:
+        bias = self.norms[norm].bias
+        if bias is not None:
+            like = self.total
+            self._append(f"{norm}.bias", bias.to(like.device, like.dtype).expand_as(like))
+
+    # ---- the statistics ------------------------------------------------------------------
+    def _survival(self) -> None:
+        c = self._filled().flatten(0, 1)                                      # (token, n, d)
+        if self.norm_sums is None:  # contributions changed since they were added
+            self.norm_sums = list(self._token_sum(torch.linalg.vector_norm(c, dim=-1)))
+        x = self.total.flatten(0, 1)
+        dots = torch.bmm(c, x.unsqueeze(-1)).squeeze(-1)                      # (token, n)
+        share = dots / x.pow(2).sum(-1).clamp_min(torch.finfo(x.dtype).tiny)[:, None]
+        self.marks.append((torch.stack(self.norm_sums), self._token_sum(share)))
+
+    def _read(self, op: Read, scales: dict[str, Tensor]) -> None:
+        """Shares of every source in every linear read of ``op.component`` (module docstring).
+
+        Heads that share a key/value map (grouped-query attention) share their shares: each
+        distinct map is computed once and its row repeated for its heads.
+        """
+        spec = None if op.norm is None else self.norms[op.norm]
+        scale = None if spec is None else scales[op.norm].flatten()
+        x = self.total.flatten(0, 1)                                          # (token, d)
+        u = x if spec is None else spec.apply_frozen(x, scale)
+        tiny = torch.finfo(u.dtype).tiny
+        anatomy = self.model.anatomy
+        hs, dens, channels = [], [], []
+        for readers, W, b in read_channels(self.model, op.component):
+            rep = anatomy.n_heads // anatomy.n_kv_heads if readers[0][-2:] in (".k", ".v") else 1
+            W = W[::rep].to(u.device, u.dtype)                                # (map, d, k)
+            b = None if b is None else b[::rep].to(u.device, u.dtype)
+            y = (u @ W.permute(1, 0, 2).flatten(1)).view(len(u), len(W), -1)  # (token, map, k)
+            if b is not None:
+                y = y + b
+            g = torch.bmm(y.transpose(0, 1), W.transpose(1, 2))              # y Wᵀ: (map, token, d)
+            den = y.pow(2).sum(-1).clamp_min(tiny)                             # (token, map)
+            hs.append(g if spec is None else spec.apply_adjoint(g, scale))
+            dens.append(den)
+            names, extra = [], []
+            if spec is not None and spec.bias is not None:
+                names.append(READ_NORM_BIAS)
+                extra.append((g @ spec.bias.to(u.device, u.dtype)).T / den)
+            if b is not None:
+                names.append(READ_MAP_BIAS)
+                extra.append((y * b).sum(-1) / den)
+            channels.append((readers, rep, len(W), names, torch.stack(extra, 1) if extra else None))
+        share = torch.bmm(self._filled().flatten(0, 1), torch.cat(hs).permute(1, 2, 0))
+        share = share / torch.cat(dens, 1)[:, None]                           # (token, source, map)
+        sums, abs_sums = self._token_sum(share), self._token_sum(share.abs())
+        col = 0
+        for readers, rep, n_maps, names, extra in channels:
+            s, a = sums[:, col: col + n_maps], abs_sums[:, col: col + n_maps]
+            col += n_maps
+            if extra is not None:
+                s = torch.cat([s, self._token_sum(extra)])
+                a = torch.cat([a, self._token_sum(extra.abs())])
+            self.reads.append((readers, self.labels + names, s.T.repeat_interleave(rep, 0),
+                               a.T.repeat_interleave(rep, 0)))
+
+    # ---- into the accumulators -----------------------------------------------------------
+    def into(self, acc) -> None:
+        """Add this batch's sums to ``acc`` (a ``SurvivalStats`` or a ``ReadAttributionStats``)."""
+        n = self.mask.sum()
+        if acc.name == SURVIVAL:
+            self._survival_into(acc)
+        else:
+            self._read_into(acc)
+        acc.add("n", n)
+
+    def _survival_into(self, acc) -> None:
+        S, dev = len(self.labels), self.mask.device
+        norm = torch.full((S, len(self.marks)), float("nan"), dtype=torch.float64, device=dev)
+        share = norm.clone()
+        for j, (nm, sh) in enumerate(self.marks):
+            norm[: len(nm), j], share[: len(sh), j] = nm, sh
+        acc.add("norm", norm)
+        acc.add("share", share)
+        acc.add("born_norm", torch.stack(self.born))
+        acc.meta["sources"] = list(self.labels)
+
+    def _read_into(self, acc) -> None:
+        sources = list(dict.fromkeys(s for _, names, _, _ in self.reads for s in names))
+        col = {s: i for i, s in enumerate(sources)}
+        rows = sum(len(r) for r, _, _, _ in self.reads)
+        dev = self.mask.device
+        share = torch.zeros(rows, len(sources), dtype=torch.float64, device=dev)
+        abs_share = share.clone()
+        r0 = 0
+        for readers, names, s, a in self.reads:
+            idx = torch.tensor([col[x] for x in names], device=dev)
+            share[r0: r0 + len(readers), idx] = s
+            abs_share[r0: r0 + len(readers), idx] = a
+            r0 += len(readers)
+        acc.add("share", share)
+        acc.add("abs_share", abs_share)
+        acc.meta["readers"] = [r for readers, _, _, _ in self.reads for r in readers]
+        acc.meta["sources"] = sources
