@@ -238,6 +238,22 @@ def test_memory_does_not_grow_with_the_corpus(model):
             {k: v.shape for k, v in small.accumulators[name].sums.items()}
 
 
+def test_massive_prefilter_keeps_exactly_the_tokens_that_can_hit():
+    """Hand example at the thresholds: |x| > 100 and > 1000 × the token's (lower) median |x|."""
+    from residual_stream.streaming.growth import GrowthSums
+
+    base = [0.1, 0.1, 0.2, 0.2, 0.2, 0.3, 0.3]                 # lower median of 8 values: 0.2
+    x = torch.tensor([[base + [201.0],                           # 201 > 200: a hit
+                       base + [199.0],                           # over 100, under 1000 × 0.2
+                       [150.0] * 8,                              # every coordinate over 100
+                       [-0.1] * 7 + [-250.0]]])                  # median |x| 0.1: a hit, negative
+    sums = GrowthSums(torch.ones(1, 4, dtype=torch.bool), 0, 8, [list("abcd")], 0, top_k=10)
+    sums.point(0, x)
+    found, rows = sums.massive_rows()
+    assert found == 2
+    assert sorted((r["pos"], r["dim"], r["value"]) for r in rows) == [(0, 7, 201.0), (3, 7, -250.0)]
+
+
 def test_massive_activations_keep_the_top_k_by_magnitude(model):
     from residual_stream.streaming.accumulators import GrowthStats
 

@@ -58,11 +58,15 @@ class GrowthSums:
     def _massive_candidates(self, point: int, x: Tensor) -> None:
         """Coordinates over ``MASSIVE_ABS`` and ``MASSIVE_REL`` × their token's median |x|.
 
-        The median is taken only for tokens holding a coordinate over ``MASSIVE_ABS`` (one
-        device sync per point to find them); at most ``top_k`` candidates are kept, so the
-        stream itself can be dropped.
+        The median is taken only for tokens that can hold one (one device sync per point to
+        find them): a coordinate over ``MASSIVE_ABS``, and a median below their largest
+        coordinate over ``MASSIVE_REL``, which a count decides without sorting (the lower
+        median is below ``t`` iff more than ``(d − 1) // 2`` coordinates are). At most
+        ``top_k`` candidates are kept, so the stream itself can be dropped.
         """
-        tok = (torch.linalg.vector_norm(x, ord=float("inf"), dim=-1) > MASSIVE_ABS) & self.mask
+        top = torch.linalg.vector_norm(x, ord=float("inf"), dim=-1)
+        below = (x.abs() < (top * (1 + 1e-6) / MASSIVE_REL).unsqueeze(-1)).sum(-1)  # a superset
+        tok = (top > MASSIVE_ABS) & (below > (x.shape[-1] - 1) // 2) & self.mask
         positions = tok.nonzero()                                          # (token, 2): batch, pos
         if len(positions) == 0:
             return
