@@ -157,6 +157,8 @@ def test_user_model_is_left_exactly_as_it_was():
     trace = rs.trace(model, TEXTS)
     assert trace.check().ok  # includes transformers' own output_hidden_states run
     assert hook_count(hf) == hooks
+    rs.trace(model, TEXTS, patterns=True)  # output_attentions: transformers may hook the model
+    assert hook_count(hf) == hooks
     assert hf.training and all(m.training for m in hf.modules())
     assert hf.config._attn_implementation == "sdpa"
     assert hf.transformer.wte.weight is hf.lm_head.weight  # still tied

@@ -1,0 +1,77 @@
+"""Operations dispatched per batch: a device-independent measure of launch overhead.
+
+On a GPU a small model's forward pass is bound by kernel launches, not arithmetic (an H200
+runs SmolLM2-135M over 1,024 tokens in ~27 ms, ~600 launches), so what a hook or a reduction
+costs there is roughly the number of operations it dispatches. This script counts, for each
+variant of ``scan_speed.py``, the ATen operations that compute something (views, reshapes and
+other aliasing operations excluded: they launch nothing) over one batch, beside the plain
+forward pass's count, in the same process:
+
+    python benchmarks/op_count.py [--model smollm2-135m] [--batch-size 8] [--seq-len 128]
+        [--variants hf_forward,rs_capture,rs_stats,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import residual_stream as rs
+from scan_speed import _batches, variants
+
+_FREE = {"detach", "alias", "lift_fresh", "_to_copy_noop", "empty", "resolve_conj", "resolve_neg"}
+
+
+class _Count(TorchDispatchMode):
+    """Counts every dispatched ATen operation that is not a view."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if not func.is_view and name not in _FREE:
+            self.ops[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count(fn, batch) -> Counter:
+    """The operations ``fn(batch)`` dispatches (after one warm-up call)."""
+    fn(batch)
+    with _Count() as c:
+        fn(batch)
+    return c.ops
+
+
+def main() -> None:
+    """Print a Markdown table: operations per batch and the ratio to the plain forward."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--variants", default="hf_forward,rs_capture,rs_stats,rs_survival,rs_read,"
+                                         "rs_stats_flow,rs_decompose")
+    args = p.parse_args()
+    model = rs.load(args.model, progress=False)
+    batch = _batches(model, 1, args.batch_size, args.seq_len)[0]
+    fns = variants(model, use_tl=False)
+    names = args.variants.split(",")
+    counts = {n: count(fns[n], batch) for n in names}
+    base = sum(counts["hf_forward"].values())
+    n_layers = model.anatomy.n_layers
+    print(f"model {model.name}, one batch of {args.batch_size}×{args.seq_len}\n")
+    print("| variant | operations per batch | × plain forward | extra per block | most frequent extra |")
+    print("|---|---|---|---|---|")
+    for n in names:
+        total = sum(counts[n].values())
+        extra = counts[n] - counts["hf_forward"]
+        top = ", ".join(f"{k} {v}" for k, v in extra.most_common(4))
+        print(f"| {n} | {total:,} | ×{total / base:.2f} | {(total - base) / n_layers:.0f} | {top} |")
+
+
+if __name__ == "__main__":
+    main()
