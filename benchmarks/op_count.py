@@ -16,11 +16,10 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
-import torch
+from scan_speed import _batches, variants
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import residual_stream as rs
-from scan_speed import _batches, variants
 
 _FREE = {"detach", "alias", "lift_fresh", "_to_copy_noop", "empty", "resolve_conj", "resolve_neg"}
 

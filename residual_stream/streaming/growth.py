@@ -20,9 +20,12 @@ from .base import Accumulator, histogram_quantile, log_histogram
 from .lean import feed_trace
 
 
-def _masked_sum(values: Tensor, mask: Tensor) -> Tensor:
-    """Float64 sum over real tokens; padding is excluded even where it holds NaN, with no sync."""
-    return torch.where(mask, values, 0).double().sum()
+def _token_sums(values: Tensor, mask: Tensor) -> Tensor:
+    """Float64 sums over real tokens of ``values [k, batch, pos]`` → ``[k]``.
+
+    Padding is excluded even where it holds NaN (``where``, not a product), with no sync.
+    """
+    return torch.where(mask, values, 0).double().sum((1, 2))
 
 
 class GrowthSums:
@@ -35,24 +38,20 @@ class GrowthSums:
         rest[:, 0] = False
         self.rest = rest if rest.any() else self.mask
         self.str_tokens, self.first_row = str_tokens, first_row
-        self.points: dict[int, dict[str, Tensor]] = {}
-        self.updates = {"attn": [None] * n_layers, "mlp": [None] * n_layers}
-        self.norms: list[tuple[str, Tensor, Tensor]] = []
+        self.points: dict[int, tuple[Tensor, Tensor]] = {}  # point → (‖x‖, Σ_i x_i) per token
+        self.adds: list[tuple[str, int, Tensor, Tensor]] = []  # kind, layer, ‖added‖, ‖x‖
+        self.norms: list[tuple[str, Tensor, Tensor]] = []      # name, ‖input‖, scale per token
         self.massive: list[tuple] = []  # (point, count, flat index, value, median, batch/pos)
 
     def point(self, point: int, x: Tensor) -> None:
         """The stream entering block ``point`` (``n_layers``: after the last block).
 
-        Masks select with ``torch.where`` rather than index, so nothing here waits for the device.
+        Keeps two numbers per token (its norm and its coordinate sum); every sum over tokens
+        is taken once per batch in ``into``, for all points together, so a point costs two
+        reductions of the stream plus the massive-activation search. Nothing here waits for
+        the device except that search.
         """
-        norms = torch.linalg.vector_norm(x, dim=-1)                       # one pass each
-        ones = x.sum(-1).pow(2) / (x.shape[-1] * norms.pow(2).clamp_min(1e-30))
-        self.points[point] = {
-            "mean": _masked_sum(norms, self.rest), "sumsq": _masked_sum(norms.pow(2), self.rest),
-            "norms": norms, "first": norms[:, 0].double().sum(),
-            "per_position": torch.where(self.mask, norms, 0).sum(0),
-            "ones_share": _masked_sum(ones, self.mask),
-        }
+        self.points[point] = (torch.linalg.vector_norm(x, dim=-1), x.sum(-1))
         self._massive_candidates(point, x)
 
     def _massive_candidates(self, point: int, x: Tensor) -> None:
@@ -79,16 +78,19 @@ class GrowthSums:
                              positions[idx // d]))
 
     def step(self, step, scales: dict[str, Tensor]) -> None:
-        """One operation of the walk: update sizes at ``Add``; inputs and scales of stream norms."""
-        op, m = step.op, self.mask
+        """One operation of the walk: update sizes at ``Add``; inputs and scales of stream norms.
+
+        Keeps per-token norms only; ``into`` reduces them.
+        """
+        op = step.op
         if isinstance(op, Add):
             layer, kind = component_of(op.component)
-            ratio = step.added.norm(dim=-1) / step.x.norm(dim=-1).clamp_min(1e-30)
-            self.updates[kind][layer] = _masked_sum(ratio, m)
+            self.adds.append((kind, layer, torch.linalg.vector_norm(step.added, dim=-1),
+                              torch.linalg.vector_norm(step.x, dim=-1)))
         norm = op.norm if isinstance(op, Norm) else getattr(op, "via", None)
         if norm is not None:
             entering = step.x if isinstance(op, Norm) else step.write
-            self.norms.append((norm, _masked_sum(entering.norm(dim=-1), m), _masked_sum(scales[norm], m)))
+            self.norms.append((norm, torch.linalg.vector_norm(entering, dim=-1), scales[norm]))
 
     def massive_rows(self) -> tuple[int, list[dict]]:
         """(how many were found, the top-k as rows); one read back to the host for the batch."""
@@ -105,21 +107,37 @@ class GrowthSums:
         return sum(counts), rows
 
     def into(self, acc: GrowthStats) -> None:
-        """Add this batch's sums to ``acc``."""
-        pts = [self.points[p] for p in range(self.n_layers + 1)]
-        for key in ("mean", "sumsq", "first", "ones_share", "per_position"):
-            acc.add(key, torch.stack([p[key] for p in pts]))
-        norms = torch.stack([p["norms"] for p in pts]).flatten(1)                 # (point, token)
-        acc.add("hist", log_histogram(norms, weights=self.rest.flatten()))
+        """Add this batch's sums to ``acc``: every token sum of every point and step at once."""
+        norms = torch.stack([self.points[p][0] for p in range(self.n_layers + 1)])  # (point, b, pos)
+        rowsum = torch.stack([self.points[p][1] for p in range(self.n_layers + 1)])
+        ones = rowsum.pow(2) / (self.d_model * norms.pow(2).clamp_min(1e-30))
+        acc.add("mean", _token_sums(norms, self.rest))
+        acc.add("sumsq", _token_sums(norms.pow(2), self.rest))
+        acc.add("first", norms[:, :, 0].double().sum(-1))
+        acc.add("ones_share", _token_sums(ones, self.mask))
+        acc.add("per_position", torch.where(self.mask, norms, 0).sum(1))
+        acc.add("hist", log_histogram(norms.flatten(1), weights=self.rest.flatten()))
         acc.add("n_rest", self.rest.sum())
         acc.add("n_rows", self.mask.shape[0])
         acc.add("position_count", self.mask.sum(0))
         acc.add("n", self.mask.sum())
-        nan = torch.tensor(float("nan"), dtype=torch.float64, device=self.mask.device)
-        for kind in ("attn", "mlp"):
-            acc.add(f"update_{kind}", torch.stack([nan if v is None else v for v in self.updates[kind]]))
-        acc.add("norm_input", torch.stack([v for _, v, _ in self.norms]) if self.norms else torch.zeros(0))
-        acc.add("norm_scale", torch.stack([s for _, _, s in self.norms]) if self.norms else torch.zeros(0))
+        dev = self.mask.device
+        updates = {k: torch.full((self.n_layers,), float("nan"), dtype=torch.float64, device=dev)
+                   for k in ("attn", "mlp")}
+        if self.adds:
+            ratio = (torch.stack([a for _, _, a, _ in self.adds])
+                     / torch.stack([x for _, _, _, x in self.adds]).clamp_min(1e-30))
+            sums = _token_sums(ratio, self.mask)
+            for i, (kind, layer, _, _) in enumerate(self.adds):
+                updates[kind][layer] = sums[i]
+        for kind, values in updates.items():
+            acc.add(f"update_{kind}", values)
+        if self.norms:
+            acc.add("norm_input", _token_sums(torch.stack([v for _, v, _ in self.norms]), self.mask))
+            acc.add("norm_scale", _token_sums(torch.stack([s for _, _, s in self.norms]), self.mask))
+        else:
+            acc.add("norm_input", torch.zeros(0))
+            acc.add("norm_scale", torch.zeros(0))
         acc.meta["norms"] = [name for name, _, _ in self.norms]
         found, rows = self.massive_rows()
         acc.add("massive_found", found)
