@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The second, shorter GPU run: the package's own variants after the lean pass (the
-# TransformerLens baselines do not change with this package's code; see gpu_run.sh).
+# The short GPU rerun (device tool, ~4 device minutes): the package's own variants, their
+# dispatched operations, and memory (the TransformerLens baselines do not change with this
+# package's code; see gpu_run.sh). Needs .gpu/ carried (benchmarks/gpu_prepare.sh makes it).
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .gpu/whl/*.whl || exit 1
@@ -12,10 +13,11 @@ torch.manual_seed(0)
 m = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(".gpu/smollm2"), dtype=torch.bfloat16)
 m.save_pretrained("/tmp/smollm2-random"); AutoTokenizer.from_pretrained(".gpu/smollm2").save_pretrained("/tmp/smollm2-random")
 PY
-V=hf_forward,rs_capture,rs_stats,rs_decompose,rs_stats_flow
-python3 benchmarks/scan_speed.py --model /tmp/smollm2-random --device cuda --dtype bfloat16 \
-  --batches 8 --batch-size 8 --seq-len 128 --rounds 5 --memory --variants $V \
-  --json "$OUT/speed2_8x128.json" 2>&1 | grep -v "Loading weights" | tee "$OUT/speed2_8x128.md"
-python3 benchmarks/scan_speed.py --model /tmp/smollm2-random --device cuda --dtype bfloat16 \
-  --batches 4 --batch-size 32 --seq-len 512 --rounds 3 --variants hf_forward,rs_capture,rs_stats,rs_decompose \
-  --json "$OUT/speed2_32x512.json" 2>&1 | grep -v "Loading weights" | tee "$OUT/speed2_32x512.md"
+M="--model /tmp/smollm2-random --device cuda --dtype bfloat16"
+V=hf_forward,rs_capture,rs_stats,rs_survival,rs_read,rs_stats_flow,rs_decompose
+python3 benchmarks/op_count.py $M --variants $V 2>&1 | grep -v "Loading weights" | tee "$OUT/ops3.md"
+python3 benchmarks/scan_speed.py $M --batches 8 --batch-size 8 --seq-len 128 --rounds 5 --memory \
+  --variants $V --json "$OUT/speed3_8x128.json" 2>&1 | grep -v "Loading weights" | tee "$OUT/speed3_8x128.md"
+python3 benchmarks/scan_speed.py $M --batches 4 --batch-size 32 --seq-len 512 --rounds 3 \
+  --variants hf_forward,rs_capture,rs_stats,rs_survival,rs_decompose --json "$OUT/speed3_32x512.json" \
+  2>&1 | grep -v "Loading weights" | tee "$OUT/speed3_32x512.md"

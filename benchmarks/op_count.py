@@ -52,17 +52,20 @@ def main() -> None:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
     p.add_argument("--variants", default="hf_forward,rs_capture,rs_stats,rs_survival,rs_read,"
                                          "rs_stats_flow,rs_decompose")
     args = p.parse_args()
-    model = rs.load(args.model, progress=False)
+    model = rs.load(args.model, device=args.device, dtype=args.dtype, progress=False)
     batch = _batches(model, 1, args.batch_size, args.seq_len)[0]
     fns = variants(model, use_tl=False)
     names = args.variants.split(",")
     counts = {n: count(fns[n], batch) for n in names}
     base = sum(counts["hf_forward"].values())
     n_layers = model.anatomy.n_layers
-    print(f"model {model.name}, one batch of {args.batch_size}×{args.seq_len}\n")
+    print(f"model {model.name}, {model.device}, {model.dtype}, one batch of "
+          f"{args.batch_size}×{args.seq_len}\n")
     print("| variant | operations per batch | × plain forward | extra per block | most frequent extra |")
     print("|---|---|---|---|---|")
     for n in names:
