@@ -113,7 +113,7 @@ LEAN_CASES = [("layernorm", "pre"), ("layernorm", "post"), ("rmsnorm", "sandwich
               ("layernorm", "deepnorm"), ("rmsnorm", "parallel"), ("none", "pre")]
 
 
-LEAN = ["growth", "survival", "read_attribution"]
+LEAN = ["growth", "survival", "read_attribution", "lens", "composition"]
 
 
 def _assert_flow_equal(result, whole) -> None:
@@ -128,18 +128,28 @@ def _assert_flow_equal(result, whole) -> None:
     _close(r.abs_share, ref.abs_share)
 
 
+def _assert_lens_equal(result, whole) -> None:
+    lens, ref = result.stats["lens"], rs.logit_lens(whole).summary()
+    _close(torch.tensor(lens.kl.values), torch.tensor(ref.kl.values))
+    _close(torch.tensor(lens.top1_agreement.values), torch.tensor(ref.top1_agreement.values))
+    assert list(lens.median_rank) == list(ref.median_rank)
+
+
 @pytest.mark.parametrize("norm,placement", LEAN_CASES)
 def test_lean_scan_equals_the_single_trace(norm, placement, monkeypatch):
-    """growth, survival and read attribution take the lean pass (no trace is ever built)."""
+    """growth, survival, read attribution, the lens and composition take the lean pass (no
+    trace is ever built)."""
     m = rs.twin(norm=norm, placement=placement, n_layers=3, d_model=32, seed=1, n_ctx=64)
     with torch.no_grad():
         m.module.embed.weight[ord("Z"), 5] = 4000.0
     kw = dict(batch_size=3, seq_len=24)
     whole = trace_batch(m, pack(m, _rows(m, TEXTS, **kw)))
     monkeypatch.setattr("residual_stream.streaming.runner.trace_batch", None)  # no full trace
+    monkeypatch.setattr("residual_stream.streaming.lens.MIN_CHUNK", 16)  # 72 tokens: 5 chunks
     result = rs.scan(m, TEXTS, LEAN, progress=False, **kw)
     _assert_growth_equal(result, whole)
     _assert_flow_equal(result, whole)
+    _assert_lens_equal(result, whole)
 
 
 @pytest.mark.parametrize("name", ["llama", "gpt2", "bert", "gemma2", "gpt_neox_parallel"])
@@ -152,9 +162,15 @@ def test_lean_scan_on_framework_models(name, monkeypatch):
     kw = dict(batch_size=4, seq_len=32)
     whole = trace_batch(m, pack(m, _rows(m, TEXTS, **kw)))
     monkeypatch.setattr("residual_stream.streaming.runner.trace_batch", None)
-    result = rs.scan(m, TEXTS, LEAN, progress=False, **kw)
+    if not m.anatomy.has_lm_head:  # the tiny BERT is a BertModel: no logits, no lens
+        with pytest.raises(rs.errors.NotAvailableError, match="no LM head"):
+            rs.scan(m, TEXTS, LEAN, progress=False, **kw)
+    stats = LEAN if m.anatomy.has_lm_head else [s for s in LEAN if s != "lens"]
+    result = rs.scan(m, TEXTS, stats, progress=False, **kw)
     _assert_growth_equal(result, whole)
     _assert_flow_equal(result, whole)
+    if m.anatomy.has_lm_head:
+        _assert_lens_equal(result, whole)
 
 
 def test_per_head_flow_statistics_replay_the_trace(model):
@@ -193,10 +209,7 @@ def test_flow_subspaces_lens_and_composition_equal_the_single_trace(scanned, mod
     wr = rs.write_subspaces(whole, pca_trace=trace_batch(model, first))
     for field in ("named", "head_overlap", "read_fraction", "read_strength"):
         _close(getattr(w, field), getattr(wr, field))
-    lens, lr = result.stats["lens"], rs.logit_lens(whole).summary()
-    _close(torch.tensor(lens.kl.values), torch.tensor(lr.kl.values))
-    _close(torch.tensor(lens.top1_agreement.values), torch.tensor(lr.top1_agreement.values))
-    assert list(lens.median_rank) == list(lr.median_rank)
+    _assert_lens_equal(result, whole)
     _close(result.stats["composition"].head_to_head, rs.composition(model).head_to_head)
     assert result.tokens == int(whole.attention_mask.sum())
     json.dumps(result.to_dict())  # every statistic serializes

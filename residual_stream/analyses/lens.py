@@ -71,14 +71,17 @@ def logit_lens(trace, *, k: int = 5) -> LogitLens:
     """The logit lens over every point of ``trace`` (see the module docstring)."""
     unembed = trace.model.unembed()
     final = trace.logits.log_softmax(-1)
-    final_top = final.argmax(-1)
+    final_top = trace.logits.argmax(-1)
     kls, agree, ranks, ids, probs = [], [], [], [], []
     tok = trace.model.tokenizer
     for L in range(trace.anatomy.n_layers + 1):
-        logp = unembed.logits(_final_norm(trace, trace.stream(L))).log_softmax(-1)
+        logits = unembed.logits(_final_norm(trace, trace.stream(L)))
+        logp = logits.log_softmax(-1)
         kls.append((final.exp() * (final - logp)).sum(-1))
-        agree.append((logp.argmax(-1) == final_top).float())
-        ranks.append((logp > logp.gather(-1, final_top[..., None])).sum(-1))
+        # ranks compare logits, not log-probabilities: subtracting logsumexp in float32 can
+        # round two distinct logits into a tie
+        agree.append((logits.argmax(-1) == final_top).float())
+        ranks.append((logits > logits.gather(-1, final_top[..., None])).sum(-1))
         p, i = logp.exp().topk(k, dim=-1)
         ids.append(i)
         probs.append(p)

@@ -17,14 +17,14 @@ import torch
 
 from ..analyses.composition import composition
 from ..analyses.flow import ReadAttribution, Survival, read_attribution, survival
-from ..analyses.lens import logit_lens
 from ..analyses.subspaces import Subspace, WriteSubspaces, pca_subspace, write_subspaces
-from ..analyses.tokens import real, safe_ratio
+from ..analyses.tokens import safe_ratio
 from ..errors import InputError
 from .base import BIN_WIDTH, LOG_BINS, NORM_RANGE, Accumulator, histogram_quantile, log_histogram
 from .flow import FlowSums
 from .growth import GrowthStats
 from .lean import feed_trace
+from .lens import LensSums
 
 __all__ = ["BIN_WIDTH", "LOG_BINS", "NORM_RANGE", "STATS", "Accumulator", "GrowthStats",
            "histogram_quantile", "log_histogram", "make_accumulators"]
@@ -151,22 +151,29 @@ class SubspaceStats(_TokenMeans):
 
 
 class LensStats(Accumulator):
-    """Logit lens per point: mean KL to the final distribution, top-1 agreement, median rank."""
+    """Logit lens per point: mean KL to the final distribution, top-1 agreement, median rank.
+
+    Lean: each batch's points and logits are reduced by ``lens.LensSums`` (the median rank is
+    exact: its histogram covers the vocabulary).
+    """
 
     name = "lens"
+    lean = True
+
+    def prepare(self, model, calibration) -> None:
+        """Refuse a model without an LM head before the first batch (``NotAvailableError``)."""
+        super().prepare(model, calibration)
+        model.unembed()
+
+    def sums_for(self, model, batch, first_row: int, shared: dict | None = None) -> LensSums:
+        """A ``LensSums`` for one batch of ``model``."""
+        return LensSums(model, batch.attention_mask.to(model.device))
 
     def update(self, trace, first_row: int = 0) -> None:
-        """Add one batch (the rank histogram covers the vocabulary, so the median is exact)."""
-        lens = logit_lens(trace, k=1)
-        m = trace.attention_mask.bool()
-        self.add("kl", real(lens.kl, m, lead=1).double().sum(-1))
-        self.add("top1", real(lens.top1_agree, m, lead=1).double().sum(-1))
-        ranks = real(lens.final_token_rank, m, lead=1)
-        V = trace.anatomy.d_vocab
-        offset = torch.arange(ranks.shape[0])[:, None] * V
-        self.add("rank_hist", torch.bincount((ranks + offset).flatten(),
-                                             minlength=ranks.shape[0] * V).view(-1, V))
-        self.add("n", m.sum())
+        """Add one batch from a finished trace."""
+        sums = self.sums_for(trace.model, trace.batch, first_row)
+        feed_trace(trace, [sums])
+        sums.into(self)
 
     def result(self) -> pd.DataFrame:
         """Per point: ``kl`` (nats), ``top1_agreement``, ``median_rank`` (as ``LogitLens.summary``)."""

@@ -8,7 +8,9 @@ output, norm scales), every reducer takes what it needs, and those tensors are d
 Memory is one block's captured tensors whatever the depth; the arithmetic is the walk's.
 
 Reducers get ``point(L, x)`` for the stream at each ``Mark`` and ``step(step, scales)`` for
-every operation of the walk (``walk.Step``), in program order, as ``walk_stream`` yields them.
+every operation of the walk (``walk.Step``), in program order, as ``walk_stream`` yields them;
+one with ``needs_logits`` then gets ``logits(final)``, the model's own logits. ``into(acc)``
+adds a batch's sums to its accumulator.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ def feed_trace(trace, reducers: Sequence) -> None:
     for step in walk_stream(trace):
         for r in reducers:
             r.step(step, trace.captured.norm_scale)
+    for r in reducers:
+        if getattr(r, "needs_logits", False):
+            r.logits(trace.logits)
 
 
 class _Stream(dict):
@@ -92,14 +97,21 @@ def lean_pass(model, batch, reducers: Sequence) -> None:
 
     cap.resid = _Stream(on_point)
     try:
+        wants = [r for r in reducers if getattr(r, "needs_logits", False)]
         capture(model.module, anatomy, batch.tokens.to(model.device),
-                batch.attention_mask.to(model.device), heads=False, logits=False, out=cap)
+                batch.attention_mask.to(model.device), heads=False, logits=bool(wants), out=cap)
         walk(segs[-1], cap.resid[anatomy.n_layers])
+        for r in wants:
+            r.logits(cap.logits)
     finally:  # cap → its stream → on_point → cap is a cycle: break it, or the reducers (and
         cap.resid = {}  # their buffers) would wait for the garbage collector
+    _check_finite(finite)
 
-    flags = torch.stack(finite)
-    if not bool(flags.all()):
-        first = int((~flags).nonzero()[0, 0])
+
+def _check_finite(flags: list[Tensor]) -> None:
+    """Raise ``NonFiniteError`` naming the first point whose flag is False (one device sync)."""
+    stacked = torch.stack(flags)
+    if not bool(stacked.all()):
+        first = int((~stacked).nonzero()[0, 0])
         raise NonFiniteError(f"NaN/inf first appears in the stream entering block {first} "
                              f"(point {first}). Check the weights before it or run in float32.")
