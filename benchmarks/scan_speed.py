@@ -12,7 +12,8 @@ attention, ``torch.inference_mode``):
 * ``rs_survival`` / ``rs_read``: ``survival`` / ``read_attribution`` alone, lean (component
   granularity: contributions carried in one buffer, ``streaming.flow``);
 * ``rs_stats_flow``: ``growth``, ``survival`` and ``read_attribution`` together, lean;
-* ``rs_lens``: capture + the ``lens`` accumulator (one unembedding per point);
+* ``rs_lens``: the ``lens`` statistic, lean (points kept, one unembedding per point after the
+  forward pass, in token chunks);
 * ``rs_decompose``: capture + the full per-head decomposition of the last point;
 * ``tl_cache_all`` / ``tl_cache_resid``: TransformerLens ``run_with_cache`` on a bridge booted
   on a private copy of the model, with every hook / residual hooks only (as users call it,

@@ -96,6 +96,8 @@ def _per_head(W: Tensor, b: Tensor | None, n_heads: int, n_groups: int):
     W = einops.rearrange(W, "d (group k) -> group d k", group=n_groups)
     b = None if b is None else einops.rearrange(b, "(group k) -> group k", group=n_groups)
     rep = n_heads // n_groups  # grouped-query attention: head h reads kv group h // rep
+    if rep == 1:
+        return W, b
     return W.repeat_interleave(rep, 0), None if b is None else b.repeat_interleave(rep, 0)
 
 

@@ -1,8 +1,9 @@
 """Corpus-scale statistics: accumulators merged batch by batch, and the scan that drives them.
 
-``rs.scan(model, corpus, stats=[...])`` traces the corpus one batch at a time, turns each
-batch into sums, counts and top-k lists (``accumulators``), drops the batch, and can save
-its state after every batch and resume from it. Several processes (``torchrun``) each scan
+``rs.scan(model, corpus, stats=[...])`` runs the corpus through the model one batch at a
+time, reduces each batch to sums, counts and top-k lists (``accumulators``; inside the
+forward pass when it can, ``lean``), drops the batch, and can save its state after every
+batch and resume from it. Several processes (``torchrun``) each scan
 a share of the batches and merge their accumulators at the end (``distributed``).
 """
 

@@ -1,9 +1,9 @@
 """Accumulators: every corpus-level statistic as sums, counts, histograms and top-k lists.
 
 Each accumulator keeps only what merges exactly: a mean over the real tokens of a batch
-becomes ``mean × tokens`` added to a float64 sum, with the token count beside it (the
-replay-based ones run the package's own analysis per batch, ``accumulators``; growth reduces
-the stream itself, ``growth``). Means over the whole corpus are then exactly
+becomes ``mean × tokens`` added to a float64 sum, with the token count beside it (growth,
+flow and the lens reduce a batch with their own reducers, ``growth``, ``flow``, ``lens``;
+subspaces run the package's analysis per batch, ``accumulators``). Means over the corpus are
 the means the analysis would give on one trace of every row (up to float64 summation order),
 and memory depends on the model, never on the number of tokens.
 

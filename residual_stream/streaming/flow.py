@@ -6,8 +6,8 @@ contributions live in one preallocated buffer ``[batch, pos, source, d_model]`` 
 granularity: embeddings, each attention, each MLP, each norm bias) that the walk of the
 program updates in place: an ``Embed`` or ``Add`` writes one slot, a stream ``Norm`` maps the
 filled slots through its frozen linear part, a ``Scale`` multiplies them. The same reducer is
-fed by a finished trace's walk (``FlowSums.feed``) or block by block inside the forward pass
-(``lean.lean_pass``).
+fed by a finished trace's walk (``lean.feed_trace``) or block by block inside the forward
+pass (``lean.lean_pass``).
 
 * At each ``Mark(L)``: per source, the summed norm (recomputed only after a stream norm or a
   scale; pre-norm contributions never change) and the summed signed share ``<c, x>/‖x‖²``,
@@ -27,7 +27,6 @@ from torch import Tensor
 
 from ..analyses.flow import READ_MAP_BIAS, READ_NORM_BIAS, read_channels
 from ..program import Add, Embed, Mark, Norm, Read, Scale
-from ..walk import walk_stream
 
 SURVIVAL, READ = "survival", "read_attribution"
 
@@ -73,13 +72,7 @@ class FlowSums:
             shared["flow"] = cls(model, batch.attention_mask.to(model.device))
         return shared["flow"]
 
-    # ---- feeding -------------------------------------------------------------------------
-    def feed(self, trace) -> FlowSums:
-        """Feed every step of a finished trace's walk."""
-        for step in walk_stream(trace):
-            self.step(step, trace.captured.norm_scale)
-        return self
-
+    # ---- feeding (``lean.lean_pass`` or ``lean.feed_trace``) --------------------------------
     def point(self, point: int, x: Tensor) -> None:
         """Nothing: the ``Mark`` steps carry what survival needs."""
 
@@ -195,8 +188,9 @@ class FlowSums:
             if extra is not None:
                 s = torch.cat([s, self._token_sum(extra)])
                 a = torch.cat([a, self._token_sum(extra.abs())])
-            self.reads.append((readers, self.labels + names, s.T.repeat_interleave(rep, 0),
-                               a.T.repeat_interleave(rep, 0)))
+            if rep > 1:
+                s, a = s.repeat_interleave(rep, 1), a.repeat_interleave(rep, 1)
+            self.reads.append((readers, self.labels + names, s.T, a.T))
 
     # ---- into the accumulators -----------------------------------------------------------
     def into(self, acc) -> None:

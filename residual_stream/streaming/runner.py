@@ -1,10 +1,12 @@
 """``rs.scan``: stream a corpus through a model, batch by batch, into accumulators.
 
-Per batch: tokenize (``corpus``), capture one forward pass (``trace_batch``; float32 copies,
-whatever the model's dtype), let every accumulator add its sums, drop the trace. Memory is
-one batch's trace plus the accumulators, whatever the corpus length. When every statistic
-asked for can be reduced during the forward pass (``growth``), the batch takes the lean pass
-instead (``lean``): one block's tensors at a time.
+Per batch: tokenize (``corpus``), run one forward pass, let every accumulator add its sums.
+When every statistic asked for has a reducer (all but ``subspaces``), the batch takes the
+lean pass (``lean``): reduced inside the forward pass, one block's tensors at a time (plus
+what a reducer keeps: the contribution buffer of ``flow``, the points of ``lens``). Otherwise
+one trace of the batch is captured (``trace_batch``; float32 copies, whatever the model's
+dtype), the reducers are fed from it and it is dropped. Memory is one batch's worth plus the
+accumulators, whatever the corpus length.
 
 **Resuming.** With ``state=PATH`` the accumulators and the index of the next batch are saved
 atomically (temporary file, then rename) after every ``save_every`` batches. Batch ``i`` is
@@ -207,7 +209,8 @@ def scan(
         acc.load_state_dict(saved["stats"][name])
     batches = _own_batches(model, corpus, accs, batch_size, seq_len, max_tokens, next_batch, rank,
                            world_size)
-    bar = tqdm(total=max_tokens, initial=tokens, unit="tok", unit_scale=True, disable=not progress,
+    share = None if max_tokens is None else -(-max_tokens // world_size)  # about this rank's part
+    bar = tqdm(total=share, initial=tokens, unit="tok", unit_scale=True, disable=not progress,
                desc=f"scan {model.name}" + (f" [{rank}/{world_size}]" if world_size > 1 else ""))
     start, done = time.perf_counter(), 0
     for i, batch, first_row in batches:
