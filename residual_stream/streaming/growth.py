@@ -64,7 +64,7 @@ class GrowthSums:
         ``top_k`` candidates are kept, so the stream itself can be dropped.
         """
         top = torch.linalg.vector_norm(x, ord=float("inf"), dim=-1)
-        below = (x.abs() < (top * (1 + 1e-6) / MASSIVE_REL).unsqueeze(-1)).sum(-1)  # a superset
+        below = (x.abs() < (top * ((1 + 1e-6) / MASSIVE_REL)).unsqueeze(-1)).sum(-1)  # a superset
         tok = (top > MASSIVE_ABS) & (below > (x.shape[-1] - 1) // 2) & self.mask
         positions = tok.nonzero()                                          # (token, 2): batch, pos
         if len(positions) == 0:

@@ -72,7 +72,7 @@ def lean_pass(model, batch, reducers: Sequence) -> None:
     anatomy = model.anatomy
     segs = segments(anatomy.program)
     cap = Captured()
-    finite: list[Tensor] = []
+    finite: list[Tensor] = []  # per point: Σ_i x_i per token
     mask = batch.attention_mask.to(model.device).bool()
 
     def attn_write(layer: int) -> Tensor:
@@ -85,8 +85,7 @@ def lean_pass(model, batch, reducers: Sequence) -> None:
 
     def on_point(point: int) -> None:
         x = cap.resid[point]
-        # NaN and inf propagate through a sum: one cheap reduction, no full-size mask, no sync
-        finite.append((x.sum(-1).isfinite() | ~mask).all())
+        finite.append(x.sum(-1))  # NaN and inf propagate through a sum: checked once, at the end
         walk(segs[point], cap.resid[point - 1] if point else torch.zeros_like(x))
         for r in reducers:
             r.point(point, x)
@@ -105,13 +104,16 @@ def lean_pass(model, batch, reducers: Sequence) -> None:
             r.logits(cap.logits)
     finally:  # cap → its stream → on_point → cap is a cycle: break it, or the reducers (and
         cap.resid = {}  # their buffers) would wait for the garbage collector
-    _check_finite(finite)
+    _check_finite(finite, mask)
 
 
-def _check_finite(flags: list[Tensor]) -> None:
-    """Raise ``NonFiniteError`` naming the first point whose flag is False (one device sync)."""
-    stacked = torch.stack(flags)
-    if not bool(stacked.all()):
-        first = int((~stacked).nonzero()[0, 0])
+def _check_finite(sums: list[Tensor], mask: Tensor) -> None:
+    """Raise ``NonFiniteError`` naming the first point whose real tokens' sums are not finite.
+
+    ``sums`` holds each point's per-token coordinate sums; one device sync for the batch.
+    """
+    flags = (torch.stack(sums).isfinite() | ~mask).flatten(1).all(-1)
+    if not bool(flags.all()):
+        first = int((~flags).nonzero()[0, 0])
         raise NonFiniteError(f"NaN/inf first appears in the stream entering block {first} "
                              f"(point {first}). Check the weights before it or run in float32.")
