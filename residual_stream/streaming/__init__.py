@@ -3,8 +3,8 @@
 ``rs.scan(model, corpus, stats=[...])`` runs the corpus through the model one batch at a
 time, reduces each batch to sums, counts and top-k lists (``accumulators``; inside the
 forward pass when it can, ``lean``), drops the batch, and can save its state after every
-batch and resume from it. Several processes (``torchrun``) each scan
-a share of the batches and merge their accumulators at the end (``distributed``).
+batch and resume from it. Several processes (``torchrun``) each scan a share of the batches
+and merge their accumulators at the end (``runner``).
 """
 
 from .accumulators import STATS, Accumulator, make_accumulators

@@ -1,10 +1,11 @@
-"""The accumulators of the analyses that replay contributions, and the registry ``STATS``.
+"""Every statistic's accumulator, and the registry ``STATS``.
 
-Each keeps ``mean × tokens`` in a float64 sum beside the count (see ``base``). Subspaces,
-the lens and per-head flow run the package's own analysis on one batch's trace; survival and
-read attribution at component granularity are reduced by ``flow.FlowSums``, and ``growth``
-by ``growth.GrowthSums``: both can also run lean, inside the forward pass. Composition is a
-function of the weights alone: computed once, not accumulated.
+Each keeps ``mean × tokens`` in a float64 sum beside the count (see ``base``). ``growth``
+(``growth.GrowthSums``), survival and read attribution at component granularity
+(``flow.FlowSums``) and the lens (``lens.LensSums``) reduce a batch with a reducer that runs
+inside the forward pass (``lean``) or from a trace; subspaces and per-head flow run the
+package's own analysis on each batch's trace. Composition is a function of the weights
+alone: computed once, not accumulated.
 """
 
 from __future__ import annotations

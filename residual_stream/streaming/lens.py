@@ -60,14 +60,14 @@ class LensSums:
                 x = x[part]
                 z = self.unembed.logits(x if self.final_norm is None else self.final_norm.apply(x))
                 agree[i] += ((z.argmax(-1) == top) & m).double().sum()
-                chunk_ranks.append(torch.count_nonzero(z > z.gather(-1, top[:, None]), dim=-1)[m])
+                chunk_ranks.append(torch.count_nonzero(z > z.gather(-1, top[:, None]), dim=-1))
                 gap = z.log_softmax(-1)
                 del z
                 gap.sub_(f).neg_()                                             # log p − log q
                 gap = (pf.unsqueeze(1) @ gap.unsqueeze(-1)).flatten()          # Σ p (log p − log q)
                 kl[i] += torch.where(m, gap, 0).double().sum()
             ranks.append(torch.stack(chunk_ranks))
-        ranks = torch.cat(ranks, 1)
+        ranks = torch.cat(ranks, 1)[:, real]  # real tokens only: one device sync for the batch
         offset = torch.arange(len(points), device=ranks.device)[:, None] * self.d_vocab
         hist = torch.bincount((ranks + offset).flatten(), minlength=len(points) * self.d_vocab)
         self.sums = {"kl": kl, "top1": agree, "rank_hist": hist.view(len(points), self.d_vocab),
