@@ -203,7 +203,7 @@ def test_lean_pass_refuses_nan_and_names_the_point():
 
 def test_flow_subspaces_lens_and_composition_equal_the_single_trace(scanned, model):
     result, whole = scanned
-    _assert_flow_equal(result, whole)  # fed from each batch's trace (lens needs one)
+    _assert_flow_equal(result, whole)  # fed from each batch's trace (subspaces needs one)
     first, _ = next(corpus_batches(model, Corpus(TEXTS), batch_size=3, seq_len=24))
     w = result.stats["subspaces"]
     wr = rs.write_subspaces(whole, pca_trace=trace_batch(model, first))
