@@ -14,6 +14,9 @@ attention, ``torch.inference_mode``):
 * ``rs_stats_flow``: ``growth``, ``survival`` and ``read_attribution`` together, lean;
 * ``rs_lens``: the ``lens`` statistic, lean (points kept, one unembedding per point after the
   forward pass, in token chunks);
+* ``rs_subspaces``: the ``subspaces`` statistic (a trace per batch, then the analysis: every
+  write's energy in the named subspaces, in every head's write space and in every later
+  reader's read space; its PCA fixed once from the first batch, outside the timing);
 * ``rs_decompose``: capture + the full per-head decomposition of the last point;
 * ``tl_cache_all`` / ``tl_cache_resid``: TransformerLens ``run_with_cache`` on a bridge booted
   on a private copy of the model, with every hook / residual hooks only (as users call it,
@@ -76,9 +79,15 @@ def variants(model, use_tl: bool, copy_for_tl: bool = True) -> dict:
                          use_cache=False)
 
     def stats(names):
-        def run(batch):  # what rs.scan does per batch (the lean pass for growth alone)
+        fixed: dict = {}  # what a scan fixes from its first batch (the PCA of subspaces), once
+
+        def run(batch):  # what rs.scan does per batch (the lean pass when every statistic can)
             accs = make_accumulators(names)
             for a in accs.values():
+                if a.calibrates and not fixed:
+                    a.prepare(model, trace_batch(model, batch))
+                    fixed.update(a.meta)
+                a.meta.update(fixed if a.calibrates else {})
                 a.prepare(model, None)
             _add_batch(model, batch, 0, accs)
         return run
@@ -90,7 +99,8 @@ def variants(model, use_tl: bool, copy_for_tl: bool = True) -> dict:
            "rs_stats": stats(["growth"]), "rs_survival": stats(["survival"]),
            "rs_read": stats(["read_attribution"]),
            "rs_stats_flow": stats(["growth", "survival", "read_attribution"]),
-           "rs_lens": stats(["lens"]), "rs_decompose": decompose}
+           "rs_lens": stats(["lens"]), "rs_subspaces": stats(["subspaces"]),
+           "rs_decompose": decompose}
     if use_tl:
         from residual_stream.tl_compat import boot_bridge
 

@@ -37,6 +37,7 @@ from .flow import component_label
 from .tokens import real
 
 RANK_TOL = 1e-6
+TOKEN_CHUNK = 256  # tokens per read-measure product
 
 
 @dataclass(frozen=True, eq=False)
@@ -196,35 +197,51 @@ def _reader_maps(trace):
 
 
 def _read_measures(trace, writes: Sequence[str]):
-    """Fraction and strength of each write (carried to each read point) in each later read."""
-    carried: dict[str, dict[str, Tensor]] = {}
-    for op, pieces in replay_states(trace.anatomy.program, trace.sources()):
-        if isinstance(op, Read):
-            values: dict[str, Tensor] = {}
-            for p in pieces:
-                for lab, v in zip(p.labels, p.values, strict=True):
-                    for t in _targets(lab, writes):
-                        values[t] = values[t] + v if t in values else v
-            carried[op.component] = values
+    """Fraction and strength of each write (carried to each read point) in each later read.
+
+    Measured at each read as the replay reaches it (only that read's carried writes are
+    alive), over tokens in chunks of ``TOKEN_CHUNK``: memory stays at one read's writes plus
+    a ``[write, chunk, reader, k]`` product, whatever the depth.
+    """
     mask = trace.attention_mask
-    readers, frac, strength = [], [], []
-    for comp, labels, M in _reader_maps(trace):
-        Q, sigma = _bases(M)
-        present = [w for w in writes if w in carried[comp]]
+    measured: dict[str, tuple[Tensor, Tensor]] = {}
+    maps = {name: (labels, M) for name, labels, M in _reader_maps(trace)}
+    for op, pieces in replay_states(trace.anatomy.program, trace.sources()):
+        if not isinstance(op, Read):
+            continue
+        carried: dict[str, Tensor] = {}
+        for p in pieces:
+            for lab, v in zip(p.labels, p.values, strict=True):
+                for t in _targets(lab, writes):
+                    carried[t] = carried[t] + v if t in carried else v
+        labels, M = maps[op.component]
         f = torch.full((len(writes), len(labels)), float("nan"))
         st = f.clone()
+        present = [w for w in writes if w in carried]
         if present:
-            W = torch.stack([real(carried[comp][w], mask) for w in present])  # (write, token, d)
-            energy = W.pow(2).sum(-1, keepdim=True).clamp_min(1e-30)          # (write, token, 1)
-            inside = torch.einsum("wtd,ndk->wtnk", W, Q).pow(2).sum(-1)
-            read = torch.einsum("wtd,ndk->wtnk", W, M).pow(2).sum(-1)
             rows = [writes.index(w) for w in present]
-            f[rows] = (inside / energy).mean(1).cpu()
-            st[rows] = (read.sqrt() / (sigma * energy.sqrt())).mean(1).cpu()
-        readers += labels
-        frac.append(f)
-        strength.append(st)
-    return tuple(readers), torch.cat(frac, 1), torch.cat(strength, 1)
+            f[rows], st[rows] = _fraction_and_strength(
+                torch.stack([real(carried[w], mask) for w in present]), M)  # (write, token, d)
+        measured[op.component] = f, st
+    readers = tuple(lab for labels, _ in maps.values() for lab in labels)
+    frac = torch.cat([measured[c][0] for c in maps], 1)
+    strength = torch.cat([measured[c][1] for c in maps], 1)
+    return readers, frac, strength
+
+
+def _fraction_and_strength(W: Tensor, M: Tensor) -> tuple[Tensor, Tensor]:
+    """Mean over tokens of ``‖w Q‖²/‖w‖²`` and ``‖w M‖/(σ_max ‖w‖)`` per write and reader."""
+    Q, sigma = _bases(M)
+    frac = torch.zeros(W.shape[0], M.shape[0], dtype=torch.float64, device=W.device)
+    strength = torch.zeros_like(frac)
+    for chunk in W.split(TOKEN_CHUNK, dim=1):
+        energy = chunk.pow(2).sum(-1, keepdim=True).clamp_min(1e-30)          # (write, token, 1)
+        inside = torch.einsum("wtd,ndk->wtnk", chunk, Q).pow(2).sum(-1)
+        read = torch.einsum("wtd,ndk->wtnk", chunk, M).pow(2).sum(-1)
+        frac += (inside / energy).sum(1)
+        strength += (read.sqrt() / (sigma * energy.sqrt())).sum(1)
+    n = max(W.shape[1], 1)
+    return (frac / n).float().cpu(), (strength / n).float().cpu()
 
 
 def write_subspaces(
