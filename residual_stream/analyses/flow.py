@@ -172,10 +172,13 @@ class ReadAttribution:
         return frame.groupby(by_reader, sort=False).mean()
 
 
-def read_channels(model, component: str):
-    """``(reader labels, W [n, d_model, k], b [n, k] | None)`` for each linear read of ``component``."""
+def read_channels(model, component: str, weights=None):
+    """``(reader labels, W [n, d_model, k], b [n, k] | None)`` for each linear read of ``component``.
+
+    ``weights``: the block's ``LayerWeights`` if the caller already has them.
+    """
     layer, kind = component_of(component)
-    w = model.weights(layer)
+    w = model.weights(layer) if weights is None else weights
     if kind == "attn":
         H = model.anatomy.n_heads
         for ch, W, b in (("q", w.W_Q, w.b_Q), ("k", w.W_K, w.b_K), ("v", w.W_V, w.b_V)):

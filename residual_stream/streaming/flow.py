@@ -27,6 +27,7 @@ from torch import Tensor
 
 from ..analyses.flow import READ_MAP_BIAS, READ_NORM_BIAS, read_channels
 from ..program import Add, Embed, Mark, Norm, Read, Scale
+from ..walk import component_of
 
 SURVIVAL, READ = "survival", "read_attribution"
 
@@ -63,6 +64,7 @@ class FlowSums:
         self.marks: list[tuple[Tensor, Tensor]] = []  # per Mark: (norm sums [n], share sums [n])
         self.reads: list[tuple[list[str], list[str], Tensor, Tensor]] = []
         self.tail = False  # past the last block: nothing reads the contributions any more
+        self.block: tuple[int, object] | None = None  # (layer, its LayerWeights): both reads share
 
     @classmethod
     def shared(cls, shared: dict | None, model, batch) -> FlowSums:
@@ -159,7 +161,7 @@ class FlowSums:
         tiny = torch.finfo(u.dtype).tiny
         anatomy = self.model.anatomy
         hs, dens, channels = [], [], []
-        for readers, W, b in read_channels(self.model, op.component):
+        for readers, W, b in read_channels(self.model, op.component, self._weights(op.component)):
             rep = anatomy.n_heads // anatomy.n_kv_heads if readers[0][-2:] in (".k", ".v") else 1
             W = W[::rep].to(u.device, u.dtype)                                # (map, d, k)
             b = None if b is None else b[::rep].to(u.device, u.dtype)
@@ -191,6 +193,13 @@ class FlowSums:
             if rep > 1:
                 s, a = s.repeat_interleave(rep, 1), a.repeat_interleave(rep, 1)
             self.reads.append((readers, self.labels + names, s.T, a.T))
+
+    def _weights(self, component: str):
+        """The reading block's maps, extracted once for its attention and its MLP."""
+        layer, _ = component_of(component)
+        if self.block is None or self.block[0] != layer:
+            self.block = layer, self.model.weights(layer)
+        return self.block[1]
 
     # ---- into the accumulators -----------------------------------------------------------
     def into(self, acc) -> None:
