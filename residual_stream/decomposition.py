@@ -30,7 +30,7 @@ from torch import Tensor
 from .norms import NormSpec
 from .program import Add, Embed, Mark, Norm, Op, Point, Read, Scale
 
-ContributionKind = Literal["embed", "head", "attn_bias", "mlp", "norm_bias"]
+ContributionKind = Literal["embed", "head", "attn_bias", "attn", "mlp", "norm_bias"]  # attn: all heads + b_O
 
 
 @dataclass(frozen=True)

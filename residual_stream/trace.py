@@ -113,10 +113,12 @@ class Trace:
             raise NotAvailableError(self.anatomy.lm_head_note or "this model has no LM head")
         return self.captured.logits
 
-    def _writes(self, component: str) -> list[Write]:
+    def _writes(self, component: str, heads: bool = True) -> list[Write]:
         layer, kind = component_of(component)
         if kind == "mlp":
             return [Write((component,), "mlp", layer, self.mlp_write(layer).unsqueeze(0))]
+        if not heads:  # the whole attention, b_O included: one piece instead of n_heads + 1
+            return [Write((component,), "attn", layer, self.attn_write(layer).unsqueeze(0))]
         heads = self.head_writes(layer)
         out = [Write(tuple(f"L{layer}H{h}" for h in range(len(heads))), "head", layer, heads)]
         b = self.attn_bias(layer)
@@ -125,12 +127,17 @@ class Trace:
                              b.expand_as(heads[0]).unsqueeze(0)))
         return out
 
-    def sources(self) -> Sources:
-        """What the replay engine needs from this trace."""
+    def sources(self, *, heads: bool = True) -> Sources:
+        """What the replay engine needs from this trace.
+
+        ``heads=False`` gives each attention's write as one piece labelled ``L3.attn`` (for
+        analyses at component granularity: n_heads times fewer pieces to carry).
+        """
         return Sources(
             norms=dict(self.anatomy.norms), scales=self.norm_scale,
             embed=lambda lab: Write((lab,), "embed", -1, self.captured.embeds[lab].unsqueeze(0)),
-            writes=self._writes, attention_mask=self.attention_mask,
+            writes=lambda component: self._writes(component, heads),
+            attention_mask=self.attention_mask,
         )
 
     def decompose(self, point: Point) -> Contributions:

@@ -147,13 +147,18 @@ def _targets(label: str, wanted: set[str] | Sequence[str]) -> list[str]:
     return [t for t in dict.fromkeys((label, comp)) if t in wanted]
 
 
+def _sources(trace, wanted):
+    """The trace's replay sources, per head only when a wanted write is one head's."""
+    return trace.sources(heads=any(component_label(w) != w for w in wanted))
+
+
 def writes_as_added(trace, wanted: set[str]) -> dict[str, Tensor]:
     """Each wanted write (head label, ``L3.attn`` total or ``L3.mlp``) as it is added.
 
     Returns label → ``[batch, pos, d_model]`` (after any sandwich norm on the write).
     """
     first: dict[str, Tensor] = {}
-    for _, pieces in replay_states(trace.anatomy.program, trace.sources()):
+    for _, pieces in replay_states(trace.anatomy.program, _sources(trace, wanted)):
         for p in pieces:
             for lab, v in zip(p.labels, p.values, strict=True):
                 first.setdefault(lab, v)  # the first time a label is seen is as it was added
@@ -206,7 +211,7 @@ def _read_measures(trace, writes: Sequence[str]):
     mask = trace.attention_mask
     measured: dict[str, tuple[Tensor, Tensor]] = {}
     maps = {name: (labels, M) for name, labels, M in _reader_maps(trace)}
-    for op, pieces in replay_states(trace.anatomy.program, trace.sources()):
+    for op, pieces in replay_states(trace.anatomy.program, _sources(trace, writes)):
         if not isinstance(op, Read):
             continue
         carried: dict[str, Tensor] = {}
