@@ -97,3 +97,21 @@ def test_bad_layer_index(llama):
         trace.stream(4)
     with pytest.raises(IndexError, match=r"0\.\.3"):
         trace.decompose(7)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "gemma2"])
+def test_component_sources_decompose_the_stream_like_the_head_sources(name):
+    """``sources(heads=False)``: each attention as one piece; the replay sums to the same stream."""
+    from residual_stream.decomposition import replay
+
+    model = rs.load(build(name), tokenizer=ByteTokenizer())
+    trace = rs.trace(model, TEXTS)
+    last = model.anatomy.n_layers
+    whole = replay(model.anatomy.program, trace.sources(heads=False), upto=last)
+    per_head = trace.decompose(last)
+    assert "L1.attn" in whole.labels and not any("H" in lab for lab in whole.labels)
+    assert len(whole.labels) < len(per_head.labels)
+    assert max_rel_error(whole.total(), trace.stream(last), trace.attention_mask) <= REL_F32
+    torch.testing.assert_close(whole.get("L1.attn"), per_head.values[
+        [i for i, lab in enumerate(per_head.labels) if lab.startswith("L1H") or lab == "L1.b_O"]
+    ].sum(0), atol=1e-5, rtol=1e-4)
