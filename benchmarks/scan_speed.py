@@ -84,10 +84,11 @@ def variants(model, use_tl: bool, copy_for_tl: bool = True) -> dict:
         def run(batch):  # what rs.scan does per batch (the lean pass when every statistic can)
             accs = make_accumulators(names)
             for a in accs.values():
-                if a.calibrates and not fixed:
-                    a.prepare(model, trace_batch(model, batch))
-                    fixed.update(a.meta)
-                a.meta.update(fixed if a.calibrates else {})
+                if a.calibrates:
+                    if not fixed:
+                        a.prepare(model, trace_batch(model, batch))
+                        fixed.update(a.meta)
+                    a.meta.update(fixed)
                 a.prepare(model, None)
             _add_batch(model, batch, 0, accs)
         return run

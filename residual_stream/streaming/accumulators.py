@@ -24,7 +24,7 @@ from ..errors import InputError
 from .base import BIN_WIDTH, LOG_BINS, NORM_RANGE, Accumulator, histogram_quantile, log_histogram
 from .flow import FlowSums
 from .growth import GrowthStats
-from .lean import feed_trace
+from .lean import reduce_trace
 from .lens import LensSums
 
 __all__ = ["BIN_WIDTH", "LOG_BINS", "NORM_RANGE", "STATS", "Accumulator", "GrowthStats",
@@ -78,9 +78,7 @@ class _FlowStats(_TokenMeans):
         if not self.lean:
             super().update(trace, first_row)
             return
-        flow = self.sums_for(trace.model, trace.batch, first_row)
-        feed_trace(trace, [flow])
-        flow.into(self)
+        reduce_trace(self, trace, first_row)
 
 
 class SurvivalStats(_FlowStats):
@@ -172,9 +170,7 @@ class LensStats(Accumulator):
 
     def update(self, trace, first_row: int = 0) -> None:
         """Add one batch from a finished trace."""
-        sums = self.sums_for(trace.model, trace.batch, first_row)
-        feed_trace(trace, [sums])
-        sums.into(self)
+        reduce_trace(self, trace, first_row)
 
     def result(self) -> pd.DataFrame:
         """Per point: ``kl`` (nats), ``top1_agreement``, ``median_rank`` (as ``LogitLens.summary``)."""

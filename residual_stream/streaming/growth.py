@@ -17,7 +17,7 @@ from ..analyses.growth import MASSIVE_ABS, MASSIVE_REL, NormGrowth, _fit
 from ..program import Add, Norm
 from ..walk import component_of
 from .base import Accumulator, histogram_quantile, log_histogram
-from .lean import feed_trace
+from .lean import reduce_trace
 
 
 def _token_sums(values: Tensor, mask: Tensor) -> Tensor:
@@ -162,9 +162,7 @@ class GrowthStats(Accumulator):
 
     def update(self, trace, first_row: int = 0) -> None:
         """Add one batch from a finished trace (``first_row``: the corpus index of its first row)."""
-        sums = self.sums_for(trace.model, trace.batch, first_row)
-        feed_trace(trace, [sums])
-        sums.into(self)
+        reduce_trace(self, trace, first_row)
 
     def keep_massive(self, rows: list[dict]) -> None:
         """Keep the ``top_k`` largest by magnitude of what was kept and ``rows``."""

@@ -51,6 +51,13 @@ def feed_trace(trace, reducers: Sequence) -> None:
             r.logits(trace.logits)
 
 
+def reduce_trace(acc, trace, first_row: int = 0) -> None:
+    """Add one batch from a finished trace to ``acc`` through its own reducer (``sums_for``)."""
+    sums = acc.sums_for(trace.model, trace.batch, first_row)
+    feed_trace(trace, [sums])
+    sums.into(acc)
+
+
 class _Stream(dict):
     """``Captured.resid`` that walks and evicts the previous block when a new point arrives."""
 
