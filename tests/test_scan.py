@@ -23,7 +23,7 @@ import torch
 import residual_stream as rs
 from residual_stream.errors import InputError
 from residual_stream.inputs import pack
-from residual_stream.streaming import Corpus, corpus_batches
+from residual_stream.streaming import Corpus, ScanResult, corpus_batches
 from residual_stream.streaming.accumulators import BIN_WIDTH, histogram_quantile, log_histogram
 from residual_stream.trace import trace_batch
 
@@ -113,7 +113,22 @@ LEAN_CASES = [("layernorm", "pre"), ("layernorm", "post"), ("rmsnorm", "sandwich
               ("layernorm", "deepnorm"), ("rmsnorm", "parallel"), ("none", "pre")]
 
 
-LEAN = ["growth", "survival", "read_attribution", "lens", "composition"]
+LEAN = ["growth", "survival", "read_attribution", "subspaces", "lens", "composition"]
+SUBSPACE_FIELDS = ("named", "head_overlap", "read_fraction", "read_strength")
+
+
+def _subspaces_reference(model, whole, **kw):
+    """``write_subspaces`` on one trace of every row, PCs from the first batch (as a scan fixes)."""
+    first, _ = next(corpus_batches(model, Corpus(TEXTS), **kw))
+    return rs.write_subspaces(whole, pca_trace=trace_batch(model, first))
+
+
+def _assert_subspaces_equal(result, ref) -> None:
+    w = result.stats["subspaces"]
+    assert (w.writes, w.subspaces, w.heads, w.readers) == (ref.writes, ref.subspaces, ref.heads,
+                                                           ref.readers)
+    for field in SUBSPACE_FIELDS:
+        _close(getattr(w, field), getattr(ref, field))
 
 
 def _assert_flow_equal(result, whole) -> None:
@@ -137,19 +152,22 @@ def _assert_lens_equal(result, whole) -> None:
 
 @pytest.mark.parametrize("norm,placement", LEAN_CASES)
 def test_lean_scan_equals_the_single_trace(norm, placement, monkeypatch):
-    """growth, survival, read attribution, the lens and composition take the lean pass (no
-    trace is ever built)."""
+    """Every statistic takes the lean pass, calibration included (no trace is ever built)."""
     m = rs.twin(norm=norm, placement=placement, n_layers=3, d_model=32, seed=1, n_ctx=64)
     with torch.no_grad():
         m.module.embed.weight[ord("Z"), 5] = 4000.0
     kw = dict(batch_size=3, seq_len=24)
     whole = trace_batch(m, pack(m, _rows(m, TEXTS, **kw)))
+    subspaces = _subspaces_reference(m, whole, **kw)
     monkeypatch.setattr("residual_stream.streaming.runner.trace_batch", None)  # no full trace
     monkeypatch.setattr("residual_stream.streaming.lens.MIN_CHUNK", 16)  # 72 tokens: 5 chunks
+    # read measures over 7-token chunks of a batch's 72 (padding inside chunks, a partial one)
+    monkeypatch.setattr("residual_stream.analyses.subspaces.CHUNK_ELEMENTS", 7 * 6 * 12 * 8)
     result = rs.scan(m, TEXTS, LEAN, progress=False, **kw)
     _assert_growth_equal(result, whole)
     _assert_flow_equal(result, whole)
     _assert_lens_equal(result, whole)
+    _assert_subspaces_equal(result, subspaces)
 
 
 @pytest.mark.parametrize("name", ["llama", "gpt2", "bert", "gemma2", "gpt_neox_parallel"])
@@ -161,6 +179,7 @@ def test_lean_scan_on_framework_models(name, monkeypatch):
     m = rs.load(build(name), tokenizer=ByteTokenizer())
     kw = dict(batch_size=4, seq_len=32)
     whole = trace_batch(m, pack(m, _rows(m, TEXTS, **kw)))
+    subspaces = _subspaces_reference(m, whole, **kw)
     monkeypatch.setattr("residual_stream.streaming.runner.trace_batch", None)
     if not m.anatomy.has_lm_head:  # the tiny BERT is a BertModel: no logits, no lens
         with pytest.raises(rs.errors.NotAvailableError, match="no LM head"):
@@ -169,6 +188,7 @@ def test_lean_scan_on_framework_models(name, monkeypatch):
     result = rs.scan(m, TEXTS, stats, progress=False, **kw)
     _assert_growth_equal(result, whole)
     _assert_flow_equal(result, whole)
+    _assert_subspaces_equal(result, subspaces)
     if m.anatomy.has_lm_head:
         _assert_lens_equal(result, whole)
 
@@ -203,16 +223,36 @@ def test_lean_pass_refuses_nan_and_names_the_point():
 
 def test_flow_subspaces_lens_and_composition_equal_the_single_trace(scanned, model):
     result, whole = scanned
-    _assert_flow_equal(result, whole)  # fed from each batch's trace (subspaces needs one)
-    first, _ = next(corpus_batches(model, Corpus(TEXTS), batch_size=3, seq_len=24))
-    w = result.stats["subspaces"]
-    wr = rs.write_subspaces(whole, pca_trace=trace_batch(model, first))
-    for field in ("named", "head_overlap", "read_fraction", "read_strength"):
-        _close(getattr(w, field), getattr(wr, field))
+    _assert_flow_equal(result, whole)
+    _assert_subspaces_equal(result, _subspaces_reference(model, whole, batch_size=3, seq_len=24))
     _assert_lens_equal(result, whole)
     _close(result.stats["composition"].head_to_head, rs.composition(model).head_to_head)
     assert result.tokens == int(whole.attention_mask.sum())
     json.dumps(result.to_dict())  # every statistic serializes
+
+
+def test_a_statistic_without_a_reducer_feeds_the_others_from_the_batch_trace(model, monkeypatch):
+    """With per-head flow in the mix the batch is traced once; the lean statistics' reducers
+    are fed from that trace's walk and give what the lean pass gives."""
+    from residual_stream.streaming.accumulators import SurvivalStats, make_accumulators
+    from residual_stream.streaming.runner import _add_batch
+
+    kw = dict(batch_size=3, seq_len=24)
+    whole = trace_batch(model, pack(model, _rows(model, TEXTS, **kw)))
+    batches = list(corpus_batches(model, Corpus(TEXTS), **kw))
+    accs = make_accumulators(LEAN)
+    accs["head_survival"] = SurvivalStats("head")
+    for acc in accs.values():
+        acc.prepare(model, trace_batch(model, batches[0][0]))
+    monkeypatch.setattr("residual_stream.streaming.runner.lean_pass", None)  # never lean
+    for batch, first in batches:
+        _add_batch(model, batch, first, accs)
+    result = ScanResult({n: a.result() for n, a in accs.items()}, 0, 0, 0.0, model.name, accs)
+    _assert_growth_equal(result, whole)
+    _assert_flow_equal(result, whole)
+    _assert_lens_equal(result, whole)
+    _assert_subspaces_equal(result, _subspaces_reference(model, whole, **kw))
+    _close(result.stats["head_survival"].share, rs.survival(whole, granularity="head").share)
 
 
 def test_corpus_sources_read_the_same_texts(tmp_path):

@@ -37,7 +37,7 @@ from .flow import component_label
 from .tokens import real
 
 RANK_TOL = 1e-6
-TOKEN_CHUNK = 256  # tokens per read-measure product
+CHUNK_ELEMENTS = 2 ** 23  # largest per-chunk temporary of a token-wise product (32 MiB fp32)
 
 
 @dataclass(frozen=True, eq=False)
@@ -187,31 +187,106 @@ def _bases(M: Tensor) -> tuple[Tensor, Tensor]:
     return (U * keep[:, None, :]).to(M.dtype), S.amax(-1).to(M.dtype)
 
 
-def _reader_maps(trace):
-    """Per component, in order: ``(name, reader labels, M [n, d, k] = C diag(γ) W)``."""
-    a = trace.anatomy
+def head_write_bases(model) -> Tensor:
+    """Orthonormal bases of every head's write subspace (row space of ``W_O``): ``[head, d, d_head]``."""
+    W_O = torch.cat([model.weights(L).W_O for L in range(model.anatomy.n_layers)])
+    return _bases(W_O.transpose(-1, -2))[0]
+
+
+def reader_map(model, comp, weights=None) -> tuple[list[str], Tensor]:
+    """A component's reader labels and maps ``M [n, d, k] = C diag(γ) W`` (its norm folded)."""
+    a = model.anatomy
+    w = weights or model.weights(comp.layer)
+    spec = a.norms.get(comp.reads_through) if comp.reads_through else None
+    if comp.kind == "attn":
+        labels = [f"L{comp.layer}H{h}.{ch}" for ch in "qkv" for h in range(a.n_heads)]
+        M = torch.cat([w.W_Q, w.W_K, w.W_V])
+    else:
+        labels, M = [f"L{comp.layer}.mlp.in"], w.W_in[None]
+    return labels, _fold_norm(spec, M)
+
+
+def reader_labels(model) -> tuple[str, ...]:
+    """Every reader, in the order of ``WriteSubspaces.readers``."""
+    a = model.anatomy
+    out = []
     for comp in a.components:
-        w = trace.model.weights(comp.layer)
-        spec = a.norms.get(comp.reads_through) if comp.reads_through else None
-        if comp.kind == "attn":
-            labels = [f"L{comp.layer}H{h}.{ch}" for ch in "qkv" for h in range(a.n_heads)]
-            M = torch.cat([w.W_Q, w.W_K, w.W_V])
-        else:
-            labels, M = [f"L{comp.layer}.mlp.in"], w.W_in[None]
-        yield comp.name, labels, _fold_norm(spec, M)
+        out += ([f"L{comp.layer}H{h}.{ch}" for ch in "qkv" for h in range(a.n_heads)]
+                if comp.kind == "attn" else [f"L{comp.layer}.mlp.in"])
+    return tuple(out)
+
+
+def _chunks(n_tokens: int, per_token: int):
+    """Token slices whose ``[chunk, per_token]`` temporaries stay near ``CHUNK_ELEMENTS``."""
+    step = max(1, CHUNK_ELEMENTS // max(per_token, 1))
+    return (slice(t, t + step) for t in range(0, n_tokens, step))
+
+
+def _masked_sum(values: Tensor, weight: Tensor | None) -> Tensor:
+    """Sum over the leading (token) axis, padding (``weight`` False) left out; float64."""
+    if weight is not None:
+        values = torch.where(weight.reshape(-1, *([1] * (values.ndim - 1))), values, 0)
+    return values.sum(0).double()
+
+
+def write_sums(x: Float[Tensor, "token d_model"], subspaces: Sequence[Subspace], head_bases: Tensor,
+               weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Token sums of one write's energy fraction in each subspace ``[s]`` and each head's ``[head]``.
+
+    ``weight`` (bool per token) leaves padding out; the analysis passes real tokens only.
+    """
+    B = torch.cat([s.basis.to(x.device, x.dtype) for s in subspaces], 1)
+    widths = [s.basis.shape[1] for s in subspaces]
+    named = torch.zeros(len(subspaces), dtype=torch.float64, device=x.device)
+    heads = torch.zeros(len(head_bases), dtype=torch.float64, device=x.device)
+    Q = head_bases.to(x.device, x.dtype)
+    for part in _chunks(len(x), Q.shape[0] * Q.shape[2]):
+        c = x[part]
+        energy = c.pow(2).sum(-1, keepdim=True).clamp_min(1e-30)                  # (token, 1)
+        inside = torch.stack([p.pow(2).sum(-1) for p in (c @ B).split(widths, -1)], -1)
+        named += _masked_sum(inside / energy, None if weight is None else weight[part])
+        per_head = torch.einsum("td,hdk->thk", c, Q).pow(2).sum(-1)              # (token, head)
+        heads += _masked_sum(per_head / energy, None if weight is None else weight[part])
+    return named, heads
+
+
+def read_sums(x: Float[Tensor, "token write d_model"], M: Tensor, slots: Tensor | None = None,
+              weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Token sums of ``‖w Q‖²/‖w‖²`` and ``‖w M‖/(σ_max ‖w‖)`` per write and reader ``[write, n]``.
+
+    ``Q`` spans the column space of each reader's ``M [n, d, k]``. ``slots`` picks the writes
+    along axis 1 of ``x`` (a view of a larger buffer); ``weight`` (bool per token) leaves
+    padding out. Tokens go in chunks so no ``[chunk, write, n, k]`` product outgrows
+    ``CHUNK_ELEMENTS``.
+    """
+    Q, sigma = _bases(M)
+    n_writes = x.shape[1] if slots is None else len(slots)
+    frac = torch.zeros(n_writes, M.shape[0], dtype=torch.float64, device=x.device)
+    strength = torch.zeros_like(frac)
+    for part in _chunks(len(x), n_writes * M.shape[0] * M.shape[2]):
+        c = x[part] if slots is None else x[part].index_select(1, slots)        # (token, write, d)
+        energy = c.pow(2).sum(-1, keepdim=True).clamp_min(1e-30)
+        inside = torch.einsum("twd,ndk->twnk", c, Q).pow(2).sum(-1)
+        read = torch.einsum("twd,ndk->twnk", c, M).pow(2).sum(-1)
+        w = None if weight is None else weight[part]
+        frac += _masked_sum(inside / energy, w)
+        strength += _masked_sum(read.sqrt() / (sigma * energy.sqrt()), w)
+    return frac, strength
 
 
 def _read_measures(trace, writes: Sequence[str]):
     """Fraction and strength of each write (carried to each read point) in each later read.
 
     Measured at each read as the replay reaches it (only that read's carried writes are
-    alive), over tokens in chunks of ``TOKEN_CHUNK``: memory stays at one read's writes plus
-    a ``[write, chunk, reader, k]`` product, whatever the depth.
+    alive), in token chunks: memory stays at one read's writes plus a bounded product,
+    whatever the depth.
     """
     mask = trace.attention_mask
+    a = trace.anatomy
+    comps = {c.name: c for c in a.components}
+    n = max(int(mask.sum()), 1)
     measured: dict[str, tuple[Tensor, Tensor]] = {}
-    maps = {name: (labels, M) for name, labels, M in _reader_maps(trace)}
-    for op, pieces in replay_states(trace.anatomy.program, _sources(trace, writes)):
+    for op, pieces in replay_states(a.program, _sources(trace, writes)):
         if not isinstance(op, Read):
             continue
         carried: dict[str, Tensor] = {}
@@ -219,34 +294,30 @@ def _read_measures(trace, writes: Sequence[str]):
             for lab, v in zip(p.labels, p.values, strict=True):
                 for t in _targets(lab, writes):
                     carried[t] = carried[t] + v if t in carried else v
-        labels, M = maps[op.component]
+        labels, M = reader_map(trace.model, comps[op.component])
         f = torch.full((len(writes), len(labels)), float("nan"))
         st = f.clone()
         present = [w for w in writes if w in carried]
         if present:
             rows = [writes.index(w) for w in present]
-            f[rows], st[rows] = _fraction_and_strength(
-                torch.stack([real(carried[w], mask) for w in present]), M)  # (write, token, d)
+            W = torch.stack([real(carried[w], mask) for w in present], 1)       # (token, write, d)
+            fs, ss = read_sums(W, M)
+            f[rows], st[rows] = (fs / n).float().cpu(), (ss / n).float().cpu()
         measured[op.component] = f, st
-    readers = tuple(lab for labels, _ in maps.values() for lab in labels)
-    frac = torch.cat([measured[c][0] for c in maps], 1)
-    strength = torch.cat([measured[c][1] for c in maps], 1)
-    return readers, frac, strength
+    frac = torch.cat([measured[c.name][0] for c in a.components], 1)
+    strength = torch.cat([measured[c.name][1] for c in a.components], 1)
+    return reader_labels(trace.model), frac, strength
 
 
-def _fraction_and_strength(W: Tensor, M: Tensor) -> tuple[Tensor, Tensor]:
-    """Mean over tokens of ``‖w Q‖²/‖w‖²`` and ``‖w M‖/(σ_max ‖w‖)`` per write and reader."""
-    Q, sigma = _bases(M)
-    frac = torch.zeros(W.shape[0], M.shape[0], dtype=torch.float64, device=W.device)
-    strength = torch.zeros_like(frac)
-    for chunk in W.split(TOKEN_CHUNK, dim=1):
-        energy = chunk.pow(2).sum(-1, keepdim=True).clamp_min(1e-30)          # (write, token, 1)
-        inside = torch.einsum("wtd,ndk->wtnk", chunk, Q).pow(2).sum(-1)
-        read = torch.einsum("wtd,ndk->wtnk", chunk, M).pow(2).sum(-1)
-        frac += (inside / energy).sum(1)
-        strength += (read.sqrt() / (sigma * energy.sqrt())).sum(1)
-    n = max(W.shape[1], 1)
-    return (frac / n).float().cpu(), (strength / n).float().cpu()
+def named_subspaces(model, pca: Subspace, unembed_k: int = 32,
+                    basis: Tensor | None = None) -> list[Subspace]:
+    """The named subspaces in order: mean, the unembedding's top-k (with an LM head), PCA, basis."""
+    subs = [mean_direction(model.anatomy.d_model), pca]
+    if model.anatomy.has_lm_head:
+        subs.insert(1, unembed_subspace(model, unembed_k))
+    if basis is not None:
+        subs.append(Subspace.from_vectors("basis", basis.T))
+    return subs
 
 
 def write_subspaces(
@@ -273,20 +344,14 @@ def write_subspaces(
     if missing:
         raise KeyError(f"no writes named {missing}; use labels like 'L3H5', 'L3.attn', 'L3.mlp'")
     pca = pca_trace if isinstance(pca_trace, Subspace) else pca_subspace(pca_trace or trace, k=pca_k)
-    subs = [mean_direction(a.d_model), pca]
-    if a.has_lm_head:
-        subs.insert(1, unembed_subspace(trace.model, unembed_k))
-    if basis is not None:
-        subs.append(Subspace.from_vectors("basis", basis.T))
+    subs = named_subspaces(trace.model, pca, unembed_k, basis)
     mask = trace.attention_mask
-    toks = {w: real(values[w], mask) for w in writes}
-    named = torch.tensor([[float(s.fraction(toks[w]).mean()) for s in subs] for w in writes])
+    head_bases = head_write_bases(trace.model)
     heads = tuple(f"L{L}H{h}" for L in range(a.n_layers) for h in range(a.n_heads))
-    W_O = torch.cat([trace.model.weights(L).W_O for L in range(a.n_layers)])
-    Q, _ = _bases(W_O.transpose(-1, -2))                              # (head, d, d_head)
-    overlap = torch.stack([
-        ((toks[w] @ Q).pow(2).sum(-1) / toks[w].pow(2).sum(-1).clamp_min(1e-30)).mean(-1).cpu()
-        for w in writes])
+    n = max(int(mask.sum()), 1)
+    sums = [write_sums(real(values[w], mask), subs, head_bases) for w in writes]
+    named = torch.stack([s for s, _ in sums]).div(n).float().cpu()
+    overlap = torch.stack([h for _, h in sums]).div(n).float().cpu()
     for i, w in enumerate(writes):
         if w in heads:
             overlap[i, heads.index(w)] = float("nan")

@@ -2,9 +2,10 @@
 
 Each keeps ``mean × tokens`` in a float64 sum beside the count (see ``base``). ``growth``
 (``growth.GrowthSums``), survival and read attribution at component granularity
-(``flow.FlowSums``) and the lens (``lens.LensSums``) reduce a batch with a reducer that runs
-inside the forward pass (``lean``) or from a trace; subspaces and per-head flow run the
-package's own analysis on each batch's trace. Composition is a function of the weights
+(``flow.FlowSums``), subspaces (``subspaces.SubspaceSums``, fed from the flow buffer) and the
+lens (``lens.LensSums``) reduce a batch with a reducer that runs inside the forward pass
+(``lean``) or from a trace; per-head flow runs the package's own analysis on each batch's
+trace. Composition is a function of the weights
 alone: computed once, not accumulated.
 """
 
@@ -18,7 +19,7 @@ import torch
 
 from ..analyses.composition import composition
 from ..analyses.flow import ReadAttribution, Survival, read_attribution, survival
-from ..analyses.subspaces import Subspace, WriteSubspaces, pca_subspace, write_subspaces
+from ..analyses.subspaces import Subspace, WriteSubspaces, head_write_bases, named_subspaces, pca_subspace
 from ..analyses.tokens import safe_ratio
 from ..errors import InputError
 from .base import BIN_WIDTH, LOG_BINS, NORM_RANGE, Accumulator, histogram_quantile, log_histogram
@@ -26,6 +27,7 @@ from .flow import FlowSums
 from .growth import GrowthStats
 from .lean import reduce_trace
 from .lens import LensSums
+from .subspaces import SubspaceSums
 
 __all__ = ["BIN_WIDTH", "LOG_BINS", "NORM_RANGE", "STATS", "Accumulator", "GrowthStats",
            "histogram_quantile", "log_histogram", "make_accumulators"]
@@ -114,21 +116,24 @@ class ReadAttributionStats(_FlowStats):
                                self.mean("share"), self.mean("abs_share"), None, self.granularity)
 
 
-class SubspaceStats(_TokenMeans):
+class SubspaceStats(Accumulator):
     """Energy fractions of every write in the named subspaces, head overlaps, reads.
 
     The stream's principal components are fixed from the first batch of the corpus (the
-    calibration) so every batch and every process measures against the same subspace.
+    calibration) so every batch and every process measures against the same subspace. Lean:
+    each batch is reduced from the contribution buffer of ``flow.FlowSums`` by a
+    ``subspaces.SubspaceSums``; the subspaces and the heads' write bases are computed once
+    per scan.
     """
 
     name = "subspaces"
     calibrates = True
-    FIELDS = ("named", "head_overlap", "read_fraction", "read_strength")
-    LABELS = ("writes", "subspaces", "heads", "readers")
+    lean = True
 
     def __init__(self, pca_k: int = 16, unembed_k: int = 32) -> None:
         super().__init__()
         self.pca_k, self.unembed_k = pca_k, unembed_k
+        self._fixed: tuple | None = None  # (PCA basis, subspaces, head bases): not state
 
     def prepare(self, model, calibration) -> None:
         """Fix the PCA subspace from ``calibration`` (unless a loaded state already did)."""
@@ -136,10 +141,20 @@ class SubspaceStats(_TokenMeans):
         if "pca_basis" not in self.meta:
             self.meta["pca_basis"] = pca_subspace(calibration, k=self.pca_k).basis.cpu()
 
-    def analyse(self, trace) -> WriteSubspaces:
-        """``write_subspaces`` of one batch, against the calibrated PCA subspace."""
-        pca = Subspace("pca", self.meta["pca_basis"])
-        return write_subspaces(trace, pca_trace=pca, unembed_k=self.unembed_k)
+    def sums_for(self, model, batch, first_row: int, shared: dict | None = None) -> FlowSums:
+        """The batch's ``FlowSums`` (shared with the flow statistics), feeding a ``SubspaceSums``."""
+        basis = self.meta["pca_basis"]
+        if self._fixed is None or self._fixed[0] is not basis:  # once per scan (and loaded state)
+            pca = Subspace(f"pca{self.pca_k}@{model.anatomy.n_layers}", basis)  # as pca_subspace names it
+            subs = named_subspaces(model, pca, self.unembed_k)
+            self._fixed = (basis, subs, head_write_bases(model))
+        flow = FlowSums.shared(shared, model, batch)
+        flow.subspaces = SubspaceSums(model, flow.mask, *self._fixed[1:])
+        return flow
+
+    def update(self, trace, first_row: int = 0) -> None:
+        """Add one batch from a finished trace."""
+        reduce_trace(self, trace, first_row)
 
     def result(self) -> WriteSubspaces:
         """``WriteSubspaces`` over every token so far."""

@@ -2,8 +2,8 @@
 
 Each accumulator keeps only what merges exactly: a mean over the real tokens of a batch
 becomes ``mean × tokens`` added to a float64 sum, with the token count beside it (growth,
-flow and the lens reduce a batch with their own reducers, ``growth``, ``flow``, ``lens``;
-subspaces run the package's analysis per batch, ``accumulators``). Means over the corpus are
+flow, subspaces and the lens reduce a batch with their own reducers, ``growth``, ``flow``,
+``subspaces``, ``lens``; per-head flow runs the package's analysis per batch). Means over the corpus are
 the means the analysis would give on one trace of every row (up to float64 summation order),
 and memory depends on the model, never on the number of tokens.
 
@@ -53,7 +53,11 @@ class Accumulator:
         self.meta: dict[str, object] = {}
 
     def prepare(self, model, calibration) -> None:
-        """Fix anything data-dependent before the first batch (``calibration``: batch 0's trace)."""
+        """Fix anything data-dependent before the first batch.
+
+        ``calibration``: batch 0's stream after the last block (``lean.Points``), or None when
+        no statistic asked for one (``calibrates``).
+        """
         self.model = model
 
     def add(self, key: str, value: Tensor | float | int) -> None:

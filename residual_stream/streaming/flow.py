@@ -28,6 +28,7 @@ from torch import Tensor
 from ..analyses.flow import READ_MAP_BIAS, READ_NORM_BIAS, read_channels
 from ..program import Add, Embed, Mark, Norm, Read, Scale
 from ..walk import component_of
+from .subspaces import SUBSPACES
 
 SURVIVAL, READ = "survival", "read_attribution"
 
@@ -65,6 +66,7 @@ class FlowSums:
         self.reads: list[tuple[list[str], list[str], Tensor, Tensor]] = []
         self.tail = False  # past the last block: nothing reads the contributions any more
         self.block: tuple[int, object] | None = None  # (layer, its LayerWeights): both reads share
+        self.subspaces = None  # a ``subspaces.SubspaceSums`` fed from the buffer, if asked for
 
     @classmethod
     def shared(cls, shared: dict | None, model, batch) -> FlowSums:
@@ -105,8 +107,14 @@ class FlowSums:
             if SURVIVAL in self.wants:
                 self._survival()
             self.tail = op.point == self.model.anatomy.n_layers
-        elif isinstance(op, Read) and READ in self.wants:
+        elif isinstance(op, Read):
+            self._on_read(op, scales)
+
+    def _on_read(self, op: Read, scales: dict[str, Tensor]) -> None:
+        if READ in self.wants:
             self._read(op, scales)
+        if self.subspaces is not None:
+            self.subspaces.read(op.component, self._filled(), self.labels, self._weights(op.component))
 
     # ---- the buffer ----------------------------------------------------------------------
     def _filled(self) -> Tensor:
@@ -129,6 +137,8 @@ class FlowSums:
         born = self._token_sum(torch.linalg.vector_norm(value, dim=-1).flatten())
         self.labels.append(label)
         self.born.append(born)
+        if self.subspaces is not None:
+            self.subspaces.added(label, value)
         if self.norm_sums is not None:
             self.norm_sums.append(born)
 
@@ -203,7 +213,10 @@ class FlowSums:
 
     # ---- into the accumulators -----------------------------------------------------------
     def into(self, acc) -> None:
-        """Add this batch's sums to ``acc`` (a ``SurvivalStats`` or a ``ReadAttributionStats``)."""
+        """Add this batch's sums to ``acc`` (survival, read attribution or subspaces)."""
+        if acc.name == SUBSPACES:
+            self.subspaces.into(acc)
+            return
         n = self.mask.sum()
         if acc.name == SURVIVAL:
             self._survival_into(acc)

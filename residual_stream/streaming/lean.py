@@ -16,6 +16,7 @@ adds a batch's sums to its accumulator.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -56,6 +57,49 @@ def reduce_trace(acc, trace, first_row: int = 0) -> None:
     sums = acc.sums_for(trace.model, trace.batch, first_row)
     feed_trace(trace, [sums])
     sums.into(acc)
+
+
+@dataclass(frozen=True)
+class Points:
+    """The stream of one batch at some points: what a calibration reads of a trace, lean.
+
+    Quacks like a ``Trace`` for ``stream(point)``, ``attention_mask`` and ``anatomy``.
+    """
+
+    anatomy: object
+    attention_mask: Tensor
+    streams: dict[int, Tensor]
+
+    def stream(self, point: int) -> Tensor:
+        """The stream entering block ``point`` (``[batch, pos, d_model]``, float32)."""
+        if point not in self.streams:
+            raise IndexError(f"point {point} was not kept (kept: {sorted(self.streams)})")
+        return self.streams[point]
+
+
+class _KeepPoints:
+    """A reducer that keeps the stream at chosen points."""
+
+    def __init__(self, wanted) -> None:
+        self.wanted, self.streams = set(wanted), {}
+
+    def point(self, point: int, x: Tensor) -> None:
+        """Keep ``x`` if ``point`` is wanted."""
+        if point in self.wanted:
+            self.streams[point] = x
+
+    def step(self, step, scales) -> None:
+        """Nothing."""
+
+
+def points(model, batch, wanted: Sequence[int] | None = None) -> Points:
+    """One lean pass of ``model`` over ``batch`` keeping the stream at ``wanted`` points only.
+
+    ``wanted`` defaults to the last block's output (what a PCA calibration reads).
+    """
+    keep = _KeepPoints([model.anatomy.n_layers] if wanted is None else wanted)
+    lean_pass(model, batch, [keep])
+    return Points(model.anatomy, batch.attention_mask.to(model.device), keep.streams)
 
 
 class _Stream(dict):

@@ -1,10 +1,11 @@
 """``rs.scan``: stream a corpus through a model, batch by batch, into accumulators.
 
 Per batch: tokenize (``corpus``), run one forward pass, let every accumulator add its sums.
-When every statistic asked for has a reducer (all but ``subspaces``), the batch takes the
-lean pass (``lean``): reduced inside the forward pass, one block's tensors at a time (plus
-what a reducer keeps: the contribution buffer of ``flow``, the points of ``lens``). Otherwise
-one trace of the batch is captured (``trace_batch``; float32 copies, whatever the model's
+When every statistic asked for has a reducer (all of them at their default settings), the
+batch takes the lean pass (``lean``): reduced inside the forward pass, one block's tensors at
+a time (plus what a reducer keeps: the contribution buffer of ``flow`` and ``subspaces``, the
+points of ``lens``). Otherwise (an accumulator without one, such as per-head flow) one trace
+of the batch is captured (``trace_batch``; float32 copies, whatever the model's
 dtype), the reducers are fed from it and it is dropped. Memory is one batch's worth plus the
 accumulators, whatever the corpus length.
 
@@ -36,7 +37,7 @@ from ..errors import InputError
 from ..trace import trace_batch
 from .accumulators import Accumulator, _json_ready, frames, make_accumulators
 from .corpus import Corpus, corpus_batches
-from .lean import feed_trace, lean_pass
+from .lean import feed_trace, lean_pass, points
 
 STATE_VERSION = 1
 
@@ -127,13 +128,14 @@ def _own_batches(model, corpus: Corpus, accs: dict[str, Accumulator], batch_size
                  max_tokens: int | None, next_batch: int, rank: int, world_size: int):
     """``(index, batch, first row)`` of this process's batches not yet in the saved sums.
 
-    Batch 0 first fixes data-dependent choices (the PCA of ``subspaces``) in every process.
+    Batch 0 first fixes data-dependent choices (the PCA of ``subspaces``) in every process,
+    from a lean pass that keeps the last block's output (``lean.points``).
     """
     batches = corpus_batches(model, corpus, batch_size=batch_size, seq_len=seq_len,
                              max_tokens=max_tokens)
     for i, (batch, first_row) in enumerate(batches):
         if i == 0:
-            calibration = trace_batch(model, batch) if any(a.calibrates for a in accs.values()) else None
+            calibration = points(model, batch) if any(a.calibrates for a in accs.values()) else None
             for acc in accs.values():
                 acc.prepare(model, calibration)
         if i >= next_batch and i % world_size == rank:

@@ -1,0 +1,80 @@
+"""Subspace energy fractions over a corpus, from the contribution buffer of ``flow.FlowSums``.
+
+``analyses.subspaces.write_subspaces`` replays a trace to get each write as added and as
+carried to every later read. The buffer of ``FlowSums`` already holds exactly that, at
+component granularity (each attention, each MLP): slot ``i`` is a write as added until a
+stream norm or a scale maps it, and at a ``Read`` every filled slot is a write as carried to
+that read, before the reading norm. So ``SubspaceSums`` is fed by the buffer's owner:
+
+* ``added(label, value)`` when a write enters the buffer: its token sums of energy fraction
+  in each named subspace and in each head's write subspace (``analyses.subspaces.write_sums``);
+* ``read(component, buffer, labels)`` at each read: the read fraction and strength of every
+  write present, against each reader's map (``analyses.subspaces.read_sums``, token chunks).
+
+The arithmetic is the analysis's (the same two functions), so a scan reproduces it on one
+trace to float summation order, while memory is the buffer plus one bounded product.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..analyses.subspaces import Subspace, read_sums, reader_labels, reader_map, write_sums
+
+SUBSPACES = "subspaces"
+
+
+class SubspaceSums:
+    """One batch's subspace sums; fed by ``FlowSums`` (``added``, ``read``), then ``into``."""
+
+    def __init__(self, model, mask: Tensor, subspaces: list[Subspace], head_bases: Tensor) -> None:
+        """``subspaces`` and ``head_bases`` (``analyses.subspaces.head_write_bases``) are fixed per scan."""
+        a = model.anatomy
+        self.model, self.mask, self.subspaces = model, mask.bool().flatten(), subspaces
+        self.components = {c.name: c for c in a.components}
+        self.writes = [c.name for c in a.components]
+        self.row = {w: i for i, w in enumerate(self.writes)}
+        self.heads = [f"L{L}H{h}" for L in range(a.n_layers) for h in range(a.n_heads)]
+        self.readers = reader_labels(model)
+        self.head_bases = head_bases.to(mask.device)
+        dev, W, R = mask.device, len(self.writes), len(self.readers)
+        f64 = dict(dtype=torch.float64, device=dev)
+        self.named = torch.full((W, len(subspaces)), float("nan"), **f64)
+        self.overlap = torch.full((W, len(self.heads)), float("nan"), **f64)
+        self.read_fraction = torch.full((W, R), float("nan"), **f64)
+        self.read_strength = torch.full((W, R), float("nan"), **f64)
+        self.column = 0  # the next reader's column: reads arrive in component order
+
+    def added(self, label: str, value: Tensor) -> None:
+        """A buffer slot was filled with ``value [batch, pos, d]``; measure it if it is a write."""
+        row = self.row.get(label)
+        if row is not None:
+            named, heads = write_sums(value.flatten(0, 1), self.subspaces, self.head_bases, self.mask)
+            self.named[row], self.overlap[row] = named, heads
+
+    def read(self, component: str, buf: Tensor, labels: list[str], weights=None) -> None:
+        """``component`` reads; ``buf [batch, pos, slot, d]`` holds ``labels``'s contributions.
+
+        ``weights``: the reading block's ``LayerWeights`` when the caller already has them.
+        """
+        names, M = reader_map(self.model, self.components[component], weights)
+        present = [(i, self.row[lab]) for i, lab in enumerate(labels) if lab in self.row]
+        cols = slice(self.column, self.column + len(names))
+        self.column += len(names)
+        if not present:
+            return
+        slots = torch.tensor([i for i, _ in present], device=buf.device)
+        rows = torch.tensor([r for _, r in present], device=buf.device)
+        frac, strength = read_sums(buf.flatten(0, 1), M.to(buf.device), slots, self.mask)
+        self.read_fraction[rows, cols], self.read_strength[rows, cols] = frac, strength
+
+    def into(self, acc) -> None:
+        """Add this batch's sums to ``acc`` (a ``SubspaceStats``)."""
+        acc.add("named", self.named)
+        acc.add("head_overlap", self.overlap)
+        acc.add("read_fraction", self.read_fraction)
+        acc.add("read_strength", self.read_strength)
+        acc.add("n", self.mask.sum())
+        acc.meta.update(writes=list(self.writes), subspaces=[s.name for s in self.subspaces],
+                        heads=list(self.heads), readers=list(self.readers))
