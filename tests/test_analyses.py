@@ -66,6 +66,43 @@ def test_write_subspaces_fractions_are_fractions():
     torch.testing.assert_close(f.sum(-1), torch.ones(f.shape[:-1]))
 
 
+@pytest.mark.parametrize("k", [5, 40])  # a tall map (d > k) and a wide one (d < k)
+def test_read_measures_against_a_float64_svd(k):
+    """One product with the left singular vectors gives both read measures: checked against
+    ``‖w P‖²/‖w‖²`` and ``‖w M‖/(σ_max ‖w‖)`` from a float64 SVD, with a rank-deficient map,
+    a repeated one, padding left out and token chunks smaller than the tokens."""
+    from residual_stream.analyses import subspaces as S
+
+    g = torch.Generator().manual_seed(0)
+    d, tokens = 12, 9
+    M = torch.randn(3, d, k, generator=g)
+    M[1, :, 1] = M[1, :, 0] * 2.0                      # rank deficient
+    M[2] = M[0]                                         # a repeated map
+    x = torch.randn(tokens, 4, d, generator=g)          # (token, write, d)
+    x[3, 2] = 0.0                                       # a zero write: fraction 0, not NaN
+    weight = torch.ones(tokens, dtype=torch.bool)
+    weight[[1, 7]] = False                              # padding
+    slots = torch.tensor([3, 0, 2])
+    frac, strength = S.read_sums(x, M, slots, weight)
+    chunked = S.CHUNK_ELEMENTS
+    try:
+        S.CHUNK_ELEMENTS = 2 * 3 * 3 * min(d, k)        # two tokens per chunk
+        frac2, strength2 = S.read_sums(x, M, slots, weight)
+    finally:
+        S.CHUNK_ELEMENTS = chunked
+    U, sv, _ = torch.linalg.svd(M.double(), full_matrices=False)
+    P = [u[:, s > 1e-6 * s.max()] for u, s in zip(U, sv, strict=True)]
+    w = x[weight][:, slots].double()                    # (real token, write, d)
+    energy = w.pow(2).sum(-1).clamp_min(1e-30)
+    ref_frac = torch.stack([(w @ p).pow(2).sum(-1) / energy for p in P], -1).sum(0)
+    ref_strength = torch.stack([(w @ m.double()).norm(dim=-1) / (s.max() * energy.sqrt())
+                                for m, s in zip(M, sv, strict=True)], -1).sum(0)
+    for got in (frac, frac2):
+        torch.testing.assert_close(got, ref_frac, atol=1e-5, rtol=1e-5)
+    for got in (strength, strength2):
+        torch.testing.assert_close(got, ref_strength, atol=1e-5, rtol=1e-5)
+
+
 # --- norm growth ------------------------------------------------------------------------
 
 def test_norm_growth_against_float64_loops():

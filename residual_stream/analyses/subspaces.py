@@ -169,11 +169,14 @@ def writes_as_added(trace, wanted: set[str]) -> dict[str, Tensor]:
     return out
 
 
-def _bases(M: Tensor) -> tuple[Tensor, Tensor]:
-    """Orthonormal column-space bases of a batch ``M [n, d, k]``, and each largest singular value.
+def _singular(M: Tensor) -> tuple[Tensor, Tensor]:
+    """Left singular vectors ``U [n, d, r]`` and singular values ``S [n, r]`` of a batch ``M [n, d, k]``.
 
-    Columns beyond the numerical rank are zeroed. Computed from the smaller Gram matrix in
-    float64 (``eigh`` of ``MᵀM`` or ``MMᵀ``), much faster than an SVD of a tall or wide map.
+    ``r = min(d, k)``; columns beyond the numerical rank are zeroed in both. Computed from the
+    smaller Gram matrix in float64 (``eigh`` of ``MᵀM`` or ``MMᵀ``), much faster than an SVD of
+    a tall or wide map. Since ``M = U diag(S) Vᵀ`` with orthonormal ``V``, ``‖w M‖² =
+    Σ_j (w·u_j)² S_j²``: one product with ``U`` gives both a write's energy in the column
+    space and its read strength.
     """
     M64 = M.double()
     if M.shape[-1] <= M.shape[-2]:
@@ -184,7 +187,13 @@ def _bases(M: Tensor) -> tuple[Tensor, Tensor]:
         S2, U = torch.linalg.eigh(M64 @ M64.transpose(-1, -2))
         S = S2.clamp_min(0).sqrt()
     keep = S > RANK_TOL * S.amax(-1, keepdim=True).clamp_min(1e-300)
-    return (U * keep[:, None, :]).to(M.dtype), S.amax(-1).to(M.dtype)
+    return (U * keep[:, None, :]).to(M.dtype), (S * keep).to(M.dtype)
+
+
+def _bases(M: Tensor) -> tuple[Tensor, Tensor]:
+    """Orthonormal column-space bases of a batch ``M [n, d, k]`` (``_singular``), each largest singular value."""
+    U, S = _singular(M)
+    return U, S.amax(-1)
 
 
 def head_write_bases(model) -> Tensor:
@@ -193,17 +202,35 @@ def head_write_bases(model) -> Tensor:
     return _bases(W_O.transpose(-1, -2))[0]
 
 
-def reader_map(model, comp, weights=None) -> tuple[list[str], Tensor]:
-    """A component's reader labels and maps ``M [n, d, k] = C diag(γ) W`` (its norm folded)."""
+def _distinct(W: Tensor, rep: int) -> tuple[Tensor, Tensor]:
+    """Heads' maps ``W [head, d, k]`` without the copies grouped-query attention repeats.
+
+    Returns the distinct maps and, per head, the index of its map among them.
+    """
+    heads = torch.arange(len(W))
+    if rep > 1 and torch.equal(W, W[::rep].repeat_interleave(rep, 0)):
+        return W[::rep], heads // rep
+    return W, heads
+
+
+def reader_map(model, comp, weights=None) -> tuple[list[str], Tensor, Tensor]:
+    """A component's reader labels, its distinct maps ``M [m, d, k] = C diag(γ) W`` (its norm
+    folded) and, per reader, the index of its map in ``M`` (heads sharing a key/value map
+    under grouped-query attention share one).
+    """
     a = model.anatomy
     w = weights or model.weights(comp.layer)
     spec = a.norms.get(comp.reads_through) if comp.reads_through else None
-    if comp.kind == "attn":
-        labels = [f"L{comp.layer}H{h}.{ch}" for ch in "qkv" for h in range(a.n_heads)]
-        M = torch.cat([w.W_Q, w.W_K, w.W_V])
-    else:
-        labels, M = [f"L{comp.layer}.mlp.in"], w.W_in[None]
-    return labels, _fold_norm(spec, M)
+    if comp.kind != "attn":
+        return [f"L{comp.layer}.mlp.in"], _fold_norm(spec, w.W_in[None]), torch.zeros(1, dtype=torch.long)
+    labels = [f"L{comp.layer}H{h}.{ch}" for ch in "qkv" for h in range(a.n_heads)]
+    maps, index, offset = [], [], 0
+    for W in (w.W_Q, w.W_K, w.W_V):
+        distinct, idx = _distinct(W, a.n_heads // max(a.n_kv_heads, 1))
+        maps.append(distinct)
+        index.append(idx + offset)
+        offset += len(distinct)
+    return labels, _fold_norm(spec, torch.cat(maps)), torch.cat(index)
 
 
 def reader_labels(model) -> tuple[str, ...]:
@@ -252,22 +279,24 @@ def write_sums(x: Float[Tensor, "token d_model"], subspaces: Sequence[Subspace],
 
 def read_sums(x: Float[Tensor, "token write d_model"], M: Tensor, slots: Tensor | None = None,
               weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Token sums of ``‖w Q‖²/‖w‖²`` and ``‖w M‖/(σ_max ‖w‖)`` per write and reader ``[write, n]``.
+    """Token sums of ``‖w U‖²/‖w‖²`` and ``‖w M‖/(σ_max ‖w‖)`` per write and map ``[write, m]``.
 
-    ``Q`` spans the column space of each reader's ``M [n, d, k]``. ``slots`` picks the writes
-    along axis 1 of ``x`` (a view of a larger buffer); ``weight`` (bool per token) leaves
-    padding out. Tokens go in chunks so no ``[chunk, write, n, k]`` product outgrows
-    ``CHUNK_ELEMENTS``.
+    ``U`` spans the column space of each map ``M [m, d, k]``; both measures come from one
+    product with ``U`` (``_singular``), at most ``d`` columns per map even for a wide one.
+    ``slots`` picks the writes along axis 1 of ``x`` (a view of a larger buffer); ``weight``
+    (bool per token) leaves padding out. Tokens go in chunks so no ``[chunk, write, m, r]``
+    product outgrows ``CHUNK_ELEMENTS``.
     """
-    Q, sigma = _bases(M)
+    U, S = _singular(M)
+    S2, sigma = S.pow(2), S.amax(-1)
     n_writes = x.shape[1] if slots is None else len(slots)
     frac = torch.zeros(n_writes, M.shape[0], dtype=torch.float64, device=x.device)
     strength = torch.zeros_like(frac)
-    for part in _chunks(len(x), n_writes * M.shape[0] * M.shape[2]):
+    for part in _chunks(len(x), n_writes * U.shape[0] * U.shape[2]):
         c = x[part] if slots is None else x[part].index_select(1, slots)        # (token, write, d)
         energy = c.pow(2).sum(-1, keepdim=True).clamp_min(1e-30)
-        inside = torch.einsum("twd,ndk->twnk", c, Q).pow(2).sum(-1)
-        read = torch.einsum("twd,ndk->twnk", c, M).pow(2).sum(-1)
+        coords = torch.einsum("twd,mdr->twmr", c, U).pow_(2)                    # (w·u_j)²
+        inside, read = coords.sum(-1), (coords * S2).sum(-1)
         w = None if weight is None else weight[part]
         frac += _masked_sum(inside / energy, w)
         strength += _masked_sum(read.sqrt() / (sigma * energy.sqrt()), w)
@@ -294,7 +323,7 @@ def _read_measures(trace, writes: Sequence[str]):
             for lab, v in zip(p.labels, p.values, strict=True):
                 for t in _targets(lab, writes):
                     carried[t] = carried[t] + v if t in carried else v
-        labels, M = reader_map(trace.model, comps[op.component])
+        labels, M, index = reader_map(trace.model, comps[op.component])
         f = torch.full((len(writes), len(labels)), float("nan"))
         st = f.clone()
         present = [w for w in writes if w in carried]
@@ -302,7 +331,7 @@ def _read_measures(trace, writes: Sequence[str]):
             rows = [writes.index(w) for w in present]
             W = torch.stack([real(carried[w], mask) for w in present], 1)       # (token, write, d)
             fs, ss = read_sums(W, M)
-            f[rows], st[rows] = (fs / n).float().cpu(), (ss / n).float().cpu()
+            f[rows], st[rows] = (fs[:, index] / n).float().cpu(), (ss[:, index] / n).float().cpu()
         measured[op.component] = f, st
     frac = torch.cat([measured[c.name][0] for c in a.components], 1)
     strength = torch.cat([measured[c.name][1] for c in a.components], 1)

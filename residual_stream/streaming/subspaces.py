@@ -58,7 +58,7 @@ class SubspaceSums:
 
         ``weights``: the reading block's ``LayerWeights`` when the caller already has them.
         """
-        names, M = reader_map(self.model, self.components[component], weights)
+        names, M, index = reader_map(self.model, self.components[component], weights)
         present = [(i, self.row[lab]) for i, lab in enumerate(labels) if lab in self.row]
         cols = slice(self.column, self.column + len(names))
         self.column += len(names)
@@ -67,7 +67,9 @@ class SubspaceSums:
         slots = torch.tensor([i for i, _ in present], device=buf.device)
         rows = torch.tensor([r for _, r in present], device=buf.device)
         frac, strength = read_sums(buf.flatten(0, 1), M.to(buf.device), slots, self.mask)
-        self.read_fraction[rows, cols], self.read_strength[rows, cols] = frac, strength
+        index = index.to(buf.device)
+        self.read_fraction[rows, cols] = frac[:, index]
+        self.read_strength[rows, cols] = strength[:, index]
 
     def into(self, acc) -> None:
         """Add this batch's sums to ``acc`` (a ``SubspaceStats``)."""
