@@ -14,9 +14,9 @@ attention, ``torch.inference_mode``):
 * ``rs_stats_flow``: ``growth``, ``survival`` and ``read_attribution`` together, lean;
 * ``rs_lens``: the ``lens`` statistic, lean (points kept, one unembedding per point after the
   forward pass, in token chunks);
-* ``rs_subspaces``: the ``subspaces`` statistic (a trace per batch, then the analysis: every
-  write's energy in the named subspaces, in every head's write space and in every later
-  reader's read space; its PCA fixed once from the first batch, outside the timing);
+* ``rs_subspaces``: the ``subspaces`` statistic, lean (every write's energy in the named
+  subspaces, in every head's write space and in every later reader's read space, measured
+  from the flow buffer; its PCA and bases fixed once, on the warm-up batch, as a scan does);
 * ``rs_decompose``: capture + the full per-head decomposition of the last point;
 * ``tl_cache_all`` / ``tl_cache_resid``: TransformerLens ``run_with_cache`` on a bridge booted
   on a private copy of the model, with every hook / residual hooks only (as users call it,
@@ -49,6 +49,7 @@ import torch
 
 import residual_stream as rs
 from residual_stream.streaming import Corpus, corpus_batches, make_accumulators
+from residual_stream.streaming.lean import points
 from residual_stream.streaming.runner import _add_batch
 from residual_stream.trace import trace_batch
 
@@ -79,17 +80,14 @@ def variants(model, use_tl: bool, copy_for_tl: bool = True) -> dict:
                          use_cache=False)
 
     def stats(names):
-        fixed: dict = {}  # what a scan fixes from its first batch (the PCA of subspaces), once
+        accs: dict = {}  # made and calibrated on the first batch, as a scan does, then reused
 
         def run(batch):  # what rs.scan does per batch (the lean pass when every statistic can)
-            accs = make_accumulators(names)
-            for a in accs.values():
-                if a.calibrates:
-                    if not fixed:
-                        a.prepare(model, trace_batch(model, batch))
-                        fixed.update(a.meta)
-                    a.meta.update(fixed)
-                a.prepare(model, None)
+            if not accs:
+                accs.update(make_accumulators(names))
+                calibrates = any(a.calibrates for a in accs.values())
+                for a in accs.values():
+                    a.prepare(model, points(model, batch) if calibrates else None)
             _add_batch(model, batch, 0, accs)
         return run
 

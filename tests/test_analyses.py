@@ -103,6 +103,27 @@ def test_read_measures_against_a_float64_svd(k):
         torch.testing.assert_close(got, ref_strength, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("tokens", [5, 40])  # fewer tokens than d_model (direct), more (Gram)
+def test_write_fractions_against_float64_projections(tokens):
+    from residual_stream.analyses import subspaces as S
+
+    g = torch.Generator().manual_seed(1)
+    d = 12
+    x = torch.randn(tokens, d, generator=g) * torch.rand(tokens, 1, generator=g) * 10
+    x[2] = 0.0                                          # a zero write counts 0
+    weight = torch.ones(tokens, dtype=torch.bool)
+    weight[-1] = False                                  # padding
+    subs = [mean_direction(d), Subspace.from_vectors("probe", torch.randn(d, 3, generator=g))]
+    heads = S._bases(torch.randn(4, d, 2, generator=g))[0]           # 4 heads' write bases
+    named, per_head = S.write_sums(x, subs, heads, weight)
+    w = x[weight].double()
+    energy = w.pow(2).sum(-1).clamp_min(1e-30)
+    ref_named = torch.stack([(w @ s.basis.double()).pow(2).sum(-1) / energy for s in subs]).sum(-1)
+    ref_heads = torch.stack([(w @ q.double()).pow(2).sum(-1) / energy for q in heads]).sum(-1)
+    torch.testing.assert_close(named, ref_named, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(per_head, ref_heads, atol=1e-5, rtol=1e-5)
+
+
 # --- norm growth ------------------------------------------------------------------------
 
 def test_norm_growth_against_float64_loops():

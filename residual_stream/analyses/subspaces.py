@@ -191,7 +191,7 @@ def _singular(M: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _bases(M: Tensor) -> tuple[Tensor, Tensor]:
-    """Orthonormal column-space bases of a batch ``M [n, d, k]`` (``_singular``), each largest singular value."""
+    """Orthonormal column-space bases of a batch ``M [n, d, k]``, and each largest singular value."""
     U, S = _singular(M)
     return U, S.amax(-1)
 
@@ -214,9 +214,10 @@ def _distinct(W: Tensor, rep: int) -> tuple[Tensor, Tensor]:
 
 
 def reader_map(model, comp, weights=None) -> tuple[list[str], Tensor, Tensor]:
-    """A component's reader labels, its distinct maps ``M [m, d, k] = C diag(γ) W`` (its norm
-    folded) and, per reader, the index of its map in ``M`` (heads sharing a key/value map
-    under grouped-query attention share one).
+    """A component's reader labels, its distinct read maps, and each reader's map index.
+
+    The maps are ``M [m, d, k] = C diag(γ) W`` (the reading norm folded); heads sharing a
+    key/value map under grouped-query attention share one row of ``M``.
     """
     a = model.anatomy
     w = weights or model.weights(comp.layer)
@@ -260,21 +261,25 @@ def write_sums(x: Float[Tensor, "token d_model"], subspaces: Sequence[Subspace],
                weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Token sums of one write's energy fraction in each subspace ``[s]`` and each head's ``[head]``.
 
-    ``weight`` (bool per token) leaves padding out; the analysis passes real tokens only.
+    A fraction is ``‖Bᵀ ŵ‖²`` for the unit write ``ŵ = w/‖w‖``, so its token sum is
+    ``tr(Bᵀ G B)`` with ``G = Σ_t ŵ_t ŵ_tᵀ``: with more tokens than ``d_model`` one
+    ``[d, d]`` Gram matrix replaces the ``[token, head × d_head]`` product. ``weight`` (bool per
+    token) leaves padding out; the analysis passes real tokens only.
     """
     B = torch.cat([s.basis.to(x.device, x.dtype) for s in subspaces], 1)
     widths = [s.basis.shape[1] for s in subspaces]
-    named = torch.zeros(len(subspaces), dtype=torch.float64, device=x.device)
-    heads = torch.zeros(len(head_bases), dtype=torch.float64, device=x.device)
-    Q = head_bases.to(x.device, x.dtype)
-    for part in _chunks(len(x), Q.shape[0] * Q.shape[2]):
-        c = x[part]
-        energy = c.pow(2).sum(-1, keepdim=True).clamp_min(1e-30)                  # (token, 1)
-        inside = torch.stack([p.pow(2).sum(-1) for p in (c @ B).split(widths, -1)], -1)
-        named += _masked_sum(inside / energy, None if weight is None else weight[part])
-        per_head = torch.einsum("td,hdk->thk", c, Q).pow(2).sum(-1)              # (token, head)
-        heads += _masked_sum(per_head / energy, None if weight is None else weight[part])
-    return named, heads
+    Q = head_bases.to(x.device, x.dtype)                                       # (head, d, d_head)
+    unit = x / x.pow(2).sum(-1, keepdim=True).clamp_min(1e-30).sqrt()          # 0 for a zero write
+    if weight is not None:
+        unit = torch.where(weight[:, None], unit, 0)
+    if len(x) > x.shape[-1]:
+        G = unit.T @ unit                                                      # (d, d)
+        named = torch.stack([(G @ b * b).sum() for b in B.split(widths, -1)])
+        heads = torch.einsum("de,hdk,hek->h", G, Q, Q)
+        return named.double(), heads.double()
+    named = torch.stack([p.pow(2).sum(-1) for p in (unit @ B).split(widths, -1)], -1).sum(0)
+    heads = torch.einsum("td,hdk->thk", unit, Q).pow(2).sum((0, 2))
+    return named.double(), heads.double()
 
 
 def read_sums(x: Float[Tensor, "token write d_model"], M: Tensor, slots: Tensor | None = None,
