@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-MIN_CHUNK, MAX_CHUNKS = 256, 8  # tokens per unembedding: at least 256, at most 8 chunks a batch
+MIN_CHUNK, MAX_CHUNKS = 128, 8  # tokens per unembedding: at least 128, at most 8 chunks a batch
 
 
 class LensSums:
