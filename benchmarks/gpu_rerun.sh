@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The short GPU rerun (device tool, ~4 device minutes): the package's own variants, their
+# The short GPU rerun (device tool, ~5 device minutes): the package's own variants, their
 # dispatched operations, and memory (the TransformerLens baselines do not change with this
 # package's code; see gpu_run.sh). Needs .gpu/ carried (benchmarks/gpu_prepare.sh makes it).
 set -uo pipefail
@@ -17,7 +17,7 @@ M="--model /tmp/smollm2-random --device cuda --dtype bfloat16"
 V=hf_forward,rs_capture,rs_stats,rs_survival,rs_read,rs_stats_flow,rs_decompose
 python3 benchmarks/op_count.py $M --variants $V 2>&1 | grep -v "Loading weights" | tee "$OUT/ops3.md"
 python3 benchmarks/scan_speed.py $M --batches 8 --batch-size 8 --seq-len 128 --rounds 5 --memory \
-  --variants $V --json "$OUT/speed3_8x128.json" 2>&1 | grep -v "Loading weights" | tee "$OUT/speed3_8x128.md"
+  --variants $V,rs_lens,rs_subspaces --json "$OUT/speed3_8x128.json" 2>&1 | grep -v "Loading weights" | tee "$OUT/speed3_8x128.md"
 python3 benchmarks/scan_speed.py $M --batches 4 --batch-size 32 --seq-len 512 --rounds 3 \
   --variants hf_forward,rs_capture,rs_stats,rs_survival,rs_decompose --json "$OUT/speed3_32x512.json" \
   2>&1 | grep -v "Loading weights" | tee "$OUT/speed3_32x512.md"

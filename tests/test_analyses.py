@@ -103,7 +103,9 @@ def test_read_measures_against_a_float64_svd(k):
         torch.testing.assert_close(got, ref_strength, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("tokens", [5, 40])  # fewer tokens than d_model (direct), more (Gram)
+# d = 12 and the heads' total width D = 48: 5 tokens take the direct route (T·d·D = 2,880
+# multiply-adds against T·d² + d²·D = 7,632), 40 tokens the Gram route (23,040 against 12,672)
+@pytest.mark.parametrize("tokens", [5, 40])
 def test_write_fractions_against_float64_projections(tokens):
     from residual_stream.analyses import subspaces as S
 
@@ -114,7 +116,7 @@ def test_write_fractions_against_float64_projections(tokens):
     weight = torch.ones(tokens, dtype=torch.bool)
     weight[-1] = False                                  # padding
     subs = [mean_direction(d), Subspace.from_vectors("probe", torch.randn(d, 3, generator=g))]
-    heads = S._bases(torch.randn(4, d, 2, generator=g))[0]           # 4 heads' write bases
+    heads = S._bases(torch.randn(8, d, 6, generator=g))[0]           # 8 heads' write bases
     named, per_head = S.write_sums(x, subs, heads, weight)
     w = x[weight].double()
     energy = w.pow(2).sum(-1).clamp_min(1e-30)

@@ -264,7 +264,9 @@ def write_sums(x: Float[Tensor, "token d_model"], subspaces: Sequence[Subspace],
     A fraction is ``‖Bᵀ ŵ‖²`` for the unit write ``ŵ = w/‖w‖``, so its token sum is
     ``tr(Bᵀ G B)`` with ``G = Σ_t ŵ_t ŵ_tᵀ``: with more tokens than ``d_model`` one
     ``[d, d]`` Gram matrix replaces the ``[token, head × d_head]`` product. ``weight`` (bool per
-    token) leaves padding out; the analysis passes real tokens only.
+    token) leaves padding out; the analysis passes real tokens only. The Gram route costs
+    ``T d² + d² D`` multiply-adds against ``T d D`` for the direct one (``T`` tokens, ``D`` the
+    heads' total width, ``n_layers × d_model`` in most models); the cheaper is taken.
     """
     B = torch.cat([s.basis.to(x.device, x.dtype) for s in subspaces], 1)
     widths = [s.basis.shape[1] for s in subspaces]
@@ -272,7 +274,8 @@ def write_sums(x: Float[Tensor, "token d_model"], subspaces: Sequence[Subspace],
     unit = x / x.pow(2).sum(-1, keepdim=True).clamp_min(1e-30).sqrt()          # 0 for a zero write
     if weight is not None:
         unit = torch.where(weight[:, None], unit, 0)
-    if len(x) > x.shape[-1]:
+    T, d, D = len(x), x.shape[-1], Q.shape[0] * Q.shape[2]
+    if T * d + d * D < T * D:
         G = unit.T @ unit                                                      # (d, d)
         named = torch.stack([(G @ b * b).sum() for b in B.split(widths, -1)])
         heads = torch.einsum("de,hdk,hek->h", G, Q, Q)
