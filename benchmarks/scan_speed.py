@@ -239,7 +239,7 @@ def main() -> None:
         per = tokens / len(batches) / med
         rows.append({"variant": name, "seconds_per_batch": med, "ratio": med / base,
                      "min_ratio": min(ts) / base, "max_ratio": max(ts) / base, "tokens_per_s": per})
-        print(f"| {name} | {med:.3f} | {min(ts):.3f}–{max(ts):.3f} | ×{med / base:.2f} | {per:,.0f} |")
+        print(f"| {name} | {med:.4g} | {min(ts):.4g}–{max(ts):.4g} | ×{med / base:.2f} | {per:,.0f} |")
     memory = measure_memory(args, list(fns)) if args.memory else []
     if args.json:
         with open(args.json, "w") as f:

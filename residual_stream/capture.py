@@ -62,8 +62,9 @@ def hooked(
     """
     handles: list[torch.utils.hooks.RemovableHandle] = []
     try:
+        named = dict(model.named_modules())  # one walk; get_submodule per hook costs ~4x more
         for path, fn, is_pre in _hook_plan(anatomy, out, shape, verify, home, heads):
-            module = model.get_submodule(path)
+            module = named[path] if path in named else model.get_submodule(path)
             handles.append(module.register_forward_pre_hook(fn, with_kwargs=True) if is_pre
                            else module.register_forward_hook(fn))
         yield
@@ -149,7 +150,8 @@ def untouched(model: nn.Module, *, hooks: bool = True) -> Iterator[None]:
             if m not in flagged:
                 m.__dict__.pop(flag, None)
         for m, mode in zip(modules, modes, strict=True):
-            m.training = mode
+            if m.training != mode:  # nn.Module.__setattr__ is slow: only what eval() changed
+                m.training = mode
 
 
 @contextmanager
