@@ -115,6 +115,7 @@ LEAN_CASES = [("layernorm", "pre"), ("layernorm", "post"), ("rmsnorm", "sandwich
 
 LEAN = ["growth", "survival", "read_attribution", "subspaces", "lens", "composition"]
 SUBSPACE_FIELDS = ("named", "head_overlap", "read_fraction", "read_strength")
+STATS_RESUMED = ["growth", "survival", "subspaces"]
 
 
 def _subspaces_reference(model, whole, **kw):
@@ -328,7 +329,7 @@ class Interrupt(Exception):
 @pytest.mark.parametrize("save_every", [1, 2])
 def test_an_interrupted_scan_resumes_without_losing_or_double_counting(model, tmp_path, save_every):
     kw = dict(batch_size=2, seq_len=16, progress=False, save_every=save_every)
-    whole = rs.scan(model, TEXTS, ["growth", "survival"], **kw)
+    whole = rs.scan(model, TEXTS, STATS_RESUMED, **kw)
     state = tmp_path / "scan.pt"
 
     def stop_after_3(i: int, tokens: int) -> None:
@@ -336,18 +337,21 @@ def test_an_interrupted_scan_resumes_without_losing_or_double_counting(model, tm
             raise Interrupt
 
     with pytest.raises(Interrupt):
-        rs.scan(model, TEXTS, ["growth", "survival"], state=state, on_batch=stop_after_3, **kw)
+        rs.scan(model, TEXTS, STATS_RESUMED, state=state, on_batch=stop_after_3, **kw)
     saved = torch.load(state, weights_only=True)
     assert saved["next_batch"] == (3 if save_every == 1 else 2)
     seen: list[int] = []
-    resumed = rs.scan(model, TEXTS, ["growth", "survival"], state=state,
+    resumed = rs.scan(model, TEXTS, STATS_RESUMED, state=state,
                       on_batch=lambda i, t: seen.append(i), **kw)
     assert seen[0] == saved["next_batch"]  # continues where the saved sums end
     assert resumed.tokens == whole.tokens and resumed.batches == whole.batches
     for key, value in whole.accumulators["growth"].sums.items():
         _close(resumed.accumulators["growth"].sums[key], value, rel=1e-12)
     _close(resumed.stats["survival"].retention, whole.stats["survival"].retention, rel=1e-12)
-    again = rs.scan(model, TEXTS, ["growth", "survival"], state=state, **kw)  # already complete
+    for field in SUBSPACE_FIELDS:  # its calibration (the PCA) came back with the saved state
+        _close(getattr(resumed.stats["subspaces"], field), getattr(whole.stats["subspaces"], field),
+               rel=1e-12)
+    again = rs.scan(model, TEXTS, STATS_RESUMED, state=state, **kw)  # already complete
     assert again.tokens == whole.tokens and again.batches == whole.batches
 
 
@@ -388,7 +392,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_cli_scan_resumes_and_two_processes_give_the_single_process_result(tmp_path: Path):
-    args = ["twin-pre-ln", "builtin", "--stats", "growth,survival,read_attribution,lens",
+    args = ["twin-pre-ln", "builtin", "--stats", "growth,survival,read_attribution,subspaces,lens",
             "--batch-size", "4", "--seq-len", "64", "--max-tokens", "2000", "--quiet"]
     one = _run("-m", "residual_stream.cli", "scan", *args, "--out", str(tmp_path / "one.json"),
                "--state", str(tmp_path / "s.pt"))
