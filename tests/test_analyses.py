@@ -71,7 +71,7 @@ def test_read_measures_against_a_float64_svd(k):
     """One product with the left singular vectors gives both read measures: checked against
     ``‖w P‖²/‖w‖²`` and ``‖w M‖/(σ_max ‖w‖)`` from a float64 SVD, with a rank-deficient map,
     a repeated one, padding left out and token chunks smaller than the tokens."""
-    from residual_stream.analyses import subspaces as S
+    from residual_stream.analyses import subspace_measures as S
 
     g = torch.Generator().manual_seed(0)
     d, tokens = 12, 9
@@ -107,7 +107,7 @@ def test_read_measures_against_a_float64_svd(k):
 # multiply-adds against T·d² + d²·D = 7,632), 40 tokens the Gram route (23,040 against 12,672)
 @pytest.mark.parametrize("tokens", [5, 40])
 def test_write_fractions_against_float64_projections(tokens):
-    from residual_stream.analyses import subspaces as S
+    from residual_stream.analyses import subspace_measures as S
 
     g = torch.Generator().manual_seed(1)
     d = 12

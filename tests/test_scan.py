@@ -163,7 +163,7 @@ def test_lean_scan_equals_the_single_trace(norm, placement, monkeypatch):
     monkeypatch.setattr("residual_stream.streaming.runner.trace_batch", None)  # no full trace
     monkeypatch.setattr("residual_stream.streaming.lens.MIN_CHUNK", 16)  # 72 tokens: 5 chunks
     # read measures over 7-token chunks of a batch's 72 (padding inside chunks, a partial one)
-    monkeypatch.setattr("residual_stream.analyses.subspaces.CHUNK_ELEMENTS", 7 * 6 * 12 * 8)
+    monkeypatch.setattr("residual_stream.analyses.subspace_measures.CHUNK_ELEMENTS", 7 * 6 * 12 * 8)
     result = rs.scan(m, TEXTS, LEAN, progress=False, **kw)
     _assert_growth_equal(result, whole)
     _assert_flow_equal(result, whole)

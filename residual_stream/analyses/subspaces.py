@@ -34,10 +34,16 @@ from torch import Tensor
 from ..decomposition import replay_states
 from ..program import Read
 from .flow import component_label
+from .subspace_measures import (
+    RANK_TOL,
+    _fold_norm,
+    head_write_bases,
+    read_sums,
+    reader_labels,
+    reader_map,
+    write_sums,
+)
 from .tokens import real
-
-RANK_TOL = 1e-6
-CHUNK_ELEMENTS = 2 ** 23  # largest per-chunk temporary of a token-wise product (32 MiB fp32)
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,10 +69,6 @@ class Subspace:
 def mean_direction(d_model: int) -> Subspace:
     """The all-ones direction."""
     return Subspace("mean", torch.ones(d_model, 1) / d_model ** 0.5)
-
-
-def _fold_norm(spec, W: Tensor) -> Tensor:
-    return W if spec is None else spec.fold_into(W)
 
 
 def unembed_subspace(model, k: int = 32) -> Subspace:
@@ -167,148 +169,6 @@ def writes_as_added(trace, wanted: set[str]) -> dict[str, Tensor]:
         for t in _targets(lab, wanted):
             out[t] = out[t] + v if t in out else v
     return out
-
-
-def _singular(M: Tensor) -> tuple[Tensor, Tensor]:
-    """Left singular vectors ``U [n, d, r]`` and singular values ``S [n, r]`` of a batch ``M [n, d, k]``.
-
-    ``r = min(d, k)``; columns beyond the numerical rank are zeroed in both. Computed from the
-    smaller Gram matrix in float64 (``eigh`` of ``MᵀM`` or ``MMᵀ``), much faster than an SVD of
-    a tall or wide map. Since ``M = U diag(S) Vᵀ`` with orthonormal ``V``, ``‖w M‖² =
-    Σ_j (w·u_j)² S_j²``: one product with ``U`` gives both a write's energy in the column
-    space and its read strength.
-    """
-    M64 = M.double()
-    if M.shape[-1] <= M.shape[-2]:
-        S2, V = torch.linalg.eigh(M64.transpose(-1, -2) @ M64)        # ascending
-        S = S2.clamp_min(0).sqrt()
-        U = (M64 @ V) / S.clamp_min(1e-300)[:, None, :]
-    else:
-        S2, U = torch.linalg.eigh(M64 @ M64.transpose(-1, -2))
-        S = S2.clamp_min(0).sqrt()
-    keep = S > RANK_TOL * S.amax(-1, keepdim=True).clamp_min(1e-300)
-    return (U * keep[:, None, :]).to(M.dtype), (S * keep).to(M.dtype)
-
-
-def _bases(M: Tensor) -> tuple[Tensor, Tensor]:
-    """Orthonormal column-space bases of a batch ``M [n, d, k]``, and each largest singular value."""
-    U, S = _singular(M)
-    return U, S.amax(-1)
-
-
-def head_write_bases(model) -> Tensor:
-    """Orthonormal bases of every head's write subspace (row space of ``W_O``): ``[head, d, d_head]``."""
-    W_O = torch.cat([model.weights(L).W_O for L in range(model.anatomy.n_layers)])
-    return _bases(W_O.transpose(-1, -2))[0]
-
-
-def _distinct(W: Tensor, rep: int) -> tuple[Tensor, Tensor]:
-    """Heads' maps ``W [head, d, k]`` without the copies grouped-query attention repeats.
-
-    Returns the distinct maps and, per head, the index of its map among them.
-    """
-    heads = torch.arange(len(W))
-    if rep > 1 and torch.equal(W, W[::rep].repeat_interleave(rep, 0)):
-        return W[::rep], heads // rep
-    return W, heads
-
-
-def reader_map(model, comp, weights=None) -> tuple[list[str], Tensor, Tensor]:
-    """A component's reader labels, its distinct read maps, and each reader's map index.
-
-    The maps are ``M [m, d, k] = C diag(γ) W`` (the reading norm folded); heads sharing a
-    key/value map under grouped-query attention share one row of ``M``.
-    """
-    a = model.anatomy
-    w = weights or model.weights(comp.layer)
-    spec = a.norms.get(comp.reads_through) if comp.reads_through else None
-    if comp.kind != "attn":
-        return [f"L{comp.layer}.mlp.in"], _fold_norm(spec, w.W_in[None]), torch.zeros(1, dtype=torch.long)
-    labels = [f"L{comp.layer}H{h}.{ch}" for ch in "qkv" for h in range(a.n_heads)]
-    maps, index, offset = [], [], 0
-    for W in (w.W_Q, w.W_K, w.W_V):
-        distinct, idx = _distinct(W, a.n_heads // max(a.n_kv_heads, 1))
-        maps.append(distinct)
-        index.append(idx + offset)
-        offset += len(distinct)
-    return labels, _fold_norm(spec, torch.cat(maps)), torch.cat(index)
-
-
-def reader_labels(model) -> tuple[str, ...]:
-    """Every reader, in the order of ``WriteSubspaces.readers``."""
-    a = model.anatomy
-    out = []
-    for comp in a.components:
-        out += ([f"L{comp.layer}H{h}.{ch}" for ch in "qkv" for h in range(a.n_heads)]
-                if comp.kind == "attn" else [f"L{comp.layer}.mlp.in"])
-    return tuple(out)
-
-
-def _chunks(n_tokens: int, per_token: int):
-    """Token slices whose ``[chunk, per_token]`` temporaries stay near ``CHUNK_ELEMENTS``."""
-    step = max(1, CHUNK_ELEMENTS // max(per_token, 1))
-    return (slice(t, t + step) for t in range(0, n_tokens, step))
-
-
-def _masked_sum(values: Tensor, weight: Tensor | None) -> Tensor:
-    """Sum over the leading (token) axis, padding (``weight`` False) left out; float64."""
-    if weight is not None:
-        values = torch.where(weight.reshape(-1, *([1] * (values.ndim - 1))), values, 0)
-    return values.sum(0).double()
-
-
-def write_sums(x: Float[Tensor, "token d_model"], subspaces: Sequence[Subspace], head_bases: Tensor,
-               weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Token sums of one write's energy fraction in each subspace ``[s]`` and each head's ``[head]``.
-
-    A fraction is ``‖Bᵀ ŵ‖²`` for the unit write ``ŵ = w/‖w‖``, so its token sum is
-    ``tr(Bᵀ G B)`` with ``G = Σ_t ŵ_t ŵ_tᵀ``: with more tokens than ``d_model`` one
-    ``[d, d]`` Gram matrix replaces the ``[token, head × d_head]`` product. ``weight`` (bool per
-    token) leaves padding out; the analysis passes real tokens only. The Gram route costs
-    ``T d² + d² D`` multiply-adds against ``T d D`` for the direct one (``T`` tokens, ``D`` the
-    heads' total width, ``n_layers × d_model`` in most models); the cheaper is taken.
-    """
-    B = torch.cat([s.basis.to(x.device, x.dtype) for s in subspaces], 1)
-    widths = [s.basis.shape[1] for s in subspaces]
-    Q = head_bases.to(x.device, x.dtype)                                       # (head, d, d_head)
-    unit = x / x.pow(2).sum(-1, keepdim=True).clamp_min(1e-30).sqrt()          # 0 for a zero write
-    if weight is not None:
-        unit = torch.where(weight[:, None], unit, 0)
-    T, d, D = len(x), x.shape[-1], Q.shape[0] * Q.shape[2]
-    if T * d + d * D < T * D:
-        G = unit.T @ unit                                                      # (d, d)
-        named = torch.stack([(G @ b * b).sum() for b in B.split(widths, -1)])
-        heads = torch.einsum("de,hdk,hek->h", G, Q, Q)
-        return named.double(), heads.double()
-    named = torch.stack([p.pow(2).sum(-1) for p in (unit @ B).split(widths, -1)], -1).sum(0)
-    heads = torch.einsum("td,hdk->thk", unit, Q).pow(2).sum((0, 2))
-    return named.double(), heads.double()
-
-
-def read_sums(x: Float[Tensor, "token write d_model"], M: Tensor, slots: Tensor | None = None,
-              weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Token sums of ``‖w U‖²/‖w‖²`` and ``‖w M‖/(σ_max ‖w‖)`` per write and map ``[write, m]``.
-
-    ``U`` spans the column space of each map ``M [m, d, k]``; both measures come from one
-    product with ``U`` (``_singular``), at most ``d`` columns per map even for a wide one.
-    ``slots`` picks the writes along axis 1 of ``x`` (a view of a larger buffer); ``weight``
-    (bool per token) leaves padding out. Tokens go in chunks so no ``[chunk, write, m, r]``
-    product outgrows ``CHUNK_ELEMENTS``.
-    """
-    U, S = _singular(M)
-    S2, sigma = S.pow(2), S.amax(-1)
-    n_writes = x.shape[1] if slots is None else len(slots)
-    frac = torch.zeros(n_writes, M.shape[0], dtype=torch.float64, device=x.device)
-    strength = torch.zeros_like(frac)
-    for part in _chunks(len(x), n_writes * U.shape[0] * U.shape[2]):
-        c = x[part] if slots is None else x[part].index_select(1, slots)        # (token, write, d)
-        energy = c.pow(2).sum(-1, keepdim=True).clamp_min(1e-30)
-        coords = torch.einsum("twd,mdr->twmr", c, U).pow_(2)                    # (w·u_j)²
-        inside, read = coords.sum(-1), (coords * S2).sum(-1)
-        w = None if weight is None else weight[part]
-        frac += _masked_sum(inside / energy, w)
-        strength += _masked_sum(read.sqrt() / (sigma * energy.sqrt()), w)
-    return frac, strength
 
 
 def _read_measures(trace, writes: Sequence[str]):

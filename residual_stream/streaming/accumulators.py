@@ -19,7 +19,8 @@ import torch
 
 from ..analyses.composition import composition
 from ..analyses.flow import ReadAttribution, Survival, read_attribution, survival
-from ..analyses.subspaces import Subspace, WriteSubspaces, head_write_bases, named_subspaces, pca_subspace
+from ..analyses.subspace_measures import head_write_bases
+from ..analyses.subspaces import Subspace, WriteSubspaces, named_subspaces, pca_subspace
 from ..analyses.tokens import safe_ratio
 from ..errors import InputError
 from .base import BIN_WIDTH, LOG_BINS, NORM_RANGE, Accumulator, histogram_quantile, log_histogram

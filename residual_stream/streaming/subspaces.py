@@ -7,9 +7,9 @@ stream norm or a scale maps it, and at a ``Read`` every filled slot is a write a
 that read, before the reading norm. So ``SubspaceSums`` is fed by the buffer's owner:
 
 * ``added(label, value)`` when a write enters the buffer: its token sums of energy fraction
-  in each named subspace and in each head's write subspace (``analyses.subspaces.write_sums``);
+  in each named subspace and in each head's write subspace (``analyses.subspace_measures.write_sums``);
 * ``read(component, buffer, labels)`` at each read: the read fraction and strength of every
-  write present, against each reader's map (``analyses.subspaces.read_sums``, token chunks).
+  write present, against each reader's map (``analyses.subspace_measures.read_sums``, token chunks).
 
 The arithmetic is the analysis's (the same two functions), so a scan reproduces it on one
 trace to float summation order, while memory is the buffer plus one bounded product.
@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..analyses.subspaces import Subspace, read_sums, reader_labels, reader_map, write_sums
+from ..analyses.subspace_measures import read_sums, reader_map, reader_names, write_sums
+from ..analyses.subspaces import Subspace
 
 SUBSPACES = "subspaces"
 
@@ -29,14 +30,18 @@ class SubspaceSums:
     """One batch's subspace sums; fed by ``FlowSums`` (``added``, ``read``), then ``into``."""
 
     def __init__(self, model, mask: Tensor, subspaces: list[Subspace], head_bases: Tensor) -> None:
-        """``subspaces`` and ``head_bases`` (``analyses.subspaces.head_write_bases``) are fixed per scan."""
+        """``subspaces`` and ``head_bases`` (``subspace_measures.head_write_bases``): fixed per scan."""
         a = model.anatomy
         self.model, self.mask, self.subspaces = model, mask.bool().flatten(), subspaces
         self.components = {c.name: c for c in a.components}
         self.writes = [c.name for c in a.components]
         self.row = {w: i for i, w in enumerate(self.writes)}
         self.heads = [f"L{L}H{h}" for L in range(a.n_layers) for h in range(a.n_heads)]
-        self.readers = reader_labels(model)
+        self.readers, self.columns = [], {}  # component → its readers' columns
+        for comp in a.components:
+            names = reader_names(a, comp)
+            self.columns[comp.name] = slice(len(self.readers), len(self.readers) + len(names))
+            self.readers += names
         self.head_bases = head_bases.to(mask.device)
         dev, W, R = mask.device, len(self.writes), len(self.readers)
         f64 = dict(dtype=torch.float64, device=dev)
@@ -44,7 +49,6 @@ class SubspaceSums:
         self.overlap = torch.full((W, len(self.heads)), float("nan"), **f64)
         self.read_fraction = torch.full((W, R), float("nan"), **f64)
         self.read_strength = torch.full((W, R), float("nan"), **f64)
-        self.column = 0  # the next reader's column: reads arrive in component order
 
     def added(self, label: str, value: Tensor) -> None:
         """A buffer slot was filled with ``value [batch, pos, d]``; measure it if it is a write."""
@@ -58,12 +62,11 @@ class SubspaceSums:
 
         ``weights``: the reading block's ``LayerWeights`` when the caller already has them.
         """
-        names, M, index = reader_map(self.model, self.components[component], weights)
         present = [(i, self.row[lab]) for i, lab in enumerate(labels) if lab in self.row]
-        cols = slice(self.column, self.column + len(names))
-        self.column += len(names)
         if not present:
             return
+        _, M, index = reader_map(self.model, self.components[component], weights)
+        cols = self.columns[component]
         slots = torch.tensor([i for i, _ in present], device=buf.device)
         rows = torch.tensor([r for _, r in present], device=buf.device)
         frac, strength = read_sums(buf.flatten(0, 1), M.to(buf.device), slots, self.mask)
