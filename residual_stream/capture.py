@@ -191,7 +191,7 @@ def capture(
     patterns: bool = False,
     edits: Sequence[tuple[str, Callable]] = (),
     heads: bool = True,
-    logits: bool = True,
+    logits: bool | str = True,
     out: Captured | None = None,
 ) -> Captured:
     """Run ``model`` on ``tokens`` under ``torch.inference_mode`` and return what was captured.
@@ -200,7 +200,9 @@ def capture(
     attention for this one call (its implementation is restored afterwards). ``edits`` are
     ``(module path, forward hook)`` interventions (a hook returning a value replaces the
     module's output); they are attached for this call only. ``heads=False`` keeps attention
-    outputs whole instead of per-head ``z``; ``logits=False`` drops the logits; ``out`` is
+    outputs whole instead of per-head ``z``; ``logits=False`` drops the logits and
+    ``logits="native"`` keeps them in the model's dtype (no float32 copy of a ``[tokens,
+    vocab]`` tensor, which in bf16 outweighs the forward pass's own peak); ``out`` is
     the ``Captured`` to fill (a streaming consumer can pass one that reduces and evicts).
     """
     out = Captured() if out is None else out
@@ -217,7 +219,8 @@ def capture(
         out.patterns = tuple(a.detach().to(tokens.device, torch.float32) for a in result.attentions)
     if anatomy.has_lm_head and logits:
         raw = getattr(result, "logits", result)
-        out.logits = raw.detach().to(tokens.device, torch.float32) if isinstance(raw, Tensor) else None
+        dtype = raw.dtype if logits == "native" else torch.float32
+        out.logits = raw.detach().to(tokens.device, dtype) if isinstance(raw, Tensor) else None
     return out
 
 

@@ -75,9 +75,13 @@ class Model:
             raise IndexError(f"layer must be in 0..{self.anatomy.n_layers - 1}, got {layer}")
         return layer_weights(self.module, self.anatomy, layer).to(self.device)
 
-    def unembed(self) -> Unembed:
-        """``W_U``, ``b_U`` and any transform before them; ``NotAvailableError`` without an LM head."""
-        u = unembedding(self.module, self.anatomy)
+    def unembed(self, *, native: bool = False) -> Unembed:
+        """``W_U``, ``b_U`` and any transform before them; ``NotAvailableError`` without an LM head.
+
+        ``W_U`` is a float32 copy unless ``native``: then the head's own weight (no copy of a
+        ``[d_model, d_vocab]`` matrix), which ``Unembed.logits`` casts one slice at a time.
+        """
+        u = unembedding(self.module, self.anatomy, native=native)
         home = self.device
         return replace(u, W_U=u.W_U.to(home), b_U=None if u.b_U is None else u.b_U.to(home))
 

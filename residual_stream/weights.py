@@ -18,12 +18,18 @@ from torch import Tensor, nn
 from .anatomy import ModulePaths
 from .devices import parameter
 
+VOCAB_SLICE = 8192  # columns of a lower-precision W_U cast to float32 at a time
 
-def as_in_out(module: nn.Module) -> Float[Tensor, "d_in d_out"]:
-    """The weight of a Linear or Conv1D as an ``[in, out]`` float32 matrix (``y = x @ W + b``)."""
+
+def as_in_out(module: nn.Module, *, native: bool = False) -> Float[Tensor, "d_in d_out"]:
+    """The weight of a Linear or Conv1D as an ``[in, out]`` matrix (``y = x @ W + b``).
+
+    Float32 (a copy when the model is not), or with ``native`` in the parameter's own dtype
+    (a view, no copy).
+    """
     w = parameter(module, "weight")
     w = w if type(module).__name__ == "Conv1D" else w.T
-    return w.detach().float()
+    return w.detach() if native else w.detach().float()
 
 
 def bias_of(module: nn.Module) -> Float[Tensor, " d_out"] | None:
@@ -139,10 +145,18 @@ class Unembed:
     softcap: float | None
 
     def logits(self, h: Float[Tensor, "*lead d_model"]) -> Float[Tensor, "*lead d_vocab"]:
-        """Logits of final-normed states ``h``, as the model computes them."""
+        """Logits of final-normed states ``h``, as the model computes them, in ``h``'s dtype.
+
+        A ``W_U`` in a lower precision (``Model.unembed(native=True)``) is cast one slice of
+        ``VOCAB_SLICE`` columns at a time: the same values as a float32 copy of it, without
+        holding one.
+        """
         if self.transform is not None:
             h = self.transform(h.to(next(self.transform.parameters()).dtype)).float()
-        out = h @ self.W_U
+        if self.W_U.dtype == h.dtype:
+            out = h @ self.W_U
+        else:
+            out = torch.cat([h @ w.to(h.dtype) for w in self.W_U.split(VOCAB_SLICE, -1)], -1)
         if self.b_U is not None:
             out = out + self.b_U
         if self.softcap:
@@ -150,8 +164,11 @@ class Unembed:
         return out
 
 
-def unembedding(model: nn.Module, anatomy) -> Unembed:
-    """The model's unembedding, or ``NotAvailableError`` when it has no trained LM head."""
+def unembedding(model: nn.Module, anatomy, *, native: bool = False) -> Unembed:
+    """The model's unembedding, or ``NotAvailableError`` when it has no trained LM head.
+
+    ``W_U`` is float32 unless ``native`` (then the head's own weight, uncopied).
+    """
     from .errors import NotAvailableError
 
     head = model.get_output_embeddings() if anatomy.has_lm_head else None
@@ -159,5 +176,5 @@ def unembedding(model: nn.Module, anatomy) -> Unembed:
         raise NotAvailableError(anatomy.lm_head_note or "this model has no LM head")
     transform = model.get_submodule(anatomy.modules.lm_head) if anatomy.modules.lm_head else None
     bias = bias_of(head)
-    return Unembed(as_in_out(head), bias, transform,
+    return Unembed(as_in_out(head, native=native), bias, transform,
                    getattr(getattr(model, "config", None), "final_logit_softcapping", None))

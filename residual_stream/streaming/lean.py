@@ -9,7 +9,8 @@ Memory is one block's captured tensors whatever the depth; the arithmetic is the
 
 Reducers get ``point(L, x)`` for the stream at each ``Mark`` and ``step(step, scales)`` for
 every operation of the walk (``walk.Step``), in program order, as ``walk_stream`` yields them;
-one with ``needs_logits`` then gets ``logits(final)``, the model's own logits. ``into(acc)``
+one with ``needs_logits`` then gets ``logits(final)``, the model's own logits (in the model's
+dtype on the lean pass, float32 from a trace). ``into(acc)``
 adds a batch's sums to its accumulator.
 """
 
@@ -149,7 +150,8 @@ def lean_pass(model, batch, reducers: Sequence) -> None:
     try:
         wants = [r for r in reducers if getattr(r, "needs_logits", False)]
         capture(model.module, anatomy, batch.tokens.to(model.device),
-                batch.attention_mask.to(model.device), heads=False, logits=bool(wants), out=cap)
+                batch.attention_mask.to(model.device), heads=False,
+                logits="native" if wants else False, out=cap)
         walk(segs[-1], cap.resid[anatomy.n_layers])
         for r in wants:
             r.logits(cap.logits)
