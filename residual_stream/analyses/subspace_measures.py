@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from .subspaces import Subspace
 
 RANK_TOL = 1e-6
-CHUNK_ELEMENTS = 2 ** 23  # largest per-chunk temporary of a token-wise product (32 MiB fp32)
+CHUNK_ELEMENTS = 2 ** 22  # largest per-chunk temporary of a token-wise product (16 MiB fp32)
 
 
 def _fold_norm(spec, W: Tensor) -> Tensor:
