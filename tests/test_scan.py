@@ -328,7 +328,10 @@ class Interrupt(Exception):
 
 
 @pytest.mark.parametrize("save_every", [1, 2])
-def test_an_interrupted_scan_resumes_without_losing_or_double_counting(model, tmp_path, save_every):
+def test_an_interrupted_scan_resumes_without_losing_or_double_counting(model, tmp_path, save_every,
+                                                                       monkeypatch):
+    from residual_stream.streaming import runner
+
     kw = dict(batch_size=2, seq_len=16, progress=False, save_every=save_every)
     whole = rs.scan(model, TEXTS, STATS_RESUMED, **kw)
     state = tmp_path / "scan.pt"
@@ -342,8 +345,12 @@ def test_an_interrupted_scan_resumes_without_losing_or_double_counting(model, tm
     saved = torch.load(state, weights_only=True)
     assert saved["next_batch"] == (3 if save_every == 1 else 2)
     seen: list[int] = []
+    calibrations = []
+    points = runner.points
+    monkeypatch.setattr(runner, "points", lambda *a: calibrations.append(1) or points(*a))
     resumed = rs.scan(model, TEXTS, STATS_RESUMED, state=state,
                       on_batch=lambda i, t: seen.append(i), **kw)
+    assert not calibrations  # the saved state holds the PCA: no calibration pass again
     assert seen[0] == saved["next_batch"]  # continues where the saved sums end
     assert resumed.tokens == whole.tokens and resumed.batches == whole.batches
     for key, value in whole.accumulators["growth"].sums.items():

@@ -136,6 +136,11 @@ class SubspaceStats(Accumulator):
         self.pca_k, self.unembed_k = pca_k, unembed_k
         self._fixed: tuple | None = None  # (PCA basis, subspaces, head bases): not state
 
+    @property
+    def calibrated(self) -> bool:
+        """Whether the PCA subspace is fixed already (a loaded state brings it)."""
+        return "pca_basis" in self.meta
+
     def prepare(self, model, calibration) -> None:
         """Fix the PCA subspace from ``calibration`` (unless a loaded state already did)."""
         super().prepare(model, calibration)

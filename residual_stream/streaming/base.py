@@ -52,6 +52,11 @@ class Accumulator:
         self.sums: dict[str, Tensor] = {}
         self.meta: dict[str, object] = {}
 
+    @property
+    def calibrated(self) -> bool:
+        """Whether nothing is left to fix from a calibration batch (``calibrates``)."""
+        return not self.calibrates
+
     def prepare(self, model, calibration) -> None:
         """Fix anything data-dependent before the first batch.
 

@@ -135,7 +135,8 @@ def _own_batches(model, corpus: Corpus, accs: dict[str, Accumulator], batch_size
                              max_tokens=max_tokens)
     for i, (batch, first_row) in enumerate(batches):
         if i == 0:
-            calibration = points(model, batch) if any(a.calibrates for a in accs.values()) else None
+            wanted = not all(a.calibrated for a in accs.values())  # a resumed state has its own
+            calibration = points(model, batch) if wanted else None
             for acc in accs.values():
                 acc.prepare(model, calibration)
         if i >= next_batch and i % world_size == rank:
