@@ -244,8 +244,9 @@ def test_a_statistic_without_a_reducer_feeds_the_others_from_the_batch_trace(mod
     batches = list(corpus_batches(model, Corpus(TEXTS), **kw))
     accs = make_accumulators(LEAN)
     accs["head_survival"] = SurvivalStats("head")
+    calibration = trace_batch(model, batches[0][0])
     for acc in accs.values():
-        acc.prepare(model, trace_batch(model, batches[0][0]))
+        acc.prepare(model, calibration)
     monkeypatch.setattr("residual_stream.streaming.runner.lean_pass", None)  # never lean
     for batch, first in batches:
         _add_batch(model, batch, first, accs)
