@@ -258,6 +258,10 @@ def _app(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "streamlit", "run", str(APP), "--server.address", args.host,
            "--server.port", str(args.port), "--server.headless", "true",
            "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"]
+    if os.name == "posix":  # become the server: a signal sent to this process reaches it
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, cmd, env)
     return subprocess.call(cmd, env=env)
 
 
