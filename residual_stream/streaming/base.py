@@ -47,6 +47,7 @@ class Accumulator:
     name: ClassVar[str] = ""
     calibrates: ClassVar[bool] = False  # needs the corpus's first batch before any update
     lean: ClassVar[bool] = False  # can be fed during the forward pass (``lean.lean_pass``)
+    replayable: ClassVar[bool] = False  # its reducer never waits for the device (``graphs``)
 
     def __init__(self) -> None:
         self.sums: dict[str, Tensor] = {}

@@ -19,6 +19,8 @@ from ..walk import component_of
 from .base import Accumulator, histogram_quantile, log_histogram
 from .lean import reduce_trace
 
+MIN_CANDIDATES = 256  # tokens per point searched for massive activations on a replayed pass
+
 
 def _token_sums(values: Tensor, mask: Tensor) -> Tensor:
     """Float64 sums over real tokens of ``values [k, batch, pos]`` → ``[k]``.
@@ -32,16 +34,37 @@ class GrowthSums:
     """One batch's growth sums; ``point`` and ``step`` in program order, then ``into``."""
 
     def __init__(self, mask: Tensor, n_layers: int, d_model: int, str_tokens: list[list[str]],
-                 first_row: int, top_k: int) -> None:
+                 first_row: int, top_k: int, max_candidates: int | None = None) -> None:
+        """``max_candidates``: search at most this many tokens per point for massive activations,
+        with no host sync (what a CUDA graph replays, ``streaming.graphs``); a point with more
+        tokens that qualify makes ``overflowed()`` true and the batch must be done again without.
+        None: exactly the tokens that qualify (one device sync per point).
+        """
         self.mask, self.n_layers, self.d_model, self.top_k = mask.bool(), n_layers, d_model, top_k
-        rest = self.mask.clone()
-        rest[:, 0] = False
-        self.rest = rest if rest.any() else self.mask
-        self.str_tokens, self.first_row = str_tokens, first_row
+        self.max_candidates = max_candidates
+        self.str_tokens, self.first_row, self.width = str_tokens, first_row, mask.shape[1]
         self.points: dict[int, tuple[Tensor, Tensor]] = {}  # point → (‖x‖, Σ_i x_i) per token
         self.adds: list[tuple[str, int, Tensor, Tensor]] = []  # kind, layer, ‖added‖, ‖x‖
         self.norms: list[tuple[str, Tensor, Tensor]] = []      # name, ‖input‖, scale per token
         self.massive: list[tuple] = []  # (point, count, flat index, value, median, batch/pos)
+        self.qualifying: list[Tensor] = []  # per point, with max_candidates: tokens that qualify
+
+    def rebind(self, str_tokens: list[list[str]], first_row: int, width: int) -> None:
+        """Name the batch whose values a replay left in these sums: its token strings, first
+        row and width (positions past it are the replay's padding, left out of per-position sums)."""
+        self.str_tokens, self.first_row, self.width = str_tokens, first_row, width
+
+    def overflowed(self) -> bool:
+        """Whether a point had more candidate tokens than ``max_candidates`` (one sync)."""
+        if not self.qualifying:
+            return False
+        return bool((torch.stack(self.qualifying) > self.max_candidates).any())
+
+    def _rest(self) -> Tensor:
+        """The tokens the mean counts: each row's first token left out (all, if nothing is left)."""
+        rest = self.mask.clone()
+        rest[:, 0] = False
+        return rest if rest.any() else self.mask
 
     def point(self, point: int, x: Tensor) -> None:
         """The stream entering block ``point`` (``n_layers``: after the last block).
@@ -57,24 +80,32 @@ class GrowthSums:
     def _massive_candidates(self, point: int, x: Tensor) -> None:
         """Coordinates over ``MASSIVE_ABS`` and ``MASSIVE_REL`` × their token's median |x|.
 
-        The median is taken only for tokens that can hold one (one device sync per point to
-        find them): a coordinate over ``MASSIVE_ABS``, and a median below their largest
-        coordinate over ``MASSIVE_REL``, which a count decides without sorting (the lower
-        median is below ``t`` iff more than ``(d − 1) // 2`` coordinates are). At most
-        ``top_k`` candidates are kept, so the stream itself can be dropped.
+        The median is taken only for tokens that can hold one: a coordinate over
+        ``MASSIVE_ABS``, and a median below their largest coordinate over ``MASSIVE_REL``,
+        which a count decides without sorting (the lower median is below ``t`` iff more than
+        ``(d − 1) // 2`` coordinates are). Those tokens lead a top-k by their largest
+        coordinate: exactly as many as qualify (one device sync to count them), or a fixed
+        ``max_candidates`` (no sync; rows that do not qualify cannot hit). At most ``top_k``
+        hits are kept, so the stream itself can be dropped.
         """
         top = torch.linalg.vector_norm(x, ord=float("inf"), dim=-1)
         below = (x.abs() < (top * ((1 + 1e-6) / MASSIVE_REL)).unsqueeze(-1)).sum(-1)  # a superset
         tok = (top > MASSIVE_ABS) & (below > (x.shape[-1] - 1) // 2) & self.mask
-        positions = tok.nonzero()                                          # (token, 2): batch, pos
-        if len(positions) == 0:
-            return
-        sel = x[tok].abs()                                                 # (token, d_model)
+        if self.max_candidates is None:
+            k = int(tok.sum())
+            if k == 0:
+                return
+        else:
+            k = min(self.max_candidates, tok.numel())
+            self.qualifying.append(tok.sum())
+        _, flat = torch.where(tok, top, -1).flatten().topk(k)        # qualifying tokens lead
+        rows = x.flatten(0, -2)[flat]                                 # (k, d_model)
+        sel = rows.abs()
         med = sel.median(-1, keepdim=True).values
-        hit = (sel > MASSIVE_ABS) & (sel > MASSIVE_REL * med)
+        hit = (sel > MASSIVE_ABS) & (sel > MASSIVE_REL * med) & tok.flatten()[flat][:, None]
         _, idx = torch.where(hit, sel, 0).flatten().topk(min(self.top_k, hit.numel()))
-        d = x.shape[-1]
-        self.massive.append((point, hit.sum(), idx, x[tok].flatten()[idx], med.flatten()[idx // d],
+        d, positions = x.shape[-1], torch.stack((flat // x.shape[1], flat % x.shape[1]), -1)
+        self.massive.append((point, hit.sum(), idx, rows.flatten()[idx], med.flatten()[idx // d],
                              positions[idx // d]))
 
     def step(self, step, scales: dict[str, Tensor]) -> None:
@@ -108,18 +139,19 @@ class GrowthSums:
 
     def into(self, acc: GrowthStats) -> None:
         """Add this batch's sums to ``acc``: every token sum of every point and step at once."""
+        rest = self._rest()
         norms = torch.stack([self.points[p][0] for p in range(self.n_layers + 1)])  # (point, b, pos)
         rowsum = torch.stack([self.points[p][1] for p in range(self.n_layers + 1)])
         ones = rowsum.pow(2) / (self.d_model * norms.pow(2).clamp_min(1e-30))
-        acc.add("mean", _token_sums(norms, self.rest))
-        acc.add("sumsq", _token_sums(norms.pow(2), self.rest))
+        acc.add("mean", _token_sums(norms, rest))
+        acc.add("sumsq", _token_sums(norms.pow(2), rest))
         acc.add("first", norms[:, :, 0].double().sum(-1))
         acc.add("ones_share", _token_sums(ones, self.mask))
-        acc.add("per_position", torch.where(self.mask, norms, 0).sum(1))
-        acc.add("hist", log_histogram(norms.flatten(1), weights=self.rest.flatten()))
-        acc.add("n_rest", self.rest.sum())
+        acc.add("per_position", torch.where(self.mask, norms, 0).sum(1)[:, : self.width])
+        acc.add("hist", log_histogram(norms.flatten(1), weights=rest.flatten()))
+        acc.add("n_rest", rest.sum())
         acc.add("n_rows", self.mask.shape[0])
-        acc.add("position_count", self.mask.sum(0))
+        acc.add("position_count", self.mask.sum(0)[: self.width])
         acc.add("n", self.mask.sum())
         dev = self.mask.device
         updates = {k: torch.full((self.n_layers,), float("nan"), dtype=torch.float64, device=dev)
@@ -149,16 +181,23 @@ class GrowthStats(Accumulator):
 
     name = "growth"
     lean = True
+    replayable = True
 
     def __init__(self, top_k: int = 1000) -> None:
         super().__init__()
         self.top_k = top_k
 
-    def sums_for(self, model, batch, first_row: int, shared: dict | None = None) -> GrowthSums:
-        """A ``GrowthSums`` for one batch of ``model`` (fill it, then ``into(self)``)."""
+    def sums_for(self, model, batch, first_row: int, shared: dict | None = None,
+                 replayable: bool = False) -> GrowthSums:
+        """A ``GrowthSums`` for one batch of ``model`` (fill it, then ``into(self)``).
+
+        ``replayable``: never wait for the device (``streaming.graphs``), searching a fixed
+        number of candidate tokens per point for massive activations.
+        """
         self.meta["model_name"] = model.name
+        cap = max(MIN_CANDIDATES, 4 * batch.tokens.shape[0]) if replayable else None
         return GrowthSums(batch.attention_mask.to(model.device), model.anatomy.n_layers,
-                          model.anatomy.d_model, batch.str_tokens, first_row, self.top_k)
+                          model.anatomy.d_model, batch.str_tokens, first_row, self.top_k, cap)
 
     def update(self, trace, first_row: int = 0) -> None:
         """Add one batch from a finished trace (``first_row``: the corpus index of its first row)."""

@@ -121,11 +121,19 @@ def lean_pass(model, batch, reducers: Sequence) -> None:
     Raises ``NonFiniteError`` (naming the first point) if the stream holds NaN or inf on real
     tokens; the check costs one device sync at the end of the pass.
     """
+    check_finite(lean_forward(model, batch, reducers), batch.attention_mask.to(model.device))
+
+
+def lean_forward(model, batch, reducers: Sequence) -> list[Tensor]:
+    """``lean_pass`` without its check: returns each point's per-token coordinate sums.
+
+    Nothing here waits for the device unless a reducer does, so a CUDA graph can capture it
+    (``streaming.graphs``); ``check_finite`` the returned sums afterwards.
+    """
     anatomy = model.anatomy
     segs = segments(anatomy.program)
     cap = Captured()
     finite: list[Tensor] = []  # per point: Σ_i x_i per token
-    mask = batch.attention_mask.to(model.device).bool()
 
     def attn_write(layer: int) -> Tensor:
         return cap.attn_out[layer]
@@ -157,14 +165,16 @@ def lean_pass(model, batch, reducers: Sequence) -> None:
             r.logits(cap.logits)
     finally:  # cap → its stream → on_point → cap is a cycle: break it, or the reducers (and
         cap.resid = {}  # their buffers) would wait for the garbage collector
-    _check_finite(finite, mask)
+    return finite
 
 
-def _check_finite(sums: list[Tensor], mask: Tensor) -> None:
+def check_finite(sums: list[Tensor], mask: Tensor) -> None:
     """Raise ``NonFiniteError`` naming the first point whose real tokens' sums are not finite.
 
-    ``sums`` holds each point's per-token coordinate sums; one device sync for the batch.
+    ``sums`` holds each point's per-token coordinate sums (``lean_forward``); ``mask`` the
+    batch's attention mask. One device sync for the batch.
     """
+    mask = mask.bool()
     flags = (torch.stack(sums).isfinite() | ~mask).flatten(1).all(-1)
     if not bool(flags.all()):
         first = int((~flags).nonzero()[0, 0])

@@ -37,6 +37,7 @@ from ..errors import InputError
 from ..trace import trace_batch
 from .accumulators import Accumulator, _json_ready, frames, make_accumulators
 from .corpus import Corpus, corpus_batches
+from .graphs import Replayed
 from .lean import feed_trace, lean_pass, points
 
 STATE_VERSION = 1
@@ -164,6 +165,25 @@ def _add_batch(model, batch, first_row: int, accs: dict[str, Accumulator]) -> No
         s.into(accs[name])
 
 
+def batch_adder(model, accs: dict[str, Accumulator], graphs: bool | str = "auto",
+                seq_len: int | None = None) -> Callable[[object, int], None]:
+    """``add(batch, first_row)`` for ``accs``: replayed CUDA graphs where they can be, else eager.
+
+    ``graphs``: ``"auto"`` replays when the model is on a CUDA device and every statistic is
+    replayable (``streaming.graphs``); ``True`` insists (``InputError`` otherwise); ``False``
+    never replays. Replayed batches are padded to ``seq_len`` positions (one shape per row count).
+    """
+    if graphs not in ("auto", True, False):
+        raise InputError(f"graphs must be 'auto', True or False, not {graphs!r}")
+    if graphs is True and not Replayed.usable(model, accs):
+        raise InputError("graphs=True needs the model on a CUDA device and only replayable "
+                         f"statistics ({[n for n, a in accs.items() if a.replayable]} of "
+                         f"{list(accs)}); use graphs='auto'")
+    if graphs and Replayed.usable(model, accs):
+        return Replayed(model, accs, width=seq_len).add
+    return lambda batch, first_row: _add_batch(model, batch, first_row, accs)
+
+
 def scan(
     model,
     corpus: str | Path | Sequence[str] | Corpus,
@@ -178,6 +198,7 @@ def scan(
     rank: int = 0,
     world_size: int = 1,
     on_batch: Callable[[int, int], None] | None = None,
+    graphs: bool | str = "auto",
 ) -> ScanResult:
     """Scan ``corpus`` with ``model`` and return the statistics over every token.
 
@@ -199,6 +220,8 @@ def scan(
         world_size: Number of processes sharing the batches; results are merged across them.
         on_batch: Called as ``on_batch(batch_index, tokens_so_far)`` after each batch is
             added (and saved).
+        graphs: Replay each batch shape's lean pass from a CUDA graph (``"auto"``: on a CUDA
+            device when every statistic can be, today ``growth``; see ``streaming.graphs``).
     """
     corpus = corpus if isinstance(corpus, Corpus) else Corpus(corpus)
     accs = make_accumulators(stats)
@@ -210,6 +233,7 @@ def scan(
                                  else (0, 0, 0))
     for name, acc in (accs.items() if saved else ()):
         acc.load_state_dict(saved["stats"][name])
+    add = batch_adder(model, accs, graphs, seq_len)
     batches = _own_batches(model, corpus, accs, batch_size, seq_len, max_tokens, next_batch, rank,
                            world_size)
     share = None if max_tokens is None else -(-max_tokens // world_size)  # about this rank's part
@@ -217,7 +241,7 @@ def scan(
                desc=f"scan {model.name}" + (f" [{rank}/{world_size}]" if world_size > 1 else ""))
     start, done = time.perf_counter(), 0
     for i, batch, first_row in batches:
-        _add_batch(model, batch, first_row, accs)
+        add(batch, first_row)
         n = int(batch.attention_mask.sum())
         tokens, next_batch, done, added = tokens + n, i + 1, done + 1, added + 1
         bar.update(n)

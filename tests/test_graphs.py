@@ -1,0 +1,142 @@
+"""Replayed lean passes (``streaming.graphs``), checked on the CPU against the eager scan.
+
+A CUDA graph only exists on a GPU; ``Replayed(emulate=True)`` runs everything else the
+replay does (static device buffers, reducers built on them with ``replayable=True``, the
+fixed-size massive-activation search and its overflow fallback, the checks, ``rebind``)
+eagerly, so these tests compare that path with the eager scan: every sum exactly equal,
+the massive-activation rows identical. The graph itself is checked on the device by
+``benchmarks/gpu_probe.py`` (replayed scan against the eager one, recorded in RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import residual_stream as rs
+from residual_stream.errors import InputError, NonFiniteError
+from residual_stream.streaming import Corpus, corpus_batches, make_accumulators
+from residual_stream.streaming.graphs import Replayed
+from residual_stream.streaming.runner import _add_batch, batch_adder
+
+REL_PADDED = 1e-6  # float32: a wider matmul may round differently (~1e-7 relative)
+TEXTS = ["Zebras Zigzag.", "The norm is frozen per token.", "Zz", "a", "print('hello')",
+         "Attention reads; the MLP writes back.", "ZZZZZZZZZZZZZZZZZZ ZZZZZZZZZZ"]
+
+
+@pytest.fixture(scope="module")
+def model() -> rs.Model:
+    m = rs.twin(norm="rmsnorm", placement="pre", n_layers=3, d_model=32, n_heads=4, seed=5,
+                n_ctx=64)
+    with torch.no_grad():  # a planted massive activation on every "Z"
+        m.module.embed.weight[ord("Z"), 7] = 4000.0
+    return m
+
+
+def _both(model, texts, width=None, **kw) -> tuple[dict, dict, Replayed]:
+    eager, replayed = make_accumulators(["growth"]), make_accumulators(["growth"])
+    replay = Replayed(model, replayed, width=width, emulate=True)
+    for batch, first in corpus_batches(model, Corpus(texts), **kw):
+        _add_batch(model, batch, first, eager)
+        replay.add(batch, first)
+    return eager, replayed, replay
+
+
+def _assert_same(eager: dict, replayed: dict, rel: float = 0.0) -> None:
+    """Every sum equal (within ``rel`` of its largest entry: padding changes a matmul's
+    shape, and with it the rounding); massive-activation rows identical up to ``rel``."""
+    a, b = eager["growth"], replayed["growth"]
+    assert a.sums.keys() == b.sums.keys()
+    for key in a.sums:
+        x, y = a.sums[key], b.sums[key]
+        assert x.shape == y.shape and x.dtype == y.dtype, key
+        if rel == 0 or not x.is_floating_point():
+            assert torch.equal(x, y), key
+        else:
+            assert float((x - y).abs().max()) <= rel * float(x.abs().max()), key
+    rows = [[{k: v for k, v in r.items() if k not in ("value", "ratio_to_median")}
+             for r in acc.meta["massive"]] for acc in (a, b)]
+    assert rows[0] == rows[1] and len(rows[0]) == len(a.meta["massive"])
+    for r, s in zip(a.meta["massive"], b.meta["massive"], strict=True):
+        assert r["value"] == pytest.approx(s["value"], rel=rel, abs=0)
+    assert a.meta["norms"] == b.meta["norms"] and a.meta["model_name"] == b.meta["model_name"]
+
+
+def test_replayed_growth_equals_the_eager_scan(model):
+    eager, replayed, replay = _both(model, TEXTS, batch_size=3, seq_len=16)
+    assert int(eager["growth"].sums["massive_found"]) > 0
+    assert replay.replays == 4 and replay.fallbacks == 0  # shapes 3×16, 3×15, 3×16, 2×16
+    assert len(replay.entries) == 3  # unpadded: one capture per shape
+    _assert_same(eager, replayed)
+
+
+def test_padding_to_the_scan_width_leaves_every_statistic_as_it_was(model):
+    """Padded to 20 positions: two shapes (3 rows, 2 rows); per-position sums cut back."""
+    eager, replayed, replay = _both(model, TEXTS, width=20, batch_size=3, seq_len=16)
+    assert set(replay.entries) == {(3, 20), (2, 20)} and replay.replays == 4
+    _assert_same(eager, replayed, rel=REL_PADDED)
+
+
+def test_a_batch_with_more_candidates_than_the_search_holds_is_done_again(model, monkeypatch):
+    """One text per batch, so 4 candidates per point: only the 28-"Z" text holds more (every
+    other text at most 2), and that batch alone falls back to the eager pass, exactly."""
+    monkeypatch.setattr("residual_stream.streaming.growth.MIN_CANDIDATES", 1)
+    eager, replayed, replay = _both(model, TEXTS, width=32, batch_size=1, seq_len=32)
+    assert replay.fallbacks == 1 and replay.replays == 7  # 8 rows (one text takes two)
+    _assert_same(eager, replayed, rel=REL_PADDED)
+
+
+def test_shapes_past_the_limit_take_the_eager_pass(model):
+    """Unpadded rows of one text: 6 shapes, 4 captured; the rest are added eagerly, the same."""
+    eager, replayed, replay = _both(model, TEXTS, batch_size=1, seq_len=32)
+    assert len(replay.entries) == 4 and replay.replays == 6  # widths 15, 30, 3, 2 (twice 15, 30)
+    _assert_same(eager, replayed)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_replayed_growth_on_framework_models(name):
+    from tiny_hf import build
+
+    from residual_stream.inputs import ByteTokenizer
+
+    m = rs.load(build(name), tokenizer=ByteTokenizer())
+    n = len(list(corpus_batches(m, Corpus(TEXTS), batch_size=4, seq_len=24)))
+    eager, replayed, replay = _both(m, TEXTS, width=24, batch_size=4, seq_len=24)
+    assert replay.replays == n == 3 and len(replay.entries) == 2  # 4 rows ×2, then 2 rows
+    _assert_same(eager, replayed, rel=REL_PADDED)
+
+
+def test_scan_uses_the_replay_when_it_can(model, monkeypatch):
+    ref = rs.scan(model, TEXTS, ["growth"], batch_size=3, seq_len=16, progress=False)
+    used, add = [], Replayed.add
+
+    def counting(self, batch, first_row):
+        used.append(batch)
+        return add(self, batch, first_row)
+
+    monkeypatch.setattr(Replayed, "usable", staticmethod(lambda m, accs: True))  # CPU: emulated
+    monkeypatch.setattr(Replayed, "add", counting)
+    got = rs.scan(model, TEXTS, ["growth"], batch_size=3, seq_len=16, progress=False)
+    assert len(used) == 4  # every batch, padded to the scan's 16 positions
+    _assert_same(ref.accumulators, got.accumulators, rel=REL_PADDED)
+
+
+def test_graphs_argument_is_checked(model):
+    accs = make_accumulators(["growth", "survival"])
+    with pytest.raises(InputError, match="CUDA device"):
+        batch_adder(model, accs, True)  # a CPU model, and survival is not replayable
+    with pytest.raises(InputError, match="'auto', True or False"):
+        batch_adder(model, accs, "yes")
+    add = batch_adder(model, make_accumulators(["growth"]), "auto")  # CPU: the eager pass
+    assert not isinstance(getattr(add, "__self__", None), Replayed)
+
+
+def test_a_replayed_pass_still_refuses_nan(model):
+    from residual_stream.inputs import pack
+
+    m = rs.twin(norm="rmsnorm", placement="pre", n_layers=2, d_model=16, seed=2, n_ctx=32)
+    with torch.no_grad():
+        m.module.blocks[1].mlp.fc_out.weight[0, 0] = float("nan")
+    replay = Replayed(m, make_accumulators(["growth"]), emulate=True)
+    with pytest.raises(NonFiniteError, match="block 2"):
+        replay.add(pack(m, [[1, 2, 3]]), 0)
