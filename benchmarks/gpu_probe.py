@@ -1,7 +1,8 @@
-"""Where a GPU scan spends its time: a diagnostic for one short device call.
+"""Where a GPU scan spends its time, and whether its replayed path is right: one device call.
 
-For each variant (plain forward, capture, the growth statistic, the per-head decomposition)
-and each batch shape it reports, side by side in this process:
+For each variant (the plain forward; the growth statistic replayed from CUDA graphs with
+fused reductions, as ``rs.scan`` runs it; the same run eagerly; eagerly without fusion) and
+each batch shape it reports, side by side in this process:
 
 * wall seconds per batch (median of rounds, device synchronized);
 * the device's busy time per batch (the sum of kernel times from ``torch.profiler``), so
@@ -9,9 +10,9 @@ and each batch shape it reports, side by side in this process:
 * how many times the host waited for the device (``torch.cuda.set_sync_debug_mode``), and
   the package's lines that waited.
 
-Then it tries CUDA-graph capture of (a) the plain forward pass and (b) the lean pass with a
-sync-free reducer (a norm per point and per walk step), and times graph replays against the
-eager calls. Everything goes to stdout and ``--json``.
+Then it checks the replayed, fused growth scan against the eager unfused one on the same
+batches (every sum; tolerance is the reader's: bf16 attention under a captured mask may
+round differently). Everything goes to stdout and ``--json``.
 
     python benchmarks/gpu_probe.py --model /tmp/smollm2-random --json $OUT/probe.json
 """
@@ -19,8 +20,8 @@ eager calls. Everything goes to stdout and ``--json``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
+import re
 import statistics
 import sys
 import time
@@ -33,7 +34,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import residual_stream as rs  # noqa: E402
-import residual_stream.streaming.lean as lean  # noqa: E402
+from residual_stream.streaming import fusion, make_accumulators  # noqa: E402
+from residual_stream.streaming.runner import _add_batch, batch_adder  # noqa: E402
 from scan_speed import _batches, variants  # noqa: E402
 
 
@@ -90,53 +92,33 @@ def _syncs(fn, batch) -> tuple[int, list]:
     return n, where.most_common(12)
 
 
-class _Norms:
-    """A sync-free reducer: the stream's norm per point and each write's norm per step."""
+def _compare(model, batches) -> dict:
+    """The replayed growth scan (CUDA graphs, fused reductions) against the eager unfused one:
+    the largest difference of every sum relative to its largest entry, and massive counts."""
+    eager, replayed = make_accumulators(["growth"]), make_accumulators(["growth"])
+    fusion.ENABLED = False
+    for b in batches:
+        _add_batch(model, b, 0, eager)
+    fusion.ENABLED = True
+    add = batch_adder(model, replayed, True, batches[0].tokens.shape[1])
+    for b in batches:
+        add(b, 0)
+    a, r = eager["growth"], replayed["growth"]
+    out = {}
+    for key, x in a.sums.items():
+        y = r.sums[key]
+        if x.is_floating_point():
+            scale = float(x.abs().max().clamp_min(1e-30))
+            out[key] = float((x - y).abs().nan_to_num(0).max()) / scale
+        else:
+            out[key] = int((x != y).sum())
+    out["replays"] = add.__self__.replays
+    return out
 
-    def __init__(self) -> None:
-        self.out = []
 
-    def point(self, point, x):
-        self.out.append(torch.linalg.vector_norm(x, dim=-1))
-
-    def step(self, step, scales):
-        if step.added is not None:
-            self.out.append(torch.linalg.vector_norm(step.added, dim=-1))
-
-
-def _graph(fn, rounds: int = 20) -> dict:
-    """Capture ``fn`` (no arguments, returns tensors) in a CUDA graph; time eager vs replay."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    eager_out = fn()
-    eager_out = [t.clone() for t in eager_out]
-    g = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(g):
-            out = fn()
-    except Exception as e:  # noqa: BLE001 - report why capture failed
-        return {"ok": False, "error": f"{type(e).__name__}: {e}"[:600]}
-    g.replay()
-    torch.cuda.synchronize()
-    err = max(float((a.float() - b.float()).abs().max()) for a, b in zip(out, eager_out, strict=True))
-    t_e, t_g = [], []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        t_e.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        g.replay()
-        torch.cuda.synchronize()
-        t_g.append(time.perf_counter() - t)
-    return {"ok": True, "max_abs_diff": err, "eager_s": statistics.median(t_e),
-            "replay_s": statistics.median(t_g), "outputs": len(out)}
+def _busy_of(table: str) -> float:
+    m = re.search(r"Self CUDA time total: ([\d.]+)(us|ms|s)", table)
+    return float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[m.group(2)] if m else float("nan")
 
 
 def main() -> None:
@@ -148,69 +130,57 @@ def main() -> None:
     args = p.parse_args()
     model = rs.load(args.model, device="cuda", dtype="bfloat16", progress=False)
     fns = variants(model, use_tl=False)
-    names = ["hf_forward", "rs_capture", "rs_stats", "rs_decompose", "rs_stats_flow"]
+    unfused_eager = fns["rs_stats_eager"]
+
+    def unfused(batch):
+        fusion.ENABLED = False
+        try:
+            unfused_eager(batch)
+        finally:
+            fusion.ENABLED = True
+
+    fns = {"hf_forward": fns["hf_forward"], "rs_stats": fns["rs_stats"],
+           "rs_stats_eager": variants(model, use_tl=False)["rs_stats_eager"],
+           "rs_stats_unfused": unfused}
     report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": {}}
     for bs, seq, n in [(8, 128, 8), (32, 512, 4)]:
         batches = _batches(model, n, bs, seq)
         rows = {}
-        for name in names:
-            fn = fns[name]
+        for name, fn in fns.items():
             try:
-                fn(batches[0])
+                t = time.perf_counter()
+                fn(batches[0])  # warm-up (captures the graph, compiles the fused reductions)
+                torch.cuda.synchronize()
+                first = time.perf_counter() - t
                 wall = _wall(fn, batches, args.rounds)
-                busy, table = _busy(fn, batches[0])
-                nsync, where = _syncs(fn, batches[0])
-                rows[name] = {"wall_s": wall, "busy_s": busy, "syncs": nsync, "where": where,
-                              "table": table}
+                _, table = _busy(fn, batches[1])
+                nsync, where = _syncs(fn, batches[1])
+                rows[name] = {"wall_s": wall, "busy_s": _busy_of(table), "syncs": nsync,
+                              "where": where, "first_s": first, "table": table}
             except Exception as e:  # noqa: BLE001 - keep probing the rest
-                rows[name] = {"error": f"{type(e).__name__}: {e}"[:600]}
+                rows[name] = {"error": f"{type(e).__name__}: {e}"[:800]}
+        try:
+            rows["check"] = _compare(model, batches)
+        except Exception as e:  # noqa: BLE001
+            rows["check"] = {"error": f"{type(e).__name__}: {e}"[:800]}
         report["shapes"][f"{bs}x{seq}"] = rows
         base = rows["hf_forward"].get("wall_s", float("nan"))
-        print(f"\n## {bs}×{seq}\n\n| variant | wall s | × forward | device busy s | busy/wall | syncs |")
-        print("|---|---|---|---|---|---|")
-        for name, r in rows.items():
+        print(f"\n## {bs}×{seq}\n\n| variant | wall s / batch | × plain forward | device busy s "
+              "| busy/wall | host waits | first batch s |")
+        print("|---|---|---|---|---|---|---|")
+        for name in fns:
+            r = rows[name]
             if "error" in r:
-                print(f"| {name} | error: {r['error'][:200]} |||||")
+                print(f"| {name} | error: {r['error'][:300]} ||||||")
                 continue
             print(f"| {name} | {r['wall_s']:.4g} | ×{r['wall_s'] / base:.2f} | {r['busy_s']:.4g} | "
-                  f"{r['busy_s'] / r['wall_s']:.2f} | {r['syncs']} |")
-        for name in ("rs_stats", "rs_capture"):
+                  f"{r['busy_s'] / r['wall_s']:.2f} | {r['syncs']} | {r['first_s']:.3g} |")
+        for name in ("rs_stats", "rs_stats_eager"):
             for w, c in rows[name].get("where", []):
-                print(f"  sync {name}: {c}× {w}")
+                print(f"  wait {name}: {c}× {w}")
+        print("check (replayed+fused vs eager unfused, max |diff| / max |value| per sum):",
+              json.dumps(rows["check"]))
         print(rows["rs_stats"].get("table", ""))
-
-        b0 = batches[0]
-        dev_batch = dataclasses.replace(b0, tokens=b0.tokens.to(model.device),
-                                        attention_mask=b0.attention_mask.to(model.device))
-        tok, mask = dev_batch.tokens, dev_batch.attention_mask
-        graphs = {}
-
-        def forward():
-            with torch.inference_mode():
-                return [model.module(input_ids=tok, attention_mask=mask, use_cache=False).logits]
-
-        def forward_nomask():
-            with torch.inference_mode():
-                return [model.module(input_ids=tok, use_cache=False).logits]
-
-        def lean_norms():
-            r = _Norms()
-            saved = lean._check_finite
-            lean._check_finite = lambda sums, m: None
-            try:
-                lean.lean_pass(model, dev_batch, [r])
-            finally:
-                lean._check_finite = saved
-            return r.out
-
-        for gname, gfn in [("forward", forward), ("forward_nomask", forward_nomask),
-                           ("lean_norms", lean_norms)]:
-            try:
-                graphs[gname] = _graph(gfn)
-            except Exception as e:  # noqa: BLE001
-                graphs[gname] = {"ok": False, "error": f"outside capture: {type(e).__name__}: {e}"[:600]}
-            print(f"graph {gname}: {json.dumps(graphs[gname])}")
-        report["shapes"][f"{bs}x{seq}"]["graphs"] = graphs
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1, default=str)

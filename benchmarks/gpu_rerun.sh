@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The short GPU rerun (device tool, ~5 device minutes): the package's own variants, their
-# dispatched operations, and memory (the TransformerLens baselines do not change with this
-# package's code; see gpu_run.sh). Needs .gpu/ carried (benchmarks/gpu_prepare.sh makes it).
+# The short GPU rerun (device tool, ~6 device minutes): where the time goes and whether the
+# replayed path is right (gpu_probe.py), then the package's variants and their memory (the
+# TransformerLens baselines do not change with this package's code; see gpu_run.sh). Needs
+# .gpu/ carried (benchmarks/gpu_prepare.sh makes it). Most important first: a run cut short
+# still returns what it wrote under $OUT.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .gpu/whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false \
+  TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
 python3 - <<'PY'
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -13,11 +16,13 @@ torch.manual_seed(0)
 m = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(".gpu/smollm2"), dtype=torch.bfloat16)
 m.save_pretrained("/tmp/smollm2-random"); AutoTokenizer.from_pretrained(".gpu/smollm2").save_pretrained("/tmp/smollm2-random")
 PY
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv | tee "$OUT/gpu.txt"
+python3 benchmarks/gpu_probe.py --model /tmp/smollm2-random --json "$OUT/probe.json" 2>&1 \
+  | grep -v "Loading weights\|USDT" | tee "$OUT/probe.md"
 M="--model /tmp/smollm2-random --device cuda --dtype bfloat16"
-V=hf_forward,rs_capture,rs_stats,rs_survival,rs_read,rs_stats_flow,rs_decompose
-python3 benchmarks/op_count.py $M --variants $V 2>&1 | grep -v "Loading weights" | tee "$OUT/ops3.md"
+V=hf_forward,rs_capture,rs_stats,rs_stats_eager,rs_survival,rs_read,rs_stats_flow,rs_decompose
 python3 benchmarks/scan_speed.py $M --batches 8 --batch-size 8 --seq-len 128 --rounds 5 --memory \
-  --variants $V,rs_lens,rs_subspaces --json "$OUT/speed3_8x128.json" 2>&1 | grep -v "Loading weights" | tee "$OUT/speed3_8x128.md"
-python3 benchmarks/scan_speed.py $M --batches 4 --batch-size 32 --seq-len 512 --rounds 3 \
-  --variants hf_forward,rs_capture,rs_stats,rs_survival,rs_decompose --json "$OUT/speed3_32x512.json" \
-  2>&1 | grep -v "Loading weights" | tee "$OUT/speed3_32x512.md"
+  --variants $V,rs_lens,rs_subspaces --json "$OUT/speed5_8x128.json" 2>&1 | grep -v "Loading weights" | tee "$OUT/speed5_8x128.md"
+python3 benchmarks/scan_speed.py $M --batches 4 --batch-size 32 --seq-len 512 --rounds 3 --memory \
+  --variants hf_forward,rs_capture,rs_stats,rs_stats_eager,rs_survival,rs_decompose \
+  --json "$OUT/speed5_32x512.json" 2>&1 | grep -v "Loading weights" | tee "$OUT/speed5_32x512.md"

@@ -8,7 +8,9 @@ attention, ``torch.inference_mode``):
 * ``rs_capture``: ``trace_batch`` (hooks keep the stream, z, MLP outputs, norm scales);
 * ``rs_stats``: the ``growth`` statistic as ``rs.scan`` computes it: the lean pass, reduced
   block by block inside the forward pass (norms, update sizes, norm inputs, centering share,
-  massive activations): "statistics alone";
+  massive activations): "statistics alone"; on a CUDA device replayed from a CUDA graph per
+  batch shape (``streaming.graphs``), captured on the warm-up batch;
+* ``rs_stats_eager``: the same with ``graphs=False`` (the lean pass run eagerly every batch);
 * ``rs_survival`` / ``rs_read``: ``survival`` / ``read_attribution`` alone, lean (component
   granularity: contributions carried in one buffer, ``streaming.flow``);
 * ``rs_stats_flow``: ``growth``, ``survival`` and ``read_attribution`` together, lean;
@@ -50,7 +52,7 @@ import torch
 import residual_stream as rs
 from residual_stream.streaming import Corpus, corpus_batches, make_accumulators
 from residual_stream.streaming.lean import points
-from residual_stream.streaming.runner import _add_batch
+from residual_stream.streaming.runner import batch_adder
 from residual_stream.trace import trace_batch
 
 
@@ -79,23 +81,26 @@ def variants(model, use_tl: bool, copy_for_tl: bool = True) -> dict:
             model.module(input_ids=batch.tokens.to(dev), attention_mask=batch.attention_mask.to(dev),
                          use_cache=False)
 
-    def stats(names):
+    def stats(names, graphs="auto"):
         accs: dict = {}  # made and calibrated on the first batch, as a scan does, then reused
+        add: list = []
 
-        def run(batch):  # what rs.scan does per batch (the lean pass when every statistic can)
+        def run(batch):  # what rs.scan does per batch (replayed, or the lean pass, or a trace)
             if not accs:
                 accs.update(make_accumulators(names))
                 calibrates = any(a.calibrates for a in accs.values())
                 for a in accs.values():
                     a.prepare(model, points(model, batch) if calibrates else None)
-            _add_batch(model, batch, 0, accs)
+                add.append(batch_adder(model, accs, graphs, batch.tokens.shape[1]))
+            add[0](batch, 0)
         return run
 
     def decompose(batch):
         trace_batch(model, batch).decompose(model.anatomy.n_layers)
 
     out = {"hf_forward": hf_forward, "rs_capture": lambda b: trace_batch(model, b),
-           "rs_stats": stats(["growth"]), "rs_survival": stats(["survival"]),
+           "rs_stats": stats(["growth"]), "rs_stats_eager": stats(["growth"], graphs=False),
+           "rs_survival": stats(["survival"]),
            "rs_read": stats(["read_attribution"]),
            "rs_stats_flow": stats(["growth", "survival", "read_attribution"]),
            "rs_lens": stats(["lens"]), "rs_subspaces": stats(["subspaces"]),

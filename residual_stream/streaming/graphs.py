@@ -59,8 +59,11 @@ class Replayed:
 
     def __init__(self, model, accs: dict, *, width: int | None = None,
                  emulate: bool | None = None) -> None:
-        """``width``: right-pad every batch to this many positions (a scan's ``seq_len``), so
-        batches of short texts share one shape; padding is masked and changes no statistic."""
+        """Replay ``accs`` on ``model``.
+
+        ``width``: right-pad every batch to this many positions (a scan's ``seq_len``), so
+        batches of short texts share one shape; padding is masked and changes no statistic.
+        """
         self.model, self.accs, self.width = model, accs, width
         self.emulate = model.device.type != "cuda" if emulate is None else emulate
         self.entries: dict[tuple, _Entry] = {}

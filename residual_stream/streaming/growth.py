@@ -17,6 +17,7 @@ from ..analyses.growth import MASSIVE_ABS, MASSIVE_REL, NormGrowth, _fit
 from ..program import Add, Norm
 from ..walk import component_of
 from .base import Accumulator, histogram_quantile, log_histogram
+from .fusion import fused
 from .lean import reduce_trace
 
 MIN_CANDIDATES = 256  # tokens per point searched for massive activations on a replayed pass
@@ -30,12 +31,36 @@ def _token_sums(values: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, values, 0).double().sum((1, 2))
 
 
+@fused
+def _point_sums(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per token of ``x [batch, pos, d]``: norm, coordinate sum, largest |x_i|, candidacy.
+
+    The candidacy ``tok`` says whether a real token can hold a massive activation: a
+    coordinate over ``MASSIVE_ABS`` and a median |x| under its largest over ``MASSIVE_REL``,
+    which a count decides without sorting (the lower median is below ``t`` iff more than
+    ``(d − 1) // 2`` coordinates are; ``t`` is nudged up by 1e-6 relative, so this is a
+    superset of the tokens that hit).
+    """
+    top = torch.linalg.vector_norm(x, ord=float("inf"), dim=-1)
+    below = (x.abs() < (top * ((1 + 1e-6) / MASSIVE_REL)).unsqueeze(-1)).sum(-1)
+    tok = (top > MASSIVE_ABS) & (below > (x.shape[-1] - 1) // 2) & mask
+    return torch.linalg.vector_norm(x, dim=-1), x.sum(-1), top, tok
+
+
+@fused
+def _norms(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """``‖a‖`` and ``‖b‖`` per token (one kernel on a GPU)."""
+    return torch.linalg.vector_norm(a, dim=-1), torch.linalg.vector_norm(b, dim=-1)
+
+
 class GrowthSums:
     """One batch's growth sums; ``point`` and ``step`` in program order, then ``into``."""
 
     def __init__(self, mask: Tensor, n_layers: int, d_model: int, str_tokens: list[list[str]],
                  first_row: int, top_k: int, max_candidates: int | None = None) -> None:
-        """``max_candidates``: search at most this many tokens per point for massive activations,
+        """Empty sums for one batch (``mask [batch, pos]``) of a model with ``n_layers`` blocks.
+
+        ``max_candidates``: search at most this many tokens per point for massive activations,
         with no host sync (what a CUDA graph replays, ``streaming.graphs``); a point with more
         tokens that qualify makes ``overflowed()`` true and the batch must be done again without.
         None: exactly the tokens that qualify (one device sync per point).
@@ -50,8 +75,11 @@ class GrowthSums:
         self.qualifying: list[Tensor] = []  # per point, with max_candidates: tokens that qualify
 
     def rebind(self, str_tokens: list[list[str]], first_row: int, width: int) -> None:
-        """Name the batch whose values a replay left in these sums: its token strings, first
-        row and width (positions past it are the replay's padding, left out of per-position sums)."""
+        """Name the batch whose values a replay left in these sums.
+
+        Its token strings, first row and width (positions past it are the replay's padding,
+        left out of the per-position sums).
+        """
         self.str_tokens, self.first_row, self.width = str_tokens, first_row, width
 
     def overflowed(self) -> bool:
@@ -70,27 +98,23 @@ class GrowthSums:
         """The stream entering block ``point`` (``n_layers``: after the last block).
 
         Keeps two numbers per token (its norm and its coordinate sum); every sum over tokens
-        is taken once per batch in ``into``, for all points together, so a point costs two
-        reductions of the stream plus the massive-activation search. Nothing here waits for
-        the device except that search.
+        is taken once per batch in ``into``, for all points together. The per-token
+        reductions are one fused function (``_point_sums``: one kernel on a GPU), then the
+        massive-activation search over the few tokens that can hold one.
         """
-        self.points[point] = (torch.linalg.vector_norm(x, dim=-1), x.sum(-1))
-        self._massive_candidates(point, x)
+        norm, rowsum, top, tok = _point_sums(x, self.mask)
+        self.points[point] = (norm, rowsum)
+        self._massive_candidates(point, x, top, tok)
 
-    def _massive_candidates(self, point: int, x: Tensor) -> None:
+    def _massive_candidates(self, point: int, x: Tensor, top: Tensor, tok: Tensor) -> None:
         """Coordinates over ``MASSIVE_ABS`` and ``MASSIVE_REL`` × their token's median |x|.
 
-        The median is taken only for tokens that can hold one: a coordinate over
-        ``MASSIVE_ABS``, and a median below their largest coordinate over ``MASSIVE_REL``,
-        which a count decides without sorting (the lower median is below ``t`` iff more than
-        ``(d − 1) // 2`` coordinates are). Those tokens lead a top-k by their largest
-        coordinate: exactly as many as qualify (one device sync to count them), or a fixed
-        ``max_candidates`` (no sync; rows that do not qualify cannot hit). At most ``top_k``
-        hits are kept, so the stream itself can be dropped.
+        The median is taken only for the tokens that can hold one (``tok``, from
+        ``_point_sums``). They lead a top-k by their largest coordinate ``top``: exactly as
+        many as qualify (one device sync to count them), or a fixed ``max_candidates`` (no
+        sync; rows that do not qualify cannot hit). At most ``top_k`` hits are kept, so the
+        stream itself can be dropped.
         """
-        top = torch.linalg.vector_norm(x, ord=float("inf"), dim=-1)
-        below = (x.abs() < (top * ((1 + 1e-6) / MASSIVE_REL)).unsqueeze(-1)).sum(-1)  # a superset
-        tok = (top > MASSIVE_ABS) & (below > (x.shape[-1] - 1) // 2) & self.mask
         if self.max_candidates is None:
             k = int(tok.sum())
             if k == 0:
@@ -116,8 +140,7 @@ class GrowthSums:
         op = step.op
         if isinstance(op, Add):
             layer, kind = component_of(op.component)
-            self.adds.append((kind, layer, torch.linalg.vector_norm(step.added, dim=-1),
-                              torch.linalg.vector_norm(step.x, dim=-1)))
+            self.adds.append((kind, layer, *_norms(step.added, step.x)))
         norm = op.norm if isinstance(op, Norm) else getattr(op, "via", None)
         if norm is not None:
             entering = step.x if isinstance(op, Norm) else step.write
