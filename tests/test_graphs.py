@@ -140,3 +140,39 @@ def test_a_replayed_pass_still_refuses_nan(model):
     replay = Replayed(m, make_accumulators(["growth"]), emulate=True)
     with pytest.raises(NonFiniteError, match="block 2"):
         replay.add(pack(m, [[1, 2, 3]]), 0)
+
+
+def test_a_shape_that_cannot_be_captured_is_warned_about_and_added_eagerly(model, monkeypatch):
+    def refuse(fn, device):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr("residual_stream.streaming.graphs.record", refuse)
+    eager, replayed = make_accumulators(["growth"]), make_accumulators(["growth"])
+    replay = Replayed(model, replayed, width=16, emulate=False)  # as on a GPU: capture, refused
+    with pytest.warns(RuntimeWarning, match="could not capture.*not permitted") as warned:
+        for batch, first in corpus_batches(model, Corpus(TEXTS), batch_size=3, seq_len=16):
+            _add_batch(model, batch, first, eager)
+            replay.add(batch, first)
+    assert len(warned) == 2 and replay.replays == 0  # once per shape: 3×16 and 2×16
+    _assert_same(eager, replayed)
+
+
+@pytest.mark.parametrize("flag,graphs", [([], "auto"), (["--no-graphs"], False)])
+def test_cli_scan_passes_graphs_to_the_scan(tmp_path, monkeypatch, flag, graphs):
+    import argparse
+
+    from residual_stream.streaming import cli
+
+    seen = {}
+
+    def fake_scan(model, corpus, stats, **kw):
+        seen.update(kw)
+        raise InputError("stop here")
+
+    monkeypatch.setattr("residual_stream.streaming.runner.scan", fake_scan)
+    monkeypatch.setattr("residual_stream.loading.load", lambda *a, **k: None)
+    args = cli.add_arguments(argparse.ArgumentParser()).parse_args(
+        ["twin-pre-rms", "builtin", "--out", str(tmp_path / "x.json"), *flag])
+    with pytest.raises(InputError, match="stop here"):
+        cli.run(args)
+    assert seen["graphs"] == graphs

@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="JSON file for the results")
     p.add_argument("--device", default="auto", help="auto (cuda, mps, cpu), cpu, cuda ...")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, else float32), float32 ...")
+    p.add_argument("--no-graphs", action="store_true",
+                   help="never replay the lean pass from CUDA graphs (default: replay on a CUDA "
+                        "device when every statistic can be, today growth)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -73,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         result = scan(model, args.corpus, [s.strip() for s in args.stats.split(",") if s.strip()],
                       batch_size=args.batch_size, seq_len=args.seq_len, max_tokens=args.max_tokens,
                       state=state, save_every=args.save_every, progress=not args.quiet,
-                      rank=rank, world_size=world)
+                      rank=rank, world_size=world, graphs=False if args.no_graphs else "auto")
         if rank == 0:
             result.save(args.out)
             print(f"residual-stream: scanned {result.tokens} tokens in {result.batches} batches "

@@ -19,13 +19,16 @@ reducer takes ``sums_for(..., replayable=True)``) is therefore captured once per
 
 Capturing costs three eager passes of the first batch of each shape (two warm-ups and the
 capture); at most ``MAX_SHAPES`` shapes are kept (a scan has one or two: full batches and
-the last). Without CUDA (``emulate``) the same buffers, reducers and checks run eagerly, so
-the CPU tests exercise everything but the graph itself.
+the last). A shape whose capture fails (a model that waits for the device inside its
+forward pass, say) is warned about once and takes the eager pass. Without CUDA
+(``emulate``) the same buffers, reducers and checks run eagerly, so the CPU tests exercise
+everything but the graph itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -79,9 +82,9 @@ class Replayed:
         padded = _padded(batch, self.width)
         shape = tuple(padded.tokens.shape)
         entry = self.entries.get(shape)
-        if entry is None and len(self.entries) < MAX_SHAPES:
+        if shape not in self.entries and len(self.entries) < MAX_SHAPES:
             entry = self.entries[shape] = self._capture(padded)
-        if entry is None:
+        if entry is None:  # past MAX_SHAPES, or this shape could not be captured
             return self._eager(batch, first_row)
         entry.batch.tokens.copy_(padded.tokens)
         entry.batch.attention_mask.copy_(padded.attention_mask)
@@ -105,7 +108,7 @@ class Replayed:
         for name, s in sums.items():
             s.into(self.accs[name])
 
-    def _capture(self, batch) -> _Entry:
+    def _capture(self, batch) -> _Entry | None:
         dev = self.model.device
         static = dataclasses.replace(batch, tokens=batch.tokens.to(dev).clone(),
                                      attention_mask=batch.attention_mask.to(dev).clone())
@@ -117,13 +120,30 @@ class Replayed:
 
         if self.emulate:
             return _Entry(static, run, None, {}, [])
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):  # warm up (libraries' handles, autotuning) off the capture
-            for _ in range(2):
-                run()
-        torch.cuda.current_stream(dev).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            sums, finite = run()
+        try:
+            graph, (sums, finite) = record(run, dev)
+        except Exception as e:  # noqa: BLE001 - a model or reducer that cannot be captured
+            warnings.warn(f"could not capture the lean pass of shape {tuple(batch.tokens.shape)} "
+                          f"as a CUDA graph ({type(e).__name__}: {e}); batches of this shape "
+                          "take the eager pass (pass graphs=False to skip trying)",
+                          RuntimeWarning, stacklevel=3)
+            return None
         return _Entry(static, run, graph, sums, finite)
+
+
+def record(fn: Callable, device: torch.device) -> tuple[object, object]:
+    """``(graph, fn())``: ``fn`` captured into a new ``torch.cuda.CUDAGraph`` (not yet replayed).
+
+    ``fn`` first runs twice on a side stream, so that libraries' handles, compiled kernels
+    (``fusion``) and allocations exist before the capture.
+    """
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
