@@ -33,10 +33,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from scan_speed import _batches, variants  # noqa: E402
+
 import residual_stream as rs  # noqa: E402
 from residual_stream.streaming import fusion, make_accumulators  # noqa: E402
 from residual_stream.streaming.runner import _add_batch, batch_adder  # noqa: E402
-from scan_speed import _batches, variants  # noqa: E402
 
 
 def _wall(fn, batches, rounds: int) -> float:
@@ -51,8 +52,8 @@ def _wall(fn, batches, rounds: int) -> float:
     return statistics.median(times)
 
 
-def _busy(fn, batch) -> tuple[float, str]:
-    """Device busy seconds for one call, and the top kernels table."""
+def _profile(fn, batch) -> str:
+    """The profiler's table of one call (top kernels; its last line is the device total)."""
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -60,8 +61,7 @@ def _busy(fn, batch) -> tuple[float, str]:
         torch.cuda.synchronize()
     avgs = prof.key_averages()
     key = "self_device_time_total" if hasattr(avgs[0], "self_device_time_total") else "self_cuda_time_total"
-    busy = sum(getattr(k, key) for k in avgs) / 1e6
-    return busy, avgs.table(sort_by=key, row_limit=12)
+    return avgs.table(sort_by=key, row_limit=12)
 
 
 def _syncs(fn, batch) -> tuple[int, list]:
@@ -93,8 +93,10 @@ def _syncs(fn, batch) -> tuple[int, list]:
 
 
 def _compare(model, batches) -> dict:
-    """The replayed growth scan (CUDA graphs, fused reductions) against the eager unfused one:
-    the largest difference of every sum relative to its largest entry, and massive counts."""
+    """The replayed growth scan (CUDA graphs, fused reductions) against the eager unfused one.
+
+    Per sum: the largest difference relative to its largest entry (integers: how many differ).
+    """
     eager, replayed = make_accumulators(["growth"]), make_accumulators(["growth"])
     fusion.ENABLED = False
     for b in batches:
@@ -114,6 +116,22 @@ def _compare(model, batches) -> dict:
             out[key] = int((x != y).sum())
     out["replays"] = add.__self__.replays
     return out
+
+
+def _measure(fn, batches, rounds: int) -> dict:
+    """Wall time, device busy time, host waits and first-batch time of one variant."""
+    try:
+        t = time.perf_counter()
+        fn(batches[0])  # warm-up (captures the graph, compiles the fused reductions)
+        torch.cuda.synchronize()
+        first = time.perf_counter() - t
+        wall = _wall(fn, batches, rounds)
+        table = _profile(fn, batches[1])
+        nsync, where = _syncs(fn, batches[1])
+        return {"wall_s": wall, "busy_s": _busy_of(table), "syncs": nsync, "where": where,
+                "first_s": first, "table": table}
+    except Exception as e:  # noqa: BLE001 - keep probing the rest
+        return {"error": f"{type(e).__name__}: {e}"[:800]}
 
 
 def _busy_of(table: str) -> float:
@@ -145,20 +163,7 @@ def main() -> None:
     report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": {}}
     for bs, seq, n in [(8, 128, 8), (32, 512, 4)]:
         batches = _batches(model, n, bs, seq)
-        rows = {}
-        for name, fn in fns.items():
-            try:
-                t = time.perf_counter()
-                fn(batches[0])  # warm-up (captures the graph, compiles the fused reductions)
-                torch.cuda.synchronize()
-                first = time.perf_counter() - t
-                wall = _wall(fn, batches, args.rounds)
-                _, table = _busy(fn, batches[1])
-                nsync, where = _syncs(fn, batches[1])
-                rows[name] = {"wall_s": wall, "busy_s": _busy_of(table), "syncs": nsync,
-                              "where": where, "first_s": first, "table": table}
-            except Exception as e:  # noqa: BLE001 - keep probing the rest
-                rows[name] = {"error": f"{type(e).__name__}: {e}"[:800]}
+        rows = {name: _measure(fn, batches, args.rounds) for name, fn in fns.items()}
         try:
             rows["check"] = _compare(model, batches)
         except Exception as e:  # noqa: BLE001

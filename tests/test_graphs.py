@@ -176,3 +176,15 @@ def test_cli_scan_passes_graphs_to_the_scan(tmp_path, monkeypatch, flag, graphs)
     with pytest.raises(InputError, match="stop here"):
         cli.run(args)
     assert seen["graphs"] == graphs
+
+
+def test_first_true_entries_without_a_sync():
+    from residual_stream.streaming.growth import _first
+
+    flags = torch.tensor([False, True, True, False, True])
+    idx, valid = _first(flags, 2)
+    assert idx.tolist() == [1, 2] and valid.tolist() == [True, True]
+    idx, valid = _first(flags, 4)
+    assert idx[:3].tolist() == [1, 2, 4] and valid.tolist() == [True, True, True, False]
+    idx, valid = _first(torch.zeros(3, dtype=torch.bool), 2)
+    assert not valid.any()

@@ -32,8 +32,8 @@ def _token_sums(values: Tensor, mask: Tensor) -> Tensor:
 
 
 @fused
-def _point_sums(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Per token of ``x [batch, pos, d]``: norm, coordinate sum, largest |x_i|, candidacy.
+def _point_sums(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per token of ``x [batch, pos, d]``: its norm, coordinate sum and candidacy.
 
     The candidacy ``tok`` says whether a real token can hold a massive activation: a
     coordinate over ``MASSIVE_ABS`` and a median |x| under its largest over ``MASSIVE_REL``,
@@ -44,7 +44,19 @@ def _point_sums(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor
     top = torch.linalg.vector_norm(x, ord=float("inf"), dim=-1)
     below = (x.abs() < (top * ((1 + 1e-6) / MASSIVE_REL)).unsqueeze(-1)).sum(-1)
     tok = (top > MASSIVE_ABS) & (below > (x.shape[-1] - 1) // 2) & mask
-    return torch.linalg.vector_norm(x, dim=-1), x.sum(-1), top, tok
+    return torch.linalg.vector_norm(x, dim=-1), x.sum(-1), tok
+
+
+def _first(flags: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Indices of the first ``k`` true entries of the 1-D ``flags``, in order, and which slots hold one.
+
+    Slots past the number of true entries hold index 0. No device sync, fixed shapes.
+    """
+    rank = flags.cumsum(0) - 1                                   # rank among the true entries
+    slot = torch.where(flags & (rank < k), rank, k)              # the rest go to a spare slot
+    out = torch.zeros(k + 1, dtype=torch.long, device=flags.device)
+    out.scatter_(0, slot, torch.arange(flags.numel(), device=flags.device))
+    return out[:k], torch.arange(k, device=flags.device) < flags.sum()
 
 
 @fused
@@ -102,17 +114,17 @@ class GrowthSums:
         reductions are one fused function (``_point_sums``: one kernel on a GPU), then the
         massive-activation search over the few tokens that can hold one.
         """
-        norm, rowsum, top, tok = _point_sums(x, self.mask)
+        norm, rowsum, tok = _point_sums(x, self.mask)
         self.points[point] = (norm, rowsum)
-        self._massive_candidates(point, x, top, tok)
+        self._massive_candidates(point, x, tok)
 
-    def _massive_candidates(self, point: int, x: Tensor, top: Tensor, tok: Tensor) -> None:
+    def _massive_candidates(self, point: int, x: Tensor, tok: Tensor) -> None:
         """Coordinates over ``MASSIVE_ABS`` and ``MASSIVE_REL`` × their token's median |x|.
 
         The median is taken only for the tokens that can hold one (``tok``, from
-        ``_point_sums``). They lead a top-k by their largest coordinate ``top``: exactly as
-        many as qualify (one device sync to count them), or a fixed ``max_candidates`` (no
-        sync; rows that do not qualify cannot hit). At most ``top_k`` hits are kept, so the
+        ``_point_sums``), in token order: exactly as many as qualify (one device sync to
+        count them), or the first ``max_candidates`` (no sync; ``overflowed`` tells if any
+        were left out). At most ``top_k`` hits are kept, so the
         stream itself can be dropped.
         """
         if self.max_candidates is None:
@@ -122,11 +134,11 @@ class GrowthSums:
         else:
             k = min(self.max_candidates, tok.numel())
             self.qualifying.append(tok.sum())
-        _, flat = torch.where(tok, top, -1).flatten().topk(k)        # qualifying tokens lead
+        flat, valid = _first(tok.flatten(), k)                        # (k,): candidate tokens
         rows = x.flatten(0, -2)[flat]                                 # (k, d_model)
         sel = rows.abs()
         med = sel.median(-1, keepdim=True).values
-        hit = (sel > MASSIVE_ABS) & (sel > MASSIVE_REL * med) & tok.flatten()[flat][:, None]
+        hit = (sel > MASSIVE_ABS) & (sel > MASSIVE_REL * med) & valid[:, None]
         _, idx = torch.where(hit, sel, 0).flatten().topk(min(self.top_k, hit.numel()))
         d, positions = x.shape[-1], torch.stack((flat // x.shape[1], flat % x.shape[1]), -1)
         self.massive.append((point, hit.sum(), idx, rows.flatten()[idx], med.flatten()[idx // d],
