@@ -188,3 +188,29 @@ def test_first_true_entries_without_a_sync():
     assert idx[:3].tolist() == [1, 2, 4] and valid.tolist() == [True, True, True, False]
     idx, valid = _first(torch.zeros(3, dtype=torch.bool), 2)
     assert not valid.any()
+
+
+def test_fused_compiles_on_cuda_only_and_falls_back_once_if_compiling_fails(monkeypatch):
+    from types import SimpleNamespace
+
+    from residual_stream.streaming import fusion
+
+    calls = []
+
+    def broken_compile(fn, **kw):
+        calls.append("compile")
+
+        def run(*args):
+            raise RuntimeError("no compiler here")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    f = fusion.fused(lambda t: ("eager", t.device.type))
+    assert f(torch.zeros(1)) == ("eager", "cpu") and calls == []  # the CPU never compiles
+    gpu_like = SimpleNamespace(device=torch.device("cuda", 0))
+    with pytest.warns(RuntimeWarning, match="torch.compile failed.*no compiler here"):
+        assert f(gpu_like) == ("eager", "cuda")
+    assert f(gpu_like) == ("eager", "cuda") and calls == ["compile"]  # not tried again
+    monkeypatch.setattr(fusion, "ENABLED", False)
+    g = fusion.fused(lambda t: "eager")
+    assert g(gpu_like) == "eager" and calls == ["compile"]

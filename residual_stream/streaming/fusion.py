@@ -34,8 +34,8 @@ def fused(fn: Callable) -> Callable:
         try:
             return state["compiled"](*args)
         except Exception as e:  # noqa: BLE001 - any compiler failure: run eagerly from now on
-            if torch.cuda.is_current_stream_capturing():
-                raise
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                raise  # a graph being captured cannot take an eager retry: its caller decides
             state["failed"] = True
             warnings.warn(f"torch.compile failed for {fn.__name__} ({type(e).__name__}: {e}); "
                           "running it eagerly", RuntimeWarning, stacklevel=2)
