@@ -214,3 +214,15 @@ def test_fused_compiles_on_cuda_only_and_falls_back_once_if_compiling_fails(monk
     monkeypatch.setattr(fusion, "ENABLED", False)
     g = fusion.fused(lambda t: "eager")
     assert g(gpu_like) == "eager" and calls == ["compile"]
+
+
+def test_only_a_model_whole_on_one_device_is_replayed():
+    from residual_stream.streaming.graphs import on_one_device
+
+    m = rs.twin(norm="rmsnorm", placement="pre", n_layers=2, d_model=16, seed=2, n_ctx=32)
+    assert on_one_device(m.module, torch.device("cpu"))
+    assert not on_one_device(m.module, torch.device("cuda", 0))
+    block = m.module.blocks[1].mlp.fc_out
+    block.weight = torch.nn.Parameter(torch.empty_like(block.weight, device="meta"))  # offloaded
+    assert not on_one_device(m.module, torch.device("cpu"))
+    assert not Replayed.usable(m, make_accumulators(["growth"]))

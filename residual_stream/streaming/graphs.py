@@ -3,7 +3,8 @@
 On a GPU a small model's forward pass is bound by the host: Python and kernel launches, not
 the device, set its pace, and every reduction a statistic adds inside it adds host time in
 proportion (SmolLM2-135M, 8×128 tokens in bf16 on an H200: an eager plain forward takes
-19 ms of which the device is busy 7 ms; the same forward replayed as a CUDA graph, 4.4 ms).
+19–21 ms of which the device is busy 3.6 ms; the same forward replayed as a CUDA graph,
+4.4 ms).
 A lean pass whose reducers never wait for the device (``Accumulator.replayable``: their
 reducer takes ``sums_for(..., replayable=True)``) is therefore captured once per
 ``(batch, pos)`` shape and replayed for every later batch of that shape:
@@ -47,6 +48,12 @@ class _Entry:
     finite: list
 
 
+def on_one_device(module: torch.nn.Module, device: torch.device) -> bool:
+    """Whether every parameter and buffer of ``module`` is on ``device`` (none offloaded)."""
+    tensors = [*module.parameters(), *module.buffers()]
+    return all(t.device == device for t in tensors)
+
+
 def _padded(batch, width: int | None):
     """``batch`` right-padded with masked positions to ``width`` (unchanged if as wide)."""
     extra = 0 if width is None else width - batch.tokens.shape[1]
@@ -74,8 +81,14 @@ class Replayed:
 
     @staticmethod
     def usable(model, accs: dict) -> bool:
-        """Whether every statistic can be replayed (lean and replayable) on a CUDA model."""
-        return model.device.type == "cuda" and all(a.lean and a.replayable for a in accs.values())
+        """Whether every statistic can be replayed (lean and replayable) on a CUDA model.
+
+        The model must sit whole on its one device: a model spread over devices or offloaded
+        by accelerate (``device_map``) moves weights inside its forward pass, which a graph
+        captured on one stream cannot replay.
+        """
+        return (model.device.type == "cuda" and on_one_device(model.module, model.device)
+                and all(a.lean and a.replayable for a in accs.values()))
 
     def add(self, batch, first_row: int) -> None:
         """Add one batch to the accumulators, replaying (or first capturing) its shape's graph."""

@@ -124,8 +124,7 @@ class GrowthSums:
         The median is taken only for the tokens that can hold one (``tok``, from
         ``_point_sums``), in token order: exactly as many as qualify (one device sync to
         count them), or the first ``max_candidates`` (no sync; ``overflowed`` tells if any
-        were left out). At most ``top_k`` hits are kept, so the
-        stream itself can be dropped.
+        were left out). At most ``top_k`` hits are kept, so the stream itself can be dropped.
         """
         if self.max_candidates is None:
             k = int(tok.sum())
