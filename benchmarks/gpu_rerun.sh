@@ -2,8 +2,8 @@
 # The short GPU rerun (device tool: 482 s of command time on 2026-11-30, plus the start):
 # where the time goes and whether the replayed path is right (gpu_probe.py), then the
 # package's variants and their memory (the TransformerLens baselines do not change with this
-# package's code; see gpu_run.sh). Needs .gpu/ carried (benchmarks/gpu_prepare.sh makes it). Most important first: a run cut short
-# still returns what it wrote under $OUT.
+# package's code; see gpu_run.sh). Needs .gpu/ carried (benchmarks/gpu_prepare.sh makes it).
+# Most important first: a run cut short still returns what it wrote under $OUT.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .gpu/whl/*.whl || exit 1
