@@ -175,11 +175,12 @@ def batch_adder(model, accs: dict[str, Accumulator], graphs: bool | str = "auto"
     """
     if graphs not in ("auto", True, False):
         raise InputError(f"graphs must be 'auto', True or False, not {graphs!r}")
-    if graphs is True and not Replayed.usable(model, accs):
-        raise InputError("graphs=True needs the model on a CUDA device and only replayable "
-                         f"statistics ({[n for n, a in accs.items() if a.replayable]} of "
-                         f"{list(accs)}); use graphs='auto'")
-    if graphs and Replayed.usable(model, accs):
+    usable = bool(graphs) and Replayed.usable(model, accs)
+    if graphs is True and not usable:
+        raise InputError("graphs=True needs the model whole on one CUDA device and only "
+                         f"replayable statistics ({[n for n, a in accs.items() if a.replayable]} "
+                         f"of {list(accs)}); use graphs='auto'")
+    if usable:
         return Replayed(model, accs, width=seq_len).add
     return lambda batch, first_row: _add_batch(model, batch, first_row, accs)
 
