@@ -24,13 +24,17 @@ TEXTS = ["Zebras Zigzag.", "The norm is frozen per token.", "Zz", "a", "print('h
          "Attention reads; the MLP writes back.", "ZZZZZZZZZZZZZZZZZZ ZZZZZZZZZZ"]
 
 
-@pytest.fixture(scope="module")
-def model() -> rs.Model:
+def _planted_twin() -> rs.Model:
     m = rs.twin(norm="rmsnorm", placement="pre", n_layers=3, d_model=32, n_heads=4, seed=5,
                 n_ctx=64)
     with torch.no_grad():  # a planted massive activation on every "Z"
         m.module.embed.weight[ord("Z"), 7] = 4000.0
     return m
+
+
+@pytest.fixture(scope="module")
+def model() -> rs.Model:
+    return _planted_twin()
 
 
 def _both(model, texts, width=None, **kw) -> tuple[dict, dict, Replayed]:
@@ -226,3 +230,46 @@ def test_only_a_model_whole_on_one_device_is_replayed():
     block.weight = torch.nn.Parameter(torch.empty_like(block.weight, device="meta"))  # offloaded
     assert not on_one_device(m.module, torch.device("cpu"))
     assert not Replayed.usable(m, make_accumulators(["growth"]))
+
+
+_READ_BACKS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero",
+               "numpy", "cpu")
+
+
+@pytest.mark.parametrize("name", ["twin", "llama"])
+def test_a_replayable_pass_never_reads_a_value_back_to_the_host(name, monkeypatch):
+    """What a CUDA graph cannot capture, found on the CPU: a tensor's value read into Python.
+
+    Counted where the package's own code asks for one during the replayable pass (the tiny
+    Llama's mask check in ``transformers.masking_utils`` reads one eagerly; under capture
+    transformers skips it, as the device run showed). The eager reducer's search, which
+    counts its candidates, is the positive control.
+    """
+    import traceback
+
+    from tiny_hf import build
+
+    from residual_stream.inputs import ByteTokenizer
+    from residual_stream.streaming.lean import lean_forward
+
+    m = rs.load(build("llama"), tokenizer=ByteTokenizer()) if name == "llama" else _planted_twin()
+    batch, _ = next(iter(corpus_batches(m, Corpus(TEXTS), batch_size=4, seq_len=24)))
+    reads = []
+
+    def counting(method):
+        def run(self, *args, **kwargs):
+            caller = traceback.extract_stack(limit=2)[0]  # the line that asked for the value
+            if "residual_stream" in caller.filename:
+                reads.append(f"{method} at {caller.filename}:{caller.lineno}")
+            return getattr(torch.Tensor, f"_orig_{method}")(self, *args, **kwargs)
+        return run
+
+    for method in _READ_BACKS:
+        monkeypatch.setattr(torch.Tensor, f"_orig_{method}", getattr(torch.Tensor, method),
+                            raising=False)
+        monkeypatch.setattr(torch.Tensor, method, counting(method))
+    for replayable, expect_reads in ((True, False), (False, True)):
+        reads.clear()
+        sums = make_accumulators(["growth"])["growth"].sums_for(m, batch, 0, {}, replayable)
+        lean_forward(m, batch, [sums])
+        assert bool(reads) == expect_reads, reads
