@@ -97,7 +97,7 @@ def test_shapes_past_the_limit_take_the_eager_pass(model):
     _assert_same(eager, replayed)
 
 
-@pytest.mark.parametrize("name", ["llama", "gpt2"])
+@pytest.mark.parametrize("name", ["llama", "gpt2", "bert", "gemma2", "gpt_neox_parallel"])
 def test_replayed_growth_on_framework_models(name):
     from tiny_hf import build
 
