@@ -157,7 +157,7 @@ def read_sums(x: Float[Tensor, "token write d_model"], M: Tensor, slots: Tensor 
     product with ``U`` (``_singular``), at most ``d`` columns per map even for a wide one.
     ``slots`` picks the writes along axis 1 of ``x`` (a view of a larger buffer); ``weight``
     (bool per token) leaves padding out. Tokens go in chunks so no ``[chunk, write, m, r]``
-    product outgrows ``CHUNK_ELEMENTS``.
+    product outgrows ``CHUNK_ELEMENTS``; a 16-bit ``x`` is upcast to ``U``'s dtype per chunk.
     """
     U, S = _singular(M)
     S2, sigma = S.pow(2), S.amax(-1)
@@ -165,7 +165,7 @@ def read_sums(x: Float[Tensor, "token write d_model"], M: Tensor, slots: Tensor 
     frac = torch.zeros(n_writes, M.shape[0], dtype=torch.float64, device=x.device)
     strength = torch.zeros_like(frac)
     for part in _chunks(len(x), n_writes * U.shape[0] * U.shape[2]):
-        c = x[part] if slots is None else x[part].index_select(1, slots)        # (token, write, d)
+        c = (x[part] if slots is None else x[part].index_select(1, slots)).to(U.dtype)  # (t, w, d)
         energy = c.pow(2).sum(-1, keepdim=True).clamp_min(1e-30)
         coords = torch.einsum("twd,mdr->twmr", c, U).pow_(2)                    # (w·u_j)²
         inside, read = coords.sum(-1), (coords * S2).sum(-1)

@@ -18,14 +18,26 @@ pass (``lean.lean_pass``).
   with every contribution; nothing is materialized per source.
 
 Token sums are float64 on the batch's device; nothing is read back until ``into``.
+
+**The buffer's dtype.** In a 16-bit model whose program only adds writes to the stream
+before its last block (no stream norm, no scale, no write through a norm: Llama, Qwen,
+SmolLM2, GPT-2, parallel blocks), every slot holds a module's output as the model computed
+it, a 16-bit value that nothing rescales, so the buffer keeps it in the model's dtype: half
+the memory, the same numbers. Every product upcasts it one token chunk at a time
+(``CHUNK_ELEMENTS``); the running sum ``total`` stays float32. Each stored write's round trip
+is checked on the device, and ``into`` warns (once per model) if one was not a value of that
+dtype. Otherwise the buffer is float32.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 from torch import Tensor
 
 from ..analyses.flow import READ_MAP_BIAS, READ_NORM_BIAS, read_channels
+from ..analyses.subspace_measures import _chunks
 from ..program import Add, Embed, Mark, Norm, Read, Scale
 from ..walk import component_of
 from .subspaces import SUBSPACES
@@ -46,6 +58,31 @@ def n_sources(program, norms: dict) -> int:
     return n
 
 
+def carry_dtype(model) -> torch.dtype:
+    """The buffer's dtype for ``model`` (module docstring).
+
+    The model's own if it is 16-bit and nothing rescales a carried write before the last
+    block, else float32.
+    """
+    program, n = model.anatomy.program, model.anatomy.n_layers
+    last = program.index(Mark(n))
+    only_adds = not any(isinstance(op, (Norm, Scale)) or (isinstance(op, Add) and op.via)
+                        for op in program[:last])
+    dtype = model.dtype
+    return dtype if only_adds and dtype in (torch.bfloat16, torch.float16) else torch.float32
+
+
+def _token_bmm(c: Tensor, y: Tensor) -> Tensor:
+    """``bmm(c, y)`` over tokens in float32: ``c [token, n, d]`` upcast one chunk at a time."""
+    if c.dtype == y.dtype:
+        return torch.bmm(c, y)
+    per = c.shape[1] * c.shape[2]
+    return torch.cat([torch.bmm(c[part].to(y.dtype), y[part]) for part in _chunks(len(c), per)])
+
+
+_WARNED: set[str] = set()  # models whose buffer rounded a write (warned once each)
+
+
 class FlowSums:
     """One batch's survival and read-attribution sums; ``step`` in program order, then ``into``.
 
@@ -57,7 +94,8 @@ class FlowSums:
         self.mask = mask.bool()
         self.wants: set[str] = set()
         self.depth = n_sources(model.anatomy.program, self.norms)
-        self.buf: Tensor | None = None    # (batch, pos, source, d_model) float32
+        self.buf: Tensor | None = None    # (batch, pos, source, d_model), ``carry_dtype``
+        self.rounding: list[Tensor] = []  # per stored write in a 16-bit buffer: max |rounding|
         self.total: Tensor | None = None  # their running sum: the stream as the replay sees it
         self.labels: list[str] = []
         self.born: list[Tensor] = []        # per source: token sum of its norm when added
@@ -129,10 +167,14 @@ class FlowSums:
         value = value.float()
         if self.buf is None:
             b, p, d = value.shape
-            self.buf = torch.empty(b, p, self.depth, d, device=value.device)
+            dtype = carry_dtype(self.model)
+            self.buf = torch.empty(b, p, self.depth, d, device=value.device, dtype=dtype)
             self.total = torch.zeros(b, p, d, device=value.device)
         if not self.tail:
-            self.buf[:, :, len(self.labels)] = value
+            slot = self.buf[:, :, len(self.labels)]
+            slot.copy_(value)
+            if slot.dtype != value.dtype:
+                self.rounding.append((slot.float() - value).abs().amax())
             self.total += value
         born = self._token_sum(torch.linalg.vector_norm(value, dim=-1).flatten())
         self.labels.append(label)
@@ -152,9 +194,10 @@ class FlowSums:
     def _survival(self) -> None:
         c = self._filled().flatten(0, 1)                                      # (token, n, d)
         if self.norm_sums is None:  # contributions changed since they were added
-            self.norm_sums = list(self._token_sum(torch.linalg.vector_norm(c, dim=-1)))
+            norms = torch.linalg.vector_norm(c, dim=-1, dtype=torch.float32)
+            self.norm_sums = list(self._token_sum(norms))
         x = self.total.flatten(0, 1)
-        dots = torch.bmm(c, x.unsqueeze(-1)).squeeze(-1)                      # (token, n)
+        dots = _token_bmm(c, x.unsqueeze(-1)).squeeze(-1)                     # (token, n)
         share = dots / x.pow(2).sum(-1).clamp_min(torch.finfo(x.dtype).tiny)[:, None]
         self.marks.append((torch.stack(self.norm_sums), self._token_sum(share)))
 
@@ -190,7 +233,7 @@ class FlowSums:
                 names.append(READ_MAP_BIAS)
                 extra.append((y * b).sum(-1) / den)
             channels.append((readers, rep, len(W), names, torch.stack(extra, 1) if extra else None))
-        share = torch.bmm(self._filled().flatten(0, 1), torch.cat(hs).permute(1, 2, 0))
+        share = _token_bmm(self._filled().flatten(0, 1), torch.cat(hs).permute(1, 2, 0))
         share = share / torch.cat(dens, 1)[:, None]                           # (token, source, map)
         sums, abs_sums = self._token_sum(share), self._token_sum(share.abs())
         col = 0
@@ -214,6 +257,7 @@ class FlowSums:
     # ---- into the accumulators -----------------------------------------------------------
     def into(self, acc) -> None:
         """Add this batch's sums to ``acc`` (survival, read attribution or subspaces)."""
+        self._check_rounding()
         if acc.name == SUBSPACES:
             self.subspaces.into(acc)
             return
@@ -223,6 +267,19 @@ class FlowSums:
         else:
             self._read_into(acc)
         acc.add("n", n)
+
+    def _check_rounding(self) -> None:
+        """Warn (once per model) if a write stored in a 16-bit buffer was not a 16-bit value."""
+        if not self.rounding or self.model.name in _WARNED:
+            return
+        worst = float(torch.stack(self.rounding).max())
+        self.rounding = []
+        if worst > 0:
+            _WARNED.add(self.model.name)
+            warnings.warn(f"{self.model.name}: a write carried in the {self.buf.dtype} buffer was "
+                          f"rounded by up to {worst:.3g}; survival, read and subspace sums are "
+                          "within that rounding of the float32 analysis", RuntimeWarning,
+                          stacklevel=3)
 
     def _survival_into(self, acc) -> None:
         S, dev = len(self.labels), self.mask.device
