@@ -322,3 +322,24 @@ def test_mean_ablating_a_constant_write_changes_nothing():
     assert zero.effect[0][~zero.effect[0].isnan()].max() > 1e-3
     assert -1 <= mean.spearman <= 1
     assert len(mean.to_frame()) == 5 + 2  # L0.mlp → 5 later readers, L1.attn → 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_unembed_subspace_is_the_top_singular_space_of_the_folded_unembedding(dtype, monkeypatch):
+    """Built slice by slice from the head's own weight (100-column slices of 257), it spans the
+    top-k left singular vectors of an SVD of the whole folded matrix in float64."""
+    from tiny_hf import build
+
+    from residual_stream.analyses.subspaces import unembed_subspace
+    from residual_stream.inputs import ByteTokenizer
+
+    m = rs.load(build("llama").to(dtype), tokenizer=ByteTokenizer())
+    monkeypatch.setattr("residual_stream.analyses.subspaces.VOCAB_SLICE", 100)
+    k = 8
+    got = unembed_subspace(m, k).basis.double()
+    spec = m.anatomy.norms["ln_final"]
+    W = m.module.lm_head.weight.detach().T.float()                     # [d_model, vocab]
+    M = (W * (spec.weight.float() + spec.weight_offset)[:, None]).double()  # RMSNorm: no centering
+    U = torch.linalg.svd(M, full_matrices=False).U[:, :k]
+    assert got.shape == U.shape
+    assert float((got @ got.T - U @ U.T).abs().max()) < 1e-6  # the same projector

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from ..decomposition import replay_states
 from ..program import Read
+from ..weights import VOCAB_SLICE
 from .flow import component_label
 from .subspace_measures import (
     RANK_TOL,
@@ -72,9 +73,18 @@ def mean_direction(d_model: int) -> Subspace:
 
 
 def unembed_subspace(model, k: int = 32) -> Subspace:
-    """Top-k left singular vectors of ``C diag(γ_final) W_U``."""
-    M = _fold_norm(model.anatomy.norms.get("ln_final"), model.unembed().W_U).double()
-    _, U = torch.linalg.eigh(M @ M.T)                                  # ascending eigenvalues
+    """Top-k left singular vectors of ``C diag(γ_final) W_U``.
+
+    From its float64 Gram matrix ``M Mᵀ``, summed over ``VOCAB_SLICE``-column slices of the
+    head's own weight (each folded in float32, as a float32 copy would be): no copy of the
+    whole ``[d_model, d_vocab]`` matrix, which in float64 outweighs a small model's forward.
+    """
+    spec, W = model.anatomy.norms.get("ln_final"), model.unembed(native=True).W_U
+    gram = torch.zeros(W.shape[0], W.shape[0], dtype=torch.float64, device=W.device)
+    for part in W.split(VOCAB_SLICE, -1):
+        M = _fold_norm(spec, part.float()).double()
+        gram += M @ M.T
+    _, U = torch.linalg.eigh(gram)                                     # ascending eigenvalues
     return Subspace(f"unembed_top{k}", U[:, -k:].flip(-1).float())
 
 
