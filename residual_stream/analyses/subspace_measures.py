@@ -60,9 +60,12 @@ def _bases(M: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def head_write_bases(model) -> Tensor:
-    """Orthonormal bases of every head's write subspace (row space of ``W_O``): ``[head, d, d_head]``."""
-    W_O = torch.cat([model.weights(L).W_O for L in range(model.anatomy.n_layers)])
-    return _bases(W_O.transpose(-1, -2))[0]
+    """Orthonormal bases of every head's write subspace (row space of ``W_O``): ``[head, d, d_head]``.
+
+    One layer at a time: the float64 temporaries of ``_singular`` stay one layer's size.
+    """
+    return torch.cat([_bases(model.weights(L).W_O.transpose(-1, -2))[0]
+                      for L in range(model.anatomy.n_layers)])
 
 
 def _distinct(W: Tensor, rep: int) -> tuple[Tensor, Tensor]:
