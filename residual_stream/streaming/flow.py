@@ -23,8 +23,8 @@ Token sums are float64 on the batch's device; nothing is read back until ``into`
 before its last block (no stream norm, no scale, no write through a norm: Llama, Qwen,
 SmolLM2, GPT-2, parallel blocks), every slot holds a module's output as the model computed
 it, a 16-bit value that nothing rescales, so the buffer keeps it in the model's dtype: half
-the memory, the same numbers. Every product upcasts it one token chunk at a time
-(``CHUNK_ELEMENTS``); the running sum ``total`` stays float32. Each stored write's round trip
+the memory, the same numbers. Every product upcasts it in ``UPCAST_CHUNKS`` token chunks;
+the running sum ``total`` stays float32. Each stored write's round trip
 is checked on the device, and ``into`` warns (once per model) if one was not a value of that
 dtype. Otherwise the buffer is float32.
 """
@@ -37,12 +37,12 @@ import torch
 from torch import Tensor
 
 from ..analyses.flow import READ_MAP_BIAS, READ_NORM_BIAS, read_channels
-from ..analyses.subspace_measures import _chunks
 from ..program import Add, Embed, Mark, Norm, Read, Scale
 from ..walk import component_of
 from .subspaces import SUBSPACES
 
 SURVIVAL, READ = "survival", "read_attribution"
+UPCAST_CHUNKS = 8  # token chunks in which a 16-bit buffer is upcast for a product
 
 
 def n_sources(program, norms: dict) -> int:
@@ -73,11 +73,17 @@ def carry_dtype(model) -> torch.dtype:
 
 
 def _token_bmm(c: Tensor, y: Tensor) -> Tensor:
-    """``bmm(c, y)`` over tokens in float32: ``c [token, n, d]`` upcast one chunk at a time."""
+    """``bmm(c, y)`` over tokens in ``y``'s dtype.
+
+    A 16-bit ``c [token, n, d]`` is upcast in ``UPCAST_CHUNKS`` token chunks: each a quarter
+    of the 16-bit buffer's size in float32, and a fixed number of launches however large the
+    batch.
+    """
     if c.dtype == y.dtype:
         return torch.bmm(c, y)
-    per = c.shape[1] * c.shape[2]
-    return torch.cat([torch.bmm(c[part].to(y.dtype), y[part]) for part in _chunks(len(c), per)])
+    step = -(-len(c) // UPCAST_CHUNKS)
+    return torch.cat([torch.bmm(c[t: t + step].to(y.dtype), y[t: t + step])
+                      for t in range(0, len(c), step)])
 
 
 _WARNED: set[str] = set()  # models whose buffer rounded a write (warned once each)
