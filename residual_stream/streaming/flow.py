@@ -24,9 +24,9 @@ before its last block (no stream norm, no scale, no write through a norm: Llama,
 SmolLM2, GPT-2, parallel blocks), every slot holds a module's output as the model computed
 it, a 16-bit value that nothing rescales, so the buffer keeps it in the model's dtype: half
 the memory, the same numbers. Every product upcasts it in ``UPCAST_CHUNKS`` token chunks;
-the running sum ``total`` stays float32. Each stored write's round trip
-is checked on the device, and ``into`` warns (once per model) if one was not a value of that
-dtype. Otherwise the buffer is float32.
+the running sum ``total`` stays float32. Each stored write's round trip is checked on the
+device, and ``into`` warns (once per model) if one was not a value of that dtype.
+Otherwise the buffer is float32.
 """
 
 from __future__ import annotations
