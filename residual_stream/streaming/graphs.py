@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 import torch
 
-from .lean import check_finite, lean_forward, lean_pass
+from .lean import check_finite, lean_forward
 
 MAX_SHAPES = 4
 
@@ -116,10 +116,9 @@ class Replayed:
             s.into(self.accs[name])
 
     def _eager(self, batch, first_row: int) -> None:
-        sums = {n: a.sums_for(self.model, batch, first_row, {}) for n, a in self.accs.items()}
-        lean_pass(self.model, batch, list(sums.values()))
-        for name, s in sums.items():
-            s.into(self.accs[name])
+        from .runner import _add_batch  # the scan's own eager step (runner imports this module)
+
+        _add_batch(self.model, batch, first_row, self.accs)
 
     def _capture(self, batch) -> _Entry | None:
         dev = self.model.device
