@@ -94,9 +94,9 @@ class Replayed:
         """Add one batch to the accumulators, replaying (or first capturing) its shape's graph."""
         padded = _padded(batch, self.width)
         shape = tuple(padded.tokens.shape)
-        entry = self.entries.get(shape)
         if shape not in self.entries and len(self.entries) < MAX_SHAPES:
-            entry = self.entries[shape] = self._capture(padded)
+            self.entries[shape] = self._capture(padded)
+        entry = self.entries.get(shape)
         if entry is None:  # past MAX_SHAPES, or this shape could not be captured
             return self._eager(batch, first_row)
         entry.batch.tokens.copy_(padded.tokens)
@@ -105,8 +105,7 @@ class Replayed:
             entry.sums, entry.finite = entry.run()
         else:
             entry.graph.replay()
-        sums = list(entry.sums.values())
-        if any(s.overflowed() for s in sums):
+        if any(s.overflowed() for s in entry.sums.values()):
             self.fallbacks += 1  # too many massive-activation candidates: redo it exactly
             return self._eager(batch, first_row)
         check_finite(entry.finite, entry.batch.attention_mask)
