@@ -36,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from scan_speed import _batches, variants  # noqa: E402
 
 import residual_stream as rs  # noqa: E402
-from residual_stream.streaming import fusion, make_accumulators  # noqa: E402
+from residual_stream import fusion  # noqa: E402
+from residual_stream.streaming import make_accumulators  # noqa: E402
 from residual_stream.streaming.runner import _add_batch, batch_adder  # noqa: E402
 
 
@@ -61,7 +62,7 @@ def _profile(fn, batch) -> str:
         torch.cuda.synchronize()
     avgs = prof.key_averages()
     key = "self_device_time_total" if hasattr(avgs[0], "self_device_time_total") else "self_cuda_time_total"
-    return avgs.table(sort_by=key, row_limit=12)
+    return avgs.table(sort_by=key, row_limit=20)
 
 
 def _syncs(fn, batch) -> tuple[int, list]:

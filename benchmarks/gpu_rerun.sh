@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The short GPU rerun (device tool: 482 s of command time on 2026-11-30, plus the start):
-# where the time goes and whether the replayed path is right (gpu_probe.py), then the
-# package's variants and their memory (the TransformerLens baselines do not change with this
+# The short GPU rerun (device tool: 482 s of command time in session 5, plus the start):
+# where the time goes and whether the replayed path is right (gpu_probe.py), the merge over
+# nccl (gpu_nccl.py), then the package's variants and their memory (the TransformerLens baselines do not change with this
 # package's code; see gpu_run.sh). Needs .gpu/ carried (benchmarks/gpu_prepare.sh makes it).
 # Most important first: a run cut short still returns what it wrote under $OUT.
 set -uo pipefail
@@ -17,12 +17,13 @@ m = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(".gpu/smollm2"),
 m.save_pretrained("/tmp/smollm2-random"); AutoTokenizer.from_pretrained(".gpu/smollm2").save_pretrained("/tmp/smollm2-random")
 PY
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv | tee "$OUT/gpu.txt"
-python3 benchmarks/gpu_probe.py --model /tmp/smollm2-random --json "$OUT/probe.json" 2>&1 \
-  | grep -v "Loading weights\|USDT" | tee "$OUT/probe.md"
+python3 benchmarks/gpu_probe.py --model /tmp/smollm2-random --json "$OUT/probe6.json" 2>&1 \
+  | grep -v "Loading weights\|USDT\|_warn_once\|acc_events" | tee "$OUT/probe6.md"
+python3 benchmarks/gpu_nccl.py --model /tmp/smollm2-random 2>&1 | grep -v "Loading weights" | tee "$OUT/nccl.txt"
 M="--model /tmp/smollm2-random --device cuda --dtype bfloat16"
-V=hf_forward,rs_capture,rs_stats,rs_stats_eager,rs_survival,rs_read,rs_stats_flow,rs_decompose
-python3 benchmarks/scan_speed.py $M --batches 8 --batch-size 8 --seq-len 128 --rounds 5 --memory \
-  --variants $V,rs_lens,rs_subspaces --json "$OUT/speed5_8x128.json" 2>&1 | grep -v "Loading weights" | tee "$OUT/speed5_8x128.md"
 python3 benchmarks/scan_speed.py $M --batches 4 --batch-size 32 --seq-len 512 --rounds 3 --memory \
-  --variants hf_forward,rs_capture,rs_stats,rs_stats_eager,rs_survival,rs_decompose \
-  --json "$OUT/speed5_32x512.json" 2>&1 | grep -v "Loading weights" | tee "$OUT/speed5_32x512.md"
+  --variants hf_forward,rs_stats,rs_survival,rs_decompose,rs_capture \
+  --json "$OUT/speed6_32x512.json" 2>&1 | grep -v "Loading weights" | tee "$OUT/speed6_32x512.md"
+python3 benchmarks/scan_speed.py $M --batches 8 --batch-size 8 --seq-len 128 --rounds 5 --memory \
+  --variants hf_forward,rs_stats,rs_survival,rs_read,rs_stats_flow,rs_lens,rs_subspaces \
+  --json "$OUT/speed6_8x128.json" 2>&1 | grep -v "Loading weights" | tee "$OUT/speed6_8x128.md"

@@ -53,7 +53,7 @@ def _input(args: tuple, kwargs: dict) -> Tensor:
 @contextmanager
 def hooked(
     model: nn.Module, anatomy: Anatomy, out: Captured, shape: torch.Size, *, verify: bool,
-    home: torch.device | None = None, heads: bool = True,
+    home: torch.device | None = None, heads: bool = True, dtype: torch.dtype | None = torch.float32,
 ) -> Iterator[None]:
     """Attach the capture hooks for ``anatomy`` to ``model``; remove them on exit, always.
 
@@ -63,7 +63,7 @@ def hooked(
     handles: list[torch.utils.hooks.RemovableHandle] = []
     try:
         named = dict(model.named_modules())  # one walk; get_submodule per hook costs ~4x more
-        for path, fn, is_pre in _hook_plan(anatomy, out, shape, verify, home, heads):
+        for path, fn, is_pre in _hook_plan(anatomy, out, shape, verify, home, heads, dtype):
             module = named[path] if path in named else model.get_submodule(path)
             handles.append(module.register_forward_pre_hook(fn, with_kwargs=True) if is_pre
                            else module.register_forward_hook(fn))
@@ -74,18 +74,20 @@ def hooked(
 
 
 def _hook_plan(anatomy: Anatomy, out: Captured, shape: torch.Size, verify: bool,
-               home: torch.device | None = None, heads: bool = True) -> list[tuple]:
+               home: torch.device | None = None, heads: bool = True,
+               dtype: torch.dtype | None = torch.float32) -> list[tuple]:
     """``(module path, hook function, is_pre_hook)`` for everything ``out`` should receive.
 
-    Every tensor is kept as float32 on ``home`` (default: where it was computed), so a model
-    split over devices yields a trace on one device. ``heads=False`` keeps each attention's
+    Every tensor is kept as ``dtype`` (float32; None: the model's own, no copy) on ``home``
+    (default: where it was computed), so a model split over devices yields a trace on one
+    device. Norm scales are float32 whatever ``dtype``. ``heads=False`` keeps each attention's
     output whole (``attn_out``) instead of the per-head ``z`` (cheaper, for statistics that
     need no per-head writes).
     """
     m = anatomy.modules
 
     def keep(t: Tensor) -> Tensor:
-        t = t.detach().to(home or t.device, torch.float32)
+        t = t.detach().to(home or t.device, dtype or t.dtype)
         return t if t.shape[:-1] == shape else t.expand(*shape, t.shape[-1])
 
     def store_output(store: dict, key: object):
@@ -193,6 +195,7 @@ def capture(
     heads: bool = True,
     logits: bool | str = True,
     out: Captured | None = None,
+    dtype: torch.dtype | None = torch.float32,
 ) -> Captured:
     """Run ``model`` on ``tokens`` under ``torch.inference_mode`` and return what was captured.
 
@@ -203,7 +206,9 @@ def capture(
     outputs whole instead of per-head ``z``; ``logits=False`` drops the logits and
     ``logits="native"`` keeps them in the model's dtype (no float32 copy of a ``[tokens,
     vocab]`` tensor, which in bf16 outweighs the forward pass's own peak); ``out`` is
-    the ``Captured`` to fill (a streaming consumer can pass one that reduces and evicts).
+    the ``Captured`` to fill (a streaming consumer can pass one that reduces and evicts);
+    ``dtype=None`` keeps the hooked tensors in the model's dtype (a lean pass whose reducers
+    widen them themselves) instead of float32 copies.
     """
     out = Captured() if out is None else out
     kwargs: dict[str, object] = {"input_ids": tokens, "attention_mask": attention_mask}
@@ -213,14 +218,14 @@ def capture(
         kwargs["output_attentions"] = True
     with torch.inference_mode(), untouched(model, hooks=patterns), eager_attention(model, patterns), \
             edited(model, edits), hooked(model, anatomy, out, tokens.shape, verify=verify,
-                                         home=tokens.device, heads=heads):
+                                         home=tokens.device, heads=heads, dtype=dtype):
         result = model(**kwargs)
     if patterns:
         out.patterns = tuple(a.detach().to(tokens.device, torch.float32) for a in result.attentions)
     if anatomy.has_lm_head and logits:
         raw = getattr(result, "logits", result)
-        dtype = raw.dtype if logits == "native" else torch.float32
-        out.logits = raw.detach().to(tokens.device, dtype) if isinstance(raw, Tensor) else None
+        kept = raw.dtype if logits == "native" else torch.float32
+        out.logits = raw.detach().to(tokens.device, kept) if isinstance(raw, Tensor) else None
     return out
 
 

@@ -1,39 +1,112 @@
 """Walk the stream program over the stream itself (not over contributions).
 
-Cheaper than a decomposition: one running ``[batch, pos, d_model]`` tensor. At each
+Cheaper than a decomposition: one running ``[batch, pos, d_model]`` stream. At each
 operation it reports the stream as that operation sees it, and for an ``Add`` the write
 before and after its own norm (sandwich models). At every ``Mark`` the running stream is
 reset to the captured one, so each step is local to its block and rounding never
 accumulates across blocks. Used by the conservation checks and by norm-growth measures.
+
+The running stream is kept as a sum not yet made (``Step.terms``: the stream at the last
+``Mark``, then each write added since): ``Step.x`` adds the terms up when something reads it,
+in order, once per step, so a walk whose consumers read only norms never writes a
+``[batch, pos, d_model]`` sum (``streaming.growth`` reduces the terms in one fused kernel).
+
+The captured tensors are float32, except on a lean pass whose reducers take the model's own
+16-bit tensors (``lean.lean_forward``): there every addition, norm and scale of the walk is
+still computed in float32 (``total``, ``wide``), so the steps are the same numbers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import functools
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from .fusion import WIDE, fused, wide
 from .program import Add, Embed, Mark, Norm, Op, Read, Scale
 
 if TYPE_CHECKING:
     from .capture import Captured
     from .trace import Trace
 
+MAX_TERMS = 4  # a longer pending sum (a program with many writes between marks) is made then
+
+
+def summed(terms: Sequence[Tensor]) -> Tensor:
+    """``terms[0] + terms[1] + …`` left to right, each addition in at least float32.
+
+    Pure tensor code: what ``total`` runs, and what a fused reduction of the terms inlines.
+    """
+    return functools.reduce(lambda a, b: wide(a) + wide(b), terms)
+
+
+_summed16 = fused(lambda *terms: summed(terms))
+
+
+def total(terms: Sequence[Tensor]) -> Tensor:
+    """``summed(terms)``; with a 16-bit term, in one kernel on a GPU."""
+    if len(terms) == 1 or all(t.dtype in WIDE for t in terms):
+        return summed(terms)
+    return _summed16(*terms)
+
+
+def plus(x: Tensor, w: Tensor) -> Tensor:
+    """``x + w`` in at least float32: a 16-bit operand is widened (in the same kernel on a GPU)."""
+    return total((x, w))
+
+
+class Pending:
+    """A stream held as a sum not yet made: ``terms``, added up by ``value()`` once, on demand."""
+
+    __slots__ = ("_terms", "_value")
+
+    def __init__(self, terms: Sequence[Tensor]) -> None:
+        self._terms, self._value = tuple(terms), None
+
+    @property
+    def terms(self) -> tuple[Tensor, ...]:
+        """What the sum is made of (one term, the sum itself, once ``value()`` has run)."""
+        return self._terms if self._value is None else (self._value,)
+
+    def value(self) -> Tensor:
+        """``total(terms)``, computed on the first call and kept."""
+        if self._value is None:
+            self._value = total(self._terms)
+        return self._value
+
+    def plus(self, w: Tensor) -> Pending:
+        """This sum with ``w`` added last (made first, past ``MAX_TERMS`` terms)."""
+        terms = self.terms
+        return Pending((*terms, w) if len(terms) < MAX_TERMS else (self.value(), w))
+
 
 @dataclass(frozen=True, eq=False)
 class Step:
-    """The stream ``x`` as ``op`` sees it; for ``Add``, the write as produced and as added.
+    """The stream as ``op`` sees it; for ``Add``, the write as produced and as added.
 
-    For ``Embed``, ``write`` and ``added`` are the embedding.
+    ``x`` is the stream (made from ``stream``'s terms on first read, shared by the steps that
+    see the same stream); ``terms`` what it is the sum of. For ``Embed``, ``write`` and
+    ``added`` are the embedding.
     """
 
     op: Op
-    x: Tensor
+    stream: Pending
     write: Tensor | None = None
     added: Tensor | None = None
+
+    @property
+    def x(self) -> Tensor:
+        """The stream ``op`` sees."""
+        return self.stream.value()
+
+    @property
+    def terms(self) -> tuple[Tensor, ...]:
+        """``x`` as a sum not yet made (left to right, as ``total`` adds them)."""
+        return self.stream.terms
 
 
 def component_of(name: str) -> tuple[int, str]:
@@ -56,26 +129,26 @@ def walk_ops(ops, x: Tensor, cap: Captured, norms: dict, attn_write: Callable[[i
     ``attn_write(layer)`` gives an attention's output (from per-head writes, or captured
     whole); everything else comes from ``cap``.
     """
+    stream = Pending((x,))
     for op in ops:
-        if isinstance(op, Add):
-            layer, kind = component_of(op.component)
-            w = attn_write(layer) if kind == "attn" else cap.mlp_out[layer]
-            added = w if op.via is None else norms[op.via].apply_frozen(w, cap.norm_scale[op.via])
-            yield Step(op, x, w, added)
-            x = x + added
+        if isinstance(op, (Add, Embed)):
+            if isinstance(op, Add):
+                layer, kind = component_of(op.component)
+                w = attn_write(layer) if kind == "attn" else cap.mlp_out[layer]
+                added = w if op.via is None else \
+                    norms[op.via].apply_frozen(wide(w), cap.norm_scale[op.via])
+            else:
+                w = added = cap.embeds[op.label]
+            yield Step(op, stream, w, added)
+            stream = stream.plus(added)
             continue
-        if isinstance(op, Embed):
-            e = cap.embeds[op.label]
-            yield Step(op, x, e, e)
-            x = x + e
-            continue
-        yield Step(op, x)
+        yield Step(op, stream)
         if isinstance(op, Norm):
-            x = norms[op.norm].apply_frozen(x, cap.norm_scale[op.norm])
+            stream = Pending((norms[op.norm].apply_frozen(wide(stream.value()), cap.norm_scale[op.norm]),))
         elif isinstance(op, Scale):
-            x = x * op.alpha
+            stream = Pending((wide(stream.value()) * op.alpha,))
         elif isinstance(op, Mark) and op.point != "final":
-            x = cap.resid[op.point]
+            stream = Pending((cap.resid[op.point],))
 
 
 def read_inputs(trace: Trace, captured: Captured | None = None) -> dict[str, Tensor]:

@@ -197,7 +197,7 @@ def test_first_true_entries_without_a_sync():
 def test_fused_compiles_on_cuda_only_and_falls_back_once_if_compiling_fails(monkeypatch):
     from types import SimpleNamespace
 
-    from residual_stream.streaming import fusion
+    from residual_stream import fusion
 
     calls = []
 

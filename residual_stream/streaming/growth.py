@@ -14,10 +14,10 @@ import torch
 from torch import Tensor
 
 from ..analyses.growth import MASSIVE_ABS, MASSIVE_REL, NormGrowth, _fit
+from ..fusion import acc_dtype, fused, wide
 from ..program import Add, Norm
-from ..walk import component_of
+from ..walk import component_of, summed
 from .base import Accumulator, histogram_quantile, log_histogram
-from .fusion import fused
 from .lean import reduce_trace
 
 MIN_CANDIDATES = 256  # tokens per point searched for massive activations on a replayed pass
@@ -39,12 +39,13 @@ def _point_sums(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     coordinate over ``MASSIVE_ABS`` and a median |x| under its largest over ``MASSIVE_REL``,
     which a count decides without sorting (the lower median is below ``t`` iff more than
     ``(d − 1) // 2`` coordinates are; ``t`` is nudged up by 1e-6 relative, so this is a
-    superset of the tokens that hit).
+    superset of the tokens that hit). A bf16 ``x`` is reduced in float32 (``acc_dtype``).
     """
-    top = torch.linalg.vector_norm(x, ord=float("inf"), dim=-1)
+    acc = acc_dtype(x)
+    top = torch.linalg.vector_norm(x, ord=float("inf"), dim=-1, dtype=acc)
     below = (x.abs() < (top * ((1 + 1e-6) / MASSIVE_REL)).unsqueeze(-1)).sum(-1)
     tok = (top > MASSIVE_ABS) & (below > (x.shape[-1] - 1) // 2) & mask
-    return torch.linalg.vector_norm(x, dim=-1), x.sum(-1), tok
+    return torch.linalg.vector_norm(x, dim=-1, dtype=acc), x.sum(-1, dtype=acc), tok
 
 
 def _first(flags: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -60,13 +61,25 @@ def _first(flags: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
 
 @fused
-def _norms(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
-    """``‖a‖`` and ``‖b‖`` per token (one kernel on a GPU)."""
-    return torch.linalg.vector_norm(a, dim=-1), torch.linalg.vector_norm(b, dim=-1)
+def _norms(a: Tensor, *terms: Tensor) -> tuple[Tensor, Tensor]:
+    """``‖a‖`` and ``‖terms[0] + terms[1] + …‖`` per token, in float32 at least.
+
+    The sum is ``walk.summed``'s (the walk's stream as ``Step.terms``), made inside the
+    reduction: on a GPU one kernel reads the terms and writes two numbers per token.
+    """
+    x = summed(terms)
+    return (torch.linalg.vector_norm(a, dim=-1, dtype=acc_dtype(a)),
+            torch.linalg.vector_norm(x, dim=-1, dtype=acc_dtype(x)))
 
 
 class GrowthSums:
-    """One batch's growth sums; ``point`` and ``step`` in program order, then ``into``."""
+    """One batch's growth sums; ``point`` and ``step`` in program order, then ``into``.
+
+    Takes the model's own bf16 tensors from a lean pass (``native_dtype``) and reduces them
+    in float32: the same sums as from float32 copies.
+    """
+
+    native_dtype = True
 
     def __init__(self, mask: Tensor, n_layers: int, d_model: int, str_tokens: list[list[str]],
                  first_row: int, top_k: int, max_candidates: int | None = None) -> None:
@@ -134,7 +147,7 @@ class GrowthSums:
             k = min(self.max_candidates, tok.numel())
             self.qualifying.append(tok.sum())
         flat, valid = _first(tok.flatten(), k)                        # (k,): candidate tokens
-        rows = x.flatten(0, -2)[flat]                                 # (k, d_model)
+        rows = wide(x.flatten(0, -2)[flat])                           # (k, d_model)
         sel = rows.abs()
         med = sel.median(-1, keepdim=True).values
         hit = (sel > MASSIVE_ABS) & (sel > MASSIVE_REL * med) & valid[:, None]
@@ -151,11 +164,12 @@ class GrowthSums:
         op = step.op
         if isinstance(op, Add):
             layer, kind = component_of(op.component)
-            self.adds.append((kind, layer, *_norms(step.added, step.x)))
+            self.adds.append((kind, layer, *_norms(step.added, *step.terms)))
         norm = op.norm if isinstance(op, Norm) else getattr(op, "via", None)
         if norm is not None:
             entering = step.x if isinstance(op, Norm) else step.write
-            self.norms.append((norm, torch.linalg.vector_norm(entering, dim=-1), scales[norm]))
+            self.norms.append((norm, torch.linalg.vector_norm(entering, dim=-1, dtype=acc_dtype(entering)),
+                               scales[norm]))
 
     def massive_rows(self) -> tuple[int, list[dict]]:
         """(how many were found, the top-k as rows); one read back to the host for the batch."""

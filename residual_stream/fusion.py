@@ -7,6 +7,9 @@ coordinate, a count under a threshold): in eager PyTorch each is its own pass ov
 read of the tensor; on the CPU (and wherever compiling fails, with a warning, once) it runs
 ``fn`` as written, so the values are defined by the eager code the tests check.
 Set ``ENABLED = False`` (or ``RESIDUAL_STREAM_COMPILE=0``) to run eagerly everywhere.
+
+``acc_dtype`` and ``wide`` say what a 16-bit tensor is reduced and added in (float32), so a
+lean pass can keep the model's own bf16 tensors and widen them inside the fused kernels.
 """
 
 from __future__ import annotations
@@ -19,6 +22,17 @@ from collections.abc import Callable
 import torch
 
 ENABLED = os.environ.get("RESIDUAL_STREAM_COMPILE", "1") != "0"
+WIDE = (torch.float32, torch.float64)
+
+
+def acc_dtype(t: torch.Tensor) -> torch.dtype:
+    """The dtype arithmetic on ``t`` runs in: float64 for float64, float32 for everything else."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def wide(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself if it is float32 or float64, else a float32 copy (of a bf16/fp16 tensor)."""
+    return t if t.dtype in WIDE else t.float()
 
 
 def fused(fn: Callable) -> Callable:
