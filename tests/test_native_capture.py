@@ -86,3 +86,37 @@ def test_plus_adds_in_at_least_float32(a, b):
     assert got.dtype == (torch.float64 if torch.float64 in (a, b) else torch.float32)
     # 1 + 2^-9 is not a bf16 or fp16 value: a 16-bit sum would round it to 1
     assert torch.equal(got, torch.tensor([1 + 2.0**-9] * 2, dtype=got.dtype))
+
+
+FLOW_STATS = ["survival", "read_attribution", "subspaces"]
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # no rounding report either way
+@pytest.mark.parametrize("name", ["llama", "gemma2", "gpt2"])
+def test_flow_statistics_from_native_bf16_writes_equal_those_from_float32_copies(name, monkeypatch):
+    """``FlowSums`` stores a bf16 write as it is (bf16 buffer) or widened (float32 buffer)."""
+    from residual_stream.streaming import flow
+
+    m = _bf16(name)
+    kw = dict(batch_size=3, seq_len=24, progress=False)
+    stored = []
+    append = flow.FlowSums._append
+
+    def spy(self, label, value):
+        stored.append(value.dtype)
+        append(self, label, value)
+
+    monkeypatch.setattr(flow.FlowSums, "_append", spy)
+    got = rs.scan(m, TEXTS, FLOW_STATS, **kw)
+    assert torch.bfloat16 in stored  # native writes reached the buffer
+    stored.clear()
+    monkeypatch.setattr(flow.FlowSums, "native_dtype", False)
+    ref = rs.scan(m, TEXTS, FLOW_STATS, **kw)
+    assert torch.bfloat16 not in stored  # the positive control: float32 copies
+    for stat in FLOW_STATS:
+        a, b = got.accumulators[stat], ref.accumulators[stat]
+        for key, x in b.sums.items():
+            y = a.sums[key]
+            assert torch.equal(x.isnan(), y.isnan()), (stat, key)
+            scale = float(x.nan_to_num().abs().max().clamp_min(1e-30))
+            assert float((x - y).nan_to_num().abs().max()) <= REL * scale, (stat, key)

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from ..analyses.flow import READ_MAP_BIAS, READ_NORM_BIAS, read_channels
+from ..fusion import wide
 from ..program import Add, Embed, Mark, Norm, Read, Scale
 from ..walk import component_of
 from .subspaces import SUBSPACES
@@ -93,7 +94,11 @@ class FlowSums:
     """One batch's survival and read-attribution sums; ``step`` in program order, then ``into``.
 
     ``wants`` holds ``"survival"`` and/or ``"read_attribution"``; one buffer serves both.
+    Takes a 16-bit model's own writes on a lean pass (``native_dtype``): they go into the
+    buffer as they are (a 16-bit buffer then needs no rounding check) or widened.
     """
+
+    native_dtype = True
 
     def __init__(self, model, mask: Tensor) -> None:
         self.model, self.norms = model, model.anatomy.norms
@@ -170,7 +175,9 @@ class FlowSums:
         return torch.where(m, values, 0).double().sum(0)
 
     def _append(self, label: str, value: Tensor) -> None:
-        value = value.float()
+        """Store ``value`` (a 16-bit write as the model made it, else as float32) in the next slot."""
+        if value.dtype not in (torch.bfloat16, torch.float16):
+            value = value.float()
         if self.buf is None:
             b, p, d = value.shape
             dtype = carry_dtype(self.model)
@@ -179,14 +186,14 @@ class FlowSums:
         if not self.tail:
             slot = self.buf[:, :, len(self.labels)]
             slot.copy_(value)
-            if slot.dtype != value.dtype:
-                self.rounding.append((slot.float() - value).abs().amax())
+            if slot.dtype != value.dtype:  # a float32 value in a 16-bit buffer: was it exact?
+                self.rounding.append((slot.float() - value.float()).abs().amax())
             self.total += value
-        born = self._token_sum(torch.linalg.vector_norm(value, dim=-1).flatten())
+        born = self._token_sum(torch.linalg.vector_norm(value, dim=-1, dtype=torch.float32).flatten())
         self.labels.append(label)
         self.born.append(born)
         if self.subspaces is not None:
-            self.subspaces.added(label, value)
+            self.subspaces.added(label, wide(value))
         if self.norm_sums is not None:
             self.norm_sums.append(born)
 
