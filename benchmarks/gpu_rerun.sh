@@ -20,6 +20,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv | 
 python3 benchmarks/gpu_probe.py --model /tmp/smollm2-random --json "$OUT/probe6.json" 2>&1 \
   | grep -v "Loading weights\|USDT\|_warn_once\|acc_events" | tee "$OUT/probe6.md"
 python3 benchmarks/gpu_nccl.py --model /tmp/smollm2-random 2>&1 | grep -v "Loading weights" | tee "$OUT/nccl.txt"
+[ "${PROBE_ONLY:-0}" = 1 ] && exit 0  # PROBE_ONLY=1: where the time goes, and nccl; no variants
 M="--model /tmp/smollm2-random --device cuda --dtype bfloat16"
 python3 benchmarks/scan_speed.py $M --batches 4 --batch-size 32 --seq-len 512 --rounds 3 --memory \
   --variants hf_forward,rs_stats,rs_survival,rs_decompose,rs_capture \
