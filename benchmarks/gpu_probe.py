@@ -1,6 +1,7 @@
 """Where a GPU scan spends its time, and whether its replayed path is right: one device call.
 
-For each variant (the plain forward; the growth statistic replayed from CUDA graphs with
+For each variant (the plain forward; the plain forward replayed as a CUDA graph, the baseline
+of the statistics' own share; the growth statistic replayed from CUDA graphs with
 fused reductions, as ``rs.scan`` runs it; the same run eagerly; eagerly without fusion) and
 each batch shape it reports, side by side in this process:
 
@@ -39,6 +40,33 @@ import residual_stream as rs  # noqa: E402
 from residual_stream import fusion  # noqa: E402
 from residual_stream.streaming import make_accumulators  # noqa: E402
 from residual_stream.streaming.runner import _add_batch, batch_adder  # noqa: E402
+
+
+def replayed_forward(model):
+    """The plain forward as a CUDA graph, captured on the first batch (static buffers).
+
+    What the replayed scan's own forward costs, so ``rs_stats`` over it is the statistics'
+    share alone.
+    """
+    from residual_stream.streaming.graphs import record
+
+    state: dict = {}
+    dev = model.device
+
+    def run(batch):
+        if not state:
+            state["tokens"] = batch.tokens.to(dev).clone()
+            state["mask"] = batch.attention_mask.to(dev).clone()
+
+            def fwd():
+                with torch.inference_mode():
+                    return model.module(input_ids=state["tokens"], attention_mask=state["mask"],
+                                        use_cache=False)
+            state["graph"], _ = record(fwd, dev)
+        state["tokens"].copy_(batch.tokens, non_blocking=True)
+        state["mask"].copy_(batch.attention_mask, non_blocking=True)
+        state["graph"].replay()
+    return run
 
 
 def _wall(fn, batches, rounds: int) -> float:
@@ -158,7 +186,8 @@ def main() -> None:
         finally:
             fusion.ENABLED = True
 
-    fns = {"hf_forward": fns["hf_forward"], "rs_stats": fns["rs_stats"],
+    fns = {"hf_forward": fns["hf_forward"], "hf_forward_replayed": replayed_forward(model),
+           "rs_stats": fns["rs_stats"],
            "rs_stats_eager": variants(model, use_tl=False)["rs_stats_eager"],
            "rs_stats_unfused": unfused}
     report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": {}}
@@ -186,7 +215,9 @@ def main() -> None:
                 print(f"  wait {name}: {c}× {w}")
         print("check (replayed+fused vs eager unfused, max |diff| / max |value| per sum):",
               json.dumps(rows["check"]))
-        print(rows["rs_stats"].get("table", ""))
+        for name in ("hf_forward", "rs_stats"):
+            print(f"\n### kernels: {name}\n")
+            print(rows[name].get("table", ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1, default=str)

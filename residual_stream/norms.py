@@ -21,6 +21,21 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from .fusion import acc_dtype, fused
+
+
+@fused
+def _scale(x: Tensor, eps: float, centered: bool) -> Tensor:
+    """``sqrt(var(x) + ε)`` (centered) or ``sqrt(mean(x²) + ε)`` per token, in ``acc_dtype(x)``.
+
+    The mean square comes from a norm taken in that dtype: no widened copy of ``x``.
+    """
+    acc = acc_dtype(x)
+    if centered:
+        return torch.sqrt(x.to(acc).var(-1, unbiased=False) + eps)
+    return torch.sqrt(torch.linalg.vector_norm(x, dim=-1, dtype=acc).square() / x.shape[-1] + eps)
+
+
 NormKind = Literal["layernorm", "rmsnorm"]
 NORM_KINDS: tuple[str, ...] = ("layernorm", "rmsnorm")
 
@@ -62,13 +77,11 @@ class NormSpec:
         return self.weight.to(like.device, like.dtype) + self.weight_offset
 
     def scale(self, x: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch"]:
-        """The per-token scale ``s`` the norm divides by, in float32 (float64 stays float64)."""
-        if self.kind == "layernorm":
-            x = x.float() if x.dtype != torch.float64 else x
-            return torch.sqrt(x.var(-1, unbiased=False) + self.eps)
-        acc = torch.float64 if x.dtype == torch.float64 else torch.float32  # no upcast copy of x
-        return torch.sqrt(torch.linalg.vector_norm(x, dim=-1, dtype=acc).square() / x.shape[-1]
-                          + self.eps)
+        """The per-token scale ``s`` the norm divides by, in float32 (float64 stays float64).
+
+        One fused kernel on a GPU (every norm's hook computes it inside the forward pass).
+        """
+        return _scale(x, float(self.eps), self.kind == "layernorm")
 
     def apply_linear(
         self, c: Float[Tensor, "*lead d_model"], scale: Float[Tensor, "*tokens"]
