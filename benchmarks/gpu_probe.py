@@ -50,10 +50,11 @@ def replayed_forward(model):
     """
     from residual_stream.streaming.graphs import record
 
-    state: dict = {}
+    shapes: dict = {}
     dev = model.device
 
     def run(batch):
+        state = shapes.setdefault(tuple(batch.tokens.shape), {})  # one graph per batch shape
         if not state:
             state["tokens"] = batch.tokens.to(dev).clone()
             state["mask"] = batch.attention_mask.to(dev).clone()

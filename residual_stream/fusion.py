@@ -35,14 +35,19 @@ def wide(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype in WIDE else t.float()
 
 
-def fused(fn: Callable) -> Callable:
-    """``fn`` compiled on CUDA inputs (see the module docstring); ``fn`` itself otherwise."""
+def fused(fn: Callable, eager: Callable | None = None) -> Callable:
+    """``fn`` compiled on CUDA inputs (see the module docstring); otherwise ``eager`` or ``fn``.
+
+    ``eager``: the same values computed another way where nothing compiles (one that bounds
+    its memory by chunks, say, where ``fn`` written for a compiler would materialize).
+    """
     state: dict = {"compiled": None, "failed": False}
+    plain = fn if eager is None else eager
 
     @functools.wraps(fn)
     def run(*args):
         if not ENABLED or state["failed"] or args[0].device.type != "cuda":
-            return fn(*args)
+            return plain(*args)
         if state["compiled"] is None:
             state["compiled"] = torch.compile(fn, fullgraph=True)
         try:
@@ -53,6 +58,6 @@ def fused(fn: Callable) -> Callable:
             state["failed"] = True
             warnings.warn(f"torch.compile failed for {fn.__name__} ({type(e).__name__}: {e}); "
                           "running it eagerly", RuntimeWarning, stacklevel=2)
-            return fn(*args)
+            return plain(*args)
 
     return run

@@ -70,3 +70,16 @@ def test_a_write_that_is_not_a_bf16_value_is_reported():
     flow._WARNED.discard(m.name)
     with pytest.warns(RuntimeWarning, match="rounded by up to 0.000244"):
         sums._check_rounding()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_compiled_form_of_survival_dots_equals_the_chunked_product(dtype):
+    """``flow._dots`` is what a GPU compiles (one read of the buffer); the CPU runs the chunked
+    product. Both against a float64 reference, within float32 summation order."""
+    g = torch.Generator().manual_seed(0)
+    c = torch.randn(37, 9, 48, generator=g).to(dtype)  # (token, source, d): 37 tokens, 8 chunks
+    x = torch.randn(37, 48, generator=g)
+    ref = torch.einsum("tid,td->ti", c.double(), x.double())
+    for got in (flow._dots(c, x), flow._dots_chunked(c, x), flow.token_dots(c, x)):
+        assert got.dtype == torch.float32 and got.shape == (37, 9)
+        assert float((got.double() - ref).abs().max()) <= 1e-6 * float(ref.abs().max())

@@ -218,6 +218,11 @@ def test_fused_compiles_on_cuda_only_and_falls_back_once_if_compiling_fails(monk
     monkeypatch.setattr(fusion, "ENABLED", False)
     g = fusion.fused(lambda t: "eager")
     assert g(gpu_like) == "eager" and calls == ["compile"]
+    h = fusion.fused(lambda t: "for the compiler", eager=lambda t: "chunked")
+    assert h(torch.zeros(1)) == "chunked" and h(gpu_like) == "chunked"  # eager wherever not compiled
+    monkeypatch.setattr(fusion, "ENABLED", True)
+    with pytest.warns(RuntimeWarning, match="torch.compile failed"):
+        assert h(gpu_like) == "chunked" and calls == ["compile"] * 2  # and after a failure
 
 
 def test_only_a_model_whole_on_one_device_is_replayed():

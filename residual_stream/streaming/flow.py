@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from ..analyses.flow import READ_MAP_BIAS, READ_NORM_BIAS, read_channels
-from ..fusion import wide
+from ..fusion import fused, wide
 from ..program import Add, Embed, Mark, Norm, Read, Scale
 from ..walk import component_of
 from .subspaces import SUBSPACES
@@ -86,6 +86,21 @@ def _token_bmm(c: Tensor, y: Tensor) -> Tensor:
     return torch.cat([torch.bmm(c[t: t + step].to(y.dtype), y[t: t + step])
                       for t in range(0, len(c), step)])
 
+
+def _dots(c: Tensor, x: Tensor) -> Tensor:
+    """``<c[t, i], x[t]>`` per token ``t`` and source ``i``, in ``x``'s dtype.
+
+    Written for the compiler: on a GPU one kernel reads the 16-bit buffer once and accumulates
+    in float32 (a product over an upcast copy moves three times the bytes).
+    """
+    return (c.to(x.dtype) * x.unsqueeze(1)).sum(-1)
+
+
+def _dots_chunked(c: Tensor, x: Tensor) -> Tensor:
+    return _token_bmm(c, x.unsqueeze(-1)).squeeze(-1)
+
+
+token_dots = fused(_dots, eager=_dots_chunked)  # eagerly: the chunked product (bounded memory)
 
 _WARNED: set[str] = set()  # models whose buffer rounded a write (warned once each)
 
@@ -210,7 +225,7 @@ class FlowSums:
             norms = torch.linalg.vector_norm(c, dim=-1, dtype=torch.float32)
             self.norm_sums = list(self._token_sum(norms))
         x = self.total.flatten(0, 1)
-        dots = _token_bmm(c, x.unsqueeze(-1)).squeeze(-1)                     # (token, n)
+        dots = token_dots(c, x)                                               # (token, n)
         share = dots / x.pow(2).sum(-1).clamp_min(torch.finfo(x.dtype).tiny)[:, None]
         self.marks.append((torch.stack(self.norm_sums), self._token_sum(share)))
 
