@@ -3,17 +3,7 @@
 # dots against the eager ones, then survival/read speed and memory at two shapes.
 # Needs .gpu/ carried (benchmarks/gpu_prepare.sh makes it).
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .gpu/whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false \
-  TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
-python3 - <<'PY'
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-torch.manual_seed(0)
-m = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(".gpu/smollm2"), dtype=torch.bfloat16)
-m.save_pretrained("/tmp/smollm2-random"); AutoTokenizer.from_pretrained(".gpu/smollm2").save_pretrained("/tmp/smollm2-random")
-PY
+source benchmarks/gpu_setup.sh || exit 1
 python3 benchmarks/gpu_flow_check.py --model /tmp/smollm2-random 2>&1 | grep -v "Loading weights" | tee "$OUT/flow_check.txt"
 M="--model /tmp/smollm2-random --device cuda --dtype bfloat16"
 python3 benchmarks/scan_speed.py $M --batches 4 --batch-size 32 --seq-len 512 --rounds 3 --memory \

@@ -5,17 +5,7 @@
 # package's code; see gpu_run.sh). Needs .gpu/ carried (benchmarks/gpu_prepare.sh makes it).
 # Most important first: a run cut short still returns what it wrote under $OUT.
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .gpu/whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false \
-  TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
-python3 - <<'PY'
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-torch.manual_seed(0)
-m = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(".gpu/smollm2"), dtype=torch.bfloat16)
-m.save_pretrained("/tmp/smollm2-random"); AutoTokenizer.from_pretrained(".gpu/smollm2").save_pretrained("/tmp/smollm2-random")
-PY
+source benchmarks/gpu_setup.sh || exit 1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv | tee "$OUT/gpu.txt"
 python3 benchmarks/gpu_probe.py --model /tmp/smollm2-random --json "$OUT/probe6.json" 2>&1 \
   | grep -v "Loading weights\|USDT\|_warn_once\|acc_events" | tee "$OUT/probe6.md"
