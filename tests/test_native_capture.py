@@ -29,15 +29,17 @@ def _bf16(name: str) -> rs.Model:
     return rs.load(build(name).to(torch.bfloat16), tokenizer=ByteTokenizer())
 
 
-def _dtypes_seen(monkeypatch) -> list[torch.dtype]:
+def _dtypes_seen(monkeypatch, cls=None, method: str = "point") -> list[torch.dtype]:
+    """The dtype of the tensor (last argument) each call of ``cls.method`` gets, recorded."""
+    cls = growth.GrowthSums if cls is None else cls
     seen = []
-    point = growth.GrowthSums.point
+    original = getattr(cls, method)
 
-    def spy(self, p, x):
+    def spy(self, key, x):
         seen.append(x.dtype)
-        point(self, p, x)
+        original(self, key, x)
 
-    monkeypatch.setattr(growth.GrowthSums, "point", spy)
+    monkeypatch.setattr(cls, method, spy)
     return seen
 
 
@@ -99,14 +101,7 @@ def test_flow_statistics_from_native_bf16_writes_equal_those_from_float32_copies
 
     m = _bf16(name)
     kw = dict(batch_size=3, seq_len=24, progress=False)
-    stored = []
-    append = flow.FlowSums._append
-
-    def spy(self, label, value):
-        stored.append(value.dtype)
-        append(self, label, value)
-
-    monkeypatch.setattr(flow.FlowSums, "_append", spy)
+    stored = _dtypes_seen(monkeypatch, flow.FlowSums, "_append")
     got = rs.scan(m, TEXTS, FLOW_STATS, **kw)
     assert torch.bfloat16 in stored  # native writes reached the buffer
     stored.clear()

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from ..analyses.flow import READ_MAP_BIAS, READ_NORM_BIAS, read_channels
-from ..fusion import fused, wide
+from ..fusion import WIDE, fused, wide
 from ..program import Add, Embed, Mark, Norm, Read, Scale
 from ..walk import component_of
 from .subspaces import SUBSPACES
@@ -191,7 +191,7 @@ class FlowSums:
 
     def _append(self, label: str, value: Tensor) -> None:
         """Store ``value`` (a 16-bit write as the model made it, else as float32) in the next slot."""
-        if value.dtype not in (torch.bfloat16, torch.float16):
+        if value.dtype in WIDE:  # float64 (a trace of a float64 model) goes in as float32
             value = value.float()
         if self.buf is None:
             b, p, d = value.shape
