@@ -205,15 +205,21 @@ def capture(
     module's output); they are attached for this call only. ``heads=False`` keeps attention
     outputs whole instead of per-head ``z``; ``logits=False`` drops the logits and
     ``logits="native"`` keeps them in the model's dtype (no float32 copy of a ``[tokens,
-    vocab]`` tensor, which in bf16 outweighs the forward pass's own peak); ``out`` is
+    vocab]`` tensor, which in bf16 outweighs the forward pass's own peak); with
+    ``logits=False`` a model whose forward takes ``logits_to_keep`` (Hugging Face causal LMs,
+    the twins) unembeds only the last position, skipping a ``[tokens, d_model] @ [d_model,
+    vocab]`` product that nothing reads; ``out`` is
     the ``Captured`` to fill (a streaming consumer can pass one that reduces and evicts);
     ``dtype=None`` keeps the hooked tensors in the model's dtype (a lean pass whose reducers
     widen them themselves) instead of float32 copies.
     """
     out = Captured() if out is None else out
     kwargs: dict[str, object] = {"input_ids": tokens, "attention_mask": attention_mask}
-    if "use_cache" in inspect.signature(model.forward).parameters:
+    accepts = inspect.signature(model.forward).parameters
+    if "use_cache" in accepts:
         kwargs["use_cache"] = False
+    if not logits and "logits_to_keep" in accepts:
+        kwargs["logits_to_keep"] = 1  # unembed the last position only: no [tokens, vocab] product
     if patterns:
         kwargs["output_attentions"] = True
     with torch.inference_mode(), untouched(model, hooks=patterns), eager_attention(model, patterns), \

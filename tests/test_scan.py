@@ -172,7 +172,7 @@ def test_lean_scan_equals_the_single_trace(norm, placement, monkeypatch):
     _assert_subspaces_equal(result, subspaces)
 
 
-@pytest.mark.parametrize("name", ["llama", "gpt2", "bert", "gemma2", "gpt_neox_parallel"])
+@pytest.mark.parametrize("name", ["llama", "gpt2", "bert", "bert_mlm", "gemma2", "gpt_neox_parallel"])
 def test_lean_scan_on_framework_models(name, monkeypatch):
     from tiny_hf import build
 
@@ -471,3 +471,28 @@ def test_the_lens_keeps_a_stream_wider_than_the_weights_in_float32():
     sums.point(1, x)
     assert all(sums.streams[p].dtype == torch.float32 for p in (0, 1))
     assert torch.equal(sums.streams[0], x)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "twin", "bert_mlm"])
+def test_a_lean_pass_without_the_lens_unembeds_only_the_last_position(name):
+    """Statistics that read no logits skip the ``[tokens, vocab]`` product where the model's
+    forward takes ``logits_to_keep``; the lens still gets every position's logits. A masked
+    LM (no ``logits_to_keep``) unembeds everything, as before."""
+    from tiny_hf import build
+
+    from residual_stream.inputs import ByteTokenizer
+
+    m = (rs.twin(norm="rmsnorm", placement="pre", n_layers=2, d_model=32, seed=0, n_ctx=64)
+         if name == "twin" else rs.load(build(name), tokenizer=ByteTokenizer()))
+    rows: list[int] = []
+    head = m.module.get_output_embeddings()
+    handle = head.register_forward_hook(lambda mod, inp, out: rows.append(inp[0].shape[-2]))
+    try:
+        rs.scan(m, TEXTS[:4], ["growth", "survival"], batch_size=4, seq_len=24, progress=False)
+        lean_rows = list(rows)
+        rows.clear()
+        rs.scan(m, TEXTS[:4], ["lens"], batch_size=4, seq_len=24, progress=False)
+    finally:
+        handle.remove()
+    assert lean_rows and set(lean_rows) == {1 if name != "bert_mlm" else 24}
+    assert rows and set(rows) == {24}

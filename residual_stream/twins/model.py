@@ -274,8 +274,12 @@ class TwinTransformer(HookedRootModule):
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
         output_hidden_states: bool = False, output_attentions: bool = False,
+        logits_to_keep: int = 0,
     ) -> TwinOutput:
-        """Run the model. Padding must be on the right (causal attention ignores it)."""
+        """Run the model. Padding must be on the right (causal attention ignores it).
+
+        ``logits_to_keep=k > 0`` unembeds only the last ``k`` positions (as in Hugging Face).
+        """
         for block in self.blocks:
             block.attn.keep_pattern = output_attentions
         P = input_ids.shape[1]
@@ -293,6 +297,7 @@ class TwinTransformer(HookedRootModule):
         patterns = tuple(b.attn.pattern for b in self.blocks) if output_attentions else None
         for block in self.blocks:
             block.attn.keep_pattern, block.attn.pattern = False, None
-        return TwinOutput(self.unembed(x), tuple(states) if output_hidden_states else None,
+        head_in = x[:, -logits_to_keep:] if logits_to_keep else x
+        return TwinOutput(self.unembed(head_in), tuple(states) if output_hidden_states else None,
                           patterns)
 
