@@ -1,7 +1,8 @@
 """Where a GPU scan spends its time, and whether its replayed path is right: one device call.
 
 For each variant (the plain forward; the plain forward replayed as a CUDA graph, the baseline
-of the statistics' own share; the growth statistic replayed from CUDA graphs with
+of the statistics' own share, with and without the full unembedding (``logits_to_keep=1``, as
+the lean pass runs it); the growth statistic replayed from CUDA graphs with
 fused reductions, as ``rs.scan`` runs it; the same run eagerly; eagerly without fusion) and
 each batch shape it reports, side by side in this process:
 
@@ -42,11 +43,12 @@ from residual_stream.streaming import make_accumulators  # noqa: E402
 from residual_stream.streaming.runner import _add_batch, batch_adder  # noqa: E402
 
 
-def replayed_forward(model):
+def replayed_forward(model, **extra):
     """The plain forward as a CUDA graph, captured on the first batch (static buffers).
 
     What the replayed scan's own forward costs, so ``rs_stats`` over it is the statistics'
-    share alone.
+    share alone; ``extra`` goes to the forward (``logits_to_keep=1``: the headless forward
+    that the lean pass runs when no statistic reads logits).
     """
     from residual_stream.streaming.graphs import record
 
@@ -62,7 +64,7 @@ def replayed_forward(model):
             def fwd():
                 with torch.inference_mode():
                     return model.module(input_ids=state["tokens"], attention_mask=state["mask"],
-                                        use_cache=False)
+                                        use_cache=False, **extra)
             state["graph"], _ = record(fwd, dev)
         state["tokens"].copy_(batch.tokens, non_blocking=True)
         state["mask"].copy_(batch.attention_mask, non_blocking=True)
@@ -188,6 +190,7 @@ def main() -> None:
             fusion.ENABLED = True
 
     fns = {"hf_forward": fns["hf_forward"], "hf_forward_replayed": replayed_forward(model),
+           "hf_headless_replayed": replayed_forward(model, logits_to_keep=1),
            "rs_stats": fns["rs_stats"],
            "rs_stats_eager": variants(model, use_tl=False)["rs_stats_eager"],
            "rs_stats_unfused": unfused}

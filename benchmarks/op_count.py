@@ -9,11 +9,15 @@ forward pass's count, in the same process:
 
     python benchmarks/op_count.py [--model smollm2-135m] [--batch-size 8] [--seq-len 128]
         [--variants hf_forward,rs_capture,rs_stats,...]
+
+``rs_stats_replayed`` is growth as a replayed CUDA graph runs it (emulated here); a
+``fusion.fused`` function counts as one operation, as it is one kernel on a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections import Counter
 
 from scan_speed import _batches, variants
@@ -25,17 +29,68 @@ _FREE = {"detach", "alias", "lift_fresh", "_to_copy_noop", "empty", "resolve_con
 
 
 class _Count(TorchDispatchMode):
-    """Counts every dispatched ATen operation that is not a view."""
+    """Counts every dispatched ATen operation that is not a view.
+
+    A ``fusion.fused`` function counts as one operation, ``fused`` (on a GPU it compiles to
+    one kernel; here it runs eagerly, and its own operations are not counted).
+    """
+
+    active: _Count | None = None
 
     def __init__(self) -> None:
         super().__init__()
         self.ops: Counter = Counter()
+        self.inside_fused = 0
+
+    def __enter__(self):
+        _Count.active = self
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        _Count.active = None
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
-        if not func.is_view and name not in _FREE:
+        if not self.inside_fused and not func.is_view and name not in _FREE:
             self.ops[name] += 1
         return func(*args, **(kwargs or {}))
+
+
+def _one_op_each(fn):
+    def run(*args):
+        c = _Count.active
+        if c is None:
+            return fn(*args)
+        c.ops["fused"] += not c.inside_fused
+        c.inside_fused += 1
+        try:
+            return fn(*args)
+        finally:
+            c.inside_fused -= 1
+    return run
+
+
+def count_fused_as_one() -> None:
+    """Wrap every ``fusion.fused`` function the package's modules hold (see ``_Count``)."""
+    for name, module in list(sys.modules.items()):
+        if name.startswith("residual_stream"):
+            for attr, value in list(vars(module).items()):
+                if callable(value) and hasattr(value, "fused"):
+                    setattr(module, attr, _one_op_each(value))
+
+
+def replayed(model, names: list[str], seq_len: int):
+    """What a replayed scan runs per batch (``streaming.graphs``), emulated: the graph's
+    operations (the lean pass with ``replayable`` reducers) and the reduction after it."""
+    from residual_stream.streaming import make_accumulators
+    from residual_stream.streaming.graphs import Replayed
+
+    accs = make_accumulators(names)
+    for a in accs.values():
+        a.prepare(model, None)
+    r = Replayed(model, accs, width=seq_len, emulate=True)
+    return lambda batch: r.add(batch, 0)
 
 
 def count(fn, batch) -> Counter:
@@ -54,12 +109,15 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
-    p.add_argument("--variants", default="hf_forward,rs_capture,rs_stats,rs_survival,rs_read,"
-                                         "rs_stats_flow,rs_decompose")
+    p.add_argument("--variants", default="hf_forward,hf_headless,rs_capture,rs_stats,"
+                                         "rs_stats_replayed,rs_survival,rs_read,rs_stats_flow,"
+                                         "rs_decompose")
     args = p.parse_args()
     model = rs.load(args.model, device=args.device, dtype=args.dtype, progress=False)
     batch = _batches(model, 1, args.batch_size, args.seq_len)[0]
+    count_fused_as_one()
     fns = variants(model, use_tl=False)
+    fns["rs_stats_replayed"] = replayed(model, ["growth"], args.seq_len)
     names = args.variants.split(",")
     counts = {n: count(fns[n], batch) for n in names}
     base = sum(counts["hf_forward"].values())

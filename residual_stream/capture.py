@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -54,16 +54,18 @@ def _input(args: tuple, kwargs: dict) -> Tensor:
 def hooked(
     model: nn.Module, anatomy: Anatomy, out: Captured, shape: torch.Size, *, verify: bool,
     home: torch.device | None = None, heads: bool = True, dtype: torch.dtype | None = torch.float32,
+    scales: Collection[str] | None = None,
 ) -> Iterator[None]:
     """Attach the capture hooks for ``anatomy`` to ``model``; remove them on exit, always.
 
     ``shape`` is the ``(batch, pos)`` of the input; outputs that broadcast over the batch
     (learned position embeddings, ``[pos, d_model]`` or ``[1, pos, d_model]``) are expanded to it.
+    ``scales``: the norms whose scale to keep (None: every norm).
     """
     handles: list[torch.utils.hooks.RemovableHandle] = []
     try:
         named = dict(model.named_modules())  # one walk; get_submodule per hook costs ~4x more
-        for path, fn, is_pre in _hook_plan(anatomy, out, shape, verify, home, heads, dtype):
+        for path, fn, is_pre in _hook_plan(anatomy, out, shape, verify, home, heads, dtype, scales):
             module = named[path] if path in named else model.get_submodule(path)
             handles.append(module.register_forward_pre_hook(fn, with_kwargs=True) if is_pre
                            else module.register_forward_hook(fn))
@@ -75,14 +77,16 @@ def hooked(
 
 def _hook_plan(anatomy: Anatomy, out: Captured, shape: torch.Size, verify: bool,
                home: torch.device | None = None, heads: bool = True,
-               dtype: torch.dtype | None = torch.float32) -> list[tuple]:
+               dtype: torch.dtype | None = torch.float32,
+               scales: Collection[str] | None = None) -> list[tuple]:
     """``(module path, hook function, is_pre_hook)`` for everything ``out`` should receive.
 
     Every tensor is kept as ``dtype`` (float32; None: the model's own, no copy) on ``home``
     (default: where it was computed), so a model split over devices yields a trace on one
     device. Norm scales are float32 whatever ``dtype``. ``heads=False`` keeps each attention's
     output whole (``attn_out``) instead of the per-head ``z`` (cheaper, for statistics that
-    need no per-head writes).
+    need no per-head writes). ``scales`` names the norms whose scale is kept (None: all; a
+    lean pass computes only those its walk and reducers read).
     """
     m = anatomy.modules
 
@@ -106,7 +110,8 @@ def _hook_plan(anatomy: Anatomy, out: Captured, shape: torch.Size, verify: bool,
     plan += [(path, store_output(out.mlp_out, L), False) for L, path in enumerate(m.mlp_out)]
     by_path: dict[str, list[str]] = defaultdict(list)
     for name, path in m.norms.items():
-        by_path[path].append(name)  # one module may serve several roles (a shared norm)
+        if scales is None or name in scales or verify:
+            by_path[path].append(name)  # one module may serve several roles (a shared norm)
     plan += [(path, _norm_hook(anatomy, names, out, verify, keep), True)
              for path, names in by_path.items()]
     return plan
@@ -196,6 +201,7 @@ def capture(
     logits: bool | str = True,
     out: Captured | None = None,
     dtype: torch.dtype | None = torch.float32,
+    scales: Collection[str] | None = None,
 ) -> Captured:
     """Run ``model`` on ``tokens`` under ``torch.inference_mode`` and return what was captured.
 
@@ -211,7 +217,8 @@ def capture(
     vocab]`` product that nothing reads; ``out`` is
     the ``Captured`` to fill (a streaming consumer can pass one that reduces and evicts);
     ``dtype=None`` keeps the hooked tensors in the model's dtype (a lean pass whose reducers
-    widen them themselves) instead of float32 copies.
+    widen them themselves) instead of float32 copies; ``scales`` names the norms whose
+    per-token scale is kept (None: every norm's).
     """
     out = Captured() if out is None else out
     kwargs: dict[str, object] = {"input_ids": tokens, "attention_mask": attention_mask}
@@ -224,7 +231,8 @@ def capture(
         kwargs["output_attentions"] = True
     with torch.inference_mode(), untouched(model, hooks=patterns), eager_attention(model, patterns), \
             edited(model, edits), hooked(model, anatomy, out, tokens.shape, verify=verify,
-                                         home=tokens.device, heads=heads, dtype=dtype):
+                                         home=tokens.device, heads=heads, dtype=dtype,
+                                         scales=scales):
         result = model(**kwargs)
     if patterns:
         out.patterns = tuple(a.detach().to(tokens.device, torch.float32) for a in result.attentions)

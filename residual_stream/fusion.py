@@ -60,4 +60,5 @@ def fused(fn: Callable, eager: Callable | None = None) -> Callable:
                           "running it eagerly", RuntimeWarning, stacklevel=2)
             return plain(*args)
 
+    run.fused = fn  # what a profiler can count as one kernel (``benchmarks/op_count.py``)
     return run

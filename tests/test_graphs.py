@@ -182,16 +182,23 @@ def test_cli_scan_passes_graphs_to_the_scan(tmp_path, monkeypatch, flag, graphs)
     assert seen["graphs"] == graphs
 
 
-def test_first_true_entries_without_a_sync():
-    from residual_stream.streaming.growth import _first
+def test_first_candidates_in_token_order_without_a_sync():
+    from residual_stream.streaming.growth import _first, _point_sums
 
-    flags = torch.tensor([False, True, True, False, True])
-    idx, valid = _first(flags, 2)
+    x = torch.zeros(1, 5, 8)
+    x[0, [1, 2, 4], 3] = 500.0  # three tokens each with one massive coordinate
+    mask = torch.ones(1, 5, dtype=torch.bool)
+    _, _, score, count = _point_sums(x, mask, (5 - torch.arange(5)).view(1, 5))
+    assert int(count) == 3
+    idx, valid = _first(score.flatten(), 2)
     assert idx.tolist() == [1, 2] and valid.tolist() == [True, True]
-    idx, valid = _first(flags, 4)
+    idx, valid = _first(score.flatten(), 4)
     assert idx[:3].tolist() == [1, 2, 4] and valid.tolist() == [True, True, True, False]
-    idx, valid = _first(torch.zeros(3, dtype=torch.bool), 2)
-    assert not valid.any()
+    assert idx[3] not in (1, 2, 4)
+    mask[0, 2] = False  # padding is never a candidate
+    _, _, score, count = _point_sums(x, mask, (5 - torch.arange(5)).view(1, 5))
+    idx, valid = _first(score.flatten(), 3)
+    assert int(count) == 2 and idx[:2].tolist() == [1, 4] and valid.tolist() == [True, True, False]
 
 
 def test_fused_compiles_on_cuda_only_and_falls_back_once_if_compiling_fails(monkeypatch):

@@ -215,12 +215,15 @@ def test_per_head_flow_statistics_replay_the_trace(model):
     _close(r.share, ref.share)
 
 
-def test_lean_pass_refuses_nan_and_names_the_point():
+# growth offers the coordinate sums the check reads (``coordinate_sums``); the others do not
+@pytest.mark.parametrize("stats", [["growth"], ["survival"], ["survival", "growth"]])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_lean_pass_refuses_nan_and_names_the_point(stats, bad):
     m = rs.twin(norm="rmsnorm", placement="pre", n_layers=3, d_model=32, seed=1)
     with torch.no_grad():
-        m.module.blocks[1].mlp.fc_out.weight[0, 0] = float("nan")
+        m.module.blocks[1].mlp.fc_out.weight[0, 0] = bad
     with pytest.raises(rs.errors.NonFiniteError, match="block 2"):
-        rs.scan(m, TEXTS, ["growth"], progress=False)
+        rs.scan(m, TEXTS, stats, progress=False)
 
 
 def test_flow_subspaces_lens_and_composition_equal_the_single_trace(scanned, model):
@@ -496,3 +499,26 @@ def test_a_lean_pass_without_the_lens_unembeds_only_the_last_position(name):
         handle.remove()
     assert lean_rows and set(lean_rows) == {1 if name != "bert_mlm" else 24}
     assert rows and set(rows) == {24}
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2"])
+def test_a_lean_pass_computes_only_the_norm_scales_it_reads(name, monkeypatch):
+    """Growth reads the final norm's scale and, in Gemma 2, the write norms' (``Add.via``);
+    a pre-norm block's reading norms are skipped unless read attribution maps through them."""
+    from tiny_hf import build
+
+    from residual_stream.inputs import ByteTokenizer
+    from residual_stream.norms import NormSpec
+
+    m = rs.load(build(name), tokenizer=ByteTokenizer())
+    computed: set[str] = set()
+    scale = NormSpec.scale
+    monkeypatch.setattr(NormSpec, "scale", lambda self, x: (computed.add(self.name), scale(self, x))[1])
+    kw = dict(batch_size=4, seq_len=24, progress=False)
+    rs.scan(m, TEXTS[:4], ["growth", "survival"], **kw)
+    writes = {n for n in m.anatomy.norms if n.endswith("_out")}  # Gemma 2's post-write norms
+    assert computed == {"ln_final"} | writes
+    assert bool(writes) == (name == "gemma2")
+    computed.clear()
+    rs.scan(m, TEXTS[:4], ["read_attribution"], **kw)
+    assert computed == set(m.anatomy.norms)

@@ -140,6 +140,11 @@ class FlowSums:
             shared["flow"] = cls(model, batch.attention_mask.to(model.device))
         return shared["flow"]
 
+    @property
+    def reads_scales(self) -> bool:
+        """Whether this reads the reading norms' scales (``lean.scales_read``): read attribution."""
+        return READ in self.wants
+
     # ---- feeding (``lean.lean_pass`` or ``lean.feed_trace``) --------------------------------
     def point(self, point: int, x: Tensor) -> None:
         """Nothing: the ``Mark`` steps carry what survival needs."""

@@ -32,32 +32,53 @@ def _token_sums(values: Tensor, mask: Tensor) -> Tensor:
 
 
 @fused
-def _point_sums(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Per token of ``x [batch, pos, d]``: its norm, coordinate sum and candidacy.
+def _point_sums(x: Tensor, mask: Tensor, order: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per token of ``x [batch, pos, d]``: its norm, coordinate sum and candidacy score; and
+    how many tokens are candidates.
 
-    The candidacy ``tok`` says whether a real token can hold a massive activation: a
-    coordinate over ``MASSIVE_ABS`` and a median |x| under its largest over ``MASSIVE_REL``,
-    which a count decides without sorting (the lower median is below ``t`` iff more than
-    ``(d − 1) // 2`` coordinates are; ``t`` is nudged up by 1e-6 relative, so this is a
-    superset of the tokens that hit). A bf16 ``x`` is reduced in float32 (``acc_dtype``).
+    A candidate is a real token that can hold a massive activation: a coordinate over
+    ``MASSIVE_ABS`` and a median |x| under its largest over ``MASSIVE_REL``, which a count
+    decides without sorting (the lower median is below ``t`` iff more than ``(d − 1) // 2``
+    coordinates are; ``t`` is nudged up by 1e-6 relative, so this is a superset of the tokens
+    that hit). Its score is its ``order`` (``[batch, pos]``, positive, highest first in token
+    order), 0 for the rest, for ``_first``. A bf16 ``x`` is reduced in float32 (``acc_dtype``).
     """
     acc = acc_dtype(x)
     top = torch.linalg.vector_norm(x, ord=float("inf"), dim=-1, dtype=acc)
     below = (x.abs() < (top * ((1 + 1e-6) / MASSIVE_REL)).unsqueeze(-1)).sum(-1)
     tok = (top > MASSIVE_ABS) & (below > (x.shape[-1] - 1) // 2) & mask
-    return torch.linalg.vector_norm(x, dim=-1, dtype=acc), x.sum(-1, dtype=acc), tok
+    return (torch.linalg.vector_norm(x, dim=-1, dtype=acc), x.sum(-1, dtype=acc),
+            torch.where(tok, order, 0), tok.sum())
 
 
-def _first(flags: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """Indices of the first ``k`` true entries of the 1-D ``flags``, in order, and which slots hold one.
+def _first(score: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Indices of the ``k`` highest of the 1-D ``score``, highest first, and which are positive.
 
-    Slots past the number of true entries hold index 0. No device sync, fixed shapes.
+    With ``_point_sums``'s scores: the first ``k`` candidate tokens, in token order; slots
+    past the number of candidates hold some other token (``valid`` False). One top-k: no
+    device sync, fixed shapes.
     """
-    rank = flags.cumsum(0) - 1                                   # rank among the true entries
-    slot = torch.where(flags & (rank < k), rank, k)              # the rest go to a spare slot
-    out = torch.zeros(k + 1, dtype=torch.long, device=flags.device)
-    out.scatter_(0, slot, torch.arange(flags.numel(), device=flags.device))
-    return out[:k], torch.arange(k, device=flags.device) < flags.sum()
+    top, idx = score.topk(k)
+    return idx, top > 0
+
+
+def _hits(rows: Tensor, valid: Tensor, top_k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Massive activations among candidate tokens, for several points at once.
+
+    ``rows [point, k, d]`` (any float dtype, reduced in float32 at least) and ``valid [point,
+    k]``. A hit is a coordinate over ``MASSIVE_ABS`` and ``MASSIVE_REL`` × its token's
+    (lower) median |x|. Returns per point: the number of hits ``[point]``, and for its top
+    ``top_k`` coordinates by |x| (the hits first): their flat index into ``k × d``, value and
+    token median, each ``[point, top_k]``. One sort for the medians and one top-k, whatever
+    the number of points.
+    """
+    rows = wide(rows)
+    sel = rows.abs()
+    med = sel.median(-1, keepdim=True).values
+    hit = (sel > MASSIVE_ABS) & (sel > MASSIVE_REL * med) & valid[..., None]
+    _, idx = torch.where(hit, sel, 0).flatten(1).topk(min(top_k, hit[0].numel()))
+    return (hit.sum((1, 2)), idx, rows.flatten(1).gather(1, idx),
+            med.flatten(1).gather(1, idx // rows.shape[-1]))
 
 
 @fused
@@ -96,8 +117,11 @@ class GrowthSums:
         self.points: dict[int, tuple[Tensor, Tensor]] = {}  # point → (‖x‖, Σ_i x_i) per token
         self.adds: list[tuple[str, int, Tensor, Tensor]] = []  # kind, layer, ‖added‖, ‖x‖
         self.norms: list[tuple[str, Tensor, Tensor]] = []      # name, ‖input‖, scale per token
-        self.massive: list[tuple] = []  # (point, count, flat index, value, median, batch/pos)
+        self.candidates: list[tuple] = []  # (point, rows, valid, flat token index): not searched yet
+        self.massive: list[tuple] = []  # per search: (points, count, dim, value, median, batch, pos)
         self.qualifying: list[Tensor] = []  # per point, with max_candidates: tokens that qualify
+        n = self.mask.numel()  # candidates score by token order, first highest (``_first``)
+        self._order = (n - torch.arange(n, device=self.mask.device)).view(self.mask.shape)
 
     def rebind(self, str_tokens: list[list[str]], first_row: int, width: int) -> None:
         """Name the batch whose values a replay left in these sums.
@@ -127,34 +151,47 @@ class GrowthSums:
         reductions are one fused function (``_point_sums``: one kernel on a GPU), then the
         massive-activation search over the few tokens that can hold one.
         """
-        norm, rowsum, tok = _point_sums(x, self.mask)
+        norm, rowsum, score, count = _point_sums(x, self.mask, self._order)
         self.points[point] = (norm, rowsum)
-        self._massive_candidates(point, x, tok)
+        self._massive_candidates(point, x, score, count)
 
-    def _massive_candidates(self, point: int, x: Tensor, tok: Tensor) -> None:
-        """Coordinates over ``MASSIVE_ABS`` and ``MASSIVE_REL`` × their token's median |x|.
+    def coordinate_sums(self, point: int) -> Tensor:
+        """``Σ_i x_i`` per token of the stream at ``point`` (``lean_forward``'s finiteness check)."""
+        return self.points[point][1]
 
-        The median is taken only for the tokens that can hold one (``tok``, from
-        ``_point_sums``), in token order: exactly as many as qualify (one device sync to
-        count them), or the first ``max_candidates`` (no sync; ``overflowed`` tells if any
-        were left out). At most ``top_k`` hits are kept, so the stream itself can be dropped.
+    def _massive_candidates(self, point: int, x: Tensor, score: Tensor, count: Tensor) -> None:
+        """Keep the rows of the ``count`` tokens that can hold a massive activation.
+
+        ``score`` marks them (``_point_sums``). Exactly as many as qualify (one device sync
+        to count them), each point searched at once (``_search``), so the stream itself can
+        be dropped; or, replayed (``max_candidates``), the first ``max_candidates`` in token
+        order with no sync (``overflowed`` tells if any were left out), kept until the last
+        point and searched for every point at once: one median sort and one top-k per batch
+        instead of one per point, each launch a fixed cost on a GPU.
         """
         if self.max_candidates is None:
-            k = int(tok.sum())
+            k = int(count)
             if k == 0:
                 return
         else:
-            k = min(self.max_candidates, tok.numel())
-            self.qualifying.append(tok.sum())
-        flat, valid = _first(tok.flatten(), k)                        # (k,): candidate tokens
-        rows = wide(x.flatten(0, -2)[flat])                           # (k, d_model)
-        sel = rows.abs()
-        med = sel.median(-1, keepdim=True).values
-        hit = (sel > MASSIVE_ABS) & (sel > MASSIVE_REL * med) & valid[:, None]
-        _, idx = torch.where(hit, sel, 0).flatten().topk(min(self.top_k, hit.numel()))
-        d, positions = x.shape[-1], torch.stack((flat // x.shape[1], flat % x.shape[1]), -1)
-        self.massive.append((point, hit.sum(), idx, rows.flatten()[idx], med.flatten()[idx // d],
-                             positions[idx // d]))
+            k = min(self.max_candidates, score.numel())
+            self.qualifying.append(count)
+        flat, valid = _first(score.flatten(), k)                        # (k,): candidate tokens
+        self.candidates.append((point, x.flatten(0, -2)[flat], valid, flat))
+        if self.max_candidates is None or point == self.n_layers:
+            self._search()
+
+    def _search(self) -> None:
+        """Search the kept candidate rows (all the same count) for massive activations."""
+        if not self.candidates:
+            return
+        points, rows, valid, flat = zip(*self.candidates, strict=True)
+        self.candidates = []
+        count, idx, value, med = _hits(torch.stack(rows), torch.stack(valid), self.top_k)
+        token = torch.stack(flat).gather(1, idx // self.d_model)           # (point, top_k)
+        width = self.mask.shape[1]
+        self.massive.append((list(points), count, idx % self.d_model, value, med,
+                             token // width, token % width))
 
     def step(self, step, scales: dict[str, Tensor]) -> None:
         """One operation of the walk: update sizes at ``Add``; inputs and scales of stream norms.
@@ -172,18 +209,19 @@ class GrowthSums:
                                scales[norm]))
 
     def massive_rows(self) -> tuple[int, list[dict]]:
-        """(how many were found, the top-k as rows); one read back to the host for the batch."""
-        if not self.massive:
-            return 0, []
-        counts = [int(c) for c in torch.stack([m[1] for m in self.massive]).tolist()]
-        rows = []
-        for (p, _, idx, value, med, pos), n in zip(self.massive, counts, strict=True):
-            for i, v, m, (b, t) in zip(idx[:n].tolist(), value[:n].tolist(), med[:n].tolist(),
-                                       pos[:n].tolist(), strict=True):  # the n hits lead the top-k
-                rows.append({"point": p, "batch": b + self.first_row, "pos": t, "dim": i % self.d_model,
-                             "token": self.str_tokens[b][t], "value": v,
-                             "ratio_to_median": abs(v) / max(m, 1e-30)})
-        return sum(counts), rows
+        """(how many were found, the top-k as rows); one read back to the host per search."""
+        self._search()
+        found, rows = 0, []
+        for points, *tensors in self.massive:
+            count, dim, value, med, b, t = (v.tolist() for v in tensors)
+            for j, p in enumerate(points):
+                found += count[j]
+                for i in range(min(count[j], len(dim[j]))):  # the hits lead the top-k
+                    rows.append({"point": p, "batch": b[j][i] + self.first_row, "pos": t[j][i],
+                                 "dim": dim[j][i], "token": self.str_tokens[b[j][i]][t[j][i]],
+                                 "value": value[j][i],
+                                 "ratio_to_median": abs(value[j][i]) / max(med[j][i], 1e-30)})
+        return found, rows
 
     def into(self, acc: GrowthStats) -> None:
         """Add this batch's sums to ``acc``: every token sum of every point and step at once."""
@@ -202,15 +240,16 @@ class GrowthSums:
         acc.add("position_count", self.mask.sum(0)[: self.width])
         acc.add("n", self.mask.sum())
         dev = self.mask.device
-        updates = {k: torch.full((self.n_layers,), float("nan"), dtype=torch.float64, device=dev)
-                   for k in ("attn", "mlp")}
+        kinds = ("attn", "mlp")
+        updates = torch.full((len(kinds), self.n_layers), float("nan"), dtype=torch.float64,
+                             device=dev)
         if self.adds:
             ratio = (torch.stack([a for _, _, a, _ in self.adds])
                      / torch.stack([x for _, _, _, x in self.adds]).clamp_min(1e-30))
-            sums = _token_sums(ratio, self.mask)
-            for i, (kind, layer, _, _) in enumerate(self.adds):
-                updates[kind][layer] = sums[i]
-        for kind, values in updates.items():
+            where = torch.tensor([[kinds.index(kind), layer] for kind, layer, _, _ in self.adds],
+                                 device=dev)
+            updates[where[:, 0], where[:, 1]] = _token_sums(ratio, self.mask)  # one scatter
+        for kind, values in zip(kinds, updates, strict=True):
             acc.add(f"update_{kind}", values)
         if self.norms:
             acc.add("norm_input", _token_sums(torch.stack([v for _, v, _ in self.norms]), self.mask))

@@ -30,7 +30,7 @@ from torch import Tensor
 from ..capture import Captured, capture
 from ..errors import NonFiniteError
 from ..fusion import acc_dtype
-from ..program import Mark
+from ..program import Add, Mark, Norm, Read
 from ..walk import walk_ops, walk_stream
 
 
@@ -151,10 +151,10 @@ def lean_forward(model, batch, reducers: Sequence) -> list[Tensor]:
 
     def on_point(point: int) -> None:
         x = cap.resid[point]
-        finite.append(x.sum(-1, dtype=acc_dtype(x)))  # NaN/inf propagate: checked once, at the end
         walk(segs[point], cap.resid[point - 1] if point else torch.zeros_like(x))
         for r in reducers:
             r.point(point, x)
+        finite.append(_coordinate_sums(reducers, point, x))  # NaN/inf propagate: checked at the end
         for store in (cap.resid, cap.attn_out, cap.mlp_out):  # block point − 1 is done
             dict.pop(store, point - 1, None)
         if point == 0:
@@ -167,13 +167,41 @@ def lean_forward(model, batch, reducers: Sequence) -> list[Tensor]:
         capture(model.module, anatomy, batch.tokens.to(model.device),
                 batch.attention_mask.to(model.device), heads=False,
                 logits="native" if wants else False, out=cap,
-                dtype=None if native else torch.float32)
+                dtype=None if native else torch.float32,
+                scales=scales_read(anatomy.program, reducers))
         walk(segs[-1], cap.resid[anatomy.n_layers])
         for r in wants:
             r.logits(cap.logits)
     finally:  # cap → its stream → on_point → cap is a cycle: break it, or the reducers (and
         cap.resid = {}  # their buffers) would wait for the garbage collector
     return finite
+
+
+def scales_read(program, reducers: Sequence) -> set[str]:
+    """The norms whose per-token scale a lean pass keeps: what the walk and ``reducers`` read.
+
+    The walk maps the stream through each stream ``Norm`` and a write through its ``Add``'s
+    ``via`` norm; a reading norm's scale (``Read.norm``: a pre-norm block's) is kept only
+    for a reducer with ``reads_scales`` (read attribution). The rest are never computed:
+    a pre-norm model's growth scan keeps none but the final norm's.
+    """
+    kept = {op.norm for op in program if isinstance(op, Norm)}
+    kept |= {op.via for op in program if isinstance(op, Add) and op.via is not None}
+    if any(getattr(r, "reads_scales", False) for r in reducers):
+        kept |= {op.norm for op in program if isinstance(op, Read) and op.norm is not None}
+    return kept
+
+
+def _coordinate_sums(reducers: Sequence, point: int, x: Tensor) -> Tensor:
+    """``Σ_i x_i`` per token of the stream at ``point``, for the finiteness check.
+
+    A reducer that has taken them anyway offers them (``coordinate_sums(point)``: growth,
+    for the centering share), so the stream is not read once more for them.
+    """
+    for r in reducers:
+        if hasattr(r, "coordinate_sums"):
+            return r.coordinate_sums(point)
+    return x.sum(-1, dtype=acc_dtype(x))
 
 
 def check_finite(sums: list[Tensor], mask: Tensor) -> None:
