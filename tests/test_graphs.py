@@ -37,8 +37,8 @@ def model() -> rs.Model:
     return _planted_twin()
 
 
-def _both(model, texts, width=None, **kw) -> tuple[dict, dict, Replayed]:
-    eager, replayed = make_accumulators(["growth"]), make_accumulators(["growth"])
+def _both(model, texts, width=None, stats=("growth",), **kw) -> tuple[dict, dict, Replayed]:
+    eager, replayed = make_accumulators(list(stats)), make_accumulators(list(stats))
     replay = Replayed(model, replayed, width=width, emulate=True)
     for batch, first in corpus_batches(model, Corpus(texts), **kw):
         _add_batch(model, batch, first, eager)
@@ -110,6 +110,61 @@ def test_replayed_growth_on_framework_models(name):
     _assert_same(eager, replayed, rel=REL_PADDED)
 
 
+FLOW = ("survival", "read_attribution")
+
+
+def _assert_sums_close(eager: dict, replayed: dict, rel: float) -> None:
+    for name, a in eager.items():
+        b = replayed[name]
+        assert a.sums.keys() == b.sums.keys() and a.meta == b.meta, name
+        for key, x in a.sums.items():
+            y = b.sums[key]
+            assert x.shape == y.shape and torch.equal(x.isnan(), y.isnan()), (name, key)
+            scale = float(x.nan_to_num().abs().max())
+            assert float((x - y).nan_to_num().abs().max()) <= rel * scale, (name, key)
+
+
+# pre-norm (a 16-bit-capable buffer), post-norm (stream norms rescale the buffer), sandwich
+# (writes through norms), and framework families with reading-norm biases and GQA
+@pytest.mark.parametrize("name", ["twin-post", "twin-sandwich", "llama", "gemma2", "bert", "gpt2"])
+def test_replayed_survival_and_read_attribution_equal_the_eager_scan(name):
+    """The flow statistics (one shared reducer) on the replayed path, padded to the scan width."""
+    from tiny_hf import build
+
+    from residual_stream.inputs import ByteTokenizer
+
+    if name.startswith("twin"):
+        m = rs.twin(norm="layernorm", placement=name[5:], n_layers=3, d_model=32, seed=2, n_ctx=64)
+    else:
+        m = rs.load(build(name), tokenizer=ByteTokenizer())
+    eager, replayed, replay = _both(m, TEXTS, width=24, stats=("growth", *FLOW), batch_size=4,
+                                    seq_len=24)
+    assert replay.replays == 3 and replay.fallbacks == 0
+    assert len({id(s) for e in replay.entries.values() for n, s in e.sums.items() if n in FLOW}) \
+        <= len(replay.entries)  # survival and read attribution share one reducer per shape
+    _assert_sums_close(eager, replayed, REL_PADDED)
+
+
+def test_the_flow_reducers_host_side_state_depends_on_the_shape_only():
+    """A CUDA graph replays kernels, not Python: what ``FlowSums`` keeps on the host (labels,
+    how many marks and reads, their names) must be the same for any batch of one shape, so
+    the capture's lists describe every replay."""
+    from residual_stream.streaming import lean
+    from residual_stream.streaming.flow import FlowSums
+
+    m = rs.twin(norm="layernorm", placement="post", n_layers=3, d_model=32, seed=2, n_ctx=64)
+    seen = []
+    for batch, _ in corpus_batches(m, Corpus(TEXTS[:4] + TEXTS[3:]), batch_size=4, seq_len=16):
+        if tuple(batch.tokens.shape) != (4, 16):
+            continue
+        f = FlowSums(m, batch.attention_mask)
+        f.wants.update(FLOW)
+        lean.lean_pass(m, batch, [f])
+        seen.append((f.labels, len(f.marks), [(r, n) for r, n, _, _ in f.reads], f.tail,
+                     f.buf.shape, len(f.born)))
+    assert len(seen) >= 2 and all(s == seen[0] for s in seen[1:])
+
+
 def test_scan_uses_the_replay_when_it_can(model, monkeypatch):
     ref = rs.scan(model, TEXTS, ["growth"], batch_size=3, seq_len=16, progress=False)
     used, add = [], Replayed.add
@@ -128,7 +183,7 @@ def test_scan_uses_the_replay_when_it_can(model, monkeypatch):
 def test_graphs_argument_is_checked(model):
     accs = make_accumulators(["growth", "survival"])
     with pytest.raises(InputError, match="CUDA device"):
-        batch_adder(model, accs, True)  # a CPU model, and survival is not replayable
+        batch_adder(model, accs, True)  # a CPU model
     with pytest.raises(InputError, match="'auto', True or False"):
         batch_adder(model, accs, "yes")
     add = batch_adder(model, make_accumulators(["growth"]), "auto")  # CPU: the eager pass

@@ -65,13 +65,19 @@ class _FlowStats(_TokenMeans):
     replay analysis on the trace.
     """
 
+    replayable = True  # at component granularity (``lean``): ``FlowSums`` never waits
+
     def __init__(self, granularity: str = "component") -> None:
         super().__init__()
         self.granularity = granularity
         self.lean = granularity == "component"
 
-    def sums_for(self, model, batch, first_row: int, shared: dict | None = None) -> FlowSums:
-        """The batch's ``FlowSums`` (shared with the other flow statistic), asked for this one."""
+    def sums_for(self, model, batch, first_row: int, shared: dict | None = None,
+                 replayable: bool = False) -> FlowSums:
+        """The batch's ``FlowSums`` (shared with the other flow statistic), asked for this one.
+
+        ``replayable`` changes nothing: the flow sums never wait for the device.
+        """
         flow = FlowSums.shared(shared, model, batch)
         flow.wants.add(self.name)
         return flow

@@ -17,7 +17,10 @@ pass (``lean.lean_pass``).
   ``NormSpec.apply_adjoint``): one map of ``y Wᵀ`` per reader, then one batched product
   with every contribution; nothing is materialized per source.
 
-Token sums are float64 on the batch's device; nothing is read back until ``into``.
+Token sums are float64 on the batch's device; nothing is read back until ``into``, so on a
+GPU a scan of survival and read attribution (with growth or not) replays as a CUDA graph per
+batch shape (``streaming.graphs``), the buffer held in that graph's memory pool: its host
+side (labels, marks, reads) depends on the program and shape only.
 
 **The buffer's dtype.** In a 16-bit model whose program only adds writes to the stream
 before its last block (no stream norm, no scale, no write through a norm: Llama, Qwen,
@@ -139,6 +142,14 @@ class FlowSums:
         if "flow" not in shared:
             shared["flow"] = cls(model, batch.attention_mask.to(model.device))
         return shared["flow"]
+
+    # ---- a replayed pass (``streaming.graphs``) -------------------------------------------
+    def rebind(self, str_tokens, first_row: int, width: int) -> None:
+        """Nothing: no sum names a batch, row or position (padding is masked out)."""
+
+    def overflowed(self) -> bool:
+        """Never: nothing here has a fixed-size search."""
+        return False
 
     @property
     def reads_scales(self) -> bool:
@@ -305,8 +316,7 @@ class FlowSums:
         """Warn (once per model) if a write stored in a 16-bit buffer was not a 16-bit value."""
         if not self.rounding or self.model.name in _WARNED:
             return
-        worst = float(torch.stack(self.rounding).max())
-        self.rounding = []
+        worst = float(torch.stack(self.rounding).max())  # kept: a replay refills these tensors
         if worst > 0:
             _WARNED.add(self.model.name)
             warnings.warn(f"{self.model.name}: a write carried in the {self.buf.dtype} buffer was "

@@ -125,9 +125,10 @@ class Replayed:
                                      attention_mask=batch.attention_mask.to(dev).clone())
 
         def run():
-            sums = {n: a.sums_for(self.model, static, 0, {}, replayable=True)
+            shared: dict = {}  # survival and read attribution share one reducer, as eagerly
+            sums = {n: a.sums_for(self.model, static, 0, shared, replayable=True)
                     for n, a in self.accs.items()}
-            return sums, lean_forward(self.model, static, list(sums.values()))
+            return sums, lean_forward(self.model, static, list(dict.fromkeys(sums.values())))
 
         if self.emulate:
             return _Entry(static, run, None, {}, [])
