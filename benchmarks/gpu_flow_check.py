@@ -1,8 +1,12 @@
-"""The flow statistics with fused reductions (as a GPU scan runs them) against the eager ones.
+"""The flow statistics as a GPU scan runs them (replayed, fused) against the eager ones.
 
-Survival's per-mark dot products compile into one kernel on a GPU (``flow.token_dots``); this
-scans the same batches with ``fusion.ENABLED`` on and off and prints, per sum, the largest
-difference relative to the sum's largest entry, as one JSON line.
+Survival and read attribution replay as a CUDA graph per batch shape (``streaming.graphs``)
+and survival's per-mark dot products compile into one kernel (``flow.token_dots``). This
+scans the same batches three ways: replayed with fusion (what ``rs.scan`` does on a GPU),
+eagerly with fusion, eagerly without; and prints as one JSON line, per sum, the largest
+difference of each of the first two from the third, relative to the sum's largest entry,
+with how many batches were replayed and any warning (a capture that failed falls back to
+the eager pass with a warning).
 
     python benchmarks/gpu_flow_check.py --model /tmp/smollm2-random
 """
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -20,34 +25,56 @@ from scan_speed import _batches  # noqa: E402
 import residual_stream as rs  # noqa: E402
 from residual_stream import fusion  # noqa: E402
 from residual_stream.streaming import make_accumulators  # noqa: E402
-from residual_stream.streaming.runner import _add_batch  # noqa: E402
+from residual_stream.streaming.runner import batch_adder  # noqa: E402
 
-STATS = ["survival", "read_attribution"]
+STATS = ["growth", "survival", "read_attribution"]
+
+
+def _scan(model, batches, graphs: bool, fused: bool) -> tuple[dict, int]:
+    fusion.ENABLED = fused
+    try:
+        accs = make_accumulators(STATS)
+        for a in accs.values():
+            a.prepare(model, None)
+        add = batch_adder(model, accs, graphs, batches[0].tokens.shape[1])
+        for i, b in enumerate(batches):
+            add(b, i * len(b.tokens))
+        return accs, getattr(getattr(add, "__self__", None), "replays", 0)
+    finally:
+        fusion.ENABLED = True
+
+
+def _diffs(ref: dict, got: dict) -> dict:
+    out = {}
+    for name in STATS:
+        for key, x in ref[name].sums.items():
+            y = got[name].sums[key]
+            if not x.is_floating_point():
+                out[f"{name}.{key}"] = float((x != y).sum())
+                continue
+            scale = float(x.nan_to_num().abs().max().clamp_min(1e-30))
+            out[f"{name}.{key}"] = float((x - y).nan_to_num().abs().max()) / scale
+    return out
 
 
 def main() -> None:
-    """Scan fused and eager; print the differences as JSON."""
+    """Scan three ways; print the differences as JSON."""
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="/tmp/smollm2-random")
-    p.add_argument("--device", default="cuda", help="cpu checks the script itself")
+    p.add_argument("--device", default="cuda", help="cpu checks the script itself (no replay)")
     args = p.parse_args()
     model = rs.load(args.model, device=args.device, dtype="bfloat16", progress=False)
     batches = _batches(model, 3, 8, 128)
-    out = {}
-    for enabled in (True, False):
-        fusion.ENABLED = enabled
-        accs = make_accumulators(STATS)
-        for b in batches:
-            _add_batch(model, b, 0, accs)
-        out[enabled] = accs
-    fusion.ENABLED = True
-    diffs = {}
-    for name in STATS:
-        for key, x in out[False][name].sums.items():
-            y = out[True][name].sums[key]
-            scale = float(x.nan_to_num().abs().max().clamp_min(1e-30))
-            diffs[f"{name}.{key}"] = float((x - y).nan_to_num().abs().max()) / scale
-    print(json.dumps(diffs))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        graphs = model.device.type == "cuda"
+        replayed, replays = _scan(model, batches, graphs, True)
+        fused, _ = _scan(model, batches, False, True)
+        eager, _ = _scan(model, batches, False, False)
+    print(json.dumps({"replays": replays, "batches": len(batches),
+                      "warnings": [str(w.message)[:300] for w in caught],
+                      "replayed_vs_eager": _diffs(eager, replayed),
+                      "fused_vs_eager": _diffs(eager, fused)}))
 
 
 if __name__ == "__main__":

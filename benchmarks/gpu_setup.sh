@@ -1,4 +1,4 @@
-# Sourced by the device scripts (gpu_rerun.sh, gpu_flow.sh): the carried wheels onto
+# Sourced by the device scripts (gpu_rerun.sh): the carried wheels onto
 # PYTHONPATH, and SmolLM2-135M's architecture with random weights saved to /tmp/smollm2-random.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .gpu/whl/*.whl || exit 1
