@@ -452,13 +452,19 @@ def test_lean_lens_of_a_bf16_model_keeps_16_bit_copies_and_equals_the_trace(monk
     kw = dict(batch_size=4, seq_len=32)
     whole = trace_batch(m, pack(m, _rows(m, TEXTS, **kw)))
     kept: list[torch.dtype] = []
+    given: list[torch.dtype] = []
     point = LensSums.point
-    monkeypatch.setattr(LensSums, "point", lambda self, p, x: (point(self, p, x),
-                                                               kept.append(self.streams[p].dtype)))
+    monkeypatch.setattr(LensSums, "point", lambda self, p, x: (
+        given.append(x.dtype), point(self, p, x), kept.append(self.streams[p].dtype)))
     monkeypatch.setattr("residual_stream.weights.VOCAB_SLICE", 100)
     result = rs.scan(m, TEXTS, ["lens"], progress=False, **kw)
-    assert set(kept) == {torch.bfloat16}
+    assert set(kept) == set(given) == {torch.bfloat16}  # the hooks' own tensors (native_dtype)
     _assert_lens_equal(result, whole)
+    given.clear()
+    kept.clear()
+    mixed = rs.scan(m, TEXTS, ["lens", "growth", "survival"], progress=False, **kw)
+    assert set(kept) == set(given) == {torch.bfloat16}
+    _assert_lens_equal(mixed, whole)
 
 
 def test_the_lens_keeps_a_stream_wider_than_the_weights_in_float32():

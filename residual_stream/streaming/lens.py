@@ -23,13 +23,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-MIN_CHUNK, MAX_CHUNKS = 128, 8  # tokens per unembedding: at least 128, at most 8 chunks a batch
+MIN_CHUNK, MAX_CHUNKS = 64, 16  # tokens per unembedding: at least 64, at most 16 chunks a batch
 
 
 class LensSums:
     """One batch's lens sums: ``point`` keeps each stream, ``logits`` reduces, ``into`` adds."""
 
     needs_logits = True
+    native_dtype = True  # a 16-bit stream is kept as it is; a float32 one is checked (``point``)
 
     def __init__(self, model, mask: Tensor) -> None:
         self.unembed = model.unembed(native=True)  # no float32 copy of W_U: cast per slice
@@ -43,11 +44,12 @@ class LensSums:
     def point(self, point: int, x: Tensor) -> None:
         """Keep the stream entering block ``point``.
 
-        A 16-bit model's stream is kept in its own dtype (half the memory): the float32 copy
-        the capture made came from it, so nothing is lost. That is checked on the embedding
-        point of each batch; a stream that does not round-trip is kept in float32.
+        A 16-bit model's stream is kept in its own dtype (half the memory): a lean pass hands
+        it over as the model computed it (``native_dtype``); a float32 copy (a trace's) came
+        from it, so nothing is lost, which is checked on the embedding point of each batch;
+        a stream that does not round-trip is kept in float32.
         """
-        if self.keep_dtype is not None:
+        if self.keep_dtype is not None and x.dtype != self.keep_dtype:
             kept = x.to(self.keep_dtype)
             if point == 0 and not torch.equal(kept.float(), x):
                 self.keep_dtype = None  # the stream is wider than the weights: keep it as it is
