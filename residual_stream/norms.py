@@ -74,7 +74,8 @@ class NormSpec:
         """The effective gain (γ + offset) on ``like``'s device and dtype, or 1.0 without γ."""
         if self.weight is None:
             return 1.0
-        return self.weight.to(like.device, like.dtype) + self.weight_offset
+        w = self.weight.to(like.device, like.dtype)  # no copy when it is already there
+        return w + self.weight_offset if self.weight_offset else w
 
     def scale(self, x: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch"]:
         """The per-token scale ``s`` the norm divides by, in float32 (float64 stays float64).

@@ -340,15 +340,15 @@ class FlowSums:
         col = {s: i for i, s in enumerate(sources)}
         rows = sum(len(r) for r, _, _, _ in self.reads)
         dev = self.mask.device
-        share = torch.zeros(rows, len(sources), dtype=torch.float64, device=dev)
-        abs_share = share.clone()
-        r0 = 0
-        for readers, names, s, a in self.reads:
-            idx = torch.tensor([col[x] for x in names], device=dev)
-            share[r0: r0 + len(readers), idx] = s
-            abs_share[r0: r0 + len(readers), idx] = a
+        at, r0 = [], 0  # (row, column) of every entry of every read's sums, in their order
+        for readers, names, _, _ in self.reads:
+            at += [(r0 + r, col[x]) for r in range(len(readers)) for x in names]
             r0 += len(readers)
-        acc.add("share", share)
-        acc.add("abs_share", abs_share)
+        at = tuple(torch.tensor(at, dtype=torch.long, device=dev).reshape(-1, 2).T)
+        for key, part in (("share", 2), ("abs_share", 3)):  # one scatter each, not one per read
+            table = torch.zeros(rows, len(sources), dtype=torch.float64, device=dev)
+            if self.reads:
+                table.index_put_(at, torch.cat([r[part].flatten() for r in self.reads]))
+            acc.add(key, table)
         acc.meta["readers"] = [r for readers, _, _, _ in self.reads for r in readers]
         acc.meta["sources"] = sources
