@@ -81,8 +81,11 @@ def count_fused_as_one() -> None:
 
 
 def replayed(model, names: list[str], seq_len: int):
-    """What a replayed scan runs per batch (``streaming.graphs``), emulated: the graph's
-    operations (the lean pass with ``replayable`` reducers) and the reduction after it."""
+    """What a replayed scan runs per batch (``streaming.graphs``), emulated.
+
+    The graph's operations (the lean pass with ``replayable`` reducers) and the reduction
+    after it.
+    """
     from residual_stream.streaming import make_accumulators
     from residual_stream.streaming.graphs import Replayed
 

@@ -106,7 +106,8 @@ def variants(model, use_tl: bool, copy_for_tl: bool = True) -> dict:
     def decompose(batch):
         trace_batch(model, batch).decompose(model.anatomy.n_layers)
 
-    out = {"hf_forward": hf_forward, "hf_headless": hf_headless, "rs_capture": lambda b: trace_batch(model, b),
+    out = {"hf_forward": hf_forward, "hf_headless": hf_headless,
+           "rs_capture": lambda b: trace_batch(model, b),
            "rs_stats": stats(["growth"]), "rs_stats_eager": stats(["growth"], graphs=False),
            "rs_survival": stats(["survival"]),
            "rs_read": stats(["read_attribution"]),

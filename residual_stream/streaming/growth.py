@@ -33,15 +33,15 @@ def _token_sums(values: Tensor, mask: Tensor) -> Tensor:
 
 @fused
 def _point_sums(x: Tensor, mask: Tensor, order: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Per token of ``x [batch, pos, d]``: its norm, coordinate sum and candidacy score; and
-    how many tokens are candidates.
+    """Per token of ``x [batch, pos, d]``: norm, coordinate sum, candidacy score; candidates.
 
-    A candidate is a real token that can hold a massive activation: a coordinate over
-    ``MASSIVE_ABS`` and a median |x| under its largest over ``MASSIVE_REL``, which a count
-    decides without sorting (the lower median is below ``t`` iff more than ``(d − 1) // 2``
-    coordinates are; ``t`` is nudged up by 1e-6 relative, so this is a superset of the tokens
-    that hit). Its score is its ``order`` (``[batch, pos]``, positive, highest first in token
-    order), 0 for the rest, for ``_first``. A bf16 ``x`` is reduced in float32 (``acc_dtype``).
+    The last is how many tokens are candidates. A candidate is a real token that can hold a
+    massive activation: a coordinate over ``MASSIVE_ABS`` and a median |x| under its largest
+    over ``MASSIVE_REL``, which a count decides without sorting (the lower median is below
+    ``t`` iff more than ``(d − 1) // 2`` coordinates are; ``t`` is nudged up by 1e-6
+    relative, so this is a superset of the tokens that hit). Its score is its ``order``
+    (``[batch, pos]``, positive, highest first in token order), 0 for the rest, for
+    ``_first``. A bf16 ``x`` is reduced in float32 (``acc_dtype``).
     """
     acc = acc_dtype(x)
     top = torch.linalg.vector_norm(x, ord=float("inf"), dim=-1, dtype=acc)
