@@ -340,3 +340,25 @@ def test_a_replayable_pass_never_reads_a_value_back_to_the_host(name, monkeypatc
         sums = make_accumulators(["growth"])["growth"].sums_for(m, batch, 0, {}, replayable)
         lean_forward(m, batch, [sums])
         assert bool(reads) == expect_reads, reads
+
+
+def test_a_flow_reducer_adds_the_same_sums_every_time_into_runs():
+    """A replay calls ``into`` on the same ``FlowSums`` for every batch (its layout of read
+    attribution is made once, its rounding checks kept): each call adds what the first did."""
+    from residual_stream.streaming import lean
+    from residual_stream.streaming.flow import FlowSums
+
+    m = rs.twin(norm="layernorm", placement="post", n_layers=3, d_model=32, seed=2, n_ctx=64)
+    batch, _ = next(iter(corpus_batches(m, Corpus(TEXTS), batch_size=4, seq_len=16)))
+    f = FlowSums(m, batch.attention_mask)
+    f.wants.update(FLOW)
+    lean.lean_pass(m, batch, [f])
+    first, again = make_accumulators(list(FLOW)), make_accumulators(list(FLOW))
+    for accs in (first, again):
+        for acc in accs.values():
+            f.into(acc)
+    assert f.layout is not None
+    for name in FLOW:
+        assert first[name].meta == again[name].meta
+        for key, x in first[name].sums.items():
+            assert torch.equal(x.nan_to_num(), again[name].sums[key].nan_to_num()), (name, key)

@@ -134,6 +134,7 @@ class FlowSums:
         self.tail = False  # past the last block: nothing reads the contributions any more
         self.block: tuple[int, object] | None = None  # (layer, its LayerWeights): both reads share
         self.subspaces = None  # a ``subspaces.SubspaceSums`` fed from the buffer, if asked for
+        self.layout: tuple | None = None  # where read attribution's sums go (``_read_layout``)
 
     @classmethod
     def shared(cls, shared: dict | None, model, batch) -> FlowSums:
@@ -335,20 +336,30 @@ class FlowSums:
         acc.add("born_norm", torch.stack(self.born))
         acc.meta["sources"] = list(self.labels)
 
+    def _read_layout(self) -> tuple[list[str], list[str], tuple[Tensor, Tensor]]:
+        """(readers, sources, (row, column) of every entry of every read's sums, in order).
+
+        Fixed by the program: made once per ``FlowSums`` (so once per shape when replayed).
+        """
+        if self.layout is None:
+            sources = list(dict.fromkeys(s for _, names, _, _ in self.reads for s in names))
+            col = {s: i for i, s in enumerate(sources)}
+            at, r0 = [], 0
+            for readers, names, _, _ in self.reads:
+                at += [(r0 + r, col[x]) for r in range(len(readers)) for x in names]
+                r0 += len(readers)
+            at = torch.tensor(at, dtype=torch.long, device=self.mask.device).reshape(-1, 2)
+            self.layout = ([r for readers, _, _, _ in self.reads for r in readers], sources,
+                           tuple(at.T))
+        return self.layout
+
     def _read_into(self, acc) -> None:
-        sources = list(dict.fromkeys(s for _, names, _, _ in self.reads for s in names))
-        col = {s: i for i, s in enumerate(sources)}
-        rows = sum(len(r) for r, _, _, _ in self.reads)
-        dev = self.mask.device
-        at, r0 = [], 0  # (row, column) of every entry of every read's sums, in their order
-        for readers, names, _, _ in self.reads:
-            at += [(r0 + r, col[x]) for r in range(len(readers)) for x in names]
-            r0 += len(readers)
-        at = tuple(torch.tensor(at, dtype=torch.long, device=dev).reshape(-1, 2).T)
+        readers, sources, at = self._read_layout()
         for key, part in (("share", 2), ("abs_share", 3)):  # one scatter each, not one per read
-            table = torch.zeros(rows, len(sources), dtype=torch.float64, device=dev)
+            table = torch.zeros(len(readers), len(sources), dtype=torch.float64,
+                                device=self.mask.device)
             if self.reads:
                 table.index_put_(at, torch.cat([r[part].flatten() for r in self.reads]))
             acc.add(key, table)
-        acc.meta["readers"] = [r for readers, _, _, _ in self.reads for r in readers]
-        acc.meta["sources"] = sources
+        acc.meta["readers"] = list(readers)
+        acc.meta["sources"] = list(sources)
