@@ -441,11 +441,13 @@ def test_cli_scan_resumes_and_two_processes_give_the_single_process_result(tmp_p
 
 def test_lean_lens_of_a_bf16_model_keeps_16_bit_copies_and_equals_the_trace(monkeypatch):
     """In bf16 the lean lens keeps the points and logits in bf16 and casts W_U per vocabulary
-    slice (3 slices here): the same values as the float32 trace the analysis reads."""
+    slice (3 slices here), in chunks of at most ``MAX_CHUNK`` tokens: the same values as the
+    float32 trace the analysis reads."""
     from tiny_hf import build
 
     from residual_stream.inputs import ByteTokenizer
     from residual_stream.streaming.lens import LensSums
+    from residual_stream.weights import Unembed
 
     m = rs.load(build("llama").to(torch.bfloat16), tokenizer=ByteTokenizer())
     assert m.dtype == torch.bfloat16
@@ -457,7 +459,12 @@ def test_lean_lens_of_a_bf16_model_keeps_16_bit_copies_and_equals_the_trace(monk
     monkeypatch.setattr(LensSums, "point", lambda self, p, x: (
         given.append(x.dtype), point(self, p, x), kept.append(self.streams[p].dtype)))
     monkeypatch.setattr("residual_stream.weights.VOCAB_SLICE", 100)
+    monkeypatch.setattr("residual_stream.streaming.lens.MAX_CHUNK", 5)  # 128 tokens: 26 chunks
+    rows: list[int] = []
+    logits = Unembed.logits
+    monkeypatch.setattr(Unembed, "logits", lambda self, h: (rows.append(len(h)), logits(self, h))[1])
     result = rs.scan(m, TEXTS, ["lens"], progress=False, **kw)
+    assert max(rows) == 5 and min(rows) < 5  # capped chunks, the last of a batch partial
     assert set(kept) == set(given) == {torch.bfloat16}  # the hooks' own tensors (native_dtype)
     _assert_lens_equal(result, whole)
     given.clear()

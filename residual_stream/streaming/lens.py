@@ -4,8 +4,9 @@ The lens compares each point's distribution with the model's final one, which on
 once the forward pass ends; so ``LensSums`` keeps the stream at every point (``n_layers + 1``
 vectors of ``d_model`` per token, in a 16-bit model's own dtype; a fraction of a trace) and,
 when the logits arrive (in the model's dtype), reduces each point in chunks of tokens
-(``MIN_CHUNK`` or more, at most ``MAX_CHUNKS`` per batch, which bounds both the temporaries
-and, on a GPU, the launches): one unembedding, one log-softmax, then KL to the final
+(``CHUNKS`` per batch, each of ``MIN_CHUNK`` to ``MAX_CHUNK`` tokens: the launches per batch
+stay few on small batches, the temporaries at most four ``[MAX_CHUNK, d_vocab]`` float32
+tensors on large ones): one unembedding, one log-softmax, then KL to the final
 distribution, top-1 agreement and the final top token's rank from that one tensor. The final
 distribution's probabilities are computed once per chunk, not once per point; no
 ``[tokens, d_vocab]`` tensor larger than a chunk is held beside the model's own logits, and a
@@ -23,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-MIN_CHUNK, MAX_CHUNKS = 64, 16  # tokens per unembedding: at least 64, at most 16 chunks a batch
+CHUNKS, MIN_CHUNK, MAX_CHUNK = 16, 64, 256  # chunks a batch, aimed at; tokens per chunk, bounds
 
 
 class LensSums:
@@ -67,7 +68,7 @@ class LensSums:
         kl = torch.zeros(len(points), dtype=torch.float64, device=final.device)
         agree = torch.zeros_like(kl)
         ranks = []
-        chunk = max(MIN_CHUNK, -(-len(final) // MAX_CHUNKS))
+        chunk = min(MAX_CHUNK, max(MIN_CHUNK, -(-len(final) // CHUNKS)))
         for start in range(0, len(final), chunk):
             part = slice(start, start + chunk)
             f = final[part].float().log_softmax(-1)  # logits may come in the model's dtype
