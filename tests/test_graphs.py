@@ -154,7 +154,7 @@ def test_the_flow_reducers_host_side_state_depends_on_the_shape_only():
 
     m = rs.twin(norm="layernorm", placement="post", n_layers=3, d_model=32, seed=2, n_ctx=64)
     seen = []
-    for batch, _ in corpus_batches(m, Corpus(TEXTS[:4] + TEXTS[3:]), batch_size=4, seq_len=16):
+    for batch, _ in corpus_batches(m, Corpus(TEXTS * 2), batch_size=4, seq_len=16):
         if tuple(batch.tokens.shape) != (4, 16):
             continue
         f = FlowSums(m, batch.attention_mask)
