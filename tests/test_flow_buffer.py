@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from spies import watch
 
 import residual_stream as rs
 from residual_stream.streaming import flow
@@ -37,13 +38,8 @@ def test_a_bf16_buffer_gives_the_float32_buffers_sums(name, carried, monkeypatch
     assert flow.carry_dtype(m) == carried  # Gemma 2 writes through norms; BERT normalizes the stream
     kw = dict(batch_size=3, seq_len=24, progress=False)
     used = []
-    append = flow.FlowSums._append
-
-    def spy(self, label, value):
-        append(self, label, value)
-        used.append(self.buf.dtype)
-
-    monkeypatch.setattr(flow.FlowSums, "_append", spy)
+    watch(monkeypatch, flow.FlowSums, "_append", lambda self, *_: used.append(self.buf.dtype),
+          after=True)
     monkeypatch.setattr("residual_stream.analyses.subspace_measures.CHUNK_ELEMENTS", 5000)
     got = rs.scan(m, TEXTS, STATS, **kw)
     assert set(used) == {carried}

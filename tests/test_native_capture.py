@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from spies import watch
 
 import residual_stream as rs
 from residual_stream.streaming import Corpus, corpus_batches, growth, lean, make_accumulators
@@ -31,15 +32,9 @@ def _bf16(name: str) -> rs.Model:
 
 def _dtypes_seen(monkeypatch, cls=None, method: str = "point") -> list[torch.dtype]:
     """The dtype of the tensor (last argument) each call of ``cls.method`` gets, recorded."""
-    cls = growth.GrowthSums if cls is None else cls
-    seen = []
-    original = getattr(cls, method)
-
-    def spy(self, key, x):
-        seen.append(x.dtype)
-        original(self, key, x)
-
-    monkeypatch.setattr(cls, method, spy)
+    seen: list[torch.dtype] = []
+    watch(monkeypatch, growth.GrowthSums if cls is None else cls, method,
+          lambda self, key, x: seen.append(x.dtype))
     return seen
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from spies import watch
 
 import residual_stream as rs
 from residual_stream.errors import InputError
@@ -455,14 +456,13 @@ def test_lean_lens_of_a_bf16_model_keeps_16_bit_copies_and_equals_the_trace(monk
     whole = trace_batch(m, pack(m, _rows(m, TEXTS, **kw)))
     kept: list[torch.dtype] = []
     given: list[torch.dtype] = []
-    point = LensSums.point
-    monkeypatch.setattr(LensSums, "point", lambda self, p, x: (
-        given.append(x.dtype), point(self, p, x), kept.append(self.streams[p].dtype)))
+    watch(monkeypatch, LensSums, "point", lambda self, p, x: given.append(x.dtype))
+    watch(monkeypatch, LensSums, "point", lambda self, p, x: kept.append(self.streams[p].dtype),
+          after=True)
     monkeypatch.setattr("residual_stream.weights.VOCAB_SLICE", 100)
     monkeypatch.setattr("residual_stream.streaming.lens.MAX_CHUNK", 5)  # 128 tokens: 26 chunks
     rows: list[int] = []
-    logits = Unembed.logits
-    monkeypatch.setattr(Unembed, "logits", lambda self, h: (rows.append(len(h)), logits(self, h))[1])
+    watch(monkeypatch, Unembed, "logits", lambda self, h: rows.append(len(h)))
     result = rs.scan(m, TEXTS, ["lens"], progress=False, **kw)
     assert max(rows) == 5 and min(rows) < 5  # capped chunks, the last of a batch partial
     assert set(kept) == set(given) == {torch.bfloat16}  # the hooks' own tensors (native_dtype)
@@ -525,8 +525,7 @@ def test_a_lean_pass_computes_only_the_norm_scales_it_reads(name, monkeypatch):
 
     m = rs.load(build(name), tokenizer=ByteTokenizer())
     computed: set[str] = set()
-    scale = NormSpec.scale
-    monkeypatch.setattr(NormSpec, "scale", lambda self, x: (computed.add(self.name), scale(self, x))[1])
+    watch(monkeypatch, NormSpec, "scale", lambda self, x: computed.add(self.name))
     kw = dict(batch_size=4, seq_len=24, progress=False)
     rs.scan(m, TEXTS[:4], ["growth", "survival"], **kw)
     writes = {n for n in m.anatomy.norms if n.endswith("_out")}  # Gemma 2's post-write norms

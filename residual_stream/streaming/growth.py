@@ -81,6 +81,14 @@ def _hits(rows: Tensor, valid: Tensor, top_k: int) -> tuple[Tensor, Tensor, Tens
             med.flatten(1).gather(1, idx // rows.shape[-1]))
 
 
+def _stacked(tensors: tuple[Tensor, ...]) -> Tensor:
+    """``torch.stack``, but a view of a single tensor instead of a copy.
+
+    The eager search stacks one point, whose candidate rows may be every token.
+    """
+    return tensors[0].unsqueeze(0) if len(tensors) == 1 else torch.stack(tensors)
+
+
 @fused
 def _norms(a: Tensor, *terms: Tensor) -> tuple[Tensor, Tensor]:
     """``‖a‖`` and ``‖terms[0] + terms[1] + …‖`` per token, in float32 at least.
@@ -187,8 +195,8 @@ class GrowthSums:
             return
         points, rows, valid, flat = zip(*self.candidates, strict=True)
         self.candidates = []
-        count, idx, value, med = _hits(torch.stack(rows), torch.stack(valid), self.top_k)
-        token = torch.stack(flat).gather(1, idx // self.d_model)           # (point, top_k)
+        count, idx, value, med = _hits(_stacked(rows), _stacked(valid), self.top_k)
+        token = _stacked(flat).gather(1, idx // self.d_model)              # (point, top_k)
         width = self.mask.shape[1]
         self.massive.append((list(points), count, idx % self.d_model, value, med,
                              token // width, token % width))
