@@ -156,8 +156,11 @@ class Unembed:
                 h = self.transform(h.to(next(self.transform.parameters()).dtype)).float()
         if self.W_U.dtype == h.dtype:
             out = h @ self.W_U
-        else:
-            out = torch.cat([h @ w.to(h.dtype) for w in self.W_U.split(VOCAB_SLICE, -1)], -1)
+        else:  # each slice's product goes straight into its columns: no second [*, d_vocab]
+            out = h.new_empty(*h.shape[:-1], self.W_U.shape[-1])
+            for start in range(0, out.shape[-1], VOCAB_SLICE):
+                w = self.W_U[:, start: start + VOCAB_SLICE]
+                torch.matmul(h, w.to(h.dtype), out=out[..., start: start + VOCAB_SLICE])
         if self.b_U is not None:
             out = out + self.b_U
         if self.softcap:

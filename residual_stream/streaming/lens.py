@@ -5,18 +5,22 @@ once the forward pass ends; so ``LensSums`` keeps the stream at every point (``n
 vectors of ``d_model`` per token, in a 16-bit model's own dtype; a fraction of a trace) and,
 when the logits arrive (in the model's dtype), reduces each point in chunks of tokens
 (``CHUNKS`` per batch, each of ``MIN_CHUNK`` to ``MAX_CHUNK`` tokens: the launches per batch
-stay few on small batches, the temporaries at most four ``[MAX_CHUNK, d_vocab]`` float32
-tensors on large ones): one unembedding, one log-softmax, then KL to the final
-distribution, top-1 agreement and the final top token's rank from that one tensor. The final
-distribution's probabilities are computed once per chunk, not once per point; no
-``[tokens, d_vocab]`` tensor larger than a chunk is held beside the model's own logits, and a
-16-bit ``W_U`` is cast to float32 one vocabulary slice at a time (``Unembed.logits``), never
-copied whole.
+stay few on small batches, the temporaries bounded on large ones). Per chunk the final
+distribution gives ``p`` and ``Σ p log p`` once; per point one unembedding ``z`` gives top-1
+agreement and the final top token's rank, one product gives ``Σ p z``, and ``logsumexp z``
+is taken in place in ``z`` (its last use), so that
 
-The arithmetic is ``analyses.lens.logit_lens``'s (the same log-softmax, the same difference
-``log p − log q`` summed against ``p``; agreement and rank compared on the logits), computed in
-place with at most four ``[chunk, d_vocab]`` tensors alive, so a scan reproduces it: KL and
-agreement to float64 summation order, ranks exactly.
+    KL(p ‖ softmax z) = Σ p log p − Σ p z + logsumexp(z) · Σ p
+
+with two ``[chunk, d_vocab]`` float32 tensors alive (``p`` and ``z``) and a boolean one for
+the rank. No ``[tokens, d_vocab]`` tensor larger than a chunk is held beside the model's own
+logits, and a 16-bit ``W_U`` is cast to float32 one vocabulary slice at a time, each slice's
+product written into its columns of ``z`` (``Unembed.logits``), never copied whole.
+
+``analyses.lens.logit_lens`` sums ``p (log p − log q)`` elementwise; the two sums differ by
+float32 rounding of the dot products (~1e-7 of the logits' size per token; the tests hold
+them to ``KL_ATOL``). Agreement and rank compare the same logits, so they equal the
+analysis's exactly.
 """
 
 from __future__ import annotations
@@ -24,7 +28,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-CHUNKS, MIN_CHUNK, MAX_CHUNK = 16, 64, 256  # chunks a batch, aimed at; tokens per chunk, bounds
+from .. import weights
+from ..fusion import fused
+
+CHUNKS, MIN_CHUNK, MAX_CHUNK = 8, 128, 512  # chunks a batch, aimed at; tokens per chunk, bounds
 
 
 class LensSums:
@@ -62,7 +69,11 @@ class LensSums:
         """Nothing: the lens reads points only."""
 
     def logits(self, final: Tensor) -> None:
-        """Reduce every point against the model's own logits ``final [batch, pos, d_vocab]``."""
+        """Reduce every point against the model's own logits ``final [batch, pos, d_vocab]``.
+
+        Per chunk, the final distribution gives ``p`` and ``Σ p log p`` once; per point, the
+        logits ``z`` give everything else through ``point_terms`` (module docstring).
+        """
         points = [self.streams.pop(p).flatten(0, 1) for p in range(len(self.streams))]  # kept dtype
         final, real = final.flatten(0, 1), self.mask.flatten()  # padding is weighted out, not indexed
         kl = torch.zeros(len(points), dtype=torch.float64, device=final.device)
@@ -71,19 +82,20 @@ class LensSums:
         chunk = min(MAX_CHUNK, max(MIN_CHUNK, -(-len(final) // CHUNKS)))
         for start in range(0, len(final), chunk):
             part = slice(start, start + chunk)
-            f = final[part].float().log_softmax(-1)  # logits may come in the model's dtype
-            pf, top, m = f.exp(), final[part].argmax(-1), real[part]
+            logp = final[part].float().log_softmax(-1)  # logits may come in the model's dtype
+            top, m = final[part].argmax(-1), real[part]
+            p = logp.exp()
+            plogp, mass = row_dot(p, logp), p.sum(-1)                          # Σ p log p, Σ p
+            del logp
             chunk_ranks = []
             for i, x in enumerate(points):
                 x = x[part].float()
                 z = self.unembed.logits(x if self.final_norm is None else self.final_norm.apply(x))
-                agree[i] += ((z.argmax(-1) == top) & m).double().sum()
-                chunk_ranks.append(torch.count_nonzero(z > z.gather(-1, top[:, None]), dim=-1))
-                gap = z.log_softmax(-1)
+                best, rank, pz, lse = point_terms(z, p, top)                   # z is spent
                 del z
-                gap.sub_(f).neg_()                                             # log p − log q
-                gap = (pf.unsqueeze(1) @ gap.unsqueeze(-1)).flatten()          # Σ p (log p − log q)
-                kl[i] += torch.where(m, gap, 0).double().sum()
+                agree[i] += ((best == top) & m).double().sum()
+                chunk_ranks.append(rank)
+                kl[i] += torch.where(m, plogp - pz + lse * mass, 0).double().sum()
             ranks.append(torch.stack(chunk_ranks))
         ranks = torch.cat(ranks, 1)[:, real]  # real tokens only: one device sync for the batch
         offset = torch.arange(len(points), device=ranks.device)[:, None] * self.d_vocab
@@ -95,3 +107,56 @@ class LensSums:
         """Add this batch's sums to ``acc`` (a ``LensStats``)."""
         for key, value in self.sums.items():
             acc.add(key, value)
+
+
+def _row_dot(a: Tensor, b: Tensor) -> Tensor:
+    return (a * b).sum(-1)
+
+
+def _row_dot_sliced(a: Tensor, b: Tensor) -> Tensor:
+    out = torch.zeros(a.shape[:-1], dtype=a.dtype, device=a.device)
+    step = weights.VOCAB_SLICE
+    for start in range(0, a.shape[-1], step):
+        cols = slice(start, start + step)
+        out += (a[..., cols] * b[..., cols]).sum(-1)
+    return out
+
+
+row_dot = fused(_row_dot, eager=_row_dot_sliced)
+row_dot.__doc__ = """``(a * b).sum(-1)``, a float32 reduction (pairwise on the CPU, a tree on a GPU).
+
+Not a matrix product: a BLAS dot over a vocabulary adds its terms one by one into a
+running sum, and terms below that sum's rounding are lost (4e-3 nats per token on
+SmolLM2's 49,152 logits). One kernel on a GPU; eagerly ``VOCAB_SLICE`` columns at a time,
+so no ``[rows, d_vocab]`` temporary.
+"""
+
+
+def _point_terms(z: Tensor, p: Tensor, top: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    best = z.argmax(-1)
+    rank = (z > z.gather(-1, top[:, None])).sum(-1, dtype=torch.int32)
+    zmax = z.amax(-1, keepdim=True)
+    zmax = torch.where(torch.isfinite(zmax), zmax, 0)
+    shifted = z - zmax
+    return best, rank, (p * shifted).sum(-1), shifted.exp().sum(-1).log()
+
+
+def _point_terms_in_place(z: Tensor, p: Tensor, top: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    best = z.argmax(-1)
+    rank = (z > z.gather(-1, top[:, None])).sum(-1, dtype=torch.int32)  # not count_nonzero: int64 copy
+    zmax = z.amax(-1, keepdim=True)
+    shifted = z.sub_(torch.where(torch.isfinite(zmax), zmax, 0))
+    pz = _row_dot_sliced(p, shifted)
+    return best, rank, pz, shifted.exp_().sum(-1).log_()
+
+
+point_terms = fused(_point_terms, eager=_point_terms_in_place)
+point_terms.__doc__ = """One point's terms from its logits ``z [n, d_vocab]`` (spent: overwritten eagerly).
+
+Against the final distribution ``p [n, d_vocab]`` and its top token ``top [n]``:
+``z``'s top token, the rank of ``top`` in ``z`` (how many logits exceed its), and, with
+``z' = z − max z``, ``Σ p z'`` and ``logsumexp z'``, so that ``KL(p ‖ softmax z) =
+Σ p log p − Σ p z' + logsumexp(z') Σ p`` (the maximum cancels; the shift keeps the terms
+small). Compiled into one pass over ``z`` on a GPU; eagerly in place in ``z``, with at most
+a boolean ``[n, d_vocab]`` and a ``VOCAB_SLICE``-column temporary beside it.
+"""
