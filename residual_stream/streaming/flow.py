@@ -249,8 +249,13 @@ class FlowSums:
     def _read(self, op: Read, scales: dict[str, Tensor]) -> None:
         """Shares of every source in every linear read of ``op.component`` (module docstring).
 
-        Heads that share a key/value map (grouped-query attention) share their shares: each
-        distinct map is computed once and its row repeated for its heads.
+        ``Lᵀ(y Wᵀ) = y (C diag(γ) W)ᵀ / s``: the reading norm's gain and centering are folded
+        into each map (``NormSpec.fold_into``, a pass over the weights) and its per-token
+        ``1/s`` into the denominator, so ``y Wᵀ`` is never mapped; every map's product goes
+        straight into its rows of one ``[token, map, d_model]`` tensor, which the product
+        with the buffer reads as it is. Heads that share a key/value map (grouped-query
+        attention) share their shares: each distinct map is computed once and its row
+        repeated for its heads.
         """
         spec = None if op.norm is None else self.norms[op.norm]
         scale = None if spec is None else scales[op.norm].flatten()
@@ -258,31 +263,44 @@ class FlowSums:
         u = x if spec is None else spec.apply_frozen(x, scale)
         tiny = torch.finfo(u.dtype).tiny
         anatomy = self.model.anatomy
-        hs, dens, channels = [], [], []
+        channels = []
         for readers, W, b in read_channels(self.model, op.component, self._weights(op.component)):
             rep = anatomy.n_heads // anatomy.n_kv_heads if readers[0][-2:] in (".k", ".v") else 1
             W = W[::rep].to(u.device, u.dtype)                                # (map, d, k)
             b = None if b is None else b[::rep].to(u.device, u.dtype)
+            channels.append((readers, rep, W, b))
+        n_maps = sum(len(W) for _, _, W, _ in channels)
+        h = u.new_empty(len(u), n_maps, u.shape[-1])                          # (token, map, d)
+        den = u.new_empty(len(u), n_maps)
+        col, extras = 0, []
+        for readers, rep, W, b in channels:
+            cols = slice(col, col + len(W))
+            col += len(W)
             y = (u @ W.permute(1, 0, 2).flatten(1)).view(len(u), len(W), -1)  # (token, map, k)
             if b is not None:
                 y = y + b
-            g = torch.bmm(y.transpose(0, 1), W.transpose(1, 2))              # y Wᵀ: (map, token, d)
-            den = y.pow(2).sum(-1).clamp_min(tiny)                             # (token, map)
-            hs.append(g if spec is None else spec.apply_adjoint(g, scale))
-            dens.append(den)
+            folded = W if spec is None else spec.fold_into(W)
+            torch.bmm(y.transpose(0, 1), folded.transpose(1, 2), out=h[:, cols].transpose(0, 1))
+            d = den[:, cols]
+            torch.sum(y.pow(2), -1, out=d)
+            d.clamp_min_(tiny)
             names, extra = [], []
-            if spec is not None and spec.bias is not None:
+            if spec is not None and spec.bias is not None:                    # <β W, y>
                 names.append(READ_NORM_BIAS)
-                extra.append((g @ spec.bias.to(u.device, u.dtype)).T / den)
+                bW = torch.einsum("d,mdk->mk", spec.bias.to(u.device, u.dtype), W)
+                extra.append((y * bW).sum(-1) / d)
             if b is not None:
                 names.append(READ_MAP_BIAS)
-                extra.append((y * b).sum(-1) / den)
-            channels.append((readers, rep, len(W), names, torch.stack(extra, 1) if extra else None))
-        share = _token_bmm(self._filled().flatten(0, 1), torch.cat(hs).permute(1, 2, 0))
-        share = share / torch.cat(dens, 1)[:, None]                           # (token, source, map)
+                extra.append((y * b).sum(-1) / d)
+            channels_extra = torch.stack(extra, 1) if extra else None
+            extras.append((readers, rep, len(W), names, channels_extra))
+        if scale is not None:
+            den = den * scale.to(den.dtype)[:, None]                          # Lᵀ's 1/s
+        share = _token_bmm(self._filled().flatten(0, 1), h.transpose(1, 2))
+        share = share / den[:, None]                                          # (token, source, map)
         sums, abs_sums = self._token_sum(share), self._token_sum(share.abs())
         col = 0
-        for readers, rep, n_maps, names, extra in channels:
+        for readers, rep, n_maps, names, extra in extras:
             s, a = sums[:, col: col + n_maps], abs_sums[:, col: col + n_maps]
             col += n_maps
             if extra is not None:
