@@ -6,7 +6,8 @@ scans the same batches three ways: replayed with fusion (what ``rs.scan`` does o
 eagerly with fusion, eagerly without; and prints as one JSON line, per sum, the largest
 difference of each of the first two from the third, relative to the sum's largest entry,
 with how many batches were replayed and any warning (a capture that failed falls back to
-the eager pass with a warning).
+the eager pass with a warning). The lens (not replayable) is scanned twice, with its
+per-point reductions compiled (``lens.point_terms``, ``lens.row_dot``) and eagerly.
 
     python benchmarks/gpu_flow_check.py --model /tmp/smollm2-random
 """
@@ -30,10 +31,10 @@ from residual_stream.streaming.runner import batch_adder  # noqa: E402
 STATS = ["growth", "survival", "read_attribution"]
 
 
-def _scan(model, batches, graphs: bool, fused: bool) -> tuple[dict, int]:
+def _scan(model, batches, graphs: bool, fused: bool, stats=STATS) -> tuple[dict, int]:
     fusion.ENABLED = fused
     try:
-        accs = make_accumulators(STATS)
+        accs = make_accumulators(stats)
         for a in accs.values():
             a.prepare(model, None)
         add = batch_adder(model, accs, graphs, batches[0].tokens.shape[1])
@@ -44,9 +45,9 @@ def _scan(model, batches, graphs: bool, fused: bool) -> tuple[dict, int]:
         fusion.ENABLED = True
 
 
-def _diffs(ref: dict, got: dict) -> dict:
+def _diffs(ref: dict, got: dict, stats=STATS) -> dict:
     out = {}
-    for name in STATS:
+    for name in stats:
         for key, x in ref[name].sums.items():
             y = got[name].sums[key]
             if not x.is_floating_point():
@@ -71,10 +72,13 @@ def main() -> None:
         replayed, replays = _scan(model, batches, graphs, True)
         fused, _ = _scan(model, batches, False, True)
         eager, _ = _scan(model, batches, False, False)
+        lens_fused, _ = _scan(model, batches, False, True, ["lens"])
+        lens_eager, _ = _scan(model, batches, False, False, ["lens"])
     print(json.dumps({"replays": replays, "batches": len(batches),
                       "warnings": [str(w.message)[:300] for w in caught],
                       "replayed_vs_eager": _diffs(eager, replayed),
-                      "fused_vs_eager": _diffs(eager, fused)}))
+                      "fused_vs_eager": _diffs(eager, fused),
+                      "lens_fused_vs_eager": _diffs(lens_eager, lens_fused, ["lens"])}))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,9 @@ attention, ``torch.inference_mode``):
 * ``rs_stats_flow``: ``growth``, ``survival`` and ``read_attribution`` together, lean;
 * ``rs_lens``: the ``lens`` statistic, lean (points kept, one unembedding per point after the
   forward pass, in token chunks);
+* ``rs_lens_tf32`` (CUDA only): the same with float32 products on TF32 tensor cores
+  (``torch.backends.cuda.matmul.fp32_precision = "tf32"``): what the lens's float32
+  unembeddings would cost at TF32's 10-bit mantissa (not what ``rs.scan`` does);
 * ``rs_subspaces``: the ``subspaces`` statistic, lean (every write's energy in the named
   subspaces, in every head's write space and in every later reader's read space, measured
   from the flow buffer; its PCA and bases fixed once, on the warm-up batch, as a scan does);
@@ -71,6 +74,18 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
+def _tf32(fn):
+    """``fn`` with CUDA float32 matrix products on TF32 tensor cores."""
+    def run(batch):
+        before = torch.backends.cuda.matmul.fp32_precision
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        try:
+            fn(batch)
+        finally:
+            torch.backends.cuda.matmul.fp32_precision = before
+    return run
+
+
 def variants(model, use_tl: bool, copy_for_tl: bool = True) -> dict:
     """Variant name → function of one batch.
 
@@ -114,6 +129,8 @@ def variants(model, use_tl: bool, copy_for_tl: bool = True) -> dict:
            "rs_stats_flow": stats(["growth", "survival", "read_attribution"]),
            "rs_lens": stats(["lens"]), "rs_subspaces": stats(["subspaces"]),
            "rs_decompose": decompose}
+    if torch.device(dev).type == "cuda":
+        out["rs_lens_tf32"] = _tf32(stats(["lens"]))
     if use_tl:
         from residual_stream.tl_compat import boot_bridge
 
