@@ -49,9 +49,11 @@ class Component:
 class ModulePaths:
     """Where each hooked module sits in the framework model (dotted paths from its root).
 
-    ``qkv``, ``mlp_in``, ``mlp_gate`` and ``mlp_down`` are relative to a block (``layers[L]``);
-    ``qkv_layout`` says how to split them (see ``weights.layer_weights``). ``lm_head`` is the
-    nonlinear transform applied before the unembedding, if the model has one (BERT's MLM head).
+    ``qkv``, ``mlp_in``, ``mlp_gate``, ``mlp_down`` and ``qk_norms`` are relative to a block
+    (``layers[L]``); ``qkv_layout`` says how to split them (see ``weights.layer_weights``).
+    ``qk_norms`` are the RMSNorms on queries and keys (Qwen3, OLMo 2, Gemma 3), whose gain is
+    ``weight + qk_norm_offset``. ``lm_head`` is the nonlinear transform applied before the
+    unembedding, if the model has one (BERT's MLM head).
     """
 
     layers: tuple[str, ...]
@@ -65,6 +67,8 @@ class ModulePaths:
     mlp_in: str = ""
     mlp_gate: str | None = None
     mlp_down: str = ""
+    qk_norms: tuple[str, str] | None = None
+    qk_norm_offset: float = 0.0
 
 
 @dataclass(frozen=True, eq=False)

@@ -11,7 +11,7 @@ a model whose stream program we have not written down and verified.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -49,6 +49,9 @@ class ArchSpec:
     # a nonlinear transform between the final stream and the unembedding (BERT's MLM head),
     # relative to the top model; the lens applies it, direct logit attribution cannot
     head_transform: str | None = None
+    # RMSNorms on the queries and keys after their projections (Qwen3, OLMo 2, Gemma 3),
+    # relative to a block: their gains scale each head's W_Q / W_K (``LayerWeights.g_Q``)
+    qk_norms: tuple[str, str] | None = None
 
 
 _LLAMA = ArchSpec(
@@ -64,15 +67,20 @@ _GEMMA = ArchSpec(
                  "ln_mlp_in": "pre_feedforward_layernorm", "ln_mlp_out": "post_feedforward_layernorm"},
     attn_out="self_attn.o_proj", mlp_out="mlp", weight_offset=1.0,
 )
+_QK_NORMS = ("self_attn.q_norm", "self_attn.k_norm")
 ARCHITECTURES: dict[str, ArchSpec] = {
-    "llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA, "qwen3": _LLAMA,
-    "gemma2": _GEMMA, "gemma3_text": _GEMMA,
+    "llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA,
+    "qwen3": replace(_LLAMA, family="Qwen3 decoder (pre-RMSNorm, rotary, RMSNorm on q and k)",
+                     qk_norms=_QK_NORMS),
+    "gemma2": _GEMMA,
+    "gemma3_text": replace(_GEMMA, family="Gemma 3 decoder (sandwich RMSNorm with (1+γ), scaled "
+                           "embeddings, RMSNorm on q and k)", qk_norms=_QK_NORMS),
     "olmo2": ArchSpec(
         family="OLMo 2 decoder (RMSNorm on each write, none on the read)",
         layers="layers", embeds={"embed": "embed_tokens"}, final_norm="norm", placement="sandwich",
         block_norms={"ln_attn_out": "post_attention_layernorm",
                      "ln_mlp_out": "post_feedforward_layernorm"},
-        attn_out="self_attn.o_proj", mlp_out="mlp",
+        attn_out="self_attn.o_proj", mlp_out="mlp", qk_norms=_QK_NORMS,
     ),
     "gpt2": ArchSpec(
         family="GPT-2 decoder (pre-LayerNorm, learned positions)",
@@ -221,6 +229,9 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
             mlp_in=spec.mlp_in if has_mlp else "", mlp_down=spec.mlp_down if has_mlp else "",
             mlp_gate=spec.mlp_gate if has_mlp and _has(
                 base, f"{layer_paths[0]}.{spec.mlp_gate}") else None,
+            qk_norms=spec.qk_norms if spec.qk_norms and all(
+                _has(base, f"{layer_paths[0]}.{p}") for p in spec.qk_norms) else None,
+            qk_norm_offset=spec.weight_offset,
         ),
         has_lm_head=has_lm_head, lm_head_note=lm_head_note, alpha=alpha,
         has_attn_bias=getattr(attn0, "bias", None) is not None,

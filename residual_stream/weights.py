@@ -59,7 +59,10 @@ class LayerWeights:
 
     Key and value maps of grouped-query attention are expanded to one per query head.
     Biases are None where the model has none. ``W_gate`` is None for ungated MLPs; every MLP
-    map is None for attention-only models.
+    map is None for attention-only models. ``g_Q`` and ``g_K`` are the gains of the RMSNorms
+    that Qwen3, OLMo 2 and Gemma 3 put on queries and keys after ``W_Q`` / ``W_K`` (offset
+    included, one row per query head), None elsewhere: with each such norm's per-token scale
+    frozen, head ``h``'s query is ``x W_Q[h] diag(g_Q[h]) / s``.
     """
 
     W_Q: Float[Tensor, "head d_model d_head"]
@@ -75,6 +78,8 @@ class LayerWeights:
     W_gate: Float[Tensor, "d_model d_mlp"] | None
     W_out: Float[Tensor, "d_mlp d_model"] | None
     b_out: Float[Tensor, " d_model"] | None
+    g_Q: Float[Tensor, "head d_head"] | None = None
+    g_K: Float[Tensor, "head d_head"] | None = None
 
     def to(self, device: torch.device) -> LayerWeights:
         """The same maps on ``device`` (no copy for those already there)."""
@@ -96,6 +101,25 @@ def _split_qkv(block: nn.Module, paths: ModulePaths, n_heads: int, n_kv: int):
     bh = None if b is None else einops.rearrange(b, "(head three k) -> three (head k)",
                                                   head=n_heads, three=3)
     return [(Wh[i], None if bh is None else bh[i]) for i in range(3)]
+
+
+def _qk_gains(block: nn.Module, paths: ModulePaths, n_heads: int, n_kv: int, d_head: int):
+    """``(g_Q, g_K)``, each ``[n_heads, d_head]`` float32, or ``(None, None)`` (``LayerWeights``).
+
+    A gain of ``d_head`` entries is shared by every head (Qwen3, Gemma 3); one of ``groups ×
+    d_head`` (OLMo 2 normalizes all heads' queries together) is split per head, keys'
+    groups repeated for the query heads that read them.
+    """
+    if paths.qk_norms is None:
+        return None, None
+    out = []
+    for path, groups in zip(paths.qk_norms, (n_heads, n_kv), strict=True):
+        g = parameter(block.get_submodule(path), "weight").detach().float() + paths.qk_norm_offset
+        if g.numel() == d_head:
+            out.append(g.expand(n_heads, d_head))
+        else:
+            out.append(g.view(groups, d_head).repeat_interleave(n_heads // groups, 0))
+    return tuple(out)
 
 
 def _per_head(W: Tensor, b: Tensor | None, n_heads: int, n_groups: int):
@@ -120,6 +144,8 @@ def layer_weights(model: nn.Module, anatomy, layer: int) -> LayerWeights:
     down = block.get_submodule(paths.mlp_down) if paths.mlp_down else None
     gate = block.get_submodule(paths.mlp_gate) if paths.mlp_gate else None
 
+    g_Q, g_K = _qk_gains(block, paths, H, anatomy.n_kv_heads, anatomy.d_head)
+
     def maybe(fn, module):
         return None if module is None else fn(module)
 
@@ -127,6 +153,7 @@ def layer_weights(model: nn.Module, anatomy, layer: int) -> LayerWeights:
         W_Q=W_Q, W_K=W_K, W_V=W_V, b_Q=b_Q, b_K=b_K, b_V=b_V,
         W_O=attn_W_O(o, H), b_O=bias_of(o), W_in=maybe(as_in_out, up), b_in=maybe(bias_of, up),
         W_gate=maybe(as_in_out, gate), W_out=maybe(as_in_out, down), b_out=maybe(bias_of, down),
+        g_Q=g_Q, g_K=g_K,
     )
 
 

@@ -249,6 +249,52 @@ def test_composition_against_explicit_matrices():
     assert len(comp.to_frame().query("kind == 'in'")) == 4 * (1 + 2)  # L0→L1,L2; L1→L2; L2→-
 
 
+QK_NORM_COS_TOL = 1e-5  # 1 − cosine between float32 vectors of 16 entries computed two ways
+
+
+@pytest.mark.parametrize("name", ["qwen3", "olmo2", "gemma3_text", "llama"])
+def test_attention_read_maps_reproduce_the_frameworks_queries_and_keys(name):
+    """``attention_read_maps`` against the framework's own queries and keys, after Qwen3's
+    per-head, OLMo 2's all-heads and Gemma 3's ``1 + γ`` query/key RMSNorms (Llama has
+    none: its projections): from the stream entering the block, ``x @ q[h]`` is parallel
+    to head ``h``'s query with a positive factor per token (the frozen scales). Without the
+    query/key norms' gains (perturbed away from 1 by ``build``) it is not, so composition
+    would score a different bilinear form than the one the model attends with."""
+    from residual_stream.analyses.composition import attention_read_maps
+
+    model = rs.load(build(name), tokenizer=ByteTokenizer())
+    a, L = model.anatomy, 1
+    attn = model.module.model.layers[L].self_attn
+    names = ("q_norm", "k_norm") if a.modules.qk_norms else ("q_proj", "k_proj")
+    assert (a.modules.qk_norms is not None) == (name != "llama")
+    seen = {}
+    hooks = [getattr(attn, n).register_forward_hook(
+        lambda mod, args, out, n=n: seen.__setitem__(n, out.detach())) for n in names]
+    try:
+        tr = rs.trace(model, TEXTS[:2])
+    finally:
+        for h in hooks:
+            h.remove()
+    x, w = tr.stream(L), model.weights(L)
+    maps = attention_read_maps(model, L)
+    for kind, n, groups in (("q", names[0], a.n_heads), ("k", names[1], a.n_kv_heads)):
+        actual = seen[n]
+        if actual.ndim == 4 and actual.shape[1:3] == (groups, x.shape[1]):  # Gemma 3: heads first
+            actual = actual.transpose(1, 2)
+        actual = actual.reshape(*x.shape[:2], groups, a.d_head)
+        actual = actual.repeat_interleave(a.n_heads // groups, 2)         # (b, p, head, d_head)
+        for W, exact in ((maps["qk".index(kind)], True), (getattr(w, f"W_{kind.upper()}"), False)):
+            if not exact:
+                W = model.anatomy.norms[f"L{L}.ln_attn_in"].fold_into(W) \
+                    if f"L{L}.ln_attn_in" in model.anatomy.norms else W
+            pred = torch.einsum("bpd,hdk->bphk", x, W)
+            cos = torch.nn.functional.cosine_similarity(pred, actual, dim=-1)[tr.attention_mask.bool()]
+            if exact or name == "llama":
+                assert (1 - cos).abs().max() <= QK_NORM_COS_TOL, (kind, exact)
+            else:
+                assert (1 - cos).max() > 100 * QK_NORM_COS_TOL, kind  # the gains matter
+
+
 # --- lens and direct logit attribution ------------------------------------------------------
 
 def test_logit_lens_is_the_model_at_the_last_point_and_the_norm_elsewhere():

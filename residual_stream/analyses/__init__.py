@@ -5,7 +5,7 @@ frame) and a figure builder in ``residual_stream.plotting``.
 """
 
 from .ablation import AblationCheck, ablation_check
-from .composition import Composition, composition
+from .composition import Composition, attention_read_maps, composition
 from .flow import ReadAttribution, Survival, read_attribution, survival
 from .growth import NormGrowth, norm_growth
 from .lens import DirectLogitAttribution, LogitLens, direct_logit_attribution, logit_lens
@@ -14,6 +14,7 @@ from .subspaces import Subspace, WriteSubspaces, orthogonal_split, write_subspac
 
 __all__ = [
     "AblationCheck", "Composition", "DirectLogitAttribution", "LogitLens", "MixingRatio",
+    "attention_read_maps",
     "NormGrowth", "ReadAttribution", "Subspace", "Survival", "WriteSubspaces", "ablation_check",
     "composition", "direct_logit_attribution", "logit_lens", "mixing_ratio", "norm_growth",
     "orthogonal_split", "read_attribution", "survival", "write_subspaces",

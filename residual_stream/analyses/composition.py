@@ -9,7 +9,11 @@ TransformerLens's
     K-composition  ‖W_OV^i W_QK^jᵀ‖_F / (‖W_OV^i‖_F ‖W_QK^j‖_F)
     V-composition  ‖W_OV^i W_OV^j‖_F  / (‖W_OV^i‖_F ‖W_OV^j‖_F)
 
-(row-vector convention: ``x W_OV^i`` is head i's write of ``x``). The analogues for MLPs use
+(row-vector convention: ``x W_OV^i`` is head i's write of ``x``). Where the model puts an
+RMSNorm on queries and keys after their projections (Qwen3, OLMo 2, Gemma 3), its gain is
+folded into each head's ``W_Q`` / ``W_K`` as well (``W_Q diag(g_Q)``): with the per-token
+scales frozen, the attention score is ``x W_Q diag(g_Q) diag(g_K) W_Kᵀ yᵀ`` up to a positive
+factor per token, which the normalized scores do not see (``attention_read_maps``). The analogues for MLPs use
 ``W_out`` as an MLP's write map and ``W_in`` (and ``W_gate``) as its read map: head → MLP
 ``‖W_OV^i W_in^j‖ / (‖W_OV^i‖ ‖W_in^j‖)``, MLP → head (Q, K, V) likewise.
 
@@ -80,6 +84,22 @@ def _fold(model, layer: int, kind: str, W: Tensor) -> Tensor:
     return W if comp.reads_through is None else model.anatomy.norms[comp.reads_through].fold_into(W)
 
 
+def attention_read_maps(model, layer: int, weights=None) -> tuple[Tensor, Tensor, Tensor]:
+    """Block ``layer``'s query, key and value maps from the stream, each ``[head, d_model, d_head]``.
+
+    ``C diag(γ) W`` with the reading norm folded in (``NormSpec.fold_into``), and for queries
+    and keys the gain of the model's query/key norm, if it has one (``LayerWeights.g_Q``):
+    ``x @ q[h]`` is head ``h``'s query as the model computes it, up to a positive factor per
+    token (the frozen scales) and before rotary embedding. ``weights``: the block's
+    ``LayerWeights`` if the caller already has them.
+    """
+    w = model.weights(layer) if weights is None else weights
+    q, k = w.W_Q, w.W_K
+    if w.g_Q is not None:
+        q, k = q * w.g_Q[:, None, :], k * w.g_K[:, None, :]
+    return tuple(_fold(model, layer, "attn", W) for W in (q, k, w.W_V))
+
+
 def _gram(A: Tensor, B: Tensor) -> Tensor:
     """``(A Bᵀ)ᵀ(A Bᵀ)`` written as ``B (AᵀA) Bᵀ`` for ``A, B [n, d, k]``: ``[n, d, d]``."""
     return B @ (A.transpose(-1, -2) @ A) @ B.transpose(-1, -2)
@@ -132,8 +152,8 @@ def composition(model) -> Composition:
     per_layer = [model.weights(L) for L in range(a.n_layers)]
     W_V = torch.cat([w.W_V for w in per_layer])                    # (head, d, d_head)
     W_Ot = torch.cat([w.W_O.transpose(-1, -2) for w in per_layer])  # W_OV = W_V (W_Oᵀ)ᵀ
-    q, k, v = (torch.cat([_fold(model, L, "attn", getattr(w, name))
-                          for L, w in enumerate(per_layer)]) for name in ("W_Q", "W_K", "W_V"))
+    q, k, v = (torch.cat(maps) for maps in zip(*(attention_read_maps(model, L, w)
+                                                  for L, w in enumerate(per_layer)), strict=True))
     head_w = _gram(W_V, W_Ot)                                      # writes of heads
     readers = {"q": _gram_T(q, k), "k": _gram_T(k, q), "v": _gram_T(v, W_Ot)}
     d, mlp_layers = a.d_model, [L for L, w in enumerate(per_layer) if w.W_in is not None]
