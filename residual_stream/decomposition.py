@@ -137,14 +137,18 @@ class Sources:
         norms: Norm specs by name.
         scales: Name -> frozen per-token scale ``[batch, pos]`` of that norm.
         embed: Label -> the embedding's ``Write``.
-        writes: Component name -> its labelled writes (before any ``via`` norm).
+        writes: ``(component, out=None)`` -> its labelled writes (before any ``via`` norm);
+            given ``out [n_pieces(component), batch, pos, d_model]``, they are written into it
+            and their values are views of it.
+        n_pieces: Component name -> how many contributions its writes are.
         attention_mask: ``[batch, pos]``.
     """
 
     norms: dict[str, NormSpec]
     scales: Callable[[str], Tensor]
     embed: Callable[[str], Write]
-    writes: Callable[[str], list[Write]]
+    writes: Callable[..., list[Write]]
+    n_pieces: Callable[[str], int]
     attention_mask: Tensor
 
 
@@ -186,18 +190,108 @@ def collect(pieces: list[Write], point: Point | str, attention_mask: Tensor) -> 
 
 def replay(program: tuple[Op, ...], src: Sources, *, upto: Point) -> Contributions:
     """The contributions at ``Mark(upto)`` (block index or ``"final"``)."""
-    for op, pieces in replay_states(program, src):
-        if isinstance(op, Mark) and op.point == upto:
-            return collect(pieces, upto, src.attention_mask)
-    raise KeyError(f"point {upto!r} is not in the program; use 0..n_layers or 'final'")
+    stop = _first(program, lambda op: isinstance(op, Mark) and op.point == upto,
+                  f"point {upto!r} is not in the program; use 0..n_layers or 'final'")
+    return _replay_into(program[:stop], src, upto)
 
 
 def replay_to_read(program: tuple[Op, ...], src: Sources, component: str) -> Contributions:
     """The contributions of the stream where ``component`` reads it (before its read norm)."""
-    for op, pieces in replay_states(program, src):
-        if isinstance(op, Read) and op.component == component:
-            return collect(pieces, f"{component} read", src.attention_mask)
-    raise KeyError(f"no component {component!r} reads the stream; names are like 'L3.attn'")
+    stop = _first(program, lambda op: isinstance(op, Read) and op.component == component,
+                  f"no component {component!r} reads the stream; names are like 'L3.attn'")
+    return _replay_into(program[:stop], src, f"{component} read")
+
+
+def _first(program: tuple[Op, ...], match: Callable[[Op], bool], missing: str) -> int:
+    index = next((i for i, op in enumerate(program) if match(op)), None)
+    if index is None:
+        raise KeyError(missing)
+    return index
+
+
+def _count(ops: tuple[Op, ...], src: Sources) -> int:
+    """How many contributions walking ``ops`` makes (writes, embeddings, norm biases)."""
+    n = 0
+    for op in ops:
+        if isinstance(op, Embed):
+            n += 1
+        elif isinstance(op, Add):
+            n += src.n_pieces(op.component) + (op.via is not None and src.norms[op.via].bias is not None)
+        elif isinstance(op, Norm):
+            n += src.norms[op.norm].bias is not None
+    return n
+
+
+class _Rows:
+    """The preallocated ``[contribution, batch, pos, d_model]`` tensor of ``_replay_into``."""
+
+    def __init__(self, n: int, src: Sources) -> None:
+        self.n, self.src = n, src
+        self.values: Tensor | None = None
+        self.filled = 0
+        self.meta: list[tuple[tuple[str, ...], str, int]] = []  # per write: labels, kind, layer
+
+    def put(self, writes: list[Write]) -> None:
+        """Record ``writes``, whose values are already in the next rows."""
+        for w in writes:
+            self.meta.append((w.labels, w.kind, w.layer))
+            self.filled += len(w.labels)
+
+    def copy(self, w: Write) -> None:
+        """Copy ``w`` (one contribution) into the next row (allocating on the first)."""
+        if self.values is None:
+            self.values = w.values.new_empty(self.n, *w.values.shape[1:])
+        self.values[self.filled: self.filled + 1].copy_(w.values)
+        self.put([w])
+
+    def add(self, component: str) -> None:
+        """Write ``component``'s contributions straight into the next rows."""
+        k = self.src.n_pieces(component)
+        self.put(self.src.writes(component, self.values[self.filled: self.filled + k]))
+
+    def through(self, norm: NormSpec, start: int) -> None:
+        """Map rows ``start:`` through the frozen norm in place, then add its bias as a row."""
+        norm.apply_linear_(self.values[start: self.filled], self.src.scales(norm.name))
+        bias = _norm_bias(norm, self.values[:1])
+        if bias is not None:
+            self.copy(bias)
+
+    def contributions(self, point: Point | str) -> Contributions:
+        """The filled rows, labelled."""
+        meta = self.meta
+        return Contributions(
+            point=point,
+            labels=tuple(lab for labels, _, _ in meta for lab in labels),
+            kinds=tuple(kind for labels, kind, _ in meta for _ in labels),
+            layers=tuple(layer for labels, _, layer in meta for _ in labels),
+            values=self.values[: self.filled], attention_mask=self.src.attention_mask,
+            groups=tuple(g for g, (labels, _, _) in enumerate(meta) for _ in labels),
+        )
+
+
+def _replay_into(ops: tuple[Op, ...], src: Sources, point: Point | str) -> Contributions:
+    """``replay_states``'s walk to the end of ``ops``, in place in one preallocated tensor.
+
+    Counts the contributions first (``_count``), then each write goes straight into its rows
+    (``Sources.writes(component, out)``; head writes are computed there) and each norm or
+    scale maps the filled rows in place (``NormSpec.apply_linear_``, the same arithmetic as
+    ``apply_linear``). So the result is not a concatenation of pieces: no second copy of
+    every contribution, at any point.
+    """
+    rows = _Rows(_count(ops, src), src)
+    for op in ops:
+        if isinstance(op, Embed):
+            rows.copy(src.embed(op.label))
+        elif isinstance(op, Add):
+            start = rows.filled
+            rows.add(op.component)
+            if op.via is not None:
+                rows.through(src.norms[op.via], start)
+        elif isinstance(op, Norm):
+            rows.through(src.norms[op.norm], 0)
+        elif isinstance(op, Scale):
+            rows.values[: rows.filled].mul_(op.alpha)
+    return rows.contributions(point)
 
 
 def _through(norm: NormSpec, scale: Tensor, pieces: list[Write]) -> list[Write]:

@@ -71,10 +71,13 @@ class Trace:
             raise IndexError(f"layer must be in 0..{n} (n_layers={n}), got {layer}")
         return self.captured.resid[layer]
 
-    def head_writes(self, layer: int) -> Float[Tensor, "head batch pos d_model"]:
-        """Each head's write ``z_h @ W_O[h]`` at block ``layer`` (output bias excluded)."""
+    def head_writes(self, layer: int, out: Tensor | None = None) -> Float[Tensor, "head batch pos d_model"]:
+        """Each head's write ``z_h @ W_O[h]`` at block ``layer`` (output bias excluded).
+
+        ``out``: a contiguous ``[head, batch, pos, d_model]`` tensor to write them into.
+        """
         module = self.model.module.get_submodule(self.anatomy.modules.attn_out[layer])
-        return head_writes(self.captured.z[layer], attn_W_O(module, self.anatomy.n_heads))
+        return head_writes(self.captured.z[layer], attn_W_O(module, self.anatomy.n_heads), out)
 
     def attn_bias(self, layer: int) -> Float[Tensor, " d_model"] | None:
         """The attention output bias ``b_O`` of block ``layer``, or None."""
@@ -113,19 +116,32 @@ class Trace:
             raise NotAvailableError(self.anatomy.lm_head_note or "this model has no LM head")
         return self.captured.logits
 
-    def _writes(self, component: str, heads: bool = True) -> list[Write]:
+    def _n_pieces(self, component: str, heads: bool) -> int:
+        """How many contributions ``_writes(component, heads)`` makes."""
         layer, kind = component_of(component)
+        if kind == "mlp" or not heads:
+            return 1
+        return self.anatomy.n_heads + (self.attn_bias(layer) is not None)
+
+    def _writes(self, component: str, heads: bool = True, out: Tensor | None = None) -> list[Write]:
+        """``component``'s labelled writes; into ``out [_n_pieces, batch, pos, d_model]`` if given."""
+        layer, kind = component_of(component)
+
+        def put(i: int, value: Tensor) -> Tensor:  # value [1, batch, pos, d], or out's row i
+            return value if out is None else out[i: i + 1].copy_(value)
+
         if kind == "mlp":
-            return [Write((component,), "mlp", layer, self.mlp_write(layer).unsqueeze(0))]
+            return [Write((component,), "mlp", layer, put(0, self.mlp_write(layer).unsqueeze(0)))]
         if not heads:  # the whole attention, b_O included: one piece instead of n_heads + 1
-            return [Write((component,), "attn", layer, self.attn_write(layer).unsqueeze(0))]
-        heads = self.head_writes(layer)
-        out = [Write(tuple(f"L{layer}H{h}" for h in range(len(heads))), "head", layer, heads)]
+            return [Write((component,), "attn", layer, put(0, self.attn_write(layer).unsqueeze(0)))]
+        H = self.anatomy.n_heads
+        heads = self.head_writes(layer, None if out is None else out[:H])
+        pieces = [Write(tuple(f"L{layer}H{h}" for h in range(H)), "head", layer, heads)]
         b = self.attn_bias(layer)
         if b is not None:
-            out.append(Write((f"L{layer}.b_O",), "attn_bias", layer,
-                             b.expand_as(heads[0]).unsqueeze(0)))
-        return out
+            pieces.append(Write((f"L{layer}.b_O",), "attn_bias", layer,
+                                put(H, b.expand_as(heads[0]).unsqueeze(0))))
+        return pieces
 
     def sources(self, *, heads: bool = True) -> Sources:
         """What the replay engine needs from this trace.
@@ -136,7 +152,8 @@ class Trace:
         return Sources(
             norms=dict(self.anatomy.norms), scales=self.norm_scale,
             embed=lambda lab: Write((lab,), "embed", -1, self.captured.embeds[lab].unsqueeze(0)),
-            writes=lambda component: self._writes(component, heads),
+            writes=lambda component, out=None: self._writes(component, heads, out),
+            n_pieces=lambda component: self._n_pieces(component, heads),
             attention_mask=self.attention_mask,
         )
 

@@ -45,12 +45,19 @@ def attn_W_O(module: nn.Module, n_heads: int) -> Float[Tensor, "head d_head d_mo
 
 
 def head_writes(
-    z: Float[Tensor, "batch pos head_d_head"], W_O: Float[Tensor, "head d_head d_model"]
+    z: Float[Tensor, "batch pos head_d_head"], W_O: Float[Tensor, "head d_head d_model"],
+    out: Tensor | None = None,
 ) -> Float[Tensor, "head batch pos d_model"]:
-    """Per-head attention writes ``z_h @ W_O[h]`` (without the output bias)."""
-    z = einops.rearrange(z.to(W_O.dtype), "batch pos (head d_head) -> batch pos head d_head",
-                         head=W_O.shape[0])
-    return torch.einsum("bphk,hkd->hbpd", z, W_O.to(z.device))
+    """Per-head attention writes ``z_h @ W_O[h]`` (without the output bias).
+
+    One batched product over heads, in ``W_O``'s dtype (``out``'s, when given: it is
+    written in place, a contiguous ``[head, batch, pos, d_model]`` tensor).
+    """
+    dtype = W_O.dtype if out is None else out.dtype
+    H, (b, p, _) = W_O.shape[0], z.shape
+    zh = einops.rearrange(z.to(dtype), "batch pos (head k) -> head (batch pos) k", head=H)
+    res = torch.bmm(zh, W_O.to(zh.device, dtype), out=None if out is None else out.view(H, b * p, -1))
+    return res.view(H, b, p, -1)
 
 
 @dataclass(frozen=True, eq=False)
