@@ -145,27 +145,36 @@ def write_sums(x: Float[Tensor, "token d_model"], subspaces: Sequence[Subspace],
     if T * d + d * D < T * D:
         G = unit.T @ unit                                                      # (d, d)
         named = torch.stack([(G @ b * b).sum() for b in B.split(widths, -1)])
-        heads = torch.einsum("de,hdk,hek->h", G, Q, Q)
+        heads = (torch.matmul(G, Q) * Q).sum((1, 2))                           # tr(Qᵀ G Q) per head
         return named.double(), heads.double()
     named = torch.stack([p.pow(2).sum(-1) for p in (unit @ B).split(widths, -1)], -1).sum(0)
     heads = torch.einsum("td,hdk->thk", unit, Q).pow(2).sum((0, 2))
     return named.double(), heads.double()
 
 
-def read_sums(x: Float[Tensor, "token write d_model"], M: Tensor, slots: Tensor | None = None,
-              weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def reader_basis(M: Tensor) -> tuple[Tensor, Tensor]:
+    """What ``read_sums`` needs of maps ``M [m, d, k]``: their left singular vectors and values.
+
+    Fixed by the weights: a scan computes it once per reader (``streaming.subspaces``).
+    """
+    return _singular(M)
+
+
+def read_sums(x: Float[Tensor, "token write d_model"], M: Tensor | tuple[Tensor, Tensor],
+              slots: Tensor | None = None, weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Token sums of ``‖w U‖²/‖w‖²`` and ``‖w M‖/(σ_max ‖w‖)`` per write and map ``[write, m]``.
 
     ``U`` spans the column space of each map ``M [m, d, k]``; both measures come from one
     product with ``U`` (``_singular``), at most ``d`` columns per map even for a wide one.
-    ``slots`` picks the writes along axis 1 of ``x`` (a view of a larger buffer); ``weight``
-    (bool per token) leaves padding out. Tokens go in chunks so no ``[chunk, write, m, r]``
-    product outgrows ``CHUNK_ELEMENTS``; a 16-bit ``x`` is upcast to ``U``'s dtype per chunk.
+    ``M`` may be given as its ``reader_basis`` ``(U, S)`` already. ``slots`` picks the writes
+    along axis 1 of ``x`` (a view of a larger buffer); ``weight`` (bool per token) leaves
+    padding out. Tokens go in chunks so no ``[chunk, write, m, r]`` product outgrows
+    ``CHUNK_ELEMENTS``; a 16-bit ``x`` is upcast to ``U``'s dtype per chunk.
     """
-    U, S = _singular(M)
+    U, S = M if isinstance(M, tuple) else reader_basis(M)
     S2, sigma = S.pow(2), S.amax(-1)
     n_writes = x.shape[1] if slots is None else len(slots)
-    frac = torch.zeros(n_writes, M.shape[0], dtype=torch.float64, device=x.device)
+    frac = torch.zeros(n_writes, U.shape[0], dtype=torch.float64, device=x.device)
     strength = torch.zeros_like(frac)
     for part in _chunks(len(x), n_writes * U.shape[0] * U.shape[2]):
         c = (x[part] if slots is None else x[part].index_select(1, slots)).to(U.dtype)  # (t, w, d)
