@@ -7,20 +7,21 @@ when the logits arrive (in the model's dtype), reduces each point in chunks of t
 (``CHUNKS`` per batch, each of ``MIN_CHUNK`` to ``MAX_CHUNK`` tokens: the launches per batch
 stay few on small batches, the temporaries bounded on large ones). Per chunk the final
 distribution gives ``p`` and ``Σ p log p`` once; per point one unembedding ``z`` gives top-1
-agreement and the final top token's rank, one product gives ``Σ p z``, and ``logsumexp z``
-is taken in place in ``z`` (its last use), so that
+agreement and the final top token's rank, then, with ``z' = z − max z`` taken in place in
+``z`` (its last use), ``Σ p z'`` and ``logsumexp z'`` (``point_terms``), so that
 
-    KL(p ‖ softmax z) = Σ p log p − Σ p z + logsumexp(z) · Σ p
+    KL(p ‖ softmax z) = Σ p log p − Σ p z' + logsumexp(z') · Σ p
 
 with two ``[chunk, d_vocab]`` float32 tensors alive (``p`` and ``z``) and a boolean one for
-the rank. No ``[tokens, d_vocab]`` tensor larger than a chunk is held beside the model's own
+the rank. Every sum over the vocabulary is a pairwise reduction (``row_dot``), not a BLAS
+dot. No ``[tokens, d_vocab]`` tensor larger than a chunk is held beside the model's own
 logits, and a 16-bit ``W_U`` is cast to float32 one vocabulary slice at a time, each slice's
 product written into its columns of ``z`` (``Unembed.logits``), never copied whole.
 
-``analyses.lens.logit_lens`` sums ``p (log p − log q)`` elementwise; the two sums differ by
-float32 rounding of the dot products (~1e-7 of the logits' size per token; the tests hold
-them to ``KL_ATOL``). Agreement and rank compare the same logits, so they equal the
-analysis's exactly.
+``analyses.lens.logit_lens`` sums ``p (log p − log q)`` elementwise; the two differ by
+float32 rounding (each within ~1e-5 nats per token of float64 on SmolLM2's vocabulary,
+``tests/test_lens_sums.py``; on the tests' tiny models within ``KL_ATOL`` of each other).
+Agreement and rank compare the same logits, so they equal the analysis's exactly.
 """
 
 from __future__ import annotations
@@ -110,10 +111,17 @@ class LensSums:
 
 
 def _row_dot(a: Tensor, b: Tensor) -> Tensor:
+    """``(a * b).sum(-1)``, a float32 reduction: pairwise on the CPU, a tree on a GPU.
+
+    Not a matrix product: a BLAS dot over a vocabulary adds its terms one by one into a
+    running sum, and the terms below that sum's rounding are lost (up to 5e-3 nats per
+    token on SmolLM2's 49,152 logits). One kernel on a GPU (``row_dot``).
+    """
     return (a * b).sum(-1)
 
 
 def _row_dot_sliced(a: Tensor, b: Tensor) -> Tensor:
+    """``_row_dot`` ``VOCAB_SLICE`` columns at a time: no ``[rows, d_vocab]`` temporary."""
     out = torch.zeros(a.shape[:-1], dtype=a.dtype, device=a.device)
     step = weights.VOCAB_SLICE
     for start in range(0, a.shape[-1], step):
@@ -123,16 +131,18 @@ def _row_dot_sliced(a: Tensor, b: Tensor) -> Tensor:
 
 
 row_dot = fused(_row_dot, eager=_row_dot_sliced)
-row_dot.__doc__ = """``(a * b).sum(-1)``, a float32 reduction (pairwise on the CPU, a tree on a GPU).
-
-Not a matrix product: a BLAS dot over a vocabulary adds its terms one by one into a
-running sum, and terms below that sum's rounding are lost (4e-3 nats per token on
-SmolLM2's 49,152 logits). One kernel on a GPU; eagerly ``VOCAB_SLICE`` columns at a time,
-so no ``[rows, d_vocab]`` temporary.
-"""
 
 
 def _point_terms(z: Tensor, p: Tensor, top: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """One point's terms from its logits ``z [n, d_vocab]`` (spent: overwritten eagerly).
+
+    Against the final distribution ``p [n, d_vocab]`` and its top token ``top [n]``:
+    ``z``'s top token, the rank of ``top`` in ``z`` (how many logits exceed its), and, with
+    ``z' = z − max z``, ``Σ p z'`` and ``logsumexp z'``, so that ``KL(p ‖ softmax z) =
+    Σ p log p − Σ p z' + logsumexp(z') Σ p`` (the maximum cancels; the shift keeps the
+    terms small). Compiled into one pass over ``z`` on a GPU (``point_terms``); eagerly
+    ``_point_terms_in_place``.
+    """
     best = z.argmax(-1)
     rank = (z > z.gather(-1, top[:, None])).sum(-1, dtype=torch.int32)
     zmax = z.amax(-1, keepdim=True)
@@ -142,6 +152,7 @@ def _point_terms(z: Tensor, p: Tensor, top: Tensor) -> tuple[Tensor, Tensor, Ten
 
 
 def _point_terms_in_place(z: Tensor, p: Tensor, top: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``_point_terms`` in place in ``z``: a boolean and a ``VOCAB_SLICE``-column temporary."""
     best = z.argmax(-1)
     rank = (z > z.gather(-1, top[:, None])).sum(-1, dtype=torch.int32)  # not count_nonzero: int64 copy
     zmax = z.amax(-1, keepdim=True)
@@ -151,12 +162,3 @@ def _point_terms_in_place(z: Tensor, p: Tensor, top: Tensor) -> tuple[Tensor, Te
 
 
 point_terms = fused(_point_terms, eager=_point_terms_in_place)
-point_terms.__doc__ = """One point's terms from its logits ``z [n, d_vocab]`` (spent: overwritten eagerly).
-
-Against the final distribution ``p [n, d_vocab]`` and its top token ``top [n]``:
-``z``'s top token, the rank of ``top`` in ``z`` (how many logits exceed its), and, with
-``z' = z − max z``, ``Σ p z'`` and ``logsumexp z'``, so that ``KL(p ‖ softmax z) =
-Σ p log p − Σ p z' + logsumexp(z') Σ p`` (the maximum cancels; the shift keeps the terms
-small). Compiled into one pass over ``z`` on a GPU; eagerly in place in ``z``, with at most
-a boolean ``[n, d_vocab]`` and a ``VOCAB_SLICE``-column temporary beside it.
-"""
