@@ -237,21 +237,6 @@ def test_flow_subspaces_lens_and_composition_equal_the_single_trace(scanned, mod
     json.dumps(result.to_dict())  # every statistic serializes
 
 
-def test_a_scan_decomposes_each_readers_maps_once(model, monkeypatch):
-    """The readers' singular bases are fixed by the weights: one per component per scan,
-    however many batches (the values are checked by the test above)."""
-    from residual_stream.streaming import subspaces as sub
-
-    bases: list[int] = []
-    batches: list[int] = []
-    basis = sub.reader_basis
-    monkeypatch.setattr(sub, "reader_basis", lambda M: bases.append(len(M)) or basis(M))
-    watch(monkeypatch, sub.SubspaceSums, "into", lambda self, acc: batches.append(1))
-    rs.scan(model, TEXTS, ["subspaces"], progress=False, batch_size=3, seq_len=24)
-    assert len(batches) > 2
-    assert len(bases) == len(model.anatomy.components) - 1  # L0.attn reads no write, only embeddings
-
-
 def test_a_statistic_without_a_reducer_feeds_the_others_from_the_batch_trace(model, monkeypatch):
     """With per-head flow in the mix the batch is traced once; the lean statistics' reducers
     are fed from that trace's walk and give what the lean pass gives."""

@@ -152,29 +152,20 @@ def write_sums(x: Float[Tensor, "token d_model"], subspaces: Sequence[Subspace],
     return named.double(), heads.double()
 
 
-def reader_basis(M: Tensor) -> tuple[Tensor, Tensor]:
-    """What ``read_sums`` needs of maps ``M [m, d, k]``: their left singular vectors and values.
-
-    Fixed by the weights: a scan computes it once per reader (``streaming.subspaces``).
-    """
-    return _singular(M)
-
-
-def read_sums(x: Float[Tensor, "token write d_model"], M: Tensor | tuple[Tensor, Tensor],
-              slots: Tensor | None = None, weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def read_sums(x: Float[Tensor, "token write d_model"], M: Tensor, slots: Tensor | None = None,
+              weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Token sums of ``‖w U‖²/‖w‖²`` and ``‖w M‖/(σ_max ‖w‖)`` per write and map ``[write, m]``.
 
     ``U`` spans the column space of each map ``M [m, d, k]``; both measures come from one
     product with ``U`` (``_singular``), at most ``d`` columns per map even for a wide one.
-    ``M`` may be given as its ``reader_basis`` ``(U, S)`` already. ``slots`` picks the writes
-    along axis 1 of ``x`` (a view of a larger buffer); ``weight`` (bool per token) leaves
-    padding out. Tokens go in chunks so no ``[chunk, write, m, r]`` product outgrows
-    ``CHUNK_ELEMENTS``; a 16-bit ``x`` is upcast to ``U``'s dtype per chunk.
+    ``slots`` picks the writes along axis 1 of ``x`` (a view of a larger buffer); ``weight``
+    (bool per token) leaves padding out. Tokens go in chunks so no ``[chunk, write, m, r]``
+    product outgrows ``CHUNK_ELEMENTS``; a 16-bit ``x`` is upcast to ``U``'s dtype per chunk.
     """
-    U, S = M if isinstance(M, tuple) else reader_basis(M)
+    U, S = _singular(M)
     S2, sigma = S.pow(2), S.amax(-1)
     n_writes = x.shape[1] if slots is None else len(slots)
-    frac = torch.zeros(n_writes, U.shape[0], dtype=torch.float64, device=x.device)
+    frac = torch.zeros(n_writes, M.shape[0], dtype=torch.float64, device=x.device)
     strength = torch.zeros_like(frac)
     for part in _chunks(len(x), n_writes * U.shape[0] * U.shape[2]):
         c = (x[part] if slots is None else x[part].index_select(1, slots)).to(U.dtype)  # (t, w, d)

@@ -129,8 +129,8 @@ class SubspaceStats(Accumulator):
     The stream's principal components are fixed from the first batch of the corpus (the
     calibration) so every batch and every process measures against the same subspace. Lean:
     each batch is reduced from the contribution buffer of ``flow.FlowSums`` by a
-    ``subspaces.SubspaceSums``; the subspaces, the heads' write bases and the readers' maps'
-    singular bases are computed once per scan.
+    ``subspaces.SubspaceSums``; the subspaces and the heads' write bases are computed once
+    per scan.
     """
 
     name = "subspaces"
@@ -140,7 +140,7 @@ class SubspaceStats(Accumulator):
     def __init__(self, pca_k: int = 16, unembed_k: int = 32) -> None:
         super().__init__()
         self.pca_k, self.unembed_k = pca_k, unembed_k
-        self._fixed: tuple | None = None  # (PCA basis, subspaces, head bases, read bases): not state
+        self._fixed: tuple | None = None  # (PCA basis, subspaces, head bases): not state
 
     @property
     def calibrated(self) -> bool:
@@ -159,7 +159,7 @@ class SubspaceStats(Accumulator):
         if self._fixed is None or self._fixed[0] is not basis:  # once per scan (and loaded state)
             pca = Subspace(f"pca{self.pca_k}@{model.anatomy.n_layers}", basis)  # as pca_subspace names it
             subs = named_subspaces(model, pca, self.unembed_k)
-            self._fixed = (basis, subs, head_write_bases(model), {})
+            self._fixed = (basis, subs, head_write_bases(model))
         flow = FlowSums.shared(shared, model, batch)
         flow.subspaces = SubspaceSums(model, flow.mask, *self._fixed[1:])
         return flow

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..analyses.subspace_measures import read_sums, reader_basis, reader_map, reader_names, write_sums
+from ..analyses.subspace_measures import read_sums, reader_map, reader_names, write_sums
 from ..analyses.subspaces import Subspace
 
 SUBSPACES = "subspaces"
@@ -29,13 +29,8 @@ SUBSPACES = "subspaces"
 class SubspaceSums:
     """One batch's subspace sums; fed by ``FlowSums`` (``added``, ``read``), then ``into``."""
 
-    def __init__(self, model, mask: Tensor, subspaces: list[Subspace], head_bases: Tensor,
-                 read_bases: dict | None = None) -> None:
-        """``subspaces``, ``head_bases`` (``subspace_measures.head_write_bases``): fixed per scan.
-
-        ``read_bases``: component → its readers' ``(U, S, index)`` (``reader_basis``), a
-        dict kept across a scan's batches and filled on first use (the maps are fixed).
-        """
+    def __init__(self, model, mask: Tensor, subspaces: list[Subspace], head_bases: Tensor) -> None:
+        """``subspaces`` and ``head_bases`` (``subspace_measures.head_write_bases``): fixed per scan."""
         a = model.anatomy
         self.model, self.mask, self.subspaces = model, mask.bool().flatten(), subspaces
         self.components = {c.name: c for c in a.components}
@@ -48,7 +43,6 @@ class SubspaceSums:
             self.columns[comp.name] = slice(len(self.readers), len(self.readers) + len(names))
             self.readers += names
         self.head_bases = head_bases.to(mask.device)
-        self.read_bases = {} if read_bases is None else read_bases
         dev, W, R = mask.device, len(self.writes), len(self.readers)
         f64 = dict(dtype=torch.float64, device=dev)
         self.named = torch.full((W, len(subspaces)), float("nan"), **f64)
@@ -71,15 +65,12 @@ class SubspaceSums:
         present = [(i, self.row[lab]) for i, lab in enumerate(labels) if lab in self.row]
         if not present:
             return
-        if component not in self.read_bases:
-            _, M, index = reader_map(self.model, self.components[component], weights)
-            U, S = reader_basis(M.to(buf.device))
-            self.read_bases[component] = U, S, index.to(buf.device)
-        U, S, index = self.read_bases[component]
+        _, M, index = reader_map(self.model, self.components[component], weights)
         cols = self.columns[component]
         slots = torch.tensor([i for i, _ in present], device=buf.device)
         rows = torch.tensor([r for _, r in present], device=buf.device)
-        frac, strength = read_sums(buf.flatten(0, 1), (U, S), slots, self.mask)
+        frac, strength = read_sums(buf.flatten(0, 1), M.to(buf.device), slots, self.mask)
+        index = index.to(buf.device)
         self.read_fraction[rows, cols] = frac[:, index]
         self.read_strength[rows, cols] = strength[:, index]
 
