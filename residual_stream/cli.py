@@ -252,6 +252,9 @@ def _trace_stats(args: argparse.Namespace) -> int:
 
 
 def _app(args: argparse.Namespace) -> int:
+    if not APP.is_file():  # an installed package without the repository's app/ folder
+        raise InputError(f"the app is not here ({APP}): it ships with the source checkout; clone "
+                         "the repository and run `make app` (or `residual-stream app`) from it")
     env = dict(os.environ, HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))
     if args.allow:
         env["RESIDUAL_STREAM_ALLOWED_DIRS"] = os.pathsep.join(str(Path(p).resolve()) for p in args.allow)

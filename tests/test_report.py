@@ -115,6 +115,14 @@ def test_cli_errors_exit_1_and_leave_nothing(argv, message, tmp_path, capsys):
     assert not list(tmp_path.glob("*.html")) and not list(tmp_path.glob(".*partial"))
 
 
+def test_cli_app_without_the_app_folder_says_where_it_is(tmp_path, monkeypatch, capsys):
+    """An installed wheel has no ``app/``: one line saying so, not Streamlit's traceback."""
+    monkeypatch.setattr("residual_stream.cli.APP", tmp_path / "app" / "main.py")
+    assert main(["app"]) == 1
+    err = capsys.readouterr().err
+    assert "source checkout" in err and "make app" in err and err.count("\n") == 1
+
+
 def test_cli_usage_errors_exit_2():
     with pytest.raises(SystemExit) as e:
         main(["report"])
