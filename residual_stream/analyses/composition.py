@@ -13,9 +13,11 @@ TransformerLens's
 RMSNorm on queries and keys after their projections (Qwen3, OLMo 2, Gemma 3), its gain is
 folded into each head's ``W_Q`` / ``W_K`` as well (``W_Q diag(g_Q)``): with the per-token
 scales frozen, the attention score is ``x W_Q diag(g_Q) diag(g_K) W_Kᵀ yᵀ`` up to a positive
-factor per token, which the normalized scores do not see (``attention_read_maps``). The analogues for MLPs use
-``W_out`` as an MLP's write map and ``W_in`` (and ``W_gate``) as its read map: head → MLP
-``‖W_OV^i W_in^j‖ / (‖W_OV^i‖ ‖W_in^j‖)``, MLP → head (Q, K, V) likewise.
+factor per token, which the normalized scores do not see (``attention_read_maps``).
+
+The analogues for MLPs use ``W_out`` as an MLP's write map and ``W_in`` (and ``W_gate``) as
+its read map: head → MLP ``‖W_OV^i W_in^j‖ / (‖W_OV^i‖ ‖W_in^j‖)``, MLP → head (Q, K, V)
+likewise.
 
 Every score is computed through ``d_model × d_model`` Gram matrices: with ``W_write = A Bᵀ`` and
 ``W_read = C Dᵀ``, ``‖W_write W_read‖²_F = <B (AᵀA) Bᵀ, C (DᵀD) Cᵀ>_F``, so all pairs cost one
