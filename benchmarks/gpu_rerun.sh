@@ -1,28 +1,40 @@
 #!/usr/bin/env bash
 # The prepared GPU rerun (device tool, carry [".gpu"]; benchmarks/gpu_prepare.sh makes .gpu/).
-# Sessions 7 and 8's changes are unmeasured on a GPU; most important first, so a run cut short
-# still returns what it wrote under $OUT:
-#  1. gpu_flow_check.py: survival and read attribution replayed as CUDA graphs and fused,
-#     against the eager unfused scan (sums; replays; warnings); the lens's compiled
-#     reductions against its eager ones (~1.5 min);
-#  2. gpu_probe.py: growth's wall and busy time against the forward, replayed, with and
-#     without the full unembedding, its kernel table, replayed-vs-eager sums (~1.5 min);
-#  3. scan_speed.py at 32×512 and 8×128: time and peak memory of the variants, the lens with
-#     TF32 products as a what-if (~4.5 min).
-# PROBE_ONLY=1 stops after 2; NCCL=1 adds the one-rank nccl merge (gpu_nccl.py) after 2.
+# Sessions 7 and 8's changes are unmeasured on a GPU. Three steps, most important first; STEPS
+# picks them (default all three, an estimated 9-10 min: over one call's 600 s, so run
+# STEPS="check big" first, ~6 min, then STEPS=small, ~3.5 min, if the budget allows). Each
+# step writes under $OUT as it goes, so a run cut short still returns what it wrote:
+#  check: gpu_flow_check.py, survival and read attribution replayed as CUDA graphs and fused
+#     against the eager unfused scan (sums; replays; warnings), and the lens's compiled
+#     reductions against its eager ones (~1.5 min); then gpu_probe.py, growth's wall and
+#     busy time against the forward, replayed, with and without the full unembedding, its
+#     kernel table, replayed-vs-eager sums (~1.5 min);
+#  big: scan_speed.py at 32×512, time and peak memory of growth, survival, the flow
+#     statistics, the decomposition and the lens (~3 min);
+#  small: scan_speed.py at 8×128, the same plus read attribution, subspaces and the lens
+#     with TF32 products as a what-if (~3.5 min).
+# NCCL=1 adds the one-rank nccl merge (gpu_nccl.py) after the check step.
 set -uo pipefail
+STEPS=${STEPS:-check big small}
 source benchmarks/gpu_setup.sh || exit 1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv | tee "$OUT/gpu.txt"
 quiet() { grep -v "Loading weights\|USDT\|_warn_once\|acc_events"; }
-python3 benchmarks/gpu_flow_check.py --model /tmp/smollm2-random 2>&1 | quiet | tee "$OUT/flow_check8.txt"
-python3 benchmarks/gpu_probe.py --model /tmp/smollm2-random --json "$OUT/probe8.json" 2>&1 | quiet \
-  | tee "$OUT/probe8.md"
-[ "${NCCL:-0}" = 1 ] && python3 benchmarks/gpu_nccl.py --model /tmp/smollm2-random 2>&1 | quiet | tee "$OUT/nccl.txt"
-[ "${PROBE_ONLY:-0}" = 1 ] && exit 0
 M="--model /tmp/smollm2-random --device cuda --dtype bfloat16"
-python3 benchmarks/scan_speed.py $M --batches 4 --batch-size 32 --seq-len 512 --rounds 3 --memory \
-  --variants hf_forward,hf_headless,rs_stats,rs_survival,rs_stats_flow,rs_decompose,rs_lens \
-  --json "$OUT/speed8_32x512.json" 2>&1 | quiet | tee "$OUT/speed8_32x512.md"
-python3 benchmarks/scan_speed.py $M --batches 8 --batch-size 8 --seq-len 128 --rounds 5 --memory \
-  --variants hf_forward,hf_headless,rs_stats,rs_survival,rs_read,rs_stats_flow,rs_lens,rs_lens_tf32,rs_subspaces \
-  --json "$OUT/speed8_8x128.json" 2>&1 | quiet | tee "$OUT/speed8_8x128.md"
+if [[ " $STEPS " == *" check "* ]]; then
+  python3 benchmarks/gpu_flow_check.py --model /tmp/smollm2-random 2>&1 | quiet | tee "$OUT/flow_check8.txt"
+  python3 benchmarks/gpu_probe.py --model /tmp/smollm2-random --json "$OUT/probe8.json" 2>&1 | quiet \
+    | tee "$OUT/probe8.md"
+  [ "${NCCL:-0}" = 1 ] && python3 benchmarks/gpu_nccl.py --model /tmp/smollm2-random 2>&1 | quiet \
+    | tee "$OUT/nccl.txt"
+fi
+if [[ " $STEPS " == *" big "* ]]; then
+  python3 benchmarks/scan_speed.py $M --batches 4 --batch-size 32 --seq-len 512 --rounds 3 --memory \
+    --variants hf_forward,hf_headless,rs_stats,rs_survival,rs_stats_flow,rs_decompose,rs_lens \
+    --json "$OUT/speed8_32x512.json" 2>&1 | quiet | tee "$OUT/speed8_32x512.md"
+fi
+if [[ " $STEPS " == *" small "* ]]; then
+  python3 benchmarks/scan_speed.py $M --batches 8 --batch-size 8 --seq-len 128 --rounds 5 --memory \
+    --variants hf_forward,hf_headless,rs_stats,rs_survival,rs_read,rs_stats_flow,rs_lens,rs_lens_tf32,rs_subspaces \
+    --json "$OUT/speed8_8x128.json" 2>&1 | quiet | tee "$OUT/speed8_8x128.md"
+fi
+exit 0
