@@ -24,6 +24,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from .anatomy import Anatomy
+from .errors import NotAvailableError
 
 
 @dataclass
@@ -221,12 +222,7 @@ def capture(
     per-token scale is kept (None: every norm's).
     """
     out = Captured() if out is None else out
-    kwargs: dict[str, object] = {"input_ids": tokens, "attention_mask": attention_mask}
-    accepts = inspect.signature(model.forward).parameters
-    if "use_cache" in accepts:
-        kwargs["use_cache"] = False
-    if not logits and "logits_to_keep" in accepts:
-        kwargs["logits_to_keep"] = 1  # unembed the last position only: no [tokens, vocab] product
+    kwargs = _forward_kwargs(model, tokens, attention_mask, headless=not logits)
     if patterns:
         kwargs["output_attentions"] = True
     with torch.inference_mode(), untouched(model, hooks=patterns), eager_attention(model, patterns), \
@@ -241,6 +237,31 @@ def capture(
         kept = raw.dtype if logits == "native" else torch.float32
         out.logits = raw.detach().to(tokens.device, kept) if isinstance(raw, Tensor) else None
     return out
+
+
+def _forward_kwargs(model: nn.Module, tokens: Tensor, attention_mask: Tensor, *, headless: bool) -> dict:
+    """The keyword arguments of a forward pass; ``headless``: the last position's logits only.
+
+    ``logits_to_keep=1`` where the forward takes it (Hugging Face causal LMs, the twins):
+    no ``[tokens, d_model] @ [d_model, vocab]`` product that nothing reads.
+    """
+    kwargs: dict[str, object] = {"input_ids": tokens, "attention_mask": attention_mask}
+    accepts = inspect.signature(model.forward).parameters
+    if "use_cache" in accepts:
+        kwargs["use_cache"] = False
+    if headless and "logits_to_keep" in accepts:
+        kwargs["logits_to_keep"] = 1
+    return kwargs
+
+
+def model_logits(model: nn.Module, anatomy: Anatomy, tokens: Int[Tensor, "batch pos"],
+                 attention_mask: Int[Tensor, "batch pos"]) -> Tensor:
+    """The model's own logits ``[batch, pos, d_vocab]`` in its dtype: one forward pass, no hooks."""
+    if not anatomy.has_lm_head:
+        raise NotAvailableError(anatomy.lm_head_note or "this model has no LM head")
+    with torch.inference_mode(), untouched(model, hooks=False):
+        result = model(**_forward_kwargs(model, tokens, attention_mask, headless=False))
+    return getattr(result, "logits", result).detach().to(tokens.device)
 
 
 def hidden_states_reference(

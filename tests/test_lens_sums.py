@@ -6,7 +6,8 @@ distribution ``p`` without the analysis's ``[token, d_vocab]`` log-softmax per p
 of the other tests have 256 logits; here 49,152 (SmolLM2's vocabulary), where a sum that
 adds its terms one by one (a BLAS dot) loses the terms below its running total's rounding:
 the scan's KL was off by up to 1.5e-2 nats per point on SmolLM2 before the sums were
-pairwise. The reference is the same quantities in float64 from the same float32 inputs.
+pairwise. The reference is the same quantities in float64 from the same inputs (float32, and the
+final logits also in bf16, as a bf16 model's lean pass hands them over).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from residual_stream.streaming import lens
 from residual_stream.streaming.lens import _point_terms, _point_terms_in_place, row_dot
 
 V, ROWS = 49_152, 48
-KL_F64_ATOL = 2e-5  # nats per token: float32 sums over 49,152 logits of size ~30
+KL_F64_ATOL, KL_F64_REL = 1e-5, 2e-6  # per token: float32 sums over 49,152 logits of size ~30
 
 
 def _logits(seed: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -40,19 +41,29 @@ def test_point_terms_give_kl_rank_and_agreement_of_float64(terms, monkeypatch):
     the eager row sums in uneven vocabulary slices."""
     monkeypatch.setattr("residual_stream.weights.VOCAB_SLICE", 5000)  # 10 slices, the last partial
     final, points = _logits(0)
-    logp = final.log_softmax(-1)
+    lse_f = torch.logsumexp(final, -1)                  # as LensSums.logits computes them
+    logp = final - lse_f[:, None]
     p = logp.exp()
     plogp, mass = row_dot(p, logp), p.sum(-1)
     top = final.argmax(-1)
-    p64 = logp.double().exp()
+    f64 = final.double().log_softmax(-1)
     for z in points:
-        truth = (p64 * (logp.double() - z.double().log_softmax(-1))).sum(-1)
-        best, rank, pz, lse = terms(z.clone(), p, top)
+        truth = (f64.exp() * (f64 - z.double().log_softmax(-1))).sum(-1)
+        best, rank, pz, lse = terms(z.clone(), final, lse_f, top)
         kl = plogp - pz + lse * mass
-        assert (kl.double() - truth).abs().max() <= KL_F64_ATOL
+        assert ((kl.double() - truth).abs() <= KL_F64_ATOL + KL_F64_REL * truth).all()
         assert torch.equal(best, z.argmax(-1))                     # first index of a tie, as argmax
         assert torch.equal(rank.long(), (z > z.gather(-1, top[:, None])).sum(-1))
-    assert torch.equal(_point_terms(points[2].clone(), p, top)[0], torch.full((ROWS,), 7))
+    assert torch.equal(_point_terms(points[2].clone(), final, lse_f, top)[0], torch.full((ROWS,), 7))
+    bf16 = final.bfloat16()  # the model's own logits in bf16: p from them, as the lens reads them
+    lse_b = torch.logsumexp(bf16.float(), -1)
+    p_b = (bf16.float() - lse_b[:, None]).exp()
+    z = points[1]
+    b64 = bf16.double().log_softmax(-1)
+    truth = (b64.exp() * (b64 - z.double().log_softmax(-1))).sum(-1)
+    _, _, pz, lse = terms(z.clone(), bf16, lse_b, top)
+    kl = row_dot(p_b, bf16.float() - lse_b[:, None]) - pz + lse * p_b.sum(-1)
+    assert ((kl.double() - truth).abs() <= KL_F64_ATOL + KL_F64_REL * truth).all()
 
 
 def test_row_dot_is_pairwise_not_a_running_sum(monkeypatch):

@@ -440,10 +440,11 @@ def test_cli_scan_resumes_and_two_processes_give_the_single_process_result(tmp_p
     assert not (tmp_path / "x.json").exists()
 
 
-def test_lean_lens_of_a_bf16_model_keeps_16_bit_copies_and_equals_the_trace(monkeypatch):
-    """In bf16 the lean lens keeps the points and logits in bf16 and casts W_U per vocabulary
-    slice (3 slices here), in chunks of at most ``MAX_CHUNK`` tokens: the same values as the
-    float32 trace the analysis reads."""
+def test_lean_lens_of_a_bf16_model_reduces_each_point_on_arrival_and_equals_the_trace(monkeypatch):
+    """In bf16 the lean lens gets the model's own bf16 logits first, then each point as the
+    hooks made it (bf16), and reduces it at once (its KL is in before the next point comes;
+    nothing is kept), casting W_U per vocabulary slice (3 slices here) in chunks of at most
+    ``MAX_CHUNK`` tokens: the same values as the float32 trace the analysis reads."""
     from tiny_hf import build
 
     from residual_stream.inputs import ByteTokenizer
@@ -454,46 +455,34 @@ def test_lean_lens_of_a_bf16_model_keeps_16_bit_copies_and_equals_the_trace(monk
     assert m.dtype == torch.bfloat16
     kw = dict(batch_size=4, seq_len=32)
     whole = trace_batch(m, pack(m, _rows(m, TEXTS, **kw)))
-    kept: list[torch.dtype] = []
+    logits: list[torch.dtype] = []
     given: list[torch.dtype] = []
+    reduced: list[bool] = []
+    watch(monkeypatch, LensSums, "logits", lambda self, f: logits.append(f.dtype))
     watch(monkeypatch, LensSums, "point", lambda self, p, x: given.append(x.dtype))
-    watch(monkeypatch, LensSums, "point", lambda self, p, x: kept.append(self.streams[p].dtype),
-          after=True)
+    watch(monkeypatch, LensSums, "point", lambda self, p, x: reduced.append(
+        self.ranks[p] is not None and all(r is None for r in self.ranks[p + 1:])), after=True)
     monkeypatch.setattr("residual_stream.weights.VOCAB_SLICE", 100)
     monkeypatch.setattr("residual_stream.streaming.lens.MAX_CHUNK", 5)  # 128 tokens: 26 chunks
     rows: list[int] = []
     watch(monkeypatch, Unembed, "logits", lambda self, h: rows.append(len(h)))
     result = rs.scan(m, TEXTS, ["lens"], progress=False, **kw)
     assert max(rows) == 5 and min(rows) < 5  # capped chunks, the last of a batch partial
-    assert set(kept) == set(given) == {torch.bfloat16}  # the hooks' own tensors (native_dtype)
+    assert set(logits) == set(given) == {torch.bfloat16}  # the model's own tensors (native_dtype)
+    assert reduced and all(reduced)
     _assert_lens_equal(result, whole)
     given.clear()
-    kept.clear()
     mixed = rs.scan(m, TEXTS, ["lens", "growth", "survival"], progress=False, **kw)
-    assert set(kept) == set(given) == {torch.bfloat16}
+    assert set(given) == {torch.bfloat16}
     _assert_lens_equal(mixed, whole)
-
-
-def test_the_lens_keeps_a_stream_wider_than_the_weights_in_float32():
-    from tiny_hf import build
-
-    from residual_stream.inputs import ByteTokenizer
-    from residual_stream.streaming.lens import LensSums
-
-    m = rs.load(build("llama").to(torch.bfloat16), tokenizer=ByteTokenizer())
-    sums = LensSums(m, torch.ones(1, 3, dtype=torch.bool))
-    x = torch.tensor([[[1.0 + 2 ** -12] * m.anatomy.d_model] * 3])  # not a bf16 value
-    sums.point(0, x)
-    sums.point(1, x)
-    assert all(sums.streams[p].dtype == torch.float32 for p in (0, 1))
-    assert torch.equal(sums.streams[0], x)
 
 
 @pytest.mark.parametrize("name", ["llama", "gpt2", "twin", "bert_mlm"])
 def test_a_lean_pass_without_the_lens_unembeds_only_the_last_position(name):
     """Statistics that read no logits skip the ``[tokens, vocab]`` product where the model's
-    forward takes ``logits_to_keep``; the lens still gets every position's logits. A masked
-    LM (no ``logits_to_keep``) unembeds everything, as before."""
+    forward takes ``logits_to_keep``; the lens gets every position's logits from a plain
+    forward pass first, then the lean pass skips it too. A masked LM (no ``logits_to_keep``)
+    unembeds everything."""
     from tiny_hf import build
 
     from residual_stream.inputs import ByteTokenizer
@@ -511,7 +500,7 @@ def test_a_lean_pass_without_the_lens_unembeds_only_the_last_position(name):
     finally:
         handle.remove()
     assert lean_rows and set(lean_rows) == {1 if name != "bert_mlm" else 24}
-    assert rows and set(rows) == {24}
+    assert rows and set(rows) == ({1, 24} if name != "bert_mlm" else {24})  # logits, then the pass
 
 
 @pytest.mark.parametrize("name", ["llama", "gemma2"])

@@ -8,10 +8,11 @@ output, norm scales), every reducer takes what it needs, and those tensors are d
 Memory is one block's captured tensors whatever the depth; the arithmetic is the walk's.
 
 Reducers get ``point(L, x)`` for the stream at each ``Mark`` and ``step(step, scales)`` for
-every operation of the walk (``walk.Step``), in program order, as ``walk_stream`` yields them;
-one with ``needs_logits`` then gets ``logits(final)``, the model's own logits (in the model's
-dtype on the lean pass, float32 from a trace). ``into(acc)``
-adds a batch's sums to its accumulator.
+every operation of the walk (``walk.Step``), in program order, as ``walk_stream`` yields them.
+One with ``needs_logits`` (the lens) first gets ``logits(final)``, the model's own logits, so
+it can reduce each point as it arrives instead of keeping them all: the lean pass runs one
+plain forward pass for them (in the model's dtype; a trace has them, in float32), then the
+pass itself without the unembedding. ``into(acc)`` adds a batch's sums to its accumulator.
 
 When every reducer sets ``native_dtype`` (it widens what it reads itself: ``growth``), the
 hooks keep the model's own tensors, with no float32 copy of each: in bf16 that is a third
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..capture import Captured, capture
+from ..capture import Captured, capture, model_logits
 from ..errors import NonFiniteError
 from ..fusion import acc_dtype
 from ..program import Add, Mark, Norm, Read
@@ -47,16 +48,16 @@ def segments(program) -> list[list]:
 
 
 def feed_trace(trace, reducers: Sequence) -> None:
-    """Feed ``reducers`` from a finished trace: every point, then every step of the walk."""
+    """Feed ``reducers`` from a finished trace: the logits, every point, every step of the walk."""
+    for r in reducers:
+        if getattr(r, "needs_logits", False):
+            r.logits(trace.logits)
     for L in range(trace.anatomy.n_layers + 1):
         for r in reducers:
             r.point(L, trace.stream(L))
     for step in walk_stream(trace):
         for r in reducers:
             r.step(step, trace.captured.norm_scale)
-    for r in reducers:
-        if getattr(r, "needs_logits", False):
-            r.logits(trace.logits)
 
 
 def reduce_trace(acc, trace, first_row: int = 0) -> None:
@@ -160,21 +161,27 @@ def lean_forward(model, batch, reducers: Sequence) -> list[Tensor]:
         if point == 0:
             cap.embeds.clear()
 
+    tokens, mask = batch.tokens.to(model.device), batch.attention_mask.to(model.device)
+    _give_logits(model, tokens, mask, reducers)
     cap.resid = _Stream(on_point)
     try:
-        wants = [r for r in reducers if getattr(r, "needs_logits", False)]
         native = all(getattr(r, "native_dtype", False) for r in reducers)
-        capture(model.module, anatomy, batch.tokens.to(model.device),
-                batch.attention_mask.to(model.device), heads=False,
-                logits="native" if wants else False, out=cap,
+        capture(model.module, anatomy, tokens, mask, heads=False, logits=False, out=cap,
                 dtype=None if native else torch.float32,
                 scales=scales_read(anatomy.program, reducers))
         walk(segs[-1], cap.resid[anatomy.n_layers])
-        for r in wants:
-            r.logits(cap.logits)
     finally:  # cap → its stream → on_point → cap is a cycle: break it, or the reducers (and
         cap.resid = {}  # their buffers) would wait for the garbage collector
     return finite
+
+
+def _give_logits(model, tokens: Tensor, mask: Tensor, reducers: Sequence) -> None:
+    """Hand the model's own logits to the reducers that need them (one plain forward pass)."""
+    wants = [r for r in reducers if getattr(r, "needs_logits", False)]
+    if wants:
+        final = model_logits(model.module, model.anatomy, tokens, mask)
+        for r in wants:
+            r.logits(final)
 
 
 def scales_read(program, reducers: Sequence) -> set[str]:

@@ -1,22 +1,27 @@
-"""The logit lens over a corpus, reduced from the stream at every point and the final logits.
+"""The logit lens over a corpus, each point reduced against the final logits as it arrives.
 
 The lens compares each point's distribution with the model's final one, which only exists
-once the forward pass ends; so ``LensSums`` keeps the stream at every point (``n_layers + 1``
-vectors of ``d_model`` per token, in a 16-bit model's own dtype; a fraction of a trace) and,
-when the logits arrive (in the model's dtype), reduces each point in chunks of tokens
-(``CHUNKS`` per batch, each of ``MIN_CHUNK`` to ``MAX_CHUNK`` tokens: the launches per batch
-stay few on small batches, the temporaries bounded on large ones). Per chunk the final
-distribution gives ``p`` and ``Σ p log p`` once; per point one unembedding ``z`` gives top-1
-agreement and the final top token's rank, then, with ``z' = z − max z`` taken in place in
-``z`` (its last use), ``Σ p z'`` and ``logsumexp z'`` (``point_terms``), so that
+once the forward pass ends. Rather than keep the stream at every point until then
+(``n_layers + 1`` vectors of ``d_model`` per token: a third of SmolLM2's logits, more than
+all of them for a 7B Llama), ``LensSums`` takes the final logits first (``needs_logits``:
+the lean pass runs one plain forward pass for them, then the pass itself without the
+unembedding; a trace has them already) and reduces every point the moment it arrives. So
+the scan holds the model's own logits and a few bounded temporaries, whatever the depth.
+
+Given the logits, per token: the final top token, ``logsumexp f`` (so ``p = exp(f − lse)``),
+``Σ p log p`` and ``Σ p``, one pass in token chunks (``CHUNKS`` per batch, each of
+``MIN_CHUNK`` to ``MAX_CHUNK`` tokens: few launches on small batches, bounded temporaries on
+large ones). Per point and chunk, one unembedding ``z`` and ``point_terms``: top-1
+agreement, the final top token's rank, and with ``z' = z − max z`` (in place in ``z``, its
+last use) ``Σ p z'`` and ``logsumexp z'``, so that
 
     KL(p ‖ softmax z) = Σ p log p − Σ p z' + logsumexp(z') · Σ p
 
-with two ``[chunk, d_vocab]`` float32 tensors alive (``p`` and ``z``) and a boolean one for
-the rank. Every sum over the vocabulary is a pairwise reduction (``row_dot``), not a BLAS
-dot. No ``[tokens, d_vocab]`` tensor larger than a chunk is held beside the model's own
-logits, and a 16-bit ``W_U`` is cast to float32 one vocabulary slice at a time, each slice's
-product written into its columns of ``z`` (``Unembed.logits``), never copied whole.
+with two ``[chunk, d_vocab]`` float32 tensors alive (``p``, recomputed from the logits in
+the model's dtype, and ``z``) and a boolean one for the rank. Every sum over the vocabulary
+is a pairwise reduction (``row_dot``), not a BLAS dot. A 16-bit ``W_U`` is cast to float32
+one vocabulary slice at a time, each slice's product written into its columns of ``z``
+(``Unembed.logits``), never copied whole.
 
 ``analyses.lens.logit_lens`` sums ``p (log p − log q)`` elementwise; the two differ by
 float32 rounding (each within ~1e-5 nats per token of float64 on SmolLM2's vocabulary,
@@ -36,78 +41,71 @@ CHUNKS, MIN_CHUNK, MAX_CHUNK = 8, 128, 512  # chunks a batch, aimed at; tokens p
 
 
 class LensSums:
-    """One batch's lens sums: ``point`` keeps each stream, ``logits`` reduces, ``into`` adds."""
+    """One batch's lens sums: ``logits`` first, then ``point`` reduces each stream, ``into`` adds."""
 
     needs_logits = True
-    native_dtype = True  # a 16-bit stream is kept as it is; a float32 one is checked (``point``)
+    native_dtype = True  # a 16-bit stream is unembedded from float32 copies of one chunk at a time
 
     def __init__(self, model, mask: Tensor) -> None:
         self.unembed = model.unembed(native=True)  # no float32 copy of W_U: cast per slice
         self.final_norm = model.anatomy.norms.get("ln_final")
-        self.mask = mask.bool()
+        self.real = mask.bool().flatten()  # padding is weighted out, not indexed
         self.d_vocab = model.anatomy.d_vocab
-        self.keep_dtype = model.dtype if model.dtype in (torch.bfloat16, torch.float16) else None
-        self.streams: dict[int, Tensor] = {}
-        self.sums: dict[str, Tensor] = {}
+        n = model.anatomy.n_layers + 1
+        self.kl = torch.zeros(n, dtype=torch.float64, device=mask.device)
+        self.agree = torch.zeros_like(self.kl)
+        self.ranks: list[Tensor | None] = [None] * n
+        self.final: Tensor | None = None
+
+    def logits(self, final: Tensor) -> None:
+        """Take the model's own logits ``[batch, pos, d_vocab]`` (any dtype), before any point."""
+        self.final = final.flatten(0, 1)
+        n = len(self.final)
+        self.chunk = min(MAX_CHUNK, max(MIN_CHUNK, -(-n // CHUNKS)))
+        self.top = torch.empty(n, dtype=torch.long, device=final.device)
+        self.lse, self.plogp, self.mass = (torch.empty(n, device=final.device) for _ in range(3))
+        for part in self._parts():
+            f = self.final[part].float()  # the logits themselves when they are float32
+            self.top[part] = f.argmax(-1)
+            lse = torch.logsumexp(f, -1)
+            logp = f - lse[:, None]
+            del f
+            p = logp.exp()
+            self.lse[part], self.plogp[part], self.mass[part] = lse, row_dot(p, logp), p.sum(-1)
+
+    def _parts(self):
+        return (slice(s, s + self.chunk) for s in range(0, len(self.final), self.chunk))
 
     def point(self, point: int, x: Tensor) -> None:
-        """Keep the stream entering block ``point``.
-
-        A 16-bit model's stream is kept in its own dtype (half the memory): a lean pass hands
-        it over as the model computed it (``native_dtype``); a float32 copy (a trace's) came
-        from it, so nothing is lost, which is checked on the embedding point of each batch;
-        a stream that does not round-trip is kept in float32.
-        """
-        if self.keep_dtype is not None and x.dtype != self.keep_dtype:
-            kept = x.to(self.keep_dtype)
-            if point == 0 and not torch.equal(kept.float(), x):
-                self.keep_dtype = None  # the stream is wider than the weights: keep it as it is
-            else:
-                x = kept
-        self.streams[point] = x
+        """Reduce the stream entering block ``point`` against the final logits."""
+        if self.final is None:
+            raise RuntimeError("LensSums.logits (the final logits) must come before the points")
+        x = x.flatten(0, 1)
+        ranks = []
+        for part in self._parts():
+            h = x[part].float()
+            z = self.unembed.logits(h if self.final_norm is None else self.final_norm.apply(h))
+            best, rank, pz, lse = point_terms(z, self.final[part], self.lse[part], self.top[part])
+            del z                                                              # spent
+            real, top = self.real[part], self.top[part]
+            self.agree[point] += ((best == top) & real).double().sum()
+            ranks.append(rank)
+            kl = self.plogp[part] - pz + lse * self.mass[part]
+            self.kl[point] += torch.where(real, kl, 0).double().sum()
+        self.ranks[point] = torch.cat(ranks)
 
     def step(self, step, scales) -> None:
         """Nothing: the lens reads points only."""
 
-    def logits(self, final: Tensor) -> None:
-        """Reduce every point against the model's own logits ``final [batch, pos, d_vocab]``.
-
-        Per chunk, the final distribution gives ``p`` and ``Σ p log p`` once; per point, the
-        logits ``z`` give everything else through ``point_terms`` (module docstring).
-        """
-        points = [self.streams.pop(p).flatten(0, 1) for p in range(len(self.streams))]  # kept dtype
-        final, real = final.flatten(0, 1), self.mask.flatten()  # padding is weighted out, not indexed
-        kl = torch.zeros(len(points), dtype=torch.float64, device=final.device)
-        agree = torch.zeros_like(kl)
-        ranks = []
-        chunk = min(MAX_CHUNK, max(MIN_CHUNK, -(-len(final) // CHUNKS)))
-        for start in range(0, len(final), chunk):
-            part = slice(start, start + chunk)
-            logp = final[part].float().log_softmax(-1)  # logits may come in the model's dtype
-            top, m = final[part].argmax(-1), real[part]
-            p = logp.exp()
-            plogp, mass = row_dot(p, logp), p.sum(-1)                          # Σ p log p, Σ p
-            del logp
-            chunk_ranks = []
-            for i, x in enumerate(points):
-                x = x[part].float()
-                z = self.unembed.logits(x if self.final_norm is None else self.final_norm.apply(x))
-                best, rank, pz, lse = point_terms(z, p, top)                   # z is spent
-                del z
-                agree[i] += ((best == top) & m).double().sum()
-                chunk_ranks.append(rank)
-                kl[i] += torch.where(m, plogp - pz + lse * mass, 0).double().sum()
-            ranks.append(torch.stack(chunk_ranks))
-        ranks = torch.cat(ranks, 1)[:, real]  # real tokens only: one device sync for the batch
-        offset = torch.arange(len(points), device=ranks.device)[:, None] * self.d_vocab
-        hist = torch.bincount((ranks + offset).flatten(), minlength=len(points) * self.d_vocab)
-        self.sums = {"kl": kl, "top1": agree, "rank_hist": hist.view(len(points), self.d_vocab),
-                     "n": real.sum()}
-
     def into(self, acc) -> None:
         """Add this batch's sums to ``acc`` (a ``LensStats``)."""
-        for key, value in self.sums.items():
-            acc.add(key, value)
+        ranks = torch.stack(self.ranks)[:, self.real]  # real tokens only: one device sync
+        offset = torch.arange(len(ranks), device=ranks.device)[:, None] * self.d_vocab
+        hist = torch.bincount((ranks + offset).flatten(), minlength=len(ranks) * self.d_vocab)
+        acc.add("kl", self.kl)
+        acc.add("top1", self.agree)
+        acc.add("rank_hist", hist.view(len(ranks), self.d_vocab))
+        acc.add("n", self.real.sum())
 
 
 def _row_dot(a: Tensor, b: Tensor) -> Tensor:
@@ -133,16 +131,19 @@ def _row_dot_sliced(a: Tensor, b: Tensor) -> Tensor:
 row_dot = fused(_row_dot, eager=_row_dot_sliced)
 
 
-def _point_terms(z: Tensor, p: Tensor, top: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _point_terms(z: Tensor, final: Tensor, lse: Tensor, top: Tensor
+                 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """One point's terms from its logits ``z [n, d_vocab]`` (spent: overwritten eagerly).
 
-    Against the final distribution ``p [n, d_vocab]`` and its top token ``top [n]``:
-    ``z``'s top token, the rank of ``top`` in ``z`` (how many logits exceed its), and, with
-    ``z' = z − max z``, ``Σ p z'`` and ``logsumexp z'``, so that ``KL(p ‖ softmax z) =
-    Σ p log p − Σ p z' + logsumexp(z') Σ p`` (the maximum cancels; the shift keeps the
-    terms small). Compiled into one pass over ``z`` on a GPU (``point_terms``); eagerly
+    Against the final logits ``final [n, d_vocab]`` (any dtype), their ``logsumexp``
+    ``lse [n]`` and top token ``top [n]``: ``z``'s top token, the rank of ``top`` in ``z``
+    (how many logits exceed its), and, with ``p = exp(final − lse)`` and ``z' = z − max z``,
+    ``Σ p z'`` and ``logsumexp z'``, so that ``KL(p ‖ softmax z) = Σ p log p − Σ p z' +
+    logsumexp(z') Σ p`` (the maximum cancels; the shift keeps the terms small). Compiled
+    into one pass over ``z`` and ``final`` on a GPU (``point_terms``); eagerly
     ``_point_terms_in_place``.
     """
+    p = (final.float() - lse[:, None]).exp()
     best = z.argmax(-1)
     rank = (z > z.gather(-1, top[:, None])).sum(-1, dtype=torch.int32)
     zmax = z.amax(-1, keepdim=True)
@@ -151,13 +152,16 @@ def _point_terms(z: Tensor, p: Tensor, top: Tensor) -> tuple[Tensor, Tensor, Ten
     return best, rank, (p * shifted).sum(-1), shifted.exp().sum(-1).log()
 
 
-def _point_terms_in_place(z: Tensor, p: Tensor, top: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``_point_terms`` in place in ``z``: a boolean and a ``VOCAB_SLICE``-column temporary."""
+def _point_terms_in_place(z: Tensor, final: Tensor, lse: Tensor, top: Tensor
+                          ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``_point_terms`` in place in ``z``, beside ``p`` (float32) and a boolean temporary."""
     best = z.argmax(-1)
     rank = (z > z.gather(-1, top[:, None])).sum(-1, dtype=torch.int32)  # not count_nonzero: int64 copy
     zmax = z.amax(-1, keepdim=True)
     shifted = z.sub_(torch.where(torch.isfinite(zmax), zmax, 0))
+    p = torch.sub(final, lse[:, None]).exp_()                   # float32 (lse is) from any dtype
     pz = _row_dot_sliced(p, shifted)
+    del p
     return best, rank, pz, shifted.exp_().sum(-1).log_()
 
 
