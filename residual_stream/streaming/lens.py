@@ -106,6 +106,7 @@ class LensSums:
         acc.add("top1", self.agree)
         acc.add("rank_hist", hist.view(len(ranks), self.d_vocab))
         acc.add("n", self.real.sum())
+        self.final = None  # the batch's logits: not held a moment longer than the sums need
 
 
 def _row_dot(a: Tensor, b: Tensor) -> Tensor:
