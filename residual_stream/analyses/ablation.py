@@ -32,6 +32,7 @@ from torch import Tensor
 from ..capture import capture, first_output
 from ..walk import component_of, read_inputs
 from .flow import read_attribution
+from .lens import log_probs
 from .tokens import masked_mean
 
 Mode = Literal["mean", "zero"]
@@ -105,8 +106,7 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
                 change = (inputs[reader] - clean[reader]).norm(dim=-1) / clean[reader].norm(dim=-1)
                 effect[i, j] = float(masked_mean(change, mask))
         if a.has_lm_head:
-            p = trace.logits.log_softmax(-1)
-            q = cap.logits.log_softmax(-1)
+            p, q = log_probs(trace.logits), log_probs(cap.logits)
             kl[i] = float(masked_mean((p.exp() * (p - q)).sum(-1), mask))
             top = trace.logits.argmax(-1, keepdim=True)
             change = cap.logits.gather(-1, top) - trace.logits.gather(-1, top)

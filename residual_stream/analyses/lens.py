@@ -5,7 +5,7 @@ apply the final norm the way the model applies it (its own per-token scale, reco
 that point's stream), any head transform, the unembedding, and Gemma's soft-cap. Reported
 per point: KL(final ‖ lens) in nats, top-1 agreement with the final prediction, and the
 rank of the final top token under the lens. At the last point the lens *is* the model.
-Log-probabilities are ``logits − logsumexp(logits)`` (``_log_probs``), not ``log_softmax``.
+Log-probabilities are ``logits − logsumexp(logits)`` (``log_probs``), not ``log_softmax``.
 
 **Direct logit attribution.** The final-normed stream is an exact sum of contributions
 (``trace.decompose("final")``), and the unembedding is linear, so the logit of a target token
@@ -68,7 +68,7 @@ def _final_norm(trace, x: Tensor) -> Tensor:
     return x if spec is None else spec.apply(x)
 
 
-def _log_probs(logits: Tensor) -> Tensor:
+def log_probs(logits: Tensor) -> Tensor:
     """``logits − logsumexp(logits)``: log-probabilities whose probabilities sum to 1 ± 2e-6.
 
     PyTorch's CPU ``log_softmax`` over SmolLM2's 49,152 logits leaves the probabilities'
@@ -80,13 +80,13 @@ def _log_probs(logits: Tensor) -> Tensor:
 def logit_lens(trace, *, k: int = 5) -> LogitLens:
     """The logit lens over every point of ``trace`` (see the module docstring)."""
     unembed = trace.model.unembed()
-    final = _log_probs(trace.logits)
+    final = log_probs(trace.logits)
     final_top = trace.logits.argmax(-1)
     kls, agree, ranks, ids, probs = [], [], [], [], []
     tok = trace.model.tokenizer
     for L in range(trace.anatomy.n_layers + 1):
         logits = unembed.logits(_final_norm(trace, trace.stream(L)))
-        logp = _log_probs(logits)
+        logp = log_probs(logits)
         kls.append((final.exp() * (final - logp)).sum(-1))
         # ranks compare logits, not log-probabilities: subtracting logsumexp in float32 can
         # round two distinct logits into a tie
