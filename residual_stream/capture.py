@@ -233,10 +233,16 @@ def capture(
     if patterns:
         out.patterns = tuple(a.detach().to(tokens.device, torch.float32) for a in result.attentions)
     if anatomy.has_lm_head and logits:
-        raw = getattr(result, "logits", result)
-        kept = raw.dtype if logits == "native" else torch.float32
-        out.logits = raw.detach().to(tokens.device, kept) if isinstance(raw, Tensor) else None
+        raw = _logits_of(result)
+        kept = None if raw is None or logits == "native" else torch.float32
+        out.logits = None if raw is None else raw.to(tokens.device, kept)
     return out
+
+
+def _logits_of(result) -> Tensor | None:
+    """The logits a forward pass returned (an output object's ``logits``, or the tensor itself)."""
+    raw = getattr(result, "logits", result)
+    return raw.detach() if isinstance(raw, Tensor) else None
 
 
 def _forward_kwargs(model: nn.Module, tokens: Tensor, attention_mask: Tensor, *, headless: bool) -> dict:
@@ -260,8 +266,10 @@ def model_logits(model: nn.Module, anatomy: Anatomy, tokens: Int[Tensor, "batch 
     if not anatomy.has_lm_head:
         raise NotAvailableError(anatomy.lm_head_note or "this model has no LM head")
     with torch.inference_mode(), untouched(model, hooks=False):
-        result = model(**_forward_kwargs(model, tokens, attention_mask, headless=False))
-    return getattr(result, "logits", result).detach().to(tokens.device)
+        raw = _logits_of(model(**_forward_kwargs(model, tokens, attention_mask, headless=False)))
+    if raw is None:
+        raise NotAvailableError(f"{type(model).__name__}'s forward pass returned no logits")
+    return raw.to(tokens.device)
 
 
 def hidden_states_reference(

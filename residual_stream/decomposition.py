@@ -209,16 +209,19 @@ def _first(program: tuple[Op, ...], match: Callable[[Op], bool], missing: str) -
     return index
 
 
-def _count(ops: tuple[Op, ...], src: Sources) -> int:
-    """How many contributions walking ``ops`` makes (writes, embeddings, norm biases)."""
+def count_pieces(ops, norms: dict[str, NormSpec], n_pieces: Callable[[str], int]) -> int:
+    """How many contributions walking ``ops`` makes: embeddings, writes, norm biases.
+
+    ``n_pieces(component)``: how many its write is (its heads, or 1 at component granularity).
+    """
     n = 0
     for op in ops:
         if isinstance(op, Embed):
             n += 1
         elif isinstance(op, Add):
-            n += src.n_pieces(op.component) + (op.via is not None and src.norms[op.via].bias is not None)
+            n += n_pieces(op.component) + (op.via is not None and norms[op.via].bias is not None)
         elif isinstance(op, Norm):
-            n += src.norms[op.norm].bias is not None
+            n += norms[op.norm].bias is not None
     return n
 
 
@@ -272,13 +275,13 @@ class _Rows:
 def _replay_into(ops: tuple[Op, ...], src: Sources, point: Point | str) -> Contributions:
     """``replay_states``'s walk to the end of ``ops``, in place in one preallocated tensor.
 
-    Counts the contributions first (``_count``), then each write goes straight into its rows
+    Counts the contributions first (``count_pieces``), then each write goes straight into its rows
     (``Sources.writes(component, out)``; head writes are computed there) and each norm or
     scale maps the filled rows in place (``NormSpec.apply_linear_``, the same arithmetic as
     ``apply_linear``). So the result is not a concatenation of pieces: no second copy of
     every contribution, at any point.
     """
-    rows = _Rows(_count(ops, src), src)
+    rows = _Rows(count_pieces(ops, src.norms, src.n_pieces), src)
     for op in ops:
         if isinstance(op, Embed):
             rows.copy(src.embed(op.label))

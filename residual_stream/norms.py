@@ -105,18 +105,6 @@ class NormSpec:
             c.sub_(c.mean(-1, keepdim=True))
         return c.mul_(self.gain(c) / scale.to(c.dtype).unsqueeze(-1))
 
-    def apply_adjoint(self, g: Float[Tensor, "*lead d_model"], scale: Float[Tensor, "*tokens"]
-                      ) -> Float[Tensor, "*lead d_model"]:
-        """The transpose of the frozen linear part ``L``: ``<L c, g> == <c, Lᵀ g>``.
-
-        ``Lᵀ g = C diag(γ) g / s`` (``C`` is symmetric): lets a read be attributed to many
-        contributions with one map of the read's gradient instead of one map per contribution.
-        """
-        g = g * self.gain(g)
-        if self.kind == "layernorm":
-            g = g - g.mean(-1, keepdim=True)
-        return g / scale.to(g.dtype).unsqueeze(-1)
-
     def apply_frozen(
         self, x: Float[Tensor, "*batch d_model"], scale: Float[Tensor, "*batch"]
     ) -> Float[Tensor, "*batch d_model"]:
@@ -128,6 +116,9 @@ class NormSpec:
         """The read map seen from the stream: ``C diag(γ) W`` for a map ``W`` applied after this norm.
 
         (Up to the per-token ``1/s``.) ``C`` centers for a LayerNorm; Gemma's offset is included.
+        It is also the adjoint of the frozen linear part ``L`` through ``W``: ``<L(c) W, y> =
+        <c, y (C diag(γ) W)ᵀ> / s`` (``C`` is symmetric), which lets a read be attributed to
+        many contributions with one map of ``y`` instead of one map per contribution.
         """
         W = W * torch.as_tensor(self.gain(W), dtype=W.dtype).reshape(-1, 1)
         return W - W.mean(-2, keepdim=True) if self.kind == "layernorm" else W

@@ -46,19 +46,21 @@ def test_frozen_norm_is_affine_in_contributions():
 
 @pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
 def test_adjoint_and_in_place_forms_of_the_linear_part(kind):
-    """<L c, g> == <c, Lᵀ g> on a stack of contributions; ``apply_linear_`` == ``apply_linear``."""
+    """<L(c) W, y> == <c, y (C diag(γ) W)ᵀ>/s on a stack of contributions (the adjoint read
+    attribution uses: ``fold_into`` is ``Lᵀ`` up to ``1/s``); ``apply_linear_`` == ``apply_linear``."""
     torch.manual_seed(1)
     c = torch.randn(3, 2, 5, 8, dtype=torch.float64)        # (contribution, batch, pos, d)
-    g = torch.randn(2, 5, 8, dtype=torch.float64)
+    W = torch.randn(8, 6, dtype=torch.float64)              # a read map after the norm
+    y = torch.randn(2, 5, 6, dtype=torch.float64)
     n = spec(kind, torch.randn(8, dtype=torch.float64), offset=1.0 if kind == "rmsnorm" else 0.0)
     s = torch.rand(2, 5, dtype=torch.float64) + 0.5
-    lhs = (n.apply_linear(c, s) * g).sum(-1)
-    rhs = (c * n.apply_adjoint(g, s)).sum(-1)
+    lhs = ((n.apply_linear(c, s) @ W) * y).sum(-1)
+    rhs = (c * (y @ n.fold_into(W).T)).sum(-1) / s
     torch.testing.assert_close(lhs, rhs, atol=ATOL_F64, rtol=RTOL_F64)
     # by hand, one token of a 2-D RMSNorm with gain (1, 2) and s = 2: L c = (c₀/2, c₁)
     hand = spec("rmsnorm", torch.tensor([0.0, 1.0], dtype=torch.float64), offset=1.0)
-    two = torch.tensor([2.0], dtype=torch.float64)
-    torch.testing.assert_close(hand.apply_adjoint(torch.tensor([[4.0, 3.0]], dtype=torch.float64), two),
+    eye = torch.eye(2, dtype=torch.float64)
+    torch.testing.assert_close(torch.tensor([[4.0, 3.0]], dtype=torch.float64) @ hand.fold_into(eye).T / 2,
                                torch.tensor([[2.0, 3.0]], dtype=torch.float64))
     tokens_major = c.permute(1, 2, 0, 3).clone()              # (batch, pos, contribution, d)
     n.apply_linear_(tokens_major, s.unsqueeze(-1))

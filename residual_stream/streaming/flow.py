@@ -13,9 +13,10 @@ pass (``lean.lean_pass``).
   scale; pre-norm contributions never change) and the summed signed share ``<c, x>/‖x‖²``,
   one batched matrix product over the tokens.
 * At each ``Read``: per reader ``y = N(x) W + b``, the share of source ``c`` is
-  ``<L(c) W, y>/‖y‖² = <c, Lᵀ(y Wᵀ)>/‖y‖²`` (``L`` the reading norm's frozen linear part,
-  ``NormSpec.apply_adjoint``): one map of ``y Wᵀ`` per reader, then one batched product
-  with every contribution; nothing is materialized per source.
+  ``<L(c) W, y>/‖y‖² = <c, y (C diag(γ) W)ᵀ>/(s ‖y‖²)`` (``L`` the reading norm's frozen
+  linear part, folded into the map by ``NormSpec.fold_into``): one product of ``y`` per
+  reader, then one batched product with every contribution; nothing is materialized per
+  source.
 
 Token sums are float64 on the batch's device; nothing is read back until ``into``, so on a
 GPU a scan of survival and read attribution (with growth or not) replays as a CUDA graph per
@@ -40,6 +41,7 @@ import torch
 from torch import Tensor
 
 from ..analyses.flow import READ_MAP_BIAS, READ_NORM_BIAS, read_channels
+from ..decomposition import count_pieces
 from ..fusion import WIDE, fused, wide
 from ..program import Add, Embed, Mark, Norm, Read, Scale
 from ..walk import component_of
@@ -51,15 +53,7 @@ UPCAST_CHUNKS = 8  # token chunks in which a 16-bit buffer is upcast for a produ
 
 def n_sources(program, norms: dict) -> int:
     """How many component-level contributions ``program`` creates (the buffer's depth)."""
-    n = 0
-    for op in program:
-        if isinstance(op, Embed):
-            n += 1
-        elif isinstance(op, Add):
-            n += 1 + (op.via is not None and norms[op.via].bias is not None)
-        elif isinstance(op, Norm):
-            n += norms[op.norm].bias is not None
-    return n
+    return count_pieces(program, norms, lambda component: 1)
 
 
 def carry_dtype(model) -> torch.dtype:

@@ -56,7 +56,9 @@ class LensSums:
         self.kl = torch.zeros(n, dtype=torch.float64, device=mask.device)
         self.agree = torch.zeros_like(self.kl)
         self.ranks: list[Tensor | None] = [None] * n
-        self.final: Tensor | None = None
+        self.final: Tensor | None = None  # the logits, then per token (``logits``): the final
+        self.chunk = MIN_CHUNK            # top token, logsumexp, Σ p log p and Σ p
+        self.top = self.lse = self.plogp = self.mass = None
 
     def logits(self, final: Tensor) -> None:
         """Take the model's own logits ``[batch, pos, d_vocab]`` (any dtype), before any point."""
