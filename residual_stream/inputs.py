@@ -7,6 +7,9 @@ exactly what they would see unpadded, and every analysis excludes the pads.
 
 from __future__ import annotations
 
+import itertools
+import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -20,6 +23,7 @@ if TYPE_CHECKING:
     from .loading import Model
 
 Overflow = Literal["error", "chunk"]
+TOKENIZER_LOCK = threading.Lock()  # a scan tokenizes in a reader thread; conversions share it
 
 
 @dataclass(frozen=True, eq=False)
@@ -28,8 +32,48 @@ class Batch:
 
     tokens: Int[Tensor, "batch pos"]
     attention_mask: Int[Tensor, "batch pos"]
-    str_tokens: list[list[str]]
+    str_tokens: Sequence[list[str]]
     text_index: tuple[int, ...]
+
+
+class TokenStrings(Sequence):
+    """Each row's token strings, converted the first time the row is read.
+
+    A scan names only the few tokens it reports (the massive activations), so its batches
+    convert no row they never show (``pack(..., names="lazy")``); a row reads as a list.
+    """
+
+    def __init__(self, tokenizer: object, rows: list[list[int]]) -> None:
+        """The strings of ``rows`` (token ids) under ``tokenizer``, none converted yet."""
+        self._tokenizer, self._rows = tokenizer, rows
+        self._done: dict[int, list[str]] = {}
+
+    def __len__(self) -> int:
+        """The number of rows."""
+        return len(self._rows)
+
+    def __getitem__(self, i):
+        """Row ``i``'s token strings (a slice gives a list of rows)."""
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = range(len(self))[i]  # negative indices, and IndexError past the end
+        if i not in self._done:
+            self._done[i] = _names(self._tokenizer, self._rows[i])
+        return self._done[i]
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to any sequence of the same rows' strings (a list of lists, say)."""
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable cache; compares by value
+
+
+def _names(tokenizer: object, ids: list[int]) -> list[str]:
+    convert = getattr(tokenizer, "convert_ids_to_tokens", None)
+    if convert is None:
+        return [str(i) for i in ids]
+    with TOKENIZER_LOCK:
+        return convert(ids)
 
 
 class ByteTokenizer:
@@ -40,8 +84,15 @@ class ByteTokenizer:
     pad_token_id = 0
     eos_token_id = None
 
-    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
-        """Encode ``text`` like a Hugging Face tokenizer call (returns ``{"input_ids": ...}``)."""
+    def __call__(self, text: str | list[str], add_special_tokens: bool = True,
+                 **_: object) -> dict[str, list]:
+        """Encode ``text`` (or a list of texts) like a Hugging Face tokenizer call.
+
+        Returns ``{"input_ids": ids}``, ``ids`` a list per text for a list; other keyword
+        arguments of the Hugging Face call (``return_attention_mask``) change nothing here.
+        """
+        if isinstance(text, list):
+            return {"input_ids": [self(t, add_special_tokens)["input_ids"] for t in text]}
         ids = list(text.encode("utf-8"))
         return {"input_ids": ([self.bos_token_id] if add_special_tokens else []) + ids}
 
@@ -68,8 +119,7 @@ def from_ids(model: Model, tokens: Tensor) -> Batch:
                                  f"of {model.anatomy.n_ctx}; pass fewer positions")
     _check_vocab(model, int(tokens.min()), int(tokens.max()))
     tokens = tokens.long().cpu()
-    convert = getattr(model.tokenizer, "convert_ids_to_tokens", None)
-    names = [convert(r.tolist()) if convert else [str(i) for i in r.tolist()] for r in tokens]
+    names = [_names(model.tokenizer, r.tolist()) for r in tokens]
     return Batch(tokens, torch.ones_like(tokens), names, tuple(range(len(tokens))))
 
 
@@ -114,17 +164,22 @@ def encode(
     return pack(model, rows, tuple(index))
 
 
-def pack(model: Model, rows: list[list[int]], text_index: tuple[int, ...] | None = None) -> Batch:
-    """Right-pad token-id ``rows`` into a ``Batch``, checked against the model's vocabulary."""
+def pack(model: Model, rows: list[list[int]], text_index: tuple[int, ...] | None = None, *,
+         names: Literal["now", "lazy"] = "now") -> Batch:
+    """Right-pad token-id ``rows`` into a ``Batch``, checked against the model's vocabulary.
+
+    ``names="lazy"``: token strings are converted per row when first read (``TokenStrings``;
+    what a scan wants, which names a few tokens of its batches at most).
+    """
     if not rows or not all(rows):
         raise EmptyTextError("no tokens to pack: every row needs at least one token")
-    _check_vocab(model, min(min(r) for r in rows), max(max(r) for r in rows))
-    width = max(len(r) for r in rows)
-    pad = _pad_id(model.tokenizer)
-    tokens = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for r, ids in enumerate(rows):
-        tokens[r, : len(ids)] = torch.tensor(ids)
-        mask[r, : len(ids)] = 1
+    lengths = torch.tensor([len(r) for r in rows])
+    flat = torch.tensor(list(itertools.chain.from_iterable(rows)), dtype=torch.long)
+    _check_vocab(model, int(flat.min()), int(flat.max()))
+    mask = (torch.arange(int(lengths.max())) < lengths[:, None]).long()
+    tokens = torch.full(mask.shape, _pad_id(model.tokenizer), dtype=torch.long)
+    tokens[mask.bool()] = flat  # row-major: each row's ids in order, then the next row's
     index = tuple(range(len(rows))) if text_index is None else text_index
-    return Batch(tokens, mask, [model.tokenizer.convert_ids_to_tokens(r) for r in rows], index)
+    strings = (TokenStrings(model.tokenizer, rows) if names == "lazy"
+               else [_names(model.tokenizer, r) for r in rows])
+    return Batch(tokens, mask, strings, index)

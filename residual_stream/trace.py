@@ -16,6 +16,7 @@ statistic in this package excludes them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -60,7 +61,7 @@ class Trace:
         return self.batch.attention_mask
 
     @property
-    def str_tokens(self) -> list[list[str]]:
+    def str_tokens(self) -> Sequence[list[str]]:
         """Token strings per text (without padding)."""
         return self.batch.str_tokens
 

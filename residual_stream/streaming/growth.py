@@ -9,6 +9,8 @@ from a finished trace (``GrowthStats.update``) or block by block during the forw
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pandas as pd
 import torch
 from torch import Tensor
@@ -110,7 +112,7 @@ class GrowthSums:
 
     native_dtype = True
 
-    def __init__(self, mask: Tensor, n_layers: int, d_model: int, str_tokens: list[list[str]],
+    def __init__(self, mask: Tensor, n_layers: int, d_model: int, str_tokens: Sequence[list[str]],
                  first_row: int, top_k: int, max_candidates: int | None = None) -> None:
         """Empty sums for one batch (``mask [batch, pos]``) of a model with ``n_layers`` blocks.
 
@@ -131,7 +133,7 @@ class GrowthSums:
         n = self.mask.numel()  # candidates score by token order, first highest (``_first``)
         self._order = (n - torch.arange(n, device=self.mask.device)).view(self.mask.shape)
 
-    def rebind(self, str_tokens: list[list[str]], first_row: int, width: int) -> None:
+    def rebind(self, str_tokens: Sequence[list[str]], first_row: int, width: int) -> None:
         """Name the batch whose values a replay left in these sums.
 
         Its token strings, first row and width (positions past it are the replay's padding,

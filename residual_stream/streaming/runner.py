@@ -34,11 +34,13 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import InputError
+from ..inputs import pack
 from ..trace import trace_batch
 from .accumulators import Accumulator, _json_ready, frames, make_accumulators
-from .corpus import Corpus, corpus_batches
+from .corpus import Corpus, row_batches
 from .graphs import Replayed
 from .lean import feed_trace, lean_pass, points
+from .reader import prefetched
 
 STATE_VERSION = 1
 
@@ -125,22 +127,36 @@ def _gather(accs: dict[str, Accumulator], tokens: int, batches: int,
     return merged, sum(s["tokens"] for s in states), sum(s["batches"] for s in states)
 
 
+def _read_batches(model, corpus: Corpus, batch_size: int, seq_len: int, max_tokens: int | None,
+                  next_batch: int, rank: int, world_size: int):
+    """``(index, batch, first row, own)``: batch 0, and this process's batches not yet saved.
+
+    Every other batch is skipped unpacked. Run by the reader thread (``reader.prefetched``).
+    """
+    for i, (rows, first_row) in enumerate(row_batches(model, corpus, batch_size=batch_size,
+                                                      seq_len=seq_len, max_tokens=max_tokens)):
+        own = i >= next_batch and i % world_size == rank
+        if own or i == 0:
+            yield i, pack(model, rows, names="lazy"), first_row, own
+
+
 def _own_batches(model, corpus: Corpus, accs: dict[str, Accumulator], batch_size: int, seq_len: int,
                  max_tokens: int | None, next_batch: int, rank: int, world_size: int):
     """``(index, batch, first row)`` of this process's batches not yet in the saved sums.
 
     Batch 0 first fixes data-dependent choices (the PCA of ``subspaces``) in every process,
-    from a lean pass that keeps the last block's output (``lean.points``).
+    from a lean pass that keeps the last block's output (``lean.points``). The batches are
+    read ahead by a thread (``reader``) while this one runs the model.
     """
-    batches = corpus_batches(model, corpus, batch_size=batch_size, seq_len=seq_len,
-                             max_tokens=max_tokens)
-    for i, (batch, first_row) in enumerate(batches):
+    read = _read_batches(model, corpus, batch_size, seq_len, max_tokens, next_batch, rank,
+                         world_size)
+    for i, batch, first_row, own in prefetched(read):
         if i == 0:
             wanted = not all(a.calibrated for a in accs.values())  # a resumed state has its own
             calibration = points(model, batch) if wanted else None
             for acc in accs.values():
                 acc.prepare(model, calibration)
-        if i >= next_batch and i % world_size == rank:
+        if own:
             yield i, batch, first_row
 
 

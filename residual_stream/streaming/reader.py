@@ -1,0 +1,70 @@
+"""Read ahead: a scan's batches are tokenized and packed by a thread while the model runs.
+
+On a GPU the forward pass of a small model outruns one process's tokenizer (SmolLM2-135M on
+an H200: ~530,000 tokens/s at 32×512; the corpus reader on one core of this project's CPU:
+~850,000 tokens/s, `benchmarks/corpus_speed.py`). The fast tokenizers release the GIL while
+they encode, and the model's thread waits on the device with the GIL released, so reading
+the next batches in a thread overlaps the two. ``prefetched`` keeps at most ``depth``
+items ready, so memory stays a few batches of token ids.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from typing import TypeVar
+
+T = TypeVar("T")
+_END = object()
+POLL_S = 0.1  # how often a reader blocked on a full queue checks that it is still wanted
+
+
+class _Reader(threading.Thread):
+    """Computes ``items`` into a queue of at most ``depth`` entries ``(item, error)``."""
+
+    def __init__(self, items: Iterator, depth: int) -> None:
+        super().__init__(name="residual-stream reader", daemon=True)
+        self.items, self.ready, self.stop = items, queue.Queue(maxsize=depth), threading.Event()
+
+    def put(self, item: object, error: BaseException | None = None) -> bool:
+        """Queue one entry, waiting while the queue is full; False once the caller has left."""
+        while not self.stop.is_set():
+            try:
+                self.ready.put((item, error), timeout=POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run(self) -> None:
+        """Every item, then the end (or the exception that ended them)."""
+        try:
+            for item in self.items:
+                if not self.put(item):
+                    return
+            self.put(_END)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller, raised there
+            self.put(_END, e)
+
+
+def prefetched(items: Iterator[T], depth: int = 16) -> Iterator[T]:
+    """``items``, computed by a background thread up to ``depth`` items ahead of the caller.
+
+    An exception in ``items`` is raised here, at the item where it happened; leaving the
+    loop early (``break``, an exception in the caller's body) stops the thread after at most
+    the item it is computing.
+    """
+    reader = _Reader(items, depth)
+    reader.start()
+    try:
+        while True:
+            item, error = reader.ready.get()
+            if error is not None:
+                raise error
+            if item is _END:
+                return
+            yield item
+    finally:
+        reader.stop.set()
+        reader.join(timeout=60)

@@ -1,0 +1,110 @@
+"""The corpus reader: grouped tokenization, vectorized packing, lazy token strings, read-ahead.
+
+References are the one-text-at-a-time paths they replace: a tokenizer call per text (what
+``rs.trace`` does), a row-by-row padding loop, and ``convert_ids_to_tokens`` per row.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import residual_stream as rs
+from residual_stream.errors import EmptyTextError, InputError
+from residual_stream.inputs import TokenStrings, pack
+from residual_stream.streaming import Corpus, corpus_batches, row_batches
+from residual_stream.streaming import corpus as corpus_module
+from residual_stream.streaming.corpus import builtin_corpus, token_ids
+from residual_stream.streaming.reader import prefetched
+
+
+@pytest.mark.parametrize("name", ["smollm2", "minilm"])
+def test_grouped_tokenization_gives_each_texts_own_ids(name, request, monkeypatch):
+    model = request.getfixturevalue(name)  # SmolLM2's BPE; MiniLM's WordPiece adds [CLS], [SEP]
+    texts = builtin_corpus()[:300]
+    monkeypatch.setattr(corpus_module, "TOKENIZE_CHARS", 3000)  # several groups, a partial last
+    grouped = list(token_ids(model.tokenizer, texts))
+    alone = [list(model.tokenizer(t, add_special_tokens=True)["input_ids"]) for t in texts]
+    assert grouped == alone
+
+
+def test_rows_cut_and_batch_like_one_text_at_a_time(monkeypatch):
+    model = rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32)
+    texts = ["a" * 40, "bc", "d" * 9, "efgh" * 5]  # 41, 3, 10, 21 ids with BOS
+    monkeypatch.setattr(corpus_module, "TOKENIZE_CHARS", 12)  # groups of 1, 2 and 1 texts
+    got = list(row_batches(model, Corpus(texts), batch_size=2, seq_len=16, max_tokens=60))
+    ids = [model.tokenizer(t)["input_ids"] for t in texts]
+    rows = [ids[0][:16], ids[0][16:32], ids[0][32:], ids[1], ids[2], ids[3][:6]]
+    assert sum(map(len, rows)) == 60  # the budget cuts the last row
+    assert got == [(rows[0:2], 0), (rows[2:4], 2), (rows[4:6], 4)]
+    with pytest.raises(EmptyTextError, match="no texts"):
+        list(row_batches(model, Corpus(["", "  "]), batch_size=2, seq_len=16))
+    with pytest.raises(InputError, match="longer than the model's context"):
+        list(row_batches(model, Corpus(texts), batch_size=2, seq_len=64))
+
+
+def test_pack_pads_like_a_loop_and_names_rows_lazily(smollm2):
+    rows = [[5, 6, 7], [8], [9, 10, 11, 12, 13]]
+    batch = pack(smollm2, rows, names="lazy")
+    pad = smollm2.tokenizer.pad_token_id
+    pad = smollm2.tokenizer.eos_token_id if pad is None else pad
+    want = torch.full((3, 5), pad, dtype=torch.long)
+    mask = torch.zeros((3, 5), dtype=torch.long)
+    for r, ids in enumerate(rows):
+        want[r, :len(ids)], mask[r, :len(ids)] = torch.tensor(ids), 1
+    assert torch.equal(batch.tokens, want) and torch.equal(batch.attention_mask, mask)
+    assert isinstance(batch.str_tokens, TokenStrings)
+    assert batch.str_tokens == pack(smollm2, rows).str_tokens  # the eager lists
+    names = TokenStrings(smollm2.tokenizer, rows)  # (the tests' type checker samples a batch's)
+    assert not names._done  # nothing converted yet
+    assert names[2] == smollm2.tokenizer.convert_ids_to_tokens(rows[2]) and set(names._done) == {2}
+    assert names[-1] is names[2]
+    assert names[0:2] == [smollm2.tokenizer.convert_ids_to_tokens(r) for r in rows[:2]]
+    with pytest.raises(IndexError):
+        names[3]
+    with pytest.raises(InputError, match="outside the model's vocabulary"):
+        pack(smollm2, [[1, smollm2.anatomy.d_vocab]])
+
+
+def test_corpus_batches_are_packed_row_batches():
+    model = rs.twin(norm="layernorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32)
+    texts = builtin_corpus()[:20]
+    kw = dict(batch_size=3, seq_len=16, max_tokens=200)
+    packed = list(corpus_batches(model, Corpus(texts), **kw))
+    rows = list(row_batches(model, Corpus(texts), **kw))
+    assert [f for _, f in packed] == [f for _, f in rows]
+    for (batch, _), (r, _) in zip(packed, rows, strict=True):
+        want = pack(model, r)
+        assert torch.equal(batch.tokens, want.tokens) and batch.str_tokens == want.str_tokens
+
+
+def test_prefetched_keeps_order_raises_in_place_and_stops_when_left():
+    assert list(prefetched(iter(range(50)), depth=3)) == list(range(50))
+
+    def failing():
+        yield from (0, 1)
+        raise ValueError("corrupt line")
+
+    got = []
+    with pytest.raises(ValueError, match="corrupt line"):
+        for item in prefetched(failing()):
+            got.append(item)
+    assert got == [0, 1]
+
+    made = []
+
+    def endless():
+        while True:
+            made.append(len(made))
+            yield made[-1]
+
+    before = threading.active_count()
+    for item in prefetched(endless(), depth=2):
+        if item == 5:
+            break
+    time.sleep(0.3)  # the reader notices within POLL_S
+    assert threading.active_count() == before
+    assert len(made) <= 6 + 2 + 1  # read ahead by at most the queue and the item in hand
