@@ -7,15 +7,23 @@ Variants, side by side in one process on SmolLM2-135M's tokenizer (no model run)
 * ``grouped``: ``row_batches`` + ``pack(names="lazy")`` as the scan reads now
   (``TOKENIZE_CHARS`` of text per tokenizer call, one vectorized pad, strings on demand);
 * ``device_*``: a scan loop whose model is replaced by a wait of ``tokens / RATE`` seconds per
-  batch, with the GIL released as a thread waiting on a GPU has it: ``device_inline`` reads
-  each batch before its wait, ``device_read_ahead`` reads in the scan's reader thread
-  (``reader.prefetched``). ``RATE`` defaults to SmolLM2's plain forward on one H200 in bf16
-  at 32×512 (session 6: 16,384 tokens in 0.0313 s).
+  batch, with the GIL released as a thread waiting on a GPU has it: ``device_per_text``
+  reads each batch the old way before its wait (the old scan), ``device_inline`` the new way,
+  ``device_read_ahead`` in the scan's reader thread (``reader.prefetched``: the scan now).
+  ``RATE`` defaults to SmolLM2's plain forward on one H200 in bf16 at 32×512 (session 6:
+  16,384 tokens in 0.0313 s).
 
 Two corpora: short lines (the built-in corpus repeated, ~20 tokens a text) and documents
 (50 of its lines joined, ~1,000 tokens a text, cut into rows of ``seq_len``).
 
-    python benchmarks/corpus_speed.py [--texts 16000] [--rate 523000] [--out NAME]
+``--scan`` adds, per corpus, the real thing on ``--device``: ``scan_growth``, ``rs.scan`` of
+growth end to end (reader thread, lean pass, replayed on a GPU), against ``forward``, the
+plain Hugging Face forward over the same batches packed beforehand (the scan's ratio to it
+is then the reader's cost on top of statistics' own). Meant for a GPU: on this CPU the model,
+not the reader, sets the pace.
+
+    python benchmarks/corpus_speed.py [--model smollm2-135m] [--texts 16000] [--rate 523000]
+        [--scan --device cuda --dtype bfloat16] [--out NAME]
 """
 
 from __future__ import annotations
@@ -41,18 +49,24 @@ BATCH, SEQ = 32, 512
 
 def per_text(model, texts):
     """The baseline: a tokenizer call per text, rows padded one by one, every string converted."""
-    rows, out = [], []
+    part = []
     for text in texts:
         ids = list(model.tokenizer(text, add_special_tokens=True)["input_ids"])
-        rows += [ids[s:s + SEQ] for s in range(0, len(ids), SEQ)]
-    for start in range(0, len(rows), BATCH):
-        part = rows[start:start + BATCH]
-        tokens = torch.full((len(part), max(map(len, part))), 0, dtype=torch.long)
-        mask = torch.zeros_like(tokens)
-        for r, ids in enumerate(part):
-            tokens[r, :len(ids)], mask[r, :len(ids)] = torch.tensor(ids), 1
-        out.append((tokens, mask, [model.tokenizer.convert_ids_to_tokens(r) for r in part]))
-    return out
+        for start in range(0, len(ids), SEQ):
+            part.append(ids[start:start + SEQ])
+            if len(part) == BATCH:
+                yield _pack_loop(model, part)
+                part = []
+    if part:
+        yield _pack_loop(model, part)
+
+
+def _pack_loop(model, part):
+    tokens = torch.full((len(part), max(map(len, part))), 0, dtype=torch.long)
+    mask = torch.zeros_like(tokens)
+    for r, ids in enumerate(part):
+        tokens[r, :len(ids)], mask[r, :len(ids)] = torch.tensor(ids), 1
+    return tokens, mask, [model.tokenizer.convert_ids_to_tokens(r) for r in part]
 
 
 def batches(model, texts):
@@ -61,14 +75,31 @@ def batches(model, texts):
         yield pack(model, rows, names="lazy")
 
 
-def device_loop(model, texts, rate: float, ahead: bool) -> int:
+def device_loop(model, texts, rate: float, reader: str) -> int:
     """A scan loop whose forward pass is a GIL-free wait of ``tokens / rate`` seconds."""
     n = 0
-    for batch in (prefetched(batches(model, texts)) if ahead else batches(model, texts)):
-        tokens = int(batch.attention_mask.sum())
+    read = {"per_text": lambda: (m for _, m, _ in per_text(model, texts)),
+            "inline": lambda: (b.attention_mask for b in batches(model, texts)),
+            "read_ahead": lambda: (b.attention_mask for b in prefetched(batches(model, texts)))}
+    for mask in read[reader]():
+        tokens = int(mask.sum())
         time.sleep(tokens / rate)
         n += tokens
     return n
+
+
+def forward(model, texts) -> None:
+    """The plain forward over the batches, packed before the clock starts (``main`` times this)."""
+    ready = [b.tokens.to(model.device) for b in batches(model, texts)]
+    masks = [b.attention_mask.to(model.device) for b in batches(model, texts)]
+
+    def run():
+        with torch.inference_mode():
+            for tokens, mask in zip(ready, masks, strict=True):
+                model.module(input_ids=tokens, attention_mask=mask)
+        if model.device.type == "cuda":
+            torch.cuda.synchronize()
+    return run
 
 
 def timed(fn) -> float:
@@ -85,8 +116,12 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=16384 / 0.0313)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--scan", action="store_true")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
     args = parser.parse_args()
-    model = rs.load("smollm2-135m", progress=False)
+    model = rs.load(args.model, device=args.device, dtype=args.dtype, progress=False)
     lines = builtin_corpus()
     corpora = {"lines": (lines * (args.texts // len(lines) + 1))[:args.texts]}
     docs = [" ".join(lines[i:i + 50]) for i in range(0, len(lines) - 50, 7)]
@@ -95,11 +130,20 @@ def main() -> None:
     for name, texts in corpora.items():
         n = sum(len(model.tokenizer(t)["input_ids"]) for t in texts)
         variants = {
-            "per_text": lambda texts=texts: per_text(model, texts),
+            "per_text": lambda texts=texts: list(per_text(model, texts)),
             "grouped": lambda texts=texts: list(batches(model, texts)),
-            "device_inline": lambda texts=texts: device_loop(model, texts, args.rate, False),
-            "device_read_ahead": lambda texts=texts: device_loop(model, texts, args.rate, True),
+            "device_per_text": lambda texts=texts: device_loop(model, texts, args.rate, "per_text"),
+            "device_inline": lambda texts=texts: device_loop(model, texts, args.rate, "inline"),
+            "device_read_ahead": lambda texts=texts: device_loop(model, texts, args.rate,
+                                                                 "read_ahead"),
         }
+        if args.scan:
+            run = forward(model, texts)
+            run()  # warm-up: kernels, and the replayed graphs of both batch shapes below
+            rs.scan(model, texts, ["growth"], batch_size=BATCH, seq_len=SEQ, progress=False)
+            variants["forward"] = run
+            variants["scan_growth"] = lambda texts=texts: rs.scan(
+                model, texts, ["growth"], batch_size=BATCH, seq_len=SEQ, progress=False)
         times = {k: [] for k in variants}
         for _ in range(args.rounds):
             for k, fn in variants.items():
@@ -116,9 +160,12 @@ def main() -> None:
                   f"{r['s']:.3f} | {r['tokens_per_s']:,.0f} | ×{r['x_per_text']:.2f} | "
                   f"{r['device_alone_s']:.3f} |" for r in rows]
     text = "\n".join(lines_out)
-    print(f"threads {torch.get_num_threads()}, rate {args.rate:,.0f} tokens/s\n{text}")
-    if args.out:
-        out = Path(__file__).parent / args.out
+    text = (f"{args.model} on {model.device} ({args.dtype}), {torch.get_num_threads()} threads, "
+            f"TOKENIZERS_PARALLELISM={os.environ.get('TOKENIZERS_PARALLELISM', 'unset')}, "
+            f"device_* rate {args.rate:,.0f} tokens/s, batches {BATCH}×{SEQ}\n\n{text}")
+    print(text)
+    if args.out:  # a path without suffix; a bare name lands beside this script
+        out = Path(args.out) if os.sep in args.out else Path(__file__).parent / args.out
         out.with_suffix(".md").write_text(text + "\n", encoding="utf-8")
         out.with_suffix(".json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
 

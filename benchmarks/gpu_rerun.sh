@@ -12,10 +12,13 @@
 #  big: scan_speed.py at 32×512, time and peak memory of growth, survival, the flow
 #     statistics, the decomposition and the lens (~3 min);
 #  small: scan_speed.py at 8×128, the same plus read attribution, subspaces and the lens
-#     with TF32 products as a what-if (~3.5 min).
+#     with TF32 products as a what-if (~3.5 min);
+#  reader (session 9): corpus_speed.py, the corpus reader's tokens/s on this host's cores and
+#     `rs.scan` of growth end to end against the plain forward over the same 32×512 batches,
+#     so whether the reader bounds a GPU scan (~1.5 min). STEPS="small reader" fits one call.
 # NCCL=1 adds the one-rank nccl merge (gpu_nccl.py) after the check step.
 set -uo pipefail
-STEPS=${STEPS:-check big small}
+STEPS=${STEPS:-check big small reader}
 source benchmarks/gpu_setup.sh || exit 1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv | tee "$OUT/gpu.txt"
 quiet() { grep -v "Loading weights\|USDT\|_warn_once\|acc_events"; }
@@ -36,5 +39,11 @@ if [[ " $STEPS " == *" small "* ]]; then
   python3 benchmarks/scan_speed.py $M --batches 8 --batch-size 8 --seq-len 128 --rounds 5 --memory \
     --variants hf_forward,hf_headless,rs_stats,rs_survival,rs_read,rs_stats_flow,rs_lens,rs_lens_tf32,rs_subspaces \
     --json "$OUT/speed8_8x128.json" 2>&1 | quiet | tee "$OUT/speed8_8x128.md"
+fi
+if [[ " $STEPS " == *" reader "* ]]; then
+  TOKENIZERS_PARALLELISM=true python3 benchmarks/corpus_speed.py --model /tmp/smollm2-random --scan \
+    --device cuda --dtype bfloat16 --texts 16000 --rounds 3 --out "$OUT/corpus9" 2>&1 | quiet
+  TOKENIZERS_PARALLELISM=false python3 benchmarks/corpus_speed.py --model /tmp/smollm2-random \
+    --texts 16000 --rounds 3 --out "$OUT/corpus9_serial" 2>&1 | quiet
 fi
 exit 0
