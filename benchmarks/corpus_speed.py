@@ -4,7 +4,7 @@ Variants, side by side in one process on SmolLM2-135M's tokenizer (no model run)
 
 * ``per_text`` (baseline): what the reader did until session 9: one tokenizer call per text
   and every batch packed row by row, with every row's token strings converted;
-* ``grouped``: ``row_batches`` + ``pack(names="lazy")`` as the scan reads now
+* ``grouped``: ``row_batches`` + ``RowBatch.pack`` as the scan reads now
   (``TOKENIZE_CHARS`` of text per tokenizer call, one vectorized pad, strings on demand);
 * ``device_*``: a scan loop whose model is replaced by a wait of ``tokens / RATE`` seconds per
   batch, with the GIL released as a thread waiting on a GPU has it: ``device_per_text``
@@ -39,7 +39,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 import residual_stream as rs  # noqa: E402
-from residual_stream.inputs import pack  # noqa: E402
 from residual_stream.streaming import Corpus, row_batches  # noqa: E402
 from residual_stream.streaming.corpus import builtin_corpus  # noqa: E402
 from residual_stream.streaming.reader import prefetched  # noqa: E402
@@ -71,8 +70,8 @@ def _pack_loop(model, part):
 
 def batches(model, texts):
     """The scan's reader: ``row_batches`` packed lazily."""
-    for rows, _ in row_batches(model, Corpus(texts), batch_size=BATCH, seq_len=SEQ):
-        yield pack(model, rows, names="lazy")
+    for rows in row_batches(model, Corpus(texts), batch_size=BATCH, seq_len=SEQ):
+        yield rows.pack(model)
 
 
 def device_loop(model, texts, rate: float, reader: str) -> int:

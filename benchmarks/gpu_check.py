@@ -67,7 +67,7 @@ def scan_equality(folder: Path, device: str) -> dict:
     result = rs.scan(model, TEXTS[:16], ["growth", "survival", "read_attribution", "lens"],
                      progress=False, **kw)
     rows = []
-    for batch, _ in corpus_batches(model, Corpus(TEXTS[:16]), **kw):
+    for batch in corpus_batches(model, Corpus(TEXTS[:16]), **kw):
         rows += [r[m.bool()].tolist() for r, m in zip(batch.tokens, batch.attention_mask, strict=True)]
     whole = trace_batch(model, pack(model, rows))
     g, s, r = rs.norm_growth(whole), rs.survival(whole), rs.read_attribution(whole)

@@ -38,8 +38,8 @@ def _scan(model, batches, graphs: bool, fused: bool, stats=STATS) -> tuple[dict,
         for a in accs.values():
             a.prepare(model, None)
         add = batch_adder(model, accs, graphs, batches[0].tokens.shape[1])
-        for i, b in enumerate(batches):
-            add(b, i * len(b.tokens))
+        for b in batches:
+            add(b)
         return accs, getattr(getattr(add, "__self__", None), "replays", 0)
     finally:
         fusion.ENABLED = True

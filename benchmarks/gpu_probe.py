@@ -132,11 +132,11 @@ def _compare(model, batches) -> dict:
     eager, replayed = make_accumulators(["growth"]), make_accumulators(["growth"])
     fusion.ENABLED = False
     for b in batches:
-        _add_batch(model, b, 0, eager)
+        _add_batch(model, b, eager)
     fusion.ENABLED = True
     add = batch_adder(model, replayed, True, batches[0].tokens.shape[1])
     for b in batches:
-        add(b, 0)
+        add(b)
     a, r = eager["growth"], replayed["growth"]
     out = {}
     for key, x in a.sums.items():

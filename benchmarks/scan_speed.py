@@ -64,7 +64,7 @@ from residual_stream.trace import trace_batch
 
 def _batches(model, n: int, batch_size: int, seq_len: int) -> list:
     text = " ".join(Corpus("builtin").texts())  # one long text: every row is seq_len tokens
-    out = [b for b, _ in corpus_batches(model, Corpus([text] * 50), batch_size=batch_size,
+    out = [b for b in corpus_batches(model, Corpus([text] * 50), batch_size=batch_size,
                                         seq_len=seq_len)]
     return out[:n]
 
@@ -115,7 +115,7 @@ def variants(model, use_tl: bool, copy_for_tl: bool = True) -> dict:
                 for a in accs.values():
                     a.prepare(model, points(model, batch) if calibrates else None)
                 add.append(batch_adder(model, accs, graphs, batch.tokens.shape[1]))
-            add[0](batch, 0)
+            add[0](batch)
         return run
 
     def decompose(batch):

@@ -28,12 +28,22 @@ TOKENIZER_LOCK = threading.Lock()  # a scan tokenizes in a reader thread; conver
 
 @dataclass(frozen=True, eq=False)
 class Batch:
-    """Token ids ``[batch, pos]``, the mask, token strings, and which text each row came from."""
+    """Token ids ``[batch, pos]``, the mask, token strings, and where each row came from.
+
+    Row ``r`` is text ``text_index[r]`` from its token ``text_start[r]`` on (a long text cut
+    into several rows has one start per row; a scan's ``text_index`` counts the corpus's texts).
+    """
 
     tokens: Int[Tensor, "batch pos"]
     attention_mask: Int[Tensor, "batch pos"]
     str_tokens: Sequence[list[str]]
     text_index: tuple[int, ...]
+    text_start: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        """Rows start at their texts' first token unless told otherwise."""
+        if not self.text_start:
+            object.__setattr__(self, "text_start", (0,) * len(self.text_index))
 
 
 class TokenStrings(Sequence):
@@ -146,6 +156,7 @@ def encode(
     limit = int(max_length or model.anatomy.n_ctx)
     rows: list[list[int]] = []
     index: list[int] = []
+    starts: list[int] = []
     for i, text in enumerate(texts):
         if not isinstance(text, str) or not text.strip():
             raise EmptyTextError(f"text {i} is empty: give it some words to analyse")
@@ -158,18 +169,19 @@ def encode(
                 f"(the model's context is {model.anatomy.n_ctx}); shorten it, or pass "
                 "overflow='chunk' to split it into several rows"
             )
-        chunks = [ids[s:s + limit] for s in range(0, len(ids), limit)]
-        rows.extend(chunks)
-        index.extend([i] * len(chunks))
-    return pack(model, rows, tuple(index))
+        starts.extend(range(0, len(ids), limit))
+        rows.extend(ids[s:s + limit] for s in range(0, len(ids), limit))
+        index.extend([i] * -(-len(ids) // limit))
+    return pack(model, rows, tuple(index), tuple(starts))
 
 
-def pack(model: Model, rows: list[list[int]], text_index: tuple[int, ...] | None = None, *,
-         names: Literal["now", "lazy"] = "now") -> Batch:
+def pack(model: Model, rows: list[list[int]], text_index: tuple[int, ...] | None = None,
+         text_start: tuple[int, ...] | None = None, *, names: Literal["now", "lazy"] = "now") -> Batch:
     """Right-pad token-id ``rows`` into a ``Batch``, checked against the model's vocabulary.
 
-    ``names="lazy"``: token strings are converted per row when first read (``TokenStrings``;
-    what a scan wants, which names a few tokens of its batches at most).
+    ``text_index``, ``text_start``: where each row came from (default: row ``r`` is text
+    ``r`` from its start). ``names="lazy"``: token strings are converted per row when first
+    read (``TokenStrings``; what a scan wants, which names a few tokens of its batches at most).
     """
     if not rows or not all(rows):
         raise EmptyTextError("no tokens to pack: every row needs at least one token")
@@ -182,4 +194,4 @@ def pack(model: Model, rows: list[list[int]], text_index: tuple[int, ...] | None
     index = tuple(range(len(rows))) if text_index is None else text_index
     strings = (TokenStrings(model.tokenizer, rows) if names == "lazy"
                else [_names(model.tokenizer, r) for r in rows])
-    return Batch(tokens, mask, strings, index)
+    return Batch(tokens, mask, strings, index, text_start or ())

@@ -17,7 +17,7 @@ from residual_stream.errors import EmptyTextError, InputError
 from residual_stream.inputs import TokenStrings, pack
 from residual_stream.streaming import Corpus, corpus_batches, row_batches
 from residual_stream.streaming import corpus as corpus_module
-from residual_stream.streaming.corpus import builtin_corpus, token_ids
+from residual_stream.streaming.corpus import RowBatch, builtin_corpus, token_ids
 from residual_stream.streaming.reader import prefetched
 
 
@@ -39,7 +39,9 @@ def test_rows_cut_and_batch_like_one_text_at_a_time(monkeypatch):
     ids = [model.tokenizer(t)["input_ids"] for t in texts]
     rows = [ids[0][:16], ids[0][16:32], ids[0][32:], ids[1], ids[2], ids[3][:6]]
     assert sum(map(len, rows)) == 60  # the budget cuts the last row
-    assert got == [(rows[0:2], 0), (rows[2:4], 2), (rows[4:6], 4)]
+    assert got == [RowBatch(rows[0:2], (0, 0), (0, 16), 0, 0),  # text 0 from 0, then from 16
+                   RowBatch(rows[2:4], (0, 1), (32, 0), 0, 1),
+                   RowBatch(rows[4:6], (2, 3), (0, 0), 0, 2)]
     with pytest.raises(EmptyTextError, match="no texts"):
         list(row_batches(model, Corpus(["", "  "]), batch_size=2, seq_len=16))
     with pytest.raises(InputError, match="longer than the model's context"):
@@ -75,10 +77,68 @@ def test_corpus_batches_are_packed_row_batches():
     kw = dict(batch_size=3, seq_len=16, max_tokens=200)
     packed = list(corpus_batches(model, Corpus(texts), **kw))
     rows = list(row_batches(model, Corpus(texts), **kw))
-    assert [f for _, f in packed] == [f for _, f in rows]
-    for (batch, _), (r, _) in zip(packed, rows, strict=True):
-        want = pack(model, r)
+    assert len(packed) == len(rows) > 1
+    for batch, r in zip(packed, rows, strict=True):
+        want = pack(model, r.rows)
         assert torch.equal(batch.tokens, want.tokens) and batch.str_tokens == want.str_tokens
+        assert (batch.text_index, batch.text_start) == (r.text_index, r.text_start)
+
+
+class Counting:
+    """A byte tokenizer that records every text it is asked to tokenize."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.seen = tokenizer, []
+
+    def __call__(self, texts, **kw):
+        self.seen += texts if isinstance(texts, list) else [texts]
+        return self.tokenizer(texts, **kw)
+
+
+def _counting_twin():
+    model = rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32)
+    model.tokenizer = Counting(model.tokenizer)
+    return model
+
+
+def test_segments_are_cut_by_characters_and_batches_stay_inside_them():
+    model = _counting_twin()
+    texts = ["abcdef", "ghij", "k", "lmnopqrstu", "vw"]  # segments of ≥ 10 characters
+    corpus = Corpus(texts, segment_chars=10)
+    assert list(corpus.segments()) == [(0, texts[0:2]), (2, texts[2:4]), (4, texts[4:])]
+    got = list(row_batches(model, corpus, batch_size=3, seq_len=4))
+    assert [b.key for b in got] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0)]
+    assert [b.text_index for b in got] == [(0, 0, 1), (1,), (2, 3, 3), (3,), (4,)]
+    assert [b.text_start for b in got] == [(0, 4, 0), (4,), (0, 0, 4), (8,), (0,)]  # BOS + bytes
+    assert [r for b in got for r in b.rows] == [  # the same rows as one long segment
+        r for b in row_batches(model, Corpus(texts), batch_size=3, seq_len=4) for r in b.rows]
+    with pytest.raises(InputError, match="segment_chars must be a positive"):
+        Corpus(texts, segment_chars=0)
+
+
+@pytest.mark.parametrize("max_tokens", [None, 150])  # 150: the budget ends in segment 3
+def test_each_share_tokenizes_its_own_segments_and_the_shares_make_the_whole(max_tokens):
+    model = _counting_twin()
+    texts = [f"text number {i} " * (1 + i % 3) for i in range(12)]
+    corpus = Corpus(texts, segment_chars=40)
+    kw = dict(batch_size=2, seq_len=8, max_tokens=max_tokens)
+    whole = list(row_batches(model, corpus, **kw))
+    segments = list(corpus.segments())
+    assert len(segments) > 3
+    shares = []
+    for rank in range(2):
+        model.tokenizer.seen = []
+        shares += list(row_batches(model, corpus, own=lambda s, r=rank: s % 2 == r, **kw))
+        mine = [t for s, (_, seg) in enumerate(segments) if s % 2 == rank for t in seg]
+        if max_tokens is None:  # the others' segments are never tokenized
+            assert model.tokenizer.seen == mine
+        else:  # the budget needs every segment before it counted: up to where it ends
+            assert model.tokenizer.seen == texts[:len(model.tokenizer.seen)] != mine
+    assert {b.segment % 2 for b in shares} == {0, 1}  # both shares have batches
+    assert sorted(shares, key=lambda b: b.key) == whole
+    if max_tokens is not None:
+        assert sum(len(r) for b in whole for r in b.rows) == max_tokens
+        assert whole[-1].segment == 3 < len(segments) - 1
 
 
 def test_prefetched_keeps_order_raises_in_place_and_stops_when_left():

@@ -40,9 +40,9 @@ def model() -> rs.Model:
 def _both(model, texts, width=None, stats=("growth",), **kw) -> tuple[dict, dict, Replayed]:
     eager, replayed = make_accumulators(list(stats)), make_accumulators(list(stats))
     replay = Replayed(model, replayed, width=width, emulate=True)
-    for batch, first in corpus_batches(model, Corpus(texts), **kw):
-        _add_batch(model, batch, first, eager)
-        replay.add(batch, first)
+    for batch in corpus_batches(model, Corpus(texts), **kw):
+        _add_batch(model, batch, eager)
+        replay.add(batch)
     return eager, replayed, replay
 
 
@@ -154,7 +154,7 @@ def test_the_flow_reducers_host_side_state_depends_on_the_shape_only():
 
     m = rs.twin(norm="layernorm", placement="post", n_layers=3, d_model=32, seed=2, n_ctx=64)
     seen = []
-    for batch, _ in corpus_batches(m, Corpus(TEXTS * 2), batch_size=4, seq_len=16):
+    for batch in corpus_batches(m, Corpus(TEXTS * 2), batch_size=4, seq_len=16):
         if tuple(batch.tokens.shape) != (4, 16):
             continue
         f = FlowSums(m, batch.attention_mask)
@@ -169,9 +169,9 @@ def test_scan_uses_the_replay_when_it_can(model, monkeypatch):
     ref = rs.scan(model, TEXTS, ["growth"], batch_size=3, seq_len=16, progress=False)
     used, add = [], Replayed.add
 
-    def counting(self, batch, first_row):
+    def counting(self, batch):
         used.append(batch)
-        return add(self, batch, first_row)
+        return add(self, batch)
 
     monkeypatch.setattr(Replayed, "usable", staticmethod(lambda m, accs: True))  # CPU: emulated
     monkeypatch.setattr(Replayed, "add", counting)
@@ -198,7 +198,7 @@ def test_a_replayed_pass_still_refuses_nan(model):
         m.module.blocks[1].mlp.fc_out.weight[0, 0] = float("nan")
     replay = Replayed(m, make_accumulators(["growth"]), emulate=True)
     with pytest.raises(NonFiniteError, match="block 2"):
-        replay.add(pack(m, [[1, 2, 3]]), 0)
+        replay.add(pack(m, [[1, 2, 3]]))
 
 
 def test_a_shape_that_cannot_be_captured_is_warned_about_and_added_eagerly(model, monkeypatch):
@@ -209,9 +209,9 @@ def test_a_shape_that_cannot_be_captured_is_warned_about_and_added_eagerly(model
     eager, replayed = make_accumulators(["growth"]), make_accumulators(["growth"])
     replay = Replayed(model, replayed, width=16, emulate=False)  # as on a GPU: capture, refused
     with pytest.warns(RuntimeWarning, match="could not capture.*not permitted") as warned:
-        for batch, first in corpus_batches(model, Corpus(TEXTS), batch_size=3, seq_len=16):
-            _add_batch(model, batch, first, eager)
-            replay.add(batch, first)
+        for batch in corpus_batches(model, Corpus(TEXTS), batch_size=3, seq_len=16):
+            _add_batch(model, batch, eager)
+            replay.add(batch)
     assert len(warned) == 2 and replay.replays == 0  # once per shape: 3×16 and 2×16
     _assert_same(eager, replayed)
 
@@ -320,7 +320,7 @@ def test_a_replayable_pass_never_reads_a_value_back_to_the_host(name, monkeypatc
     from residual_stream.streaming.lean import lean_forward
 
     m = rs.load(build("llama"), tokenizer=ByteTokenizer()) if name == "llama" else _planted_twin()
-    batch, _ = next(iter(corpus_batches(m, Corpus(TEXTS), batch_size=4, seq_len=24)))
+    batch = next(iter(corpus_batches(m, Corpus(TEXTS), batch_size=4, seq_len=24)))
     reads = []
 
     def counting(method):
@@ -337,7 +337,7 @@ def test_a_replayable_pass_never_reads_a_value_back_to_the_host(name, monkeypatc
         monkeypatch.setattr(torch.Tensor, method, counting(method))
     for replayable, expect_reads in ((True, False), (False, True)):
         reads.clear()
-        sums = make_accumulators(["growth"])["growth"].sums_for(m, batch, 0, {}, replayable)
+        sums = make_accumulators(["growth"])["growth"].sums_for(m, batch, {}, replayable)
         lean_forward(m, batch, [sums])
         assert bool(reads) == expect_reads, reads
 
@@ -349,7 +349,7 @@ def test_a_flow_reducer_adds_the_same_sums_every_time_into_runs():
     from residual_stream.streaming.flow import FlowSums
 
     m = rs.twin(norm="layernorm", placement="post", n_layers=3, d_model=32, seed=2, n_ctx=64)
-    batch, _ = next(iter(corpus_batches(m, Corpus(TEXTS), batch_size=4, seq_len=16)))
+    batch = next(iter(corpus_batches(m, Corpus(TEXTS), batch_size=4, seq_len=16)))
     f = FlowSums(m, batch.attention_mask)
     f.wants.update(FLOW)
     lean.lean_pass(m, batch, [f])

@@ -66,10 +66,10 @@ def test_growth_from_native_bf16_tensors_equals_growth_from_float32_copies(name,
 def test_a_lean_pass_with_one_float32_reducer_captures_float32(monkeypatch):
     """``native_dtype`` must hold for every reducer; one without it gets float32 copies."""
     m = _bf16("llama")
-    batch, _ = next(iter(corpus_batches(m, Corpus(TEXTS[:2]), batch_size=2, seq_len=16)))
+    batch = next(iter(corpus_batches(m, Corpus(TEXTS[:2]), batch_size=2, seq_len=16)))
     seen = _dtypes_seen(monkeypatch)
     keep = lean._KeepPoints([0])
-    sums = make_accumulators(["growth"])["growth"].sums_for(m, batch, 0)
+    sums = make_accumulators(["growth"])["growth"].sums_for(m, batch)
     lean.lean_pass(m, batch, [sums, keep])
     assert set(seen) == {torch.float32} and keep.streams[0].dtype == torch.float32
 

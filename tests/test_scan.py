@@ -23,8 +23,8 @@ from spies import watch
 
 import residual_stream as rs
 from residual_stream.errors import InputError
-from residual_stream.inputs import pack
-from residual_stream.streaming import Corpus, ScanResult, corpus_batches
+from residual_stream.inputs import Batch, pack
+from residual_stream.streaming import Corpus, ScanResult, corpus_batches, row_batches
 from residual_stream.streaming.accumulators import BIN_WIDTH, histogram_quantile, log_histogram
 from residual_stream.trace import trace_batch
 
@@ -50,9 +50,18 @@ def model() -> rs.Model:
 
 def _rows(model, corpus, **kw) -> list[list[int]]:
     rows = []
-    for batch, _ in corpus_batches(model, Corpus(corpus), **kw):
+    for batch in corpus_batches(model, Corpus(corpus), **kw):
         rows += [r[m.bool()].tolist() for r, m in zip(batch.tokens, batch.attention_mask, strict=True)]
     return rows
+
+
+def _whole(model, corpus, **kw):
+    """One trace of every row a scan reads, in corpus order, each row's text and start kept."""
+    corpus = corpus if isinstance(corpus, Corpus) else Corpus(corpus)
+    parts = list(row_batches(model, corpus, **kw))
+    return trace_batch(model, pack(model, [r for b in parts for r in b.rows],
+                                   tuple(t for b in parts for t in b.text_index),
+                                   tuple(s for b in parts for s in b.text_start)))
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, rel: float = REL_MEAN, atol: float = 0.0) -> None:
@@ -68,7 +77,7 @@ def _close(a: torch.Tensor, b: torch.Tensor, rel: float = REL_MEAN, atol: float 
 def scanned(model):
     kw = dict(batch_size=3, seq_len=24)
     result = rs.scan(model, TEXTS, ALL, progress=False, **kw)
-    whole = trace_batch(model, pack(model, _rows(model, TEXTS, **kw)))
+    whole = _whole(model, TEXTS, **kw)
     return result, whole
 
 
@@ -92,10 +101,14 @@ def _assert_growth_equal(result, whole) -> None:
     for col in ("input_norm", "scale"):
         _close(torch.tensor(got.norm_inputs[col].to_numpy(float)),
                torch.tensor(ref.norm_inputs[col].to_numpy(float)))
-    key = ["point", "batch", "pos", "dim"]
+    named = ref.massive.assign(  # the trace's row and position → the corpus's text and position
+        text=[whole.batch.text_index[b] for b in ref.massive.batch],
+        pos=[whole.batch.text_start[b] + t for b, t in zip(ref.massive.batch, ref.massive.pos,
+                                                           strict=True)])
+    key = ["point", "text", "pos", "dim"]
     a = got.massive.sort_values(key).reset_index(drop=True)
-    b = ref.massive.sort_values(key).reset_index(drop=True)
-    assert a[key + ["token"]].equals(b[key + ["token"]])
+    b = named.sort_values(key).reset_index(drop=True)
+    assert a[key + ["token"]].to_dict("records") == b[key + ["token"]].to_dict("records")
     assert int(result.accumulators["growth"].sums["massive_found"]) == len(ref.massive)
 
 
@@ -122,7 +135,7 @@ STATS_RESUMED = ["growth", "survival", "subspaces"]
 
 def _subspaces_reference(model, whole, **kw):
     """``write_subspaces`` on one trace of every row, PCs from the first batch (as a scan fixes)."""
-    first, _ = next(corpus_batches(model, Corpus(TEXTS), **kw))
+    first = next(corpus_batches(model, Corpus(TEXTS), **kw))
     return rs.write_subspaces(whole, pca_trace=trace_batch(model, first))
 
 
@@ -160,7 +173,7 @@ def test_lean_scan_equals_the_single_trace(norm, placement, monkeypatch):
     with torch.no_grad():
         m.module.embed.weight[ord("Z"), 5] = 4000.0
     kw = dict(batch_size=3, seq_len=24)
-    whole = trace_batch(m, pack(m, _rows(m, TEXTS, **kw)))
+    whole = _whole(m, TEXTS, **kw)
     subspaces = _subspaces_reference(m, whole, **kw)
     monkeypatch.setattr("residual_stream.streaming.runner.trace_batch", None)  # no full trace
     monkeypatch.setattr("residual_stream.streaming.lens.MIN_CHUNK", 16)  # 72 tokens: 5 chunks
@@ -181,7 +194,7 @@ def test_lean_scan_on_framework_models(name, monkeypatch):
 
     m = rs.load(build(name), tokenizer=ByteTokenizer())
     kw = dict(batch_size=4, seq_len=32)
-    whole = trace_batch(m, pack(m, _rows(m, TEXTS, **kw)))
+    whole = _whole(m, TEXTS, **kw)
     subspaces = _subspaces_reference(m, whole, **kw)
     monkeypatch.setattr("residual_stream.streaming.runner.trace_batch", None)
     if not m.anatomy.has_lm_head:  # the tiny BERT is a BertModel: no logits, no lens
@@ -201,13 +214,13 @@ def test_per_head_flow_statistics_replay_the_trace(model):
     from residual_stream.streaming.accumulators import ReadAttributionStats, SurvivalStats
 
     kw = dict(batch_size=3, seq_len=24)
-    whole = trace_batch(model, pack(model, _rows(model, TEXTS, **kw)))
+    whole = _whole(model, TEXTS, **kw)
     surv, read = SurvivalStats("head"), ReadAttributionStats("head")
     assert not surv.lean and not read.lean
-    for batch, first in corpus_batches(model, Corpus(TEXTS), **kw):
+    for batch in corpus_batches(model, Corpus(TEXTS), **kw):
         t = trace_batch(model, batch)
-        surv.update(t, first)
-        read.update(t, first)
+        surv.update(t)
+        read.update(t)
     s, ref = surv.result(), rs.survival(whole, granularity="head")
     assert s.sources == ref.sources and any("H" in x for x in s.sources)
     _close(s.share, ref.share)
@@ -244,16 +257,16 @@ def test_a_statistic_without_a_reducer_feeds_the_others_from_the_batch_trace(mod
     from residual_stream.streaming.runner import _add_batch
 
     kw = dict(batch_size=3, seq_len=24)
-    whole = trace_batch(model, pack(model, _rows(model, TEXTS, **kw)))
+    whole = _whole(model, TEXTS, **kw)
     batches = list(corpus_batches(model, Corpus(TEXTS), **kw))
     accs = make_accumulators(LEAN)
     accs["head_survival"] = SurvivalStats("head")
-    calibration = trace_batch(model, batches[0][0])
+    calibration = trace_batch(model, batches[0])
     for acc in accs.values():
         acc.prepare(model, calibration)
     monkeypatch.setattr("residual_stream.streaming.runner.lean_pass", None)  # never lean
-    for batch, first in batches:
-        _add_batch(model, batch, first, accs)
+    for batch in batches:
+        _add_batch(model, batch, accs)
     result = ScanResult({n: a.result() for n, a in accs.items()}, 0, 0, 0.0, model.name, accs)
     _assert_growth_equal(result, whole)
     _assert_flow_equal(result, whole)
@@ -307,21 +320,24 @@ def test_massive_prefilter_keeps_exactly_the_tokens_that_can_hit():
                        base + [199.0],                           # over 100, under 1000 × 0.2
                        [150.0] * 8,                              # every coordinate over 100
                        [-0.1] * 7 + [-250.0]]])                  # median |x| 0.1: a hit, negative
-    sums = GrowthSums(torch.ones(1, 4, dtype=torch.bool), 0, 8, [list("abcd")], 0, top_k=10)
+    mask = torch.ones(1, 4, dtype=torch.long)
+    batch = Batch(mask, mask, [list("abcd")], text_index=(7,), text_start=(100,))  # text 7, from 100
+    sums = GrowthSums(mask.bool(), 0, 8, batch, top_k=10)
     sums.point(0, x)
     found, rows = sums.massive_rows()
     assert found == 2
-    assert sorted((r["pos"], r["dim"], r["value"]) for r in rows) == [(0, 7, 201.0), (3, 7, -250.0)]
+    assert sorted((r["text"], r["pos"], r["dim"], r["value"], r["token"]) for r in rows) == \
+        [(7, 100, 7, 201.0, "a"), (7, 103, 7, -250.0, "d")]
 
 
 def test_massive_activations_keep_the_top_k_by_magnitude(model):
     from residual_stream.streaming.accumulators import GrowthStats
 
-    acc, first = GrowthStats(top_k=5), 0
+    acc = GrowthStats(top_k=5)
     found = []
-    for batch, first in corpus_batches(model, Corpus(TEXTS * 3), batch_size=2, seq_len=16):
+    for batch in corpus_batches(model, Corpus(TEXTS * 3), batch_size=2, seq_len=16):
         t = trace_batch(model, batch)
-        acc.update(t, first)
+        acc.update(t)
         found += rs.norm_growth(t).massive.value.abs().tolist()
     assert len(found) > 5 and int(acc.sums["massive_found"]) == len(found)
     kept = sorted(abs(r["value"]) for r in acc.meta["massive"])
@@ -341,22 +357,22 @@ def test_an_interrupted_scan_resumes_without_losing_or_double_counting(model, tm
     whole = rs.scan(model, TEXTS, STATS_RESUMED, **kw)
     state = tmp_path / "scan.pt"
 
-    def stop_after_3(i: int, tokens: int) -> None:
-        if i == 2:  # three batches added; with save_every=2 the third is not saved yet
+    def stop_after_3(key: tuple[int, int], tokens: int) -> None:
+        if key == (0, 2):  # three batches added; with save_every=2 the third is not saved yet
             raise Interrupt
 
     with pytest.raises(Interrupt):
         rs.scan(model, TEXTS, STATS_RESUMED, state=state, on_batch=stop_after_3, **kw)
     saved = torch.load(state, weights_only=True)
-    assert saved["next_batch"] == (3 if save_every == 1 else 2)
-    seen: list[int] = []
+    assert saved["next"] == [0, 3 if save_every == 1 else 2]
+    seen: list[list[int]] = []
     calibrations = []
     points = runner.points
     monkeypatch.setattr(runner, "points", lambda *a: calibrations.append(1) or points(*a))
     resumed = rs.scan(model, TEXTS, STATS_RESUMED, state=state,
-                      on_batch=lambda i, t: seen.append(i), **kw)
+                      on_batch=lambda key, t: seen.append(list(key)), **kw)
     assert not calibrations  # the saved state holds the PCA: no calibration pass again
-    assert seen[0] == saved["next_batch"]  # continues where the saved sums end
+    assert seen[0] == saved["next"]  # continues where the saved sums end
     assert resumed.tokens == whole.tokens and resumed.batches == whole.batches
     for key, value in whole.accumulators["growth"].sums.items():
         _close(resumed.accumulators["growth"].sums[key], value, rel=1e-12)
@@ -366,6 +382,44 @@ def test_an_interrupted_scan_resumes_without_losing_or_double_counting(model, tm
                rel=1e-12)
     again = rs.scan(model, TEXTS, STATS_RESUMED, state=state, **kw)  # already complete
     assert again.tokens == whole.tokens and again.batches == whole.batches
+
+
+def test_a_scan_over_segments_equals_the_single_trace_and_resumes_past_them(model, tmp_path,
+                                                                            monkeypatch):
+    """Batches end with their segment; a resumed scan tokenizes no segment it has done."""
+    corpus = Corpus(TEXTS * 2, segment_chars=70)
+    kw = dict(batch_size=3, seq_len=24)
+    assert len(list(corpus.segments())) > 4
+    result = rs.scan(model, corpus, ["growth", "survival", "read_attribution", "lens"],
+                     progress=False, **kw)
+    whole = _whole(model, corpus, **kw)
+    _assert_growth_equal(result, whole)
+    _assert_flow_equal(result, whole)
+    _assert_lens_equal(result, whole)
+    assert result.batches == len(list(row_batches(model, corpus, **kw)))
+
+    state = tmp_path / "scan.pt"
+    keys: list[tuple[int, int]] = []
+
+    def stop_in_segment_3(key: tuple[int, int], tokens: int) -> None:
+        keys.append(key)
+        if key[0] == 3:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        rs.scan(model, corpus, ["growth"], state=state, on_batch=stop_in_segment_3, **kw,
+                progress=False)
+    tokenized: list[str] = []
+    tokenize = model.tokenizer
+    monkeypatch.setattr(model, "tokenizer", lambda texts, **k: tokenized.extend(texts) or
+                        tokenize(texts, **k))
+    resumed = rs.scan(model, corpus, ["growth"], state=state, progress=False, **kw)
+    segments = [texts for _, texts in corpus.segments()]
+    first_group = segments[0][:len(tokenized) - sum(map(len, segments[3:]))]
+    assert tokenized == first_group + [t for seg in segments[3:] for t in seg]  # first batch, 3 on
+    assert len(first_group) <= len(segments[0])
+    assert resumed.tokens == result.tokens and resumed.batches == result.batches
+    _close(resumed.stats["growth"].mean, result.stats["growth"].mean, rel=1e-12)
 
 
 def test_a_state_for_other_arguments_or_a_corrupt_one_is_refused(model, tmp_path):
@@ -406,7 +460,8 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_cli_scan_resumes_and_two_processes_give_the_single_process_result(tmp_path: Path):
     args = ["twin-pre-ln", "builtin", "--stats", "growth,survival,read_attribution,subspaces,lens",
-            "--batch-size", "4", "--seq-len", "64", "--max-tokens", "2000", "--quiet"]
+            "--batch-size", "4", "--seq-len", "64", "--max-tokens", "2000", "--quiet",
+            "--segment-chars", "300"]  # 2,000 bytes: 6 segments or 7, shared by the processes
     one = _run("-m", "residual_stream.cli", "scan", *args, "--out", str(tmp_path / "one.json"),
                "--state", str(tmp_path / "s.pt"))
     assert one.returncode == 0, one.stderr
@@ -454,7 +509,7 @@ def test_lean_lens_of_a_bf16_model_reduces_each_point_on_arrival_and_equals_the_
     m = rs.load(build("llama").to(torch.bfloat16), tokenizer=ByteTokenizer())
     assert m.dtype == torch.bfloat16
     kw = dict(batch_size=4, seq_len=32)
-    whole = trace_batch(m, pack(m, _rows(m, TEXTS, **kw)))
+    whole = _whole(m, TEXTS, **kw)
     logits: list[torch.dtype] = []
     given: list[torch.dtype] = []
     reduced: list[bool] = []

@@ -57,7 +57,7 @@ class NormGrowth:
     update_mlp: Float[Tensor, " layer"]
     ones_share: Float[Tensor, " point"]
     norm_inputs: pd.DataFrame
-    massive: pd.DataFrame
+    massive: pd.DataFrame  # point, batch, pos, dim, token, value, ratio_to_median (a scan: text, not batch)
     model_name: str = ""
 
     def __post_init__(self) -> None:

@@ -47,7 +47,7 @@ class _TokenMeans(Accumulator):
         """The single-trace analysis of one batch."""
         raise NotImplementedError
 
-    def update(self, trace, first_row: int = 0) -> None:
+    def update(self, trace) -> None:
         """Add one batch."""
         result, n = self.analyse(trace), int(trace.attention_mask.sum())
         for key in self.FIELDS:
@@ -72,7 +72,7 @@ class _FlowStats(_TokenMeans):
         self.granularity = granularity
         self.lean = granularity == "component"
 
-    def sums_for(self, model, batch, first_row: int, shared: dict | None = None,
+    def sums_for(self, model, batch, shared: dict | None = None,
                  replayable: bool = False) -> FlowSums:
         """The batch's ``FlowSums`` (shared with the other flow statistic), asked for this one.
 
@@ -82,12 +82,12 @@ class _FlowStats(_TokenMeans):
         flow.wants.add(self.name)
         return flow
 
-    def update(self, trace, first_row: int = 0) -> None:
+    def update(self, trace) -> None:
         """Add one batch from a finished trace."""
         if not self.lean:
-            super().update(trace, first_row)
+            super().update(trace)
             return
-        reduce_trace(self, trace, first_row)
+        reduce_trace(self, trace)
 
 
 class SurvivalStats(_FlowStats):
@@ -153,7 +153,7 @@ class SubspaceStats(Accumulator):
         if "pca_basis" not in self.meta:
             self.meta["pca_basis"] = pca_subspace(calibration, k=self.pca_k).basis.cpu()
 
-    def sums_for(self, model, batch, first_row: int, shared: dict | None = None) -> FlowSums:
+    def sums_for(self, model, batch, shared: dict | None = None) -> FlowSums:
         """The batch's ``FlowSums`` (shared with the flow statistics), feeding a ``SubspaceSums``."""
         basis = self.meta["pca_basis"]
         if self._fixed is None or self._fixed[0] is not basis:  # once per scan (and loaded state)
@@ -164,9 +164,9 @@ class SubspaceStats(Accumulator):
         flow.subspaces = SubspaceSums(model, flow.mask, *self._fixed[1:])
         return flow
 
-    def update(self, trace, first_row: int = 0) -> None:
+    def update(self, trace) -> None:
         """Add one batch from a finished trace."""
-        reduce_trace(self, trace, first_row)
+        reduce_trace(self, trace)
 
     def result(self) -> WriteSubspaces:
         """``WriteSubspaces`` over every token so far."""
@@ -191,13 +191,13 @@ class LensStats(Accumulator):
         super().prepare(model, calibration)
         model.unembed()
 
-    def sums_for(self, model, batch, first_row: int, shared: dict | None = None) -> LensSums:
+    def sums_for(self, model, batch, shared: dict | None = None) -> LensSums:
         """A ``LensSums`` for one batch of ``model``."""
         return LensSums(model, batch.attention_mask.to(model.device))
 
-    def update(self, trace, first_row: int = 0) -> None:
+    def update(self, trace) -> None:
         """Add one batch from a finished trace."""
-        reduce_trace(self, trace, first_row)
+        reduce_trace(self, trace)
 
     def result(self) -> pd.DataFrame:
         """Per point: ``kl`` (nats), ``top1_agreement``, ``median_rank`` (as ``LogitLens.summary``)."""
@@ -231,11 +231,11 @@ class CompositionStats(Accumulator):
     name = "composition"
     lean = True
 
-    def sums_for(self, model, batch, first_row: int, shared: dict | None = None) -> _NoSums:
+    def sums_for(self, model, batch, shared: dict | None = None) -> _NoSums:
         """Nothing to reduce per batch."""
         return _NoSums()
 
-    def update(self, trace, first_row: int = 0) -> None:
+    def update(self, trace) -> None:
         """Nothing per batch: composition does not depend on the data."""
 
     def result(self):

@@ -39,7 +39,7 @@ _EDGES = torch.logspace(math.log10(NORM_RANGE[0]), math.log10(NORM_RANGE[1]), LO
 class Accumulator:
     """Base: named float64 / int64 sums that add on ``update`` and ``merge``.
 
-    Subclasses implement ``update(trace, first_row)`` (add one batch) and ``result()``.
+    Subclasses implement ``update(trace)`` (add one batch) and ``result()``.
     ``state_dict`` / ``load_state_dict`` hold only tensors, numbers, strings and lists, so a
     state can be saved with ``torch.save`` and read back with ``weights_only=True``.
     """
@@ -113,7 +113,7 @@ class Accumulator:
         """The float32 mean ``sums[key] / sums[count]`` (on the CPU)."""
         return (self.sums[key].cpu() / self.sums[count].cpu()).float()
 
-    def update(self, trace, first_row: int = 0) -> None:  # pragma: no cover - abstract
+    def update(self, trace) -> None:  # pragma: no cover - abstract
         """Add one batch."""
         raise NotImplementedError
 

@@ -4,10 +4,12 @@
     python -m residual_stream.scan MODEL CORPUS ...                 (the same)
     torchrun --nproc-per-node 2 -m residual_stream.scan MODEL CORPUS ... --out scan.json
 
-Under ``torchrun`` (``WORLD_SIZE > 1``) each process scans every ``WORLD_SIZE``-th batch and
-the accumulators are merged across processes (gloo on the CPU, nccl on the GPU, one GPU per
-process by ``LOCAL_RANK``); rank 0 writes ``--out``. ``--state`` gets a ``.rank{r}`` suffix per
-process, so an interrupted multi-process scan resumes with the same command.
+Under ``torchrun`` (``WORLD_SIZE > 1``) each process scans every ``WORLD_SIZE``-th segment of
+the corpus (``--segment-chars`` of text each; it tokenizes no other unless ``--max-tokens``
+needs them counted) and the accumulators are merged across processes (gloo on the CPU, nccl
+on the GPU, one GPU per process by ``LOCAL_RANK``); rank 0 writes ``--out``. ``--state`` gets
+a ``.rank{r}`` suffix per process, so an interrupted multi-process scan resumes with the same
+command.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The scan's arguments (shared by ``residual-stream scan`` and ``-m residual_stream.scan``)."""
     from . import STATS
+    from .corpus import SEGMENT_CHARS
 
     p.add_argument("model", help="registry name, HF folder, .gguf file or cached hub id")
     p.add_argument("corpus", help="'builtin', a text file (one text per line) or a folder of .txt files")
@@ -29,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, help="tokens per row (default: min(context, 128))")
     p.add_argument("--max-tokens", type=int, help="stop after this many tokens")
+    p.add_argument("--segment-chars", type=int, default=SEGMENT_CHARS,
+                   help="characters of text per corpus segment, the unit processes share and a "
+                        f"resumed scan skips; batches never span two (default: {SEGMENT_CHARS})")
     p.add_argument("--state", type=Path, help="save the scan state here after each batch; resume from it")
     p.add_argument("--save-every", type=int, default=1, help="batches between state saves")
     p.add_argument("--out", type=Path, required=True, help="JSON file for the results")
@@ -60,6 +66,7 @@ def _distributed() -> tuple[int, int, str | None]:
 def run(args: argparse.Namespace) -> int:
     """Run the scan the arguments describe; rank 0 writes the JSON. Returns the exit code."""
     from ..loading import load
+    from .corpus import Corpus
     from .runner import scan
 
     rank, world, device = _distributed()
@@ -70,10 +77,11 @@ def run(args: argparse.Namespace) -> int:
                 from ..errors import InputError
 
                 raise InputError(f"cannot write {args.out}: {parent} is not a writable folder")
+        corpus = Corpus(args.corpus, args.segment_chars)  # a bad size is refused before loading
         model = load(args.model, device=device or args.device, dtype=args.dtype, progress=not args.quiet)
         state = args.state if args.state is None or world == 1 else \
             args.state.with_name(f"{args.state.name}.rank{rank}")
-        result = scan(model, args.corpus, [s.strip() for s in args.stats.split(",") if s.strip()],
+        result = scan(model, corpus, [s.strip() for s in args.stats.split(",") if s.strip()],
                       batch_size=args.batch_size, seq_len=args.seq_len, max_tokens=args.max_tokens,
                       state=state, save_every=args.save_every, progress=not args.quiet,
                       rank=rank, world_size=world, graphs=False if args.no_graphs else "auto")

@@ -17,7 +17,6 @@ batch's rows, unpacked (a process skips the batches of others without packing th
 from __future__ import annotations
 
 import hashlib
-import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -27,6 +26,7 @@ from ..errors import EmptyTextError, InputError
 from ..inputs import TOKENIZER_LOCK, Batch, pack
 
 TOKENIZE_CHARS = 1 << 16  # characters per tokenizer call (~16,000 tokens of English), at least a text
+SEGMENT_CHARS = 1 << 22  # characters per segment (~1M tokens of English), at least a text
 
 
 def builtin_corpus() -> list[str]:
@@ -40,6 +40,13 @@ class Corpus:
     """Where the texts come from (see the module docstring)."""
 
     source: str | Path | Sequence[str]
+    segment_chars: int = SEGMENT_CHARS
+
+    def __post_init__(self) -> None:
+        """Refuse a segment size that is not a positive number of characters."""
+        if not isinstance(self.segment_chars, int) or self.segment_chars < 1:
+            raise InputError(f"segment_chars must be a positive number of characters, got "
+                             f"{self.segment_chars!r}")
 
     def _files(self) -> list[Path]:
         path = Path(self.source)
@@ -62,6 +69,18 @@ class Corpus:
             with f.open(encoding="utf-8", errors="replace") as handle:
                 yield from (line.strip() for line in handle if line.strip())
 
+    def segments(self) -> Iterator[tuple[int, list[str]]]:
+        """``(index of its first text, its texts)`` per segment, in order.
+
+        A segment is the consecutive texts that first reach ``segment_chars`` characters (the
+        last one may hold fewer). Batches never span two, so a process can skip the segments
+        of others without tokenizing them (``row_batches``).
+        """
+        first = 0
+        for texts in _chunks(self.texts(), self.segment_chars):
+            yield first, texts
+            first += len(texts)
+
     def fingerprint(self) -> str:
         """Identifies the corpus in a saved scan state: name, size and modification time."""
         if not isinstance(self.source, (str, Path)):
@@ -72,12 +91,13 @@ class Corpus:
         return ";".join(f"{f}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in self._files())
 
 
-def _groups(texts: Iterable[str]) -> Iterator[list[str]]:
+def _chunks(texts: Iterable[str], chars: int) -> Iterator[list[str]]:
+    """Consecutive texts, each list ending with the text that brings it to ``chars`` characters."""
     group, size = [], 0
     for text in texts:
         group.append(text)
         size += len(text)
-        if size >= TOKENIZE_CHARS:
+        if size >= chars:
             yield group
             group, size = [], 0
     if group:
@@ -103,29 +123,83 @@ def _encoder(tokenizer) -> Callable[[list[str]], list[list[int]]]:
 def token_ids(tokenizer, texts: Iterable[str]) -> Iterator[list[int]]:
     """Each text's token ids (special tokens added), ``TOKENIZE_CHARS`` of text per tokenizer call."""
     encode = _encoder(tokenizer)
-    for group in _groups(texts):
+    for group in _chunks(texts, TOKENIZE_CHARS):
         with TOKENIZER_LOCK:  # the scan's reader thread and the caller may share a tokenizer
             ids = encode(group)
         yield from (list(i) for i in ids)
 
 
-def _rows(model, corpus: Corpus, seq_len: int, max_tokens: int | None) -> Iterator[list[int]]:
-    budget = max_tokens if max_tokens is not None else float("inf")
-    for ids in token_ids(model.tokenizer, corpus.texts()):
+@dataclass(frozen=True)
+class RowBatch:
+    """One batch's rows of token ids before packing, and where they are in the corpus.
+
+    Row ``r`` is text ``text_index[r]`` of the corpus from its token ``text_start[r]`` on;
+    the batch is number ``index`` of segment ``segment`` (``key``: the batch's identity in a
+    saved scan state and in ``rs.scan``'s ``on_batch``).
+    """
+
+    rows: list[list[int]]
+    text_index: tuple[int, ...]
+    text_start: tuple[int, ...]
+    segment: int
+    index: int
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """``(segment, index in the segment)``."""
+        return self.segment, self.index
+
+    def pack(self, model) -> Batch:
+        """The padded ``Batch``, its rows' places kept and token strings converted on demand."""
+        return pack(model, self.rows, self.text_index, self.text_start, names="lazy")
+
+
+def _rows(model, first: int, texts: list[str], seq_len: int) -> Iterator[tuple[list[int], int, int]]:
+    """``(ids, text index, start)`` of each row of ``texts`` (the first is text ``first``)."""
+    for t, ids in enumerate(token_ids(model.tokenizer, texts), start=first):
         for start in range(0, len(ids), seq_len):
-            row = ids[start:start + seq_len][: int(min(seq_len, budget))]
-            if not row:
-                return
-            budget -= len(row)
-            yield row
-            if budget <= 0:
-                return
+            yield ids[start:start + seq_len], t, start
 
 
-def row_batches(
-    model, corpus: Corpus, *, batch_size: int, seq_len: int, max_tokens: int | None = None
-) -> Iterator[tuple[list[list[int]], int]]:
-    """``(rows of token ids, index of the first row)`` per batch: ``corpus_batches`` unpacked."""
+def _batch(part: list[tuple[list[int], int, int]], segment: int, index: int) -> RowBatch:
+    rows, texts, starts = zip(*part, strict=True)
+    return RowBatch(list(rows), texts, starts, segment, index)
+
+
+class _Budget:
+    """The tokens a scan may still take (``max_tokens``; unbounded without)."""
+
+    def __init__(self, tokens: int | None) -> None:
+        self.left = float("inf") if tokens is None else tokens
+
+    def take(self, ids: list[int]) -> list[int]:
+        """``ids``, cut to what is left, and taken."""
+        ids = ids[:int(min(len(ids), self.left))]
+        self.left -= len(ids)
+        return ids
+
+    @property
+    def spent(self) -> bool:
+        """Whether nothing is left."""
+        return self.left <= 0
+
+
+def _segment_batches(model, segment: int, first: int, texts: list[str], seq_len: int,
+                     batch_size: int, budget: _Budget) -> Iterator[RowBatch]:
+    part: list = []
+    index = 0
+    for ids, t, start in _rows(model, first, texts, seq_len):
+        part.append((budget.take(ids), t, start))
+        if len(part) == batch_size or budget.spent:
+            yield _batch(part, segment, index)
+            part, index = [], index + 1
+        if budget.spent:
+            return
+    if part:
+        yield _batch(part, segment, index)
+
+
+def _check_sizes(model, batch_size: int, seq_len: int, max_tokens: int | None) -> None:
     if batch_size < 1 or seq_len < 1:
         raise InputError(f"batch_size and seq_len must be positive, got {batch_size} and {seq_len}")
     if seq_len > model.anatomy.n_ctx:
@@ -133,22 +207,43 @@ def row_batches(
                          f"{model.anatomy.n_ctx}; pass a smaller seq_len")
     if max_tokens is not None and max_tokens < 1:
         raise InputError(f"max_tokens must be positive, got {max_tokens}")
-    rows = _rows(model, corpus, seq_len, max_tokens)
-    first = 0
-    while batch := list(itertools.islice(rows, batch_size)):
-        yield batch, first
-        first += len(batch)
-    if first == 0:
+
+
+def row_batches(
+    model, corpus: Corpus, *, batch_size: int, seq_len: int, max_tokens: int | None = None,
+    own: Callable[[int], bool] | None = None,
+) -> Iterator[RowBatch]:
+    """The corpus's batches in order (``corpus_batches`` unpacked), at most ``max_tokens`` tokens.
+
+    Each segment's rows (``Corpus.segments``) are grouped into batches of ``batch_size``, its
+    last batch possibly smaller. ``own(segment)``: only the batches of the segments it accepts
+    (a process's share). The others are skipped untokenized, unless ``max_tokens`` is given:
+    then every segment up to the budget is tokenized, to count where the budget ends.
+    """
+    _check_sizes(model, batch_size, seq_len, max_tokens)
+    budget, empty = _Budget(max_tokens), True
+    for segment, (first, texts) in enumerate(corpus.segments()):
+        empty = False
+        batches = _segment_batches(model, segment, first, texts, seq_len, batch_size, budget)
+        if own is None or own(segment):
+            yield from batches
+        elif max_tokens is not None:
+            for _ in batches:  # counted, not kept
+                pass
+        if budget.spent:
+            return
+    if empty:
         raise EmptyTextError("the corpus has no texts: give a file or folder with one text per line")
 
 
 def corpus_batches(
     model, corpus: Corpus, *, batch_size: int, seq_len: int, max_tokens: int | None = None
-) -> Iterator[tuple[Batch, int]]:
-    """``(batch, index of its first row)`` over the corpus, at most ``max_tokens`` tokens in all.
+) -> Iterator[Batch]:
+    """The corpus's padded batches in order, at most ``max_tokens`` tokens in all.
 
-    Token strings are converted when read (``pack(names="lazy")``).
+    Token strings are converted when read (``pack(names="lazy")``); ``row_batches`` has
+    each batch's place in the corpus.
     """
-    for rows, first in row_batches(model, corpus, batch_size=batch_size, seq_len=seq_len,
-                                   max_tokens=max_tokens):
-        yield pack(model, rows, names="lazy"), first
+    for rows in row_batches(model, corpus, batch_size=batch_size, seq_len=seq_len,
+                            max_tokens=max_tokens):
+        yield rows.pack(model)

@@ -139,8 +139,8 @@ class FlowSums:
         return shared["flow"]
 
     # ---- a replayed pass (``streaming.graphs``) -------------------------------------------
-    def rebind(self, str_tokens, first_row: int, width: int) -> None:
-        """Nothing: no sum names a batch, row or position (padding is masked out)."""
+    def rebind(self, batch, width: int) -> None:
+        """Nothing: no sum names a text or position (padding is masked out)."""
 
     def overflowed(self) -> bool:
         """Never: nothing here has a fixed-size search."""

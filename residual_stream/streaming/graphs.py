@@ -13,7 +13,7 @@ reducer takes ``sums_for(..., replayable=True)``) is therefore captured once per
   those buffers, so the replay reads the new batch and leaves the reducers' tensors (norms,
   sums, massive-activation candidates) holding its values;
 * ``into`` then reduces them into the accumulators exactly as after an eager pass, naming
-  the batch (``rebind``: its token strings and first row);
+  the batch (``rebind``: its rows' texts, starts and token strings);
 * a batch whose fixed-size massive-activation search overflowed (``overflowed``) is done
   again by the eager lean pass, so the results never depend on the replay; a stream that
   is not finite raises ``NonFiniteError`` as the eager pass does.
@@ -90,7 +90,7 @@ class Replayed:
         return (model.device.type == "cuda" and on_one_device(model.module, model.device)
                 and all(a.lean and a.replayable for a in accs.values()))
 
-    def add(self, batch, first_row: int) -> None:
+    def add(self, batch) -> None:
         """Add one batch to the accumulators, replaying (or first capturing) its shape's graph."""
         padded = _padded(batch, self.width)
         shape = tuple(padded.tokens.shape)
@@ -98,7 +98,7 @@ class Replayed:
             self.entries[shape] = self._capture(padded)
         entry = self.entries.get(shape)
         if entry is None:  # past MAX_SHAPES, or this shape could not be captured
-            return self._eager(batch, first_row)
+            return self._eager(batch)
         entry.batch.tokens.copy_(padded.tokens)
         entry.batch.attention_mask.copy_(padded.attention_mask)
         if entry.graph is None:
@@ -107,17 +107,17 @@ class Replayed:
             entry.graph.replay()
         if any(s.overflowed() for s in entry.sums.values()):
             self.fallbacks += 1  # too many massive-activation candidates: redo it exactly
-            return self._eager(batch, first_row)
+            return self._eager(batch)
         check_finite(entry.finite, entry.batch.attention_mask)
         self.replays += 1
         for name, s in entry.sums.items():
-            s.rebind(batch.str_tokens, first_row, batch.tokens.shape[1])
+            s.rebind(batch, batch.tokens.shape[1])
             s.into(self.accs[name])
 
-    def _eager(self, batch, first_row: int) -> None:
+    def _eager(self, batch) -> None:
         from .runner import _add_batch  # the scan's own eager step (runner imports this module)
 
-        _add_batch(self.model, batch, first_row, self.accs)
+        _add_batch(self.model, batch, self.accs)
 
     def _capture(self, batch) -> _Entry | None:
         dev = self.model.device
@@ -126,7 +126,7 @@ class Replayed:
 
         def run():
             shared: dict = {}  # survival and read attribution share one reducer, as eagerly
-            sums = {n: a.sums_for(self.model, static, 0, shared, replayable=True)
+            sums = {n: a.sums_for(self.model, static, shared, replayable=True)
                     for n, a in self.accs.items()}
             return sums, lean_forward(self.model, static, list(dict.fromkeys(sums.values())))
 

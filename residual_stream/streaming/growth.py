@@ -9,14 +9,13 @@ from a finished trace (``GrowthStats.update``) or block by block during the forw
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pandas as pd
 import torch
 from torch import Tensor
 
 from ..analyses.growth import MASSIVE_ABS, MASSIVE_REL, NormGrowth, _fit
 from ..fusion import acc_dtype, fused, wide
+from ..inputs import Batch
 from ..program import Add, Norm
 from ..walk import component_of, summed
 from .base import Accumulator, histogram_quantile, log_histogram
@@ -112,8 +111,8 @@ class GrowthSums:
 
     native_dtype = True
 
-    def __init__(self, mask: Tensor, n_layers: int, d_model: int, str_tokens: Sequence[list[str]],
-                 first_row: int, top_k: int, max_candidates: int | None = None) -> None:
+    def __init__(self, mask: Tensor, n_layers: int, d_model: int, batch: Batch, top_k: int,
+                 max_candidates: int | None = None) -> None:
         """Empty sums for one batch (``mask [batch, pos]``) of a model with ``n_layers`` blocks.
 
         ``max_candidates``: search at most this many tokens per point for massive activations,
@@ -123,7 +122,7 @@ class GrowthSums:
         """
         self.mask, self.n_layers, self.d_model, self.top_k = mask.bool(), n_layers, d_model, top_k
         self.max_candidates = max_candidates
-        self.str_tokens, self.first_row, self.width = str_tokens, first_row, mask.shape[1]
+        self.batch, self.width = batch, mask.shape[1]  # ``batch`` names the massive hits' tokens
         self.points: dict[int, tuple[Tensor, Tensor]] = {}  # point → (‖x‖, Σ_i x_i) per token
         self.adds: list[tuple[str, int, Tensor, Tensor]] = []  # kind, layer, ‖added‖, ‖x‖
         self.norms: list[tuple[str, Tensor, Tensor]] = []      # name, ‖input‖, scale per token
@@ -133,13 +132,13 @@ class GrowthSums:
         n = self.mask.numel()  # candidates score by token order, first highest (``_first``)
         self._order = (n - torch.arange(n, device=self.mask.device)).view(self.mask.shape)
 
-    def rebind(self, str_tokens: Sequence[list[str]], first_row: int, width: int) -> None:
+    def rebind(self, batch: Batch, width: int) -> None:
         """Name the batch whose values a replay left in these sums.
 
-        Its token strings, first row and width (positions past it are the replay's padding,
-        left out of the per-position sums).
+        Its rows' texts, starts and token strings, and its width (positions past it are the
+        replay's padding, left out of the per-position sums).
         """
-        self.str_tokens, self.first_row, self.width = str_tokens, first_row, width
+        self.batch, self.width = batch, width
 
     def overflowed(self) -> bool:
         """Whether a point had more candidate tokens than ``max_candidates`` (one sync)."""
@@ -227,8 +226,10 @@ class GrowthSums:
             for j, p in enumerate(points):
                 found += count[j]
                 for i in range(min(count[j], len(dim[j]))):  # the hits lead the top-k
-                    rows.append({"point": p, "batch": b[j][i] + self.first_row, "pos": t[j][i],
-                                 "dim": dim[j][i], "token": self.str_tokens[b[j][i]][t[j][i]],
+                    row, pos = b[j][i], t[j][i]
+                    rows.append({"point": p, "text": self.batch.text_index[row],
+                                 "pos": self.batch.text_start[row] + pos, "dim": dim[j][i],
+                                 "token": self.batch.str_tokens[row][pos],
                                  "value": value[j][i],
                                  "ratio_to_median": abs(value[j][i]) / max(med[j][i], 1e-30)})
         return found, rows
@@ -284,7 +285,7 @@ class GrowthStats(Accumulator):
         super().__init__()
         self.top_k = top_k
 
-    def sums_for(self, model, batch, first_row: int, shared: dict | None = None,
+    def sums_for(self, model, batch, shared: dict | None = None,
                  replayable: bool = False) -> GrowthSums:
         """A ``GrowthSums`` for one batch of ``model`` (fill it, then ``into(self)``).
 
@@ -294,16 +295,16 @@ class GrowthStats(Accumulator):
         self.meta["model_name"] = model.name
         cap = max(MIN_CANDIDATES, 4 * batch.tokens.shape[0]) if replayable else None
         return GrowthSums(batch.attention_mask.to(model.device), model.anatomy.n_layers,
-                          model.anatomy.d_model, batch.str_tokens, first_row, self.top_k, cap)
+                          model.anatomy.d_model, batch, self.top_k, cap)
 
-    def update(self, trace, first_row: int = 0) -> None:
-        """Add one batch from a finished trace (``first_row``: the corpus index of its first row)."""
-        reduce_trace(self, trace, first_row)
+    def update(self, trace) -> None:
+        """Add one batch from a finished trace (its rows' texts and starts name the massive hits)."""
+        reduce_trace(self, trace)
 
     def keep_massive(self, rows: list[dict]) -> None:
         """Keep the ``top_k`` largest by magnitude of what was kept and ``rows``."""
         kept = list(self.meta.get("massive", [])) + rows
-        kept.sort(key=lambda r: (-abs(r["value"]), r["batch"], r["pos"], r["point"], r["dim"]))
+        kept.sort(key=lambda r: (-abs(r["value"]), r["text"], r["pos"], r["point"], r["dim"]))
         self.meta["massive"] = kept[: self.top_k]
 
     def merge(self, other: Accumulator) -> None:
@@ -314,12 +315,17 @@ class GrowthStats(Accumulator):
         self.keep_massive(list(other.meta.get("massive", [])))
 
     def result(self) -> NormGrowth:
-        """``NormGrowth`` over every token so far (quantiles from the histogram)."""
+        """``NormGrowth`` over every token so far (quantiles from the histogram).
+
+        Its ``massive`` rows name each hit by the corpus's ``text`` (its index among the
+        corpus's texts) and ``pos`` (the token's position in that text), where the
+        single-trace analysis names the trace's ``batch`` row and the position in the row.
+        """
         mean = self.mean("mean", "n_rest")
         per_pos = self.mean("per_position", "position_count")
         rate, r2 = _fit(mean)
         massive = pd.DataFrame(self.meta.get("massive", []),
-                               columns=["point", "batch", "pos", "dim", "token", "value",
+                               columns=["point", "text", "pos", "dim", "token", "value",
                                         "ratio_to_median"])
         norm_inputs = pd.DataFrame({"norm": self.meta.get("norms", []),
                                     "input_norm": self.mean("norm_input").numpy(),

@@ -60,9 +60,9 @@ def feed_trace(trace, reducers: Sequence) -> None:
             r.step(step, trace.captured.norm_scale)
 
 
-def reduce_trace(acc, trace, first_row: int = 0) -> None:
+def reduce_trace(acc, trace) -> None:
     """Add one batch from a finished trace to ``acc`` through its own reducer (``sums_for``)."""
-    sums = acc.sums_for(trace.model, trace.batch, first_row)
+    sums = acc.sums_for(trace.model, trace.batch)
     feed_trace(trace, [sums])
     sums.into(acc)
 

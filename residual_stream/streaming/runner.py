@@ -1,6 +1,7 @@
 """``rs.scan``: stream a corpus through a model, batch by batch, into accumulators.
 
-Per batch: tokenize (``corpus``), run one forward pass, let every accumulator add its sums.
+Per batch: tokenize (``corpus``, in a reader thread: ``reader``), run one forward pass, let
+every accumulator add its sums.
 When every statistic asked for has a reducer (all of them at their default settings), the
 batch takes the lean pass (``lean``): reduced inside the forward pass, one block's tensors at
 a time (plus what a reducer keeps: the contribution buffer of ``flow`` and ``subspaces``, the
@@ -9,16 +10,23 @@ of the batch is captured (``trace_batch``; float32 copies, whatever the model's
 dtype), the reducers are fed from it and it is dropped. Memory is one batch's worth plus the
 accumulators, whatever the corpus length.
 
-**Resuming.** With ``state=PATH`` the accumulators and the index of the next batch are saved
-atomically (temporary file, then rename) after every ``save_every`` batches. Batch ``i`` is
-the same batch in every run, so a rerun with the same arguments skips the batches already in
-the saved sums and continues: an interruption loses no batch and counts none twice (a batch
-whose update was not saved yet is simply done again). A state saved for other arguments is
-refused with a message, never mixed in.
+A batch is named ``(segment, index)``: the corpus is cut into segments of texts by their
+characters alone (``Corpus.segments``, 4 Mi characters by default), and batches never span
+two. So batch ``(s, i)`` is the same batch in every run and in every process, and a segment
+can be skipped without tokenizing it.
 
-**Several processes.** Process ``rank`` of ``world_size`` takes batches ``i`` with
-``i % world_size == rank``; at the end every process gathers every accumulator state and
-merges them in rank order (``torch.distributed``, gloo on the CPU, nccl on the GPU).
+**Resuming.** With ``state=PATH`` the accumulators and the name of the next batch are saved
+atomically (temporary file, then rename) after every ``save_every`` batches. A rerun with
+the same arguments skips the segments and batches already in the saved sums (without
+tokenizing them, unless ``max_tokens`` needs them counted) and continues: an interruption
+loses no batch and counts none twice (a batch whose update was not saved yet is simply done
+again). A state saved for other arguments is refused with a message, never mixed in.
+
+**Several processes.** Process ``rank`` of ``world_size`` takes the segments ``s`` with
+``s % world_size == rank`` and tokenizes no other (with ``max_tokens``, every process counts
+the segments before its own to find where the budget ends); at the end every process
+gathers every accumulator state and merges them in rank order (``torch.distributed``, gloo
+on the CPU, nccl on the GPU).
 """
 
 from __future__ import annotations
@@ -33,8 +41,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..errors import InputError
-from ..inputs import pack
+from ..errors import EmptyTextError, InputError
 from ..trace import trace_batch
 from .accumulators import Accumulator, _json_ready, frames, make_accumulators
 from .corpus import Corpus, row_batches
@@ -42,7 +49,7 @@ from .graphs import Replayed
 from .lean import feed_trace, lean_pass, points
 from .reader import prefetched
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: batches within segments, named (segment, index)
 
 
 @dataclass
@@ -83,6 +90,7 @@ def _config(model, corpus: Corpus, stats: list[str], batch_size: int, seq_len: i
             max_tokens: int | None, rank: int, world_size: int) -> dict:
     return {"version": STATE_VERSION, "model": model.name, "stats": stats, "batch_size": batch_size,
             "seq_len": seq_len, "max_tokens": max_tokens, "corpus": corpus.fingerprint(),
+            "segment_chars": corpus.segment_chars,
             "rank": rank, "world_size": world_size}
 
 
@@ -102,10 +110,10 @@ def _load_state(path: Path, config: dict) -> dict | None:
     return state
 
 
-def _save_state(path: Path, config: dict, next_batch: int, tokens: int, batches: int,
+def _save_state(path: Path, config: dict, done: tuple[int, int], tokens: int, batches: int,
                 accs: dict[str, Accumulator]) -> None:
     tmp = path.with_name(f".{path.name}.partial")
-    torch.save({"config": config, "next_batch": next_batch, "tokens": tokens, "batches": batches,
+    torch.save({"config": config, "next": list(done), "tokens": tokens, "batches": batches,
                 "stats": {n: a.state_dict() for n, a in accs.items()}}, tmp)
     os.replace(tmp, path)
 
@@ -128,46 +136,48 @@ def _gather(accs: dict[str, Accumulator], tokens: int, batches: int,
 
 
 def _read_batches(model, corpus: Corpus, batch_size: int, seq_len: int, max_tokens: int | None,
-                  next_batch: int, rank: int, world_size: int):
-    """``(index, batch, first row, own)``: batch 0, and this process's batches not yet saved.
+                  done: tuple[int, int], rank: int, world_size: int):
+    """``(key, batch)`` of this process's batches not yet in the saved sums, packed.
 
-    Every other batch is skipped unpacked. Run by the reader thread (``reader.prefetched``).
+    Process ``rank`` takes the segments ``s ≡ rank (mod world_size)``; segments of others and
+    segments already done are skipped untokenized (``row_batches``). Run by the reader thread
+    (``reader.prefetched``).
     """
-    for i, (rows, first_row) in enumerate(row_batches(model, corpus, batch_size=batch_size,
-                                                      seq_len=seq_len, max_tokens=max_tokens)):
-        own = i >= next_batch and i % world_size == rank
-        if own or i == 0:
-            yield i, pack(model, rows, names="lazy"), first_row, own
+    def own(segment: int) -> bool:
+        return segment % world_size == rank and segment >= done[0]
+
+    for rows in row_batches(model, corpus, batch_size=batch_size, seq_len=seq_len,
+                            max_tokens=max_tokens, own=own):
+        if rows.key >= done:
+            yield rows.key, rows.pack(model)
 
 
-def _own_batches(model, corpus: Corpus, accs: dict[str, Accumulator], batch_size: int, seq_len: int,
-                 max_tokens: int | None, next_batch: int, rank: int, world_size: int):
-    """``(index, batch, first row)`` of this process's batches not yet in the saved sums.
+def _prepare(model, corpus: Corpus, accs: dict[str, Accumulator], batch_size: int, seq_len: int,
+             max_tokens: int | None) -> None:
+    """Fix data-dependent choices (the PCA of ``subspaces``) from the corpus's first batch.
 
-    Batch 0 first fixes data-dependent choices (the PCA of ``subspaces``) in every process,
-    from a lean pass that keeps the last block's output (``lean.points``). The batches are
-    read ahead by a thread (``reader``) while this one runs the model.
+    Every process does, from a lean pass that keeps the last block's output (``lean.points``),
+    unless a resumed state holds them. The first batch is read in any case: a corpus with no
+    tokens is refused before anything runs.
     """
-    read = _read_batches(model, corpus, batch_size, seq_len, max_tokens, next_batch, rank,
-                         world_size)
-    for i, batch, first_row, own in prefetched(read):
-        if i == 0:
-            wanted = not all(a.calibrated for a in accs.values())  # a resumed state has its own
-            calibration = points(model, batch) if wanted else None
-            for acc in accs.values():
-                acc.prepare(model, calibration)
-        if own:
-            yield i, batch, first_row
+    first = next(row_batches(model, corpus, batch_size=batch_size, seq_len=seq_len,
+                             max_tokens=max_tokens), None)
+    if first is None:
+        raise EmptyTextError("the corpus's texts tokenize to nothing: give texts with some words")
+    wanted = not all(a.calibrated for a in accs.values())  # a resumed state has its own
+    calibration = points(model, first.pack(model)) if wanted else None
+    for acc in accs.values():
+        acc.prepare(model, calibration)
 
 
-def _add_batch(model, batch, first_row: int, accs: dict[str, Accumulator]) -> None:
+def _add_batch(model, batch, accs: dict[str, Accumulator]) -> None:
     """Add one batch: a lean pass when every statistic can take one, else a full trace.
 
     Lean-capable statistics give a reducer (``sums_for``; survival and read attribution share
     one); on the trace path those reducers are fed from the trace's walk.
     """
     shared: dict = {}
-    sums = {n: a.sums_for(model, batch, first_row, shared) for n, a in accs.items() if a.lean}
+    sums = {n: a.sums_for(model, batch, shared) for n, a in accs.items() if a.lean}
     reducers = list(dict.fromkeys(sums.values()))
     if len(sums) == len(accs):
         lean_pass(model, batch, reducers)
@@ -176,14 +186,14 @@ def _add_batch(model, batch, first_row: int, accs: dict[str, Accumulator]) -> No
         feed_trace(t, reducers)
         for name, acc in accs.items():
             if name not in sums:
-                acc.update(t, first_row)
+                acc.update(t)
     for name, s in sums.items():
         s.into(accs[name])
 
 
 def batch_adder(model, accs: dict[str, Accumulator], graphs: bool | str = "auto",
-                seq_len: int | None = None) -> Callable[[object, int], None]:
-    """``add(batch, first_row)`` for ``accs``: replayed CUDA graphs where they can be, else eager.
+                seq_len: int | None = None) -> Callable[[object], None]:
+    """``add(batch)`` for ``accs``: replayed CUDA graphs where they can be, else eager.
 
     ``graphs``: ``"auto"`` replays when the model is on a CUDA device and every statistic is
     replayable (``streaming.graphs``); ``True`` insists (``InputError`` otherwise); ``False``
@@ -198,7 +208,7 @@ def batch_adder(model, accs: dict[str, Accumulator], graphs: bool | str = "auto"
                          f"of {list(accs)}); use graphs='auto'")
     if usable:
         return Replayed(model, accs, width=seq_len).add
-    return lambda batch, first_row: _add_batch(model, batch, first_row, accs)
+    return lambda batch: _add_batch(model, batch, accs)
 
 
 def scan(
@@ -214,7 +224,7 @@ def scan(
     progress: bool = True,
     rank: int = 0,
     world_size: int = 1,
-    on_batch: Callable[[int, int], None] | None = None,
+    on_batch: Callable[[tuple[int, int], int], None] | None = None,
     graphs: bool | str = "auto",
 ) -> ScanResult:
     """Scan ``corpus`` with ``model`` and return the statistics over every token.
@@ -235,8 +245,9 @@ def scan(
         rank: This process's index among ``world_size`` (set by ``torchrun``; see
             ``python -m residual_stream.scan``).
         world_size: Number of processes sharing the batches; results are merged across them.
-        on_batch: Called as ``on_batch(batch_index, tokens_so_far)`` after each batch is
-            added (and saved).
+        on_batch: Called as ``on_batch((segment, index), tokens_so_far)`` after each batch is
+            added (and saved); a batch is named by its segment of the corpus
+            (``Corpus.segments``) and its index there.
         graphs: Replay each batch shape's lean pass from a CUDA graph (``"auto"``: on a CUDA
             device when every statistic can be, today ``growth``; see ``streaming.graphs``).
     """
@@ -246,29 +257,30 @@ def scan(
     config = _config(model, corpus, list(accs), batch_size, seq_len, max_tokens, rank, world_size)
     path = Path(state) if state is not None else None
     saved = _load_state(path, config) if path is not None else None
-    next_batch, tokens, added = ((saved["next_batch"], saved["tokens"], saved["batches"]) if saved
-                                 else (0, 0, 0))
+    done, tokens, added = ((tuple(saved["next"]), saved["tokens"], saved["batches"]) if saved
+                           else ((0, 0), 0, 0))
     for name, acc in (accs.items() if saved else ()):
         acc.load_state_dict(saved["stats"][name])
+    _prepare(model, corpus, accs, batch_size, seq_len, max_tokens)
     add = batch_adder(model, accs, graphs, seq_len)
-    batches = _own_batches(model, corpus, accs, batch_size, seq_len, max_tokens, next_batch, rank,
-                           world_size)
+    batches = prefetched(_read_batches(model, corpus, batch_size, seq_len, max_tokens, done, rank,
+                                       world_size))
     share = None if max_tokens is None else -(-max_tokens // world_size)  # about this rank's part
     bar = tqdm(total=share, initial=tokens, unit="tok", unit_scale=True, disable=not progress,
                desc=f"scan {model.name}" + (f" [{rank}/{world_size}]" if world_size > 1 else ""))
-    start, done = time.perf_counter(), 0
-    for i, batch, first_row in batches:
-        add(batch, first_row)
+    start, run = time.perf_counter(), 0
+    for key, batch in batches:
+        add(batch)
         n = int(batch.attention_mask.sum())
-        tokens, next_batch, done, added = tokens + n, i + 1, done + 1, added + 1
+        tokens, done, run, added = tokens + n, (key[0], key[1] + 1), run + 1, added + 1
         bar.update(n)
-        if path is not None and done % save_every == 0:
-            _save_state(path, config, next_batch, tokens, added, accs)
+        if path is not None and run % save_every == 0:
+            _save_state(path, config, done, tokens, added, accs)
         if on_batch is not None:
-            on_batch(i, tokens)
+            on_batch(key, tokens)
     bar.close()
     if path is not None:
-        _save_state(path, config, next_batch, tokens, added, accs)
+        _save_state(path, config, done, tokens, added, accs)
     if world_size > 1:
         accs, tokens, added = _gather(accs, tokens, added, world_size)
     seconds = time.perf_counter() - start
