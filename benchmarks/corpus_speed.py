@@ -6,6 +6,8 @@ Variants, side by side in one process on SmolLM2-135M's tokenizer (no model run)
   and every batch packed row by row, with every row's token strings converted;
 * ``grouped``: ``row_batches`` + ``RowBatch.pack`` as the scan reads now
   (``TOKENIZE_CHARS`` of text per tokenizer call, one vectorized pad, strings on demand);
+* ``grouped_share_of_N``: what process 0 of ``N`` reads (its segments of 128 Ki characters;
+  it tokenizes no other);
 * ``device_*``: a scan loop whose model is replaced by a wait of ``tokens / RATE`` seconds per
   batch, with the GIL released as a thread waiting on a GPU has it: ``device_per_text``
   reads each batch the old way before its wait (the old scan), ``device_inline`` the new way,
@@ -68,9 +70,13 @@ def _pack_loop(model, part):
     return tokens, mask, [model.tokenizer.convert_ids_to_tokens(r) for r in part]
 
 
-def batches(model, texts):
-    """The scan's reader: ``row_batches`` packed lazily."""
-    for rows in row_batches(model, Corpus(texts), batch_size=BATCH, seq_len=SEQ):
+SEGMENT = 1 << 17  # characters per segment here (the default, 4 Mi, would make one segment)
+
+
+def batches(model, texts, rank: int = 0, world: int = 1):
+    """The scan's reader: ``row_batches`` packed, of process ``rank``'s segments of ``world``."""
+    for rows in row_batches(model, Corpus(texts, SEGMENT), batch_size=BATCH, seq_len=SEQ,
+                            own=lambda s: s % world == rank):
         yield rows.pack(model)
 
 
@@ -131,6 +137,8 @@ def main() -> None:
         variants = {
             "per_text": lambda texts=texts: list(per_text(model, texts)),
             "grouped": lambda texts=texts: list(batches(model, texts)),
+            "grouped_share_of_2": lambda texts=texts: list(batches(model, texts, 0, 2)),
+            "grouped_share_of_4": lambda texts=texts: list(batches(model, texts, 0, 4)),
             "device_per_text": lambda texts=texts: device_loop(model, texts, args.rate, "per_text"),
             "device_inline": lambda texts=texts: device_loop(model, texts, args.rate, "inline"),
             "device_read_ahead": lambda texts=texts: device_loop(model, texts, args.rate,
