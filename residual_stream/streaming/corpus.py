@@ -5,13 +5,18 @@ files (each line a text, files in name order) or ``"builtin"`` (the shipped corp
 are read lazily, ``TOKENIZE_CHARS`` characters at a time, so a corpus of any size streams
 through in constant memory. Each text is tokenized as ``rs.trace`` would (with the
 tokenizer's special tokens), a group of texts per call: the fast tokenizers' batch path,
-the same ids, and with packing 2.6× (short lines) and 1.7× (documents) the batches per
+the same ids, and with packing 2.3× (short lines) and 1.7× (documents) the batches per
 second of one call a text, on one core with SmolLM2's tokenizer. Texts are cut into rows of
-at most ``seq_len`` tokens; rows are grouped into batches of ``batch_size``, the last one
-possibly smaller. The order is fixed by the corpus alone, so batch ``i`` is the same batch
-in every run: that is what makes resuming and sharding exact. ``row_batches`` gives each
-batch's rows, unpacked (a process skips the batches of others without packing them);
-``corpus_batches`` packs them.
+at most ``seq_len`` tokens.
+
+The texts are grouped into *segments* by their characters alone (``Corpus.segments``:
+``SEGMENT_CHARS``, 4 Mi, by default), and each segment's rows into batches of
+``batch_size``, its last batch possibly smaller. So batch ``(segment, index)`` is the same
+batch in every run and every process, which makes resuming and sharding exact, and a
+process can skip a segment without tokenizing it (``row_batches(own=...)``): the reading
+of a corpus is shared by the processes that scan it. Each row keeps its text's index in
+the corpus and its first token's position in that text. ``row_batches`` gives each batch's
+rows unpacked (``RowBatch``); ``corpus_batches`` packs them.
 """
 
 from __future__ import annotations

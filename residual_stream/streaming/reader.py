@@ -5,8 +5,8 @@ time (SmolLM2-135M on an H200: ~523,000 tokens/s at 32×512; that reader on one 
 project's CPU: ~280,000). The fast tokenizers release the GIL while they encode, and the
 model's thread waits on the device with the GIL released, so reading the next batches in a
 thread overlaps the two: with the device replaced by a wait of the H200's time per batch,
-the scan loop runs at 79–84 % (short lines) and 95–96 % (documents) of the device's rate,
-against 34–50 % reading one text at a time inline (``benchmarks/corpus_speed.py``).
+the scan loop runs at 79–80 % (short lines) and 95 % (documents) of the device's rate,
+against 32–50 % reading one text at a time inline (``benchmarks/corpus_speed.py``).
 ``prefetched`` keeps at most ``depth`` items ready, so memory stays a few batches of ids.
 """
 
