@@ -429,6 +429,12 @@ def test_a_state_for_other_arguments_or_a_corrupt_one_is_refused(model, tmp_path
     with pytest.raises(InputError, match="other arguments.*batch_size"):
         rs.scan(model, TEXTS, ["growth"], batch_size=3, seq_len=16, state=state, progress=False)
     assert state.read_bytes() == before
+    old = torch.load(state, weights_only=True)
+    old["config"]["version"] = 1
+    torch.save(old, tmp_path / "old.pt")
+    with pytest.raises(InputError, match="another version.*state version 1.*delete it"):
+        rs.scan(model, TEXTS, ["growth"], batch_size=2, seq_len=16, state=tmp_path / "old.pt",
+                progress=False)
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a torch file")
     with pytest.raises(InputError, match="unreadable.*delete it"):

@@ -19,11 +19,12 @@ reducer takes ``sums_for(..., replayable=True)``) is therefore captured once per
   is not finite raises ``NonFiniteError`` as the eager pass does.
 
 Capturing costs three eager passes of the first batch of each shape (two warm-ups and the
-capture); at most ``MAX_SHAPES`` shapes are kept (a scan has one or two: full batches and
-the last). A shape whose capture fails (a model that waits for the device inside its
-forward pass, say) is warned about once and takes the eager pass. Without CUDA
-(``emulate``) the same buffers, reducers and checks run eagerly, so the CPU tests exercise
-everything but the graph itself.
+capture); at most ``MAX_SHAPES`` shapes are kept (a scan has full batches and the short
+last batch of each corpus segment, one shape per row count: past four, a short batch takes
+the eager pass; one batch in ~60 at 32×512 with the default segments). A shape whose
+capture fails (a model that waits for the device inside its forward pass, say) is warned
+about once and takes the eager pass. Without CUDA (``emulate``) the same buffers, reducers
+and checks run eagerly, so the CPU tests exercise everything but the graph itself.
 """
 
 from __future__ import annotations

@@ -102,6 +102,11 @@ def _load_state(path: Path, config: dict) -> dict | None:
     except Exception as e:  # noqa: BLE001 - any unreadable file gets the same advice
         raise InputError(f"the scan state {path} is unreadable ({type(e).__name__}); delete it to "
                          "start the scan again") from None
+    saved_version = state.get("config", {}).get("version") if isinstance(state, dict) else None
+    if saved_version != config["version"]:
+        raise InputError(f"the scan state {path} was saved by another version of residual-stream "
+                         f"(state version {saved_version}, this one reads {config['version']}); "
+                         "delete it to start the scan again, or use another --state path")
     if state.get("config") != config:
         diff = {k: (state.get("config", {}).get(k), v) for k, v in config.items()
                 if state.get("config", {}).get(k) != v}
