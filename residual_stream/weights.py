@@ -88,10 +88,29 @@ class LayerWeights:
     g_Q: Float[Tensor, "head d_head"] | None = None
     g_K: Float[Tensor, "head d_head"] | None = None
 
+    def attention_reads(self) -> tuple[tuple[Tensor, Tensor | None], ...]:
+        """``((W_Q, b_Q), (W_K, b_K), (W_V, b_V))`` as the attention scores and values use them.
+
+        Where the model normalizes queries and keys (``g_Q``, ``g_K``) their gains are folded
+        in, ``W diag(g)`` and ``b ⊙ g``: up to each norm's frozen scale (a positive factor per
+        token, and per head where the norm is per head) and the rotary embedding (orthogonal
+        per position, so no share or angle changes), these make the queries and keys the
+        model attends with. Elsewhere, the maps themselves.
+        """
+        if self.g_Q is None:
+            return (self.W_Q, self.b_Q), (self.W_K, self.b_K), (self.W_V, self.b_V)
+        return (_gained(self.W_Q, self.b_Q, self.g_Q), _gained(self.W_K, self.b_K, self.g_K),
+                (self.W_V, self.b_V))
+
     def to(self, device: torch.device) -> LayerWeights:
         """The same maps on ``device`` (no copy for those already there)."""
         return LayerWeights(**{f.name: None if getattr(self, f.name) is None
                                else getattr(self, f.name).to(device) for f in fields(self)})
+
+
+def _gained(W: Tensor, b: Tensor | None, g: Tensor) -> tuple[Tensor, Tensor | None]:
+    """``(W diag(g), b ⊙ g)`` per head, for ``W [head, d, k]``, ``b, g [head, k]``."""
+    return W * g[:, None, :], None if b is None else b * g
 
 
 def _split_qkv(block: nn.Module, paths: ModulePaths, n_heads: int, n_kv: int):

@@ -295,6 +295,56 @@ def test_attention_read_maps_reproduce_the_frameworks_queries_and_keys(name):
                 assert (1 - cos).max() > 100 * QK_NORM_COS_TOL, kind  # the gains matter
 
 
+def _by_head(out: torch.Tensor, batch_pos: tuple[int, int], heads: int, d_head: int) -> torch.Tensor:
+    """A query/key module's output as ``(batch, pos, head, d_head)``, whatever its layout."""
+    if out.ndim == 4 and out.shape[1:3] == (heads, batch_pos[1]):  # Gemma 3: heads first
+        out = out.transpose(1, 2)
+    return out.reshape(*batch_pos, heads, d_head)
+
+
+READ_QK_ATOL = 1e-4  # a token's share, float32 model against float64 from its own outputs
+
+
+@pytest.mark.parametrize("name", ["qwen3", "olmo2", "gemma3_text"])
+def test_read_attribution_of_a_query_is_of_the_query_the_model_attends_with(name):
+    """With a query norm after ``W_Q`` (Qwen3 per head, OLMo 2 over all heads, Gemma 3's
+    ``1 + γ``), a source's share of a head's query is its projection onto the *normed* query
+    the framework computes: source ``i`` adds ``t_i = L(c_i) W_Q`` to the raw query ``q``
+    (checked against ``q_proj``), and the norm, its scale frozen, scales each coordinate by
+    ``n_k / q_k`` (``n``: the norm's output), so the share is ``Σ_k t_ik n_k² / q_k / ‖n‖²``
+    in float64. The raw query's shares (no gains) differ."""
+    model = rs.load(build(name), tokenizer=ByteTokenizer())
+    a, L, h = model.anatomy, 1, 1
+    attn = model.module.model.layers[L].self_attn
+    seen = {}
+    hooks = [getattr(attn, n).register_forward_hook(
+        lambda mod, args, out, n=n: seen.__setitem__(n, out.detach())) for n in ("q_proj", "q_norm")]
+    try:
+        tr = rs.trace(model, TEXTS[:2])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    ra = rs.read_attribution(tr, granularity="head", per_token=True)
+    parts = tr.decompose_read(f"L{L}.attn")
+    norm = f"L{L}.ln_attn_in"
+    values = parts.values if norm not in a.norms else \
+        a.norms[norm].apply_linear(parts.values, tr.norm_scale(norm))
+    terms = torch.einsum("sbpd,dk->sbpk", values.double(), model.weights(L).W_Q[h].double())
+    bp = tuple(tr.attention_mask.shape)
+    q = _by_head(seen["q_proj"], bp, a.n_heads, a.d_head)[:, :, h].double()
+    n = _by_head(seen["q_norm"], bp, a.n_heads, a.d_head)[:, :, h].double()
+    m = tr.attention_mask.bool()
+    assert (terms.sum(0) - q)[m].abs().max() < 1e-4                 # the raw query, rebuilt
+    r, raw_off = ra.readers.index(f"L{L}H{h}.q"), 0.0
+    for i, label in enumerate(parts.labels):
+        expected = (terms[i] * n.pow(2) / q).sum(-1) / n.pow(2).sum(-1)
+        got = ra.per_token[r, ra.sources.index(label)].double()
+        assert (got - expected)[m].abs().max() < READ_QK_ATOL, label
+        raw = (terms[i] * q).sum(-1) / q.pow(2).sum(-1)
+        raw_off = max(raw_off, float((got - raw)[m].abs().max()))
+    assert raw_off > 10 * READ_QK_ATOL  # the gains change the shares
+
+
 # --- lens and direct logit attribution ------------------------------------------------------
 
 def test_logit_lens_is_the_model_at_the_last_point_and_the_norm_elsewhere():

@@ -186,7 +186,8 @@ def test_lean_scan_equals_the_single_trace(norm, placement, monkeypatch):
     _assert_subspaces_equal(result, subspaces)
 
 
-@pytest.mark.parametrize("name", ["llama", "gpt2", "bert", "bert_mlm", "gemma2", "gpt_neox_parallel"])
+@pytest.mark.parametrize("name", ["llama", "gpt2", "bert", "bert_mlm", "gemma2", "gpt_neox_parallel",
+                                  "qwen3"])
 def test_lean_scan_on_framework_models(name, monkeypatch):
     from tiny_hf import build
 

@@ -90,16 +90,14 @@ def attention_read_maps(model, layer: int, weights=None) -> tuple[Tensor, Tensor
     """Block ``layer``'s query, key and value maps from the stream, each ``[head, d_model, d_head]``.
 
     ``C diag(γ) W`` with the reading norm folded in (``NormSpec.fold_into``), and for queries
-    and keys the gain of the model's query/key norm, if it has one (``LayerWeights.g_Q``):
+    and keys the gain of the model's query/key norm, if it has one
+    (``LayerWeights.attention_reads``):
     ``x @ q[h]`` is head ``h``'s query as the model computes it, up to a positive factor per
     token (the frozen scales) and before rotary embedding. ``weights``: the block's
     ``LayerWeights`` if the caller already has them.
     """
     w = model.weights(layer) if weights is None else weights
-    q, k = w.W_Q, w.W_K
-    if w.g_Q is not None:
-        q, k = q * w.g_Q[:, None, :], k * w.g_K[:, None, :]
-    return tuple(_fold(model, layer, "attn", W) for W in (q, k, w.W_V))
+    return tuple(_fold(model, layer, "attn", W) for W, _ in w.attention_reads())
 
 
 def _gram(A: Tensor, B: Tensor) -> Tensor:

@@ -13,10 +13,12 @@ renormalizes it every block), measured.
 
 **Read attribution.** Component ``j`` reads ``u = N_j(x) = Σ_i L_j(c_i) + β_j`` (``L_j`` the
 frozen norm's linear part) and applies a linear map: for a head, ``y = u W + b`` with ``W`` one
-of ``W_Q W_K W_V``; for an MLP, its input (and gate) map. The share of source ``i`` in ``y`` is
-``<L_j(c_i) W, y> / ‖y‖²``; with the reading norm's bias and the map's own bias as sources,
-shares sum to 1 per token. Computed as ``<L_j(c_i), y Wᵀ> / ‖y‖²``, so no per-source projection
-is ever materialized.
+of ``W_Q W_K W_V`` (for queries and keys the gains of the model's query/key norm folded in,
+``LayerWeights.attention_reads``: the query or key the head attends with, up to a frozen
+positive factor that no share sees); for an MLP, its input (and gate) map. The share of
+source ``i`` in ``y`` is ``<L_j(c_i) W, y> / ‖y‖²``; with the reading norm's bias and the
+map's own bias as sources, shares sum to 1 per token. Computed as ``<L_j(c_i), y Wᵀ> /
+‖y‖²``, so no per-source projection is ever materialized.
 """
 
 from __future__ import annotations
@@ -175,13 +177,15 @@ class ReadAttribution:
 def read_channels(model, component: str, weights=None):
     """``(reader labels, W [n, d_model, k], b [n, k] | None)`` for each linear read of ``component``.
 
+    Queries and keys as the scores use them (``LayerWeights.attention_reads``).
+
     ``weights``: the block's ``LayerWeights`` if the caller already has them.
     """
     layer, kind = component_of(component)
     w = model.weights(layer) if weights is None else weights
     if kind == "attn":
         H = model.anatomy.n_heads
-        for ch, W, b in (("q", w.W_Q, w.b_Q), ("k", w.W_K, w.b_K), ("v", w.W_V, w.b_V)):
+        for ch, (W, b) in zip("qkv", w.attention_reads(), strict=True):
             yield [f"L{layer}H{h}.{ch}" for h in range(H)], W, b
         return
     yield [f"L{layer}.mlp.in"], w.W_in[None], None if w.b_in is None else w.b_in[None]

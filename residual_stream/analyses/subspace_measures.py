@@ -89,8 +89,9 @@ def reader_names(anatomy, comp) -> list[str]:
 def reader_map(model, comp, weights=None) -> tuple[list[str], Tensor, Tensor]:
     """A component's reader labels, its distinct read maps, and each reader's map index.
 
-    The maps are ``M [m, d, k] = C diag(γ) W`` (the reading norm folded); heads sharing a
-    key/value map under grouped-query attention share one row of ``M``.
+    The maps are ``M [m, d, k] = C diag(γ) W`` (the reading norm folded; a query/key norm's
+    gain folded into ``W``, ``LayerWeights.attention_reads``); heads sharing a key/value map
+    under grouped-query attention share one row of ``M``.
     """
     a = model.anatomy
     w = weights or model.weights(comp.layer)
@@ -98,7 +99,7 @@ def reader_map(model, comp, weights=None) -> tuple[list[str], Tensor, Tensor]:
     if comp.kind != "attn":
         return reader_names(a, comp), _fold_norm(spec, w.W_in[None]), torch.zeros(1, dtype=torch.long)
     maps, index, offset = [], [], 0
-    for W in (w.W_Q, w.W_K, w.W_V):
+    for W, _ in w.attention_reads():  # queries and keys with their norms' gains folded in
         distinct, idx = _distinct(W, a.n_heads // max(a.n_kv_heads, 1))
         maps.append(distinct)
         index.append(idx + offset)
