@@ -63,7 +63,11 @@ class Corpus:
                          ".txt files")
 
     def texts(self) -> Iterator[str]:
-        """Every non-empty line (stripped), in order, read lazily."""
+        """Every non-empty line (stripped), in order, read lazily.
+
+        A list's blank strings and a file's blank lines are skipped: text ``i`` of a scan
+        (``Batch.text_index``, a massive activation's ``text``) is the ``i``-th text given.
+        """
         if not isinstance(self.source, (str, Path)):
             yield from (t for t in self.source if t.strip())
             return

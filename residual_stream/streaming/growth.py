@@ -318,7 +318,8 @@ class GrowthStats(Accumulator):
         """``NormGrowth`` over every token so far (quantiles from the histogram).
 
         Its ``massive`` rows name each hit by the corpus's ``text`` (its index among the
-        corpus's texts) and ``pos`` (the token's position in that text), where the
+        corpus's texts, ``Corpus.texts``: blank lines and empty strings are not texts) and
+        ``pos`` (the token's position in that text), where the
         single-trace analysis names the trace's ``batch`` row and the position in the row.
         """
         mean = self.mean("mean", "n_rest")
