@@ -2,11 +2,15 @@
 
 On a GPU the forward pass of a small model outruns a reader that tokenizes one text at a
 time (SmolLM2-135M on an H200: ~523,000 tokens/s at 32×512; that reader on one core of this
-project's CPU: ~280,000). The fast tokenizers release the GIL while they encode, and the
-model's thread waits on the device with the GIL released, so reading the next batches in a
-thread overlaps the two: with the device replaced by a wait of the H200's time per batch,
-the scan loop runs at 79–80 % (short lines) and 95 % (documents) of the device's rate,
-against 32–50 % reading one text at a time inline (``benchmarks/corpus_speed.py``).
+project's CPU: ~250,000–270,000 on short lines). The model's thread spends most of a
+replayed or device-bound pass waiting on the device, with the GIL released, so reading the
+next batches in a thread overlaps the two. With the device replaced by a GIL-free wait of
+the H200's time per batch, the scan loop runs at 79–80 % (short lines) and 95 % (documents)
+of the device's rate, against 32–50 % reading one text at a time inline
+(``benchmarks/corpus_speed.py``). The reader does hold the GIL for part of its work (a
+pure-Python loop keeps 0.37 of its speed beside it on this CPU: the tokenizer's encodings
+become Python lists, and batches are packed), so a launch-bound eager pass shares the
+interpreter with it; the work is the same as reading inline, interleaved.
 ``prefetched`` keeps at most ``depth`` items ready, so memory stays a few batches of ids.
 """
 
