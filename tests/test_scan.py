@@ -468,7 +468,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 def test_cli_scan_resumes_and_two_processes_give_the_single_process_result(tmp_path: Path):
     args = ["twin-pre-ln", "builtin", "--stats", "growth,survival,read_attribution,subspaces,lens",
             "--batch-size", "4", "--seq-len", "64", "--max-tokens", "2000", "--quiet",
-            "--segment-chars", "300"]  # 2,000 bytes: 6 segments or 7, shared by the processes
+            "--segment-chars", "300"]  # 2,000 bytes of it: 6 segments, shared by the processes
     one = _run("-m", "residual_stream.cli", "scan", *args, "--out", str(tmp_path / "one.json"),
                "--state", str(tmp_path / "s.pt"))
     assert one.returncode == 0, one.stderr
