@@ -93,14 +93,14 @@ def device_loop(model, texts, rate: float, reader: str) -> int:
     return n
 
 
-def forward(model, texts) -> None:
-    """The plain forward over the batches, packed before the clock starts (``main`` times this)."""
-    ready = [b.tokens.to(model.device) for b in batches(model, texts)]
-    masks = [b.attention_mask.to(model.device) for b in batches(model, texts)]
+def forward(model, texts):
+    """The plain forward over the batches, packed before the clock starts (``main`` times it)."""
+    ready = [(b.tokens.to(model.device), b.attention_mask.to(model.device))
+             for b in batches(model, texts)]
 
     def run():
         with torch.inference_mode():
-            for tokens, mask in zip(ready, masks, strict=True):
+            for tokens, mask in ready:
                 model.module(input_ids=tokens, attention_mask=mask)
         if model.device.type == "cuda":
             torch.cuda.synchronize()

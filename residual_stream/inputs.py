@@ -169,9 +169,10 @@ def encode(
                 f"(the model's context is {model.anatomy.n_ctx}); shorten it, or pass "
                 "overflow='chunk' to split it into several rows"
             )
-        starts.extend(range(0, len(ids), limit))
-        rows.extend(ids[s:s + limit] for s in range(0, len(ids), limit))
-        index.extend([i] * -(-len(ids) // limit))
+        cuts = range(0, len(ids), limit)
+        starts.extend(cuts)
+        rows.extend(ids[s:s + limit] for s in cuts)
+        index.extend([i] * len(cuts))
     return pack(model, rows, tuple(index), tuple(starts))
 
 

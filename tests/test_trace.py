@@ -29,7 +29,7 @@ def test_too_long_names_the_limit_and_chunking_splits(llama):
     trace = rs.trace(llama, text, overflow="chunk")
     assert trace.tokens.shape == (2, 128)
     assert trace.attention_mask.sum().item() == 201
-    assert trace.batch.text_index == (0, 0)
+    assert trace.batch.text_index == (0, 0) and trace.batch.text_start == (0, 128)
 
 
 def test_batched_equals_one_by_one(llama):

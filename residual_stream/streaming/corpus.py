@@ -135,7 +135,7 @@ def token_ids(tokenizer, texts: Iterable[str]) -> Iterator[list[int]]:
     for group in _chunks(texts, TOKENIZE_CHARS):
         with TOKENIZER_LOCK:  # the scan's reader thread and the caller may share a tokenizer
             ids = encode(group)
-        yield from (list(i) for i in ids)
+        yield from ids  # lists already (each backend's ids, or the call's input_ids)
 
 
 @dataclass(frozen=True)
