@@ -19,6 +19,8 @@ attention, ``torch.inference_mode``):
 * ``rs_stats_flow``: ``growth``, ``survival`` and ``read_attribution`` together, lean;
 * ``rs_lens``: the ``lens`` statistic, lean (points kept, one unembedding per point after the
   forward pass, in token chunks);
+* ``rs_lens_every16`` / ``rs_lens_every64``: the lens on one token in 16 / 64
+  (``lens:every=16``: the sampled tokens' points kept, the logits from the same pass);
 * ``rs_lens_tf32`` (CUDA only): the same with float32 products on TF32 tensor cores
   (``torch.backends.cuda.matmul.fp32_precision = "tf32"``): what the lens's float32
   unembeddings would cost at TF32's 10-bit mantissa (not what ``rs.scan`` does);
@@ -127,7 +129,8 @@ def variants(model, use_tl: bool, copy_for_tl: bool = True) -> dict:
            "rs_survival": stats(["survival"]),
            "rs_read": stats(["read_attribution"]),
            "rs_stats_flow": stats(["growth", "survival", "read_attribution"]),
-           "rs_lens": stats(["lens"]), "rs_subspaces": stats(["subspaces"]),
+           "rs_lens": stats(["lens"]), "rs_lens_every16": stats(["lens:every=16"]),
+           "rs_lens_every64": stats(["lens:every=64"]), "rs_subspaces": stats(["subspaces"]),
            "rs_decompose": decompose}
     if torch.device(dev).type == "cuda":
         out["rs_lens_tf32"] = _tf32(stats(["lens"]))

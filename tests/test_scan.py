@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from spies import watch
@@ -164,6 +165,41 @@ def _assert_lens_equal(result, whole) -> None:
     _close(torch.tensor(lens.kl.values), torch.tensor(ref.kl.values), atol=KL_ATOL)
     _close(torch.tensor(lens.top1_agreement.values), torch.tensor(ref.top1_agreement.values))
     assert list(lens.median_rank) == list(ref.median_rank)
+    assert set(lens.tokens) == {int(whole.attention_mask.sum())}
+
+
+def _splitmix64(x: int) -> int:
+    """SplitMix64's output function in Python integers (the reference for ``lens.sampled``)."""
+    mask = (1 << 64) - 1
+    z = (x + 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)
+
+
+_splitmix64_py = _splitmix64
+
+
+def _chosen(batch, every: int) -> torch.Tensor:
+    """``[batch, pos]``: the real tokens whose (text, position in text) hash is a multiple of ``every``."""
+    out = torch.zeros(batch.attention_mask.shape, dtype=torch.bool)
+    for r, (text, start) in enumerate(zip(batch.text_index, batch.text_start, strict=True)):
+        for j in range(int(batch.attention_mask[r].sum())):  # right-padded rows
+            out[r, j] = _splitmix64((text << 32) + start + j) % every == 0
+    return out
+
+
+def _assert_sampled_lens_equal(result, whole, every: int) -> None:
+    """The lens on one token in ``every`` equals the analysis's per-token values on those tokens."""
+    lens, ref = result.stats[f"lens:every={every}"], rs.logit_lens(whole)
+    chosen = _chosen(whole.batch, every)
+    n = int(chosen.sum())
+    assert 0 < n < int(whole.attention_mask.sum()) and set(lens.tokens) == {n}
+    kl = ref.kl[:, chosen].double()  # [point, n]
+    _close(torch.tensor(lens.kl.values), kl.mean(-1), atol=KL_ATOL)
+    _close(torch.tensor(lens.kl_se.values), kl.std(-1) / n ** 0.5, rel=1e-4, atol=KL_ATOL)
+    _close(torch.tensor(lens.top1_agreement.values), ref.top1_agree[:, chosen].double().mean(-1))
+    assert list(lens.median_rank) == [float(r.float().median()) for r in ref.final_token_rank[:, chosen]]
 
 
 @pytest.mark.parametrize("norm,placement", LEAN_CASES)
@@ -179,10 +215,11 @@ def test_lean_scan_equals_the_single_trace(norm, placement, monkeypatch):
     monkeypatch.setattr("residual_stream.streaming.lens.MIN_CHUNK", 16)  # 72 tokens: 5 chunks
     # read measures over 7-token chunks of a batch's 72 (padding inside chunks, a partial one)
     monkeypatch.setattr("residual_stream.analyses.subspace_measures.CHUNK_ELEMENTS", 7 * 6 * 12 * 8)
-    result = rs.scan(m, TEXTS, LEAN, progress=False, **kw)
+    result = rs.scan(m, TEXTS, LEAN + ["lens:every=2"], progress=False, **kw)
     _assert_growth_equal(result, whole)
     _assert_flow_equal(result, whole)
     _assert_lens_equal(result, whole)
+    _assert_sampled_lens_equal(result, whole, 2)
     _assert_subspaces_equal(result, subspaces)
 
 
@@ -201,13 +238,14 @@ def test_lean_scan_on_framework_models(name, monkeypatch):
     if not m.anatomy.has_lm_head:  # the tiny BERT is a BertModel: no logits, no lens
         with pytest.raises(rs.errors.NotAvailableError, match="no LM head"):
             rs.scan(m, TEXTS, LEAN, progress=False, **kw)
-    stats = LEAN if m.anatomy.has_lm_head else [s for s in LEAN if s != "lens"]
+    stats = LEAN + ["lens:every=3"] if m.anatomy.has_lm_head else [s for s in LEAN if s != "lens"]
     result = rs.scan(m, TEXTS, stats, progress=False, **kw)
     _assert_growth_equal(result, whole)
     _assert_flow_equal(result, whole)
     _assert_subspaces_equal(result, subspaces)
     if m.anatomy.has_lm_head:
         _assert_lens_equal(result, whole)
+        _assert_sampled_lens_equal(result, whole, 3)
 
 
 def test_per_head_flow_statistics_replay_the_trace(model):
@@ -449,6 +487,77 @@ def test_a_state_for_other_arguments_or_a_corrupt_one_is_refused(model, tmp_path
         rs.scan(model, ["", "  "], ["growth"], progress=False)
 
 
+def test_statistics_take_options_by_spec_and_results_are_keyed_by_it(model, tmp_path):
+    from residual_stream.streaming.accumulators import LensStats, make_accumulators
+
+    accs = make_accumulators(["lens", " lens : every = 4 ", "lens:every=1", LensStats(every=4),
+                              "survival:granularity=head", "subspaces:pca_k=4:unembed_k=8",
+                              "growth:top_k=10"])
+    assert list(accs) == ["lens", "lens:every=4", "survival:granularity=head",
+                          "subspaces:pca_k=4:unembed_k=8", "growth:top_k=10"]
+    assert (accs["lens:every=4"].every, accs["subspaces:pca_k=4:unembed_k=8"].unembed_k) == (4, 8)
+    for spec, message in [("lens:every=0", "at least 1"),
+                          ("lens:evry=2", r"lens takes every=<int> \(default 1\)"),
+                          ("lens:every=x", "'x' does not read as int"), ("lens:every", "lens takes every"),
+                          ("survival:granularity=heads", "'component' or 'head'"),
+                          ("composition:k=1", "composition takes no options"),
+                          ("subspaces:pca_k=0", "at least 1"), ("lense:every=2", "unknown statistics")]:
+        with pytest.raises(InputError, match=message):
+            make_accumulators(spec)
+    with pytest.raises(InputError, match="no statistics asked for"):
+        make_accumulators([])
+    state = tmp_path / "scan.pt"
+    result = rs.scan(model, TEXTS, ["lens:every=2", "survival:granularity=head"], batch_size=3,
+                     seq_len=24, state=state, progress=False)
+    assert list(result.stats) == ["lens:every=2", "survival:granularity=head"]
+    assert list(result.to_dict()["stats"]) == ["lens:every=2", "survival:granularity=head"]
+    _close(result.stats["survival:granularity=head"].share,
+           rs.survival(_whole(model, TEXTS, batch_size=3, seq_len=24), granularity="head").share)
+    with pytest.raises(InputError, match="other arguments.*stats"):  # another sample: not mixed in
+        rs.scan(model, TEXTS, ["lens:every=3", "survival:granularity=head"], batch_size=3,
+                seq_len=24, state=state, progress=False)
+
+
+def test_the_sampled_lens_chooses_tokens_by_their_place_in_the_corpus_in_one_pass(model, monkeypatch):
+    """``lens.sampled`` is SplitMix64 (its published first output for seed 0) of (text, position
+    in text): the same tokens whatever the batching, about one in ``every``; a sampled lens
+    takes the logits from its own pass (no second forward pass) and keeps only its tokens."""
+    from residual_stream.streaming.lens import LensSums, _splitmix64, sampled
+
+    assert _splitmix64(np.zeros(1, dtype=np.uint64))[0] == 0xE220A8397B1DCDAF == _splitmix64_py(0)
+    kw = dict(batch_size=3, seq_len=24)
+    whole = _whole(model, TEXTS, **kw)
+    assert torch.equal(sampled(whole.batch, 3), _chosen(whole.batch, 3))
+    assert torch.equal(sampled(whole.batch, 1), whole.attention_mask.bool())
+    corpus = Corpus("builtin")
+
+    def places(**kw) -> set[tuple[int, int]]:
+        out = set()
+        for b in corpus_batches(model, corpus, max_tokens=6000, **kw):
+            for r, j in sampled(b, 4).nonzero().tolist():
+                out.add((b.text_index[r], b.text_start[r] + j))
+        return out
+
+    a, b = places(batch_size=3, seq_len=24), places(batch_size=5, seq_len=40)
+    assert a == b and abs(len(a) - 6000 / 4) < 4 * (6000 * 0.25 * 0.75) ** 0.5  # within 4 σ
+
+    def no_second_pass(*args, **kwargs):
+        raise AssertionError("a plain forward pass for the logits")
+
+    monkeypatch.setattr("residual_stream.streaming.lean.model_logits", no_second_pass)
+    monkeypatch.setattr("residual_stream.streaming.runner.trace_batch", None)  # lean
+    kept: list[tuple[int, int]] = []  # per point given: (its kept tokens, the batch's tokens)
+    watch(monkeypatch, LensSums, "point", lambda self, p, x: kept.append(
+        (len(self.early[p]), x.shape[0] * x.shape[1])), after=True)
+    result = rs.scan(model, TEXTS, ["lens:every=3"], progress=False, **kw)
+    _assert_sampled_lens_equal(result, whole, 3)
+    per_batch = kept[:: model.anatomy.n_layers + 1]
+    assert sum(k for k, _ in per_batch) == result.stats["lens:every=3"].tokens[0]
+    assert all(k < n / 2 for k, n in per_batch)  # about a third of each batch is kept
+    with pytest.raises(AssertionError, match="plain forward pass"):  # every token: logits first
+        rs.scan(model, TEXTS, ["lens"], progress=False, **kw)
+
+
 # --- command line and several processes ----------------------------------------------------
 
 def test_importing_the_entry_module_keeps_rs_scan_callable(model):
@@ -466,7 +575,8 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_cli_scan_resumes_and_two_processes_give_the_single_process_result(tmp_path: Path):
-    args = ["twin-pre-ln", "builtin", "--stats", "growth,survival,read_attribution,subspaces,lens",
+    args = ["twin-pre-ln", "builtin", "--stats",
+            "growth,survival,read_attribution,subspaces,lens,lens:every=4",
             "--batch-size", "4", "--seq-len", "64", "--max-tokens", "2000", "--quiet",
             "--segment-chars", "300"]  # 2,000 bytes of it: 6 segments, shared by the processes
     one = _run("-m", "residual_stream.cli", "scan", *args, "--out", str(tmp_path / "one.json"),
@@ -485,6 +595,8 @@ def test_cli_scan_resumes_and_two_processes_give_the_single_process_result(tmp_p
     b = json.loads((tmp_path / "two.json").read_text())
     assert (a["tokens"], a["batches"]) == (b["tokens"], b["batches"])
     assert a["tokens"] == 2000 and a["batches"] > 2
+    sampled = a["stats"]["lens:every=4"]["summary"]
+    assert 300 < sampled[0]["tokens"] < 700  # about 2000 / 4: the same tokens in either run
     for name, frames in a["stats"].items():
         for key, records in frames.items():
             other = b["stats"][name][key]

@@ -11,6 +11,7 @@ alone: computed once, not accumulated.
 
 from __future__ import annotations
 
+import inspect
 from typing import ClassVar
 
 import numpy as np
@@ -27,11 +28,11 @@ from .base import BIN_WIDTH, LOG_BINS, NORM_RANGE, Accumulator, histogram_quanti
 from .flow import FlowSums
 from .growth import GrowthStats
 from .lean import reduce_trace
-from .lens import LensSums
+from .lens import LensSums, sampled
 from .subspaces import SubspaceSums
 
 __all__ = ["BIN_WIDTH", "LOG_BINS", "NORM_RANGE", "STATS", "Accumulator", "GrowthStats",
-           "histogram_quantile", "log_histogram", "make_accumulators"]
+           "histogram_quantile", "log_histogram", "make_accumulators", "parse_spec"]
 
 
 class _TokenMeans(Accumulator):
@@ -66,9 +67,13 @@ class _FlowStats(_TokenMeans):
     """
 
     replayable = True  # at component granularity (``lean``): ``FlowSums`` never waits
+    OPTIONS = ("granularity",)
 
     def __init__(self, granularity: str = "component") -> None:
         super().__init__()
+        if granularity not in ("component", "head"):
+            raise InputError(f"{self.name}: granularity must be 'component' or 'head', not "
+                             f"{granularity!r}")
         self.granularity = granularity
         self.lean = granularity == "component"
 
@@ -136,9 +141,13 @@ class SubspaceStats(Accumulator):
     name = "subspaces"
     calibrates = True
     lean = True
+    OPTIONS = ("pca_k", "unembed_k")
 
     def __init__(self, pca_k: int = 16, unembed_k: int = 32) -> None:
         super().__init__()
+        if pca_k < 1 or unembed_k < 1:
+            raise InputError(f"subspaces: pca_k and unembed_k must be at least 1 (got {pca_k}, "
+                             f"{unembed_k})")
         self.pca_k, self.unembed_k = pca_k, unembed_k
         self._fixed: tuple | None = None  # (PCA basis, subspaces, head bases): not state
 
@@ -180,11 +189,21 @@ class LensStats(Accumulator):
     """Logit lens per point: mean KL to the final distribution, top-1 agreement, median rank.
 
     Lean: each batch's points and logits are reduced by ``lens.LensSums`` (the median rank is
-    exact: its histogram covers the vocabulary).
+    exact: its histogram covers the vocabulary). ``every > 1`` reduces about one real token in
+    ``every``, chosen by its place in the corpus (``lens.sampled``), from the same pass that
+    gives the logits: a ``1/every`` share of the lens's unembeddings and no second forward
+    pass, for means estimated from a sample (``kl_se`` states the sampling error).
     """
 
     name = "lens"
     lean = True
+    OPTIONS = ("every",)
+
+    def __init__(self, every: int = 1) -> None:
+        super().__init__()
+        if every < 1:
+            raise InputError(f"lens: every (one token in every …) must be at least 1, not {every}")
+        self.every = every
 
     def prepare(self, model, calibration) -> None:
         """Refuse a model without an LM head before the first batch (``NotAvailableError``)."""
@@ -192,21 +211,32 @@ class LensStats(Accumulator):
         model.unembed()
 
     def sums_for(self, model, batch, shared: dict | None = None) -> LensSums:
-        """A ``LensSums`` for one batch of ``model``."""
-        return LensSums(model, batch.attention_mask.to(model.device))
+        """A ``LensSums`` for one batch of ``model``, on the sampled tokens when ``every > 1``."""
+        keep = None if self.every == 1 else sampled(batch, self.every)
+        return LensSums(model, batch.attention_mask.to(model.device), keep)
 
     def update(self, trace) -> None:
         """Add one batch from a finished trace."""
         reduce_trace(self, trace)
 
     def result(self) -> pd.DataFrame:
-        """Per point: ``kl`` (nats), ``top1_agreement``, ``median_rank`` (as ``LogitLens.summary``)."""
+        """Per point: ``kl``, ``top1_agreement``, ``median_rank``, ``kl_se``, ``tokens``.
+
+        The first three as ``LogitLens.summary`` gives them (KL in nats). ``kl_se``: the
+        standard error of the mean KL, ``std / √tokens``, treating the reduced tokens as
+        independent draws (tokens of one text are not, so read it as a lower bound).
+        ``tokens``: how many tokens the means are over (all real ones when ``every`` is 1).
+        """
         n = int(self.sums["n"])
         k = (n - 1) // 2  # torch.median's order statistic
         cum = self.sums["rank_hist"].cpu().cumsum(-1)
-        median = [float(torch.searchsorted(c, torch.tensor(k), right=True)) for c in cum]
-        return pd.DataFrame({"point": range(cum.shape[0]), "kl": self.mean("kl").numpy(),
-                             "top1_agreement": self.mean("top1").numpy(), "median_rank": median})
+        median = [float(torch.searchsorted(c, torch.tensor(k), right=True)) if n else float("nan")
+                  for c in cum]
+        kl = self.sums["kl"].cpu() / n if n else torch.full_like(self.sums["kl"].cpu(), float("nan"))
+        var = (self.sums["kl_sq"].cpu() / max(n, 1) - kl.square()).clamp_min(0) * n / max(n - 1, 1)
+        return pd.DataFrame({"point": range(cum.shape[0]), "kl": kl.float().numpy(),
+                             "top1_agreement": self.mean("top1").numpy(), "median_rank": median,
+                             "kl_se": (var / max(n, 1)).sqrt().float().numpy(), "tokens": n})
 
 
 class _NoSums:
@@ -250,12 +280,49 @@ STATS: dict[str, type[Accumulator]] = {
 
 
 def make_accumulators(stats) -> dict[str, Accumulator]:
-    """Accumulators for the statistic names in ``stats`` (see ``STATS``)."""
-    names = [stats] if isinstance(stats, str) else list(stats)
-    unknown = [s for s in names if s not in STATS]
-    if unknown or not names:
-        raise InputError(f"unknown statistics {unknown or names}: choose from {sorted(STATS)}")
-    return {name: STATS[name]() for name in dict.fromkeys(names)}
+    """Accumulators for ``stats``, keyed by their specs (``Accumulator.spec``).
+
+    ``stats``: one or a list of statistic names from ``STATS``, specs with options
+    (``"lens:every=16"``, ``"survival:granularity=head"``, ``"subspaces:pca_k=8:unembed_k=16"``;
+    ``parse_spec``) or accumulators already made. A spec asked for twice is kept once.
+    """
+    items = [stats] if isinstance(stats, str | Accumulator) else list(stats)
+    if not items:
+        raise InputError(f"no statistics asked for: choose from {sorted(STATS)}")
+    unknown = [s for s in items if isinstance(s, str) and s.split(":")[0].strip() not in STATS]
+    if unknown:
+        raise InputError(f"unknown statistics {unknown}: choose from {sorted(STATS)}")
+    accs: dict[str, Accumulator] = {}
+    for item in items:
+        acc = item if isinstance(item, Accumulator) else parse_spec(item)
+        accs.setdefault(acc.spec, acc)
+    return accs
+
+
+def parse_spec(spec: str) -> Accumulator:
+    """The accumulator ``spec`` names: ``name`` or ``name:option=value[:option=value...]``.
+
+    Options are the statistic's ``OPTIONS`` (its constructor's keywords), each value read as
+    the type of its default. Raises ``InputError`` naming the options a statistic takes.
+    """
+    name, *options = (part.strip() for part in spec.split(":"))
+    if name not in STATS:
+        raise InputError(f"unknown statistics [{spec!r}]: choose from {sorted(STATS)}")
+    cls = STATS[name]
+    params = inspect.signature(cls.__init__).parameters
+    takes = ", ".join(f"{k}=<{type(params[k].default).__name__}> (default {params[k].default})"
+                      for k in cls.OPTIONS) or "no options"
+    kwargs = {}
+    for option in options:
+        key, eq, value = (part.strip() for part in option.partition("="))
+        if key not in cls.OPTIONS or not eq:
+            raise InputError(f"statistic spec {spec!r}: {name} takes {takes}")
+        try:
+            kwargs[key] = type(params[key].default)(value)
+        except ValueError:
+            raise InputError(f"statistic spec {spec!r}: {key}={value!r} does not read as "
+                             f"{type(params[key].default).__name__}; {name} takes {takes}") from None
+    return cls(**kwargs)
 
 
 def frames(result) -> dict[str, pd.DataFrame]:

@@ -23,6 +23,7 @@ Composition is a function of the weights alone: computed once, not accumulated.
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 from typing import ClassVar
 
@@ -45,6 +46,7 @@ class Accumulator:
     """
 
     name: ClassVar[str] = ""
+    OPTIONS: ClassVar[tuple[str, ...]] = ()  # constructor keywords a spec may set (``spec``)
     calibrates: ClassVar[bool] = False  # needs the corpus's first batch before any update
     lean: ClassVar[bool] = False  # can be fed during the forward pass (``lean.lean_pass``)
     replayable: ClassVar[bool] = False  # its reducer never waits for the device (``graphs``)
@@ -52,6 +54,17 @@ class Accumulator:
     def __init__(self) -> None:
         self.sums: dict[str, Tensor] = {}
         self.meta: dict[str, object] = {}
+
+    @property
+    def spec(self) -> str:
+        """The statistic's name and every option off its default: ``"lens:every=16"``.
+
+        What a scan keys its results and its saved state by, and what ``make_accumulators``
+        reads back (``parse_spec``).
+        """
+        params = inspect.signature(type(self).__init__).parameters
+        return self.name + "".join(f":{k}={getattr(self, k)}" for k in self.OPTIONS
+                                   if getattr(self, k) != params[k].default)
 
     @property
     def calibrated(self) -> bool:

@@ -28,7 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("model", help="registry name, HF folder, .gguf file or cached hub id")
     p.add_argument("corpus", help="'builtin', a text file (one text per line) or a folder of .txt files")
     p.add_argument("--stats", default="growth",
-                   help=f"comma-separated statistics: {','.join(STATS)} (default: growth)")
+                   help=f"comma-separated statistics: {','.join(STATS)} (default: growth); "
+                        "options follow a colon, e.g. lens:every=16 (one token in 16), "
+                        "survival:granularity=head, subspaces:pca_k=8:unembed_k=16, growth:top_k=100")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, help="tokens per row (default: min(context, 128))")
     p.add_argument("--max-tokens", type=int, help="stop after this many tokens")

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from ..analyses.growth import MASSIVE_ABS, MASSIVE_REL, NormGrowth, _fit
+from ..errors import InputError
 from ..fusion import acc_dtype, fused, wide
 from ..inputs import Batch
 from ..program import Add, Norm
@@ -280,9 +281,12 @@ class GrowthStats(Accumulator):
     name = "growth"
     lean = True
     replayable = True
+    OPTIONS = ("top_k",)
 
     def __init__(self, top_k: int = 1000) -> None:
         super().__init__()
+        if top_k < 0:
+            raise InputError(f"growth: top_k (massive activations kept) must be ≥ 0, not {top_k}")
         self.top_k = top_k
 
     def sums_for(self, model, batch, shared: dict | None = None,

@@ -12,7 +12,9 @@ every operation of the walk (``walk.Step``), in program order, as ``walk_stream`
 One with ``needs_logits`` (the lens) first gets ``logits(final)``, the model's own logits, so
 it can reduce each point as it arrives instead of keeping them all: the lean pass runs one
 plain forward pass for them (in the model's dtype; a trace has them, in float32), then the
-pass itself without the unembedding. ``into(acc)`` adds a batch's sums to its accumulator.
+pass itself without the unembedding. One with ``late_logits`` (a lens on sampled tokens,
+which keeps its few tokens' points) gets them from the pass itself, after its last point,
+so no second pass runs. ``into(acc)`` adds a batch's sums to its accumulator.
 
 When every reducer sets ``native_dtype`` (it widens what it reads itself: ``growth``), the
 hooks keep the model's own tensors, with no float32 copy of each: in bf16 that is a third
@@ -50,7 +52,7 @@ def segments(program) -> list[list]:
 def feed_trace(trace, reducers: Sequence) -> None:
     """Feed ``reducers`` from a finished trace: the logits, every point, every step of the walk."""
     for r in reducers:
-        if getattr(r, "needs_logits", False):
+        if getattr(r, "needs_logits", False) or getattr(r, "late_logits", False):
             r.logits(trace.logits)
     for L in range(trace.anatomy.n_layers + 1):
         for r in reducers:
@@ -163,13 +165,17 @@ def lean_forward(model, batch, reducers: Sequence) -> list[Tensor]:
 
     tokens, mask = batch.tokens.to(model.device), batch.attention_mask.to(model.device)
     _give_logits(model, tokens, mask, reducers)
+    late = [r for r in reducers if getattr(r, "late_logits", False)]
     cap.resid = _Stream(on_point)
     try:
         native = all(getattr(r, "native_dtype", False) for r in reducers)
-        capture(model.module, anatomy, tokens, mask, heads=False, logits=False, out=cap,
-                dtype=None if native else torch.float32,
+        capture(model.module, anatomy, tokens, mask, heads=False, logits="native" if late else False,
+                out=cap, dtype=None if native else torch.float32,
                 scales=scales_read(anatomy.program, reducers))
         walk(segs[-1], cap.resid[anatomy.n_layers])
+        for r in late:
+            r.logits(cap.logits)
+        cap.logits = None
     finally:  # cap → its stream → on_point → cap is a cycle: break it, or the reducers (and
         cap.resid = {}  # their buffers) would wait for the garbage collector
     return finite

@@ -32,6 +32,7 @@ rank compare the same logits, so they equal the analysis's exactly.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -42,27 +43,42 @@ CHUNKS, MIN_CHUNK, MAX_CHUNK = 8, 128, 512  # chunks a batch, aimed at; tokens p
 
 
 class LensSums:
-    """One batch's lens sums: ``logits`` first, then ``point`` reduces each stream, ``into`` adds."""
+    """One batch's lens sums: ``logits`` and ``point`` in either order, then ``into`` adds.
 
-    needs_logits = True
+    A point that arrives after the logits is reduced at once; one that arrives before them is
+    kept (only its ``keep`` tokens) until they come. ``keep`` (``[batch, pos]`` bool, on the
+    CPU; ``sampled``) chooses the tokens reduced; without it every real token is, padding
+    weighted out rather than indexed, and the logits are asked for first (``needs_logits``).
+    With it the logits come at the end of the same pass (``late_logits``).
+    """
+
     native_dtype = True  # a 16-bit stream is unembedded from float32 copies of one chunk at a time
 
-    def __init__(self, model, mask: Tensor) -> None:
+    def __init__(self, model, mask: Tensor, keep: Tensor | None = None) -> None:
         self.unembed = model.unembed(native=True)  # no float32 copy of W_U: cast per slice
         self.final_norm = model.anatomy.norms.get("ln_final")
-        self.real = mask.bool().flatten()  # padding is weighted out, not indexed
         self.d_vocab = model.anatomy.d_vocab
+        self.index = None if keep is None else keep.flatten().nonzero().squeeze(1).to(mask.device)
+        self.needs_logits, self.late_logits = keep is None, keep is not None
+        self.real = (mask.bool().flatten() if keep is None  # padding is weighted out, not indexed
+                     else torch.ones(len(self.index), dtype=torch.bool, device=mask.device))
         n = model.anatomy.n_layers + 1
         self.kl = torch.zeros(n, dtype=torch.float64, device=mask.device)
-        self.agree = torch.zeros_like(self.kl)
+        self.kl_sq, self.agree = torch.zeros_like(self.kl), torch.zeros_like(self.kl)
         self.ranks: list[Tensor | None] = [None] * n
+        self.early: dict[int, Tensor] = {}  # points that came before the logits (their kept tokens)
         self.final: Tensor | None = None  # the logits, then per token (``logits``): the final
         self.chunk = MIN_CHUNK            # top token, logsumexp, Σ p log p and Σ p
         self.top = self.lse = self.plogp = self.mass = None
 
+    def _tokens(self, x: Tensor) -> Tensor:
+        """``x [batch, pos, ...]`` as ``[token, ...]``, the kept tokens only when some are chosen."""
+        x = x.flatten(0, 1)
+        return x if self.index is None else x.index_select(0, self.index)
+
     def logits(self, final: Tensor) -> None:
-        """Take the model's own logits ``[batch, pos, d_vocab]`` (any dtype), before any point."""
-        self.final = final.flatten(0, 1)
+        """Take the model's own logits ``[batch, pos, d_vocab]`` (any dtype); reduce kept points."""
+        self.final = self._tokens(final)
         n = len(self.final)
         self.chunk = min(MAX_CHUNK, max(MIN_CHUNK, -(-n // CHUNKS)))
         self.top = torch.empty(n, dtype=torch.long, device=final.device)
@@ -75,16 +91,25 @@ class LensSums:
             del f
             p = logp.exp()
             self.lse[part], self.plogp[part], self.mass[part] = lse, row_dot(p, logp), p.sum(-1)
+        for point in sorted(self.early):
+            self._reduce(point, self.early.pop(point))
 
     def _parts(self):
         return (slice(s, s + self.chunk) for s in range(0, len(self.final), self.chunk))
 
     def point(self, point: int, x: Tensor) -> None:
-        """Reduce the stream entering block ``point`` against the final logits."""
+        """Reduce the stream entering block ``point`` against the final logits (or keep it)."""
         if self.final is None:
-            raise RuntimeError("LensSums.logits (the final logits) must come before the points")
-        x = x.flatten(0, 1)
-        ranks = []
+            if self.index is None:
+                raise RuntimeError("LensSums.logits (the final logits) must come before the "
+                                   "points unless tokens are chosen (keep)")
+            self.early[point] = self._tokens(x)  # a copy of the chosen tokens
+            return
+        self._reduce(point, self._tokens(x))
+
+    def _reduce(self, point: int, x: Tensor) -> None:
+        """Add point ``point``'s terms for its tokens ``x [token, d_model]``."""
+        ranks = [torch.zeros(0, dtype=torch.int32, device=x.device)]
         for part in self._parts():
             h = x[part].float()
             z = self.unembed.logits(h if self.final_norm is None else self.final_norm.apply(h))
@@ -93,8 +118,9 @@ class LensSums:
             real, top = self.real[part], self.top[part]
             self.agree[point] += ((best == top) & real).double().sum()
             ranks.append(rank)
-            kl = self.plogp[part] - pz + lse * self.mass[part]
-            self.kl[point] += torch.where(real, kl, 0).double().sum()
+            kl = torch.where(real, self.plogp[part] - pz + lse * self.mass[part], 0).double()
+            self.kl[point] += kl.sum()
+            self.kl_sq[point] += kl.square().sum()
         self.ranks[point] = torch.cat(ranks)
 
     def step(self, step, scales) -> None:
@@ -102,14 +128,44 @@ class LensSums:
 
     def into(self, acc) -> None:
         """Add this batch's sums to ``acc`` (a ``LensStats``)."""
+        if self.final is None or self.early:
+            raise RuntimeError("LensSums.into before the logits came: nothing was reduced")
         ranks = torch.stack(self.ranks)[:, self.real]  # real tokens only: one device sync
         offset = torch.arange(len(ranks), device=ranks.device)[:, None] * self.d_vocab
         hist = torch.bincount((ranks + offset).flatten(), minlength=len(ranks) * self.d_vocab)
         acc.add("kl", self.kl)
+        acc.add("kl_sq", self.kl_sq)
         acc.add("top1", self.agree)
         acc.add("rank_hist", hist.view(len(ranks), self.d_vocab))
         acc.add("n", self.real.sum())
         self.final = None  # the batch's logits: not held a moment longer than the sums need
+
+
+def sampled(batch, every: int) -> Tensor:
+    """The real tokens of ``batch`` a lens with ``every`` reduces: about one in ``every``.
+
+    ``[batch, pos]`` bool on the CPU. Token ``j`` of row ``r`` is position ``text_start[r] + j``
+    of text ``text_index[r]`` (rows are right-padded), and is chosen when ``splitmix64(text ·
+    2³² + position)`` is a multiple of ``every``: by the token's place in the corpus, never its
+    place in a batch, so every batch size, segment size and number of processes reduce the
+    same tokens, and so does a trace of every row (the tests' reference).
+    """
+    mask = batch.attention_mask.bool().cpu()
+    if every == 1:
+        return mask
+    text = np.asarray(batch.text_index, dtype=np.uint64)[:, None]
+    pos = (np.asarray(batch.text_start, dtype=np.uint64)[:, None]
+           + np.arange(mask.shape[1], dtype=np.uint64)[None, :])
+    chosen = _splitmix64((text << np.uint64(32)) + pos) % np.uint64(every) == 0
+    return mask & torch.from_numpy(chosen)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's output function on ``uint64`` arrays (wrapping arithmetic)."""
+    z = x + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
 
 
 def _row_dot(a: Tensor, b: Tensor) -> Tensor:

@@ -49,7 +49,7 @@ from .graphs import Replayed
 from .lean import feed_trace, lean_pass, points
 from .reader import prefetched
 
-STATE_VERSION = 2  # 2: batches within segments, named (segment, index)
+STATE_VERSION = 3  # 2: batches within segments, named (segment, index); 3: stats by spec, lens kl_sq
 
 
 @dataclass
@@ -240,7 +240,10 @@ def scan(
             ``"builtin"``.
         stats: Names from ``residual_stream.streaming.STATS``: ``growth`` (norms, updates,
             massive activations), ``survival``, ``read_attribution``, ``subspaces``, ``lens``,
-            ``composition``.
+            ``composition``; or specs with options, ``"lens:every=16"`` (the lens on one
+            token in 16), ``"survival:granularity=head"`` (``accumulators.parse_spec``); or
+            accumulators. Results and the saved state are keyed by spec (the name alone when
+            every option is at its default).
         batch_size: Rows per forward pass.
         seq_len: Tokens per row (default: the model's context, at most 128).
         max_tokens: Stop after this many tokens (the last row is cut to fit).
