@@ -646,9 +646,12 @@ def test_lean_lens_of_a_bf16_model_reduces_each_point_on_arrival_and_equals_the_
     assert reduced and all(reduced)
     _assert_lens_equal(result, whole)
     given.clear()
-    mixed = rs.scan(m, TEXTS, ["lens", "growth", "survival"], progress=False, **kw)
+    rows.clear()
+    mixed = rs.scan(m, TEXTS, ["lens", "lens:every=2", "growth", "survival"], progress=False, **kw)
     assert set(given) == {torch.bfloat16}
     _assert_lens_equal(mixed, whole)
+    _assert_sampled_lens_equal(mixed, whole, 2)  # kept points: every point's token at once
+    assert m.anatomy.n_layers + 1 in rows  # MAX_CHUNK 5 // 5 points: one token a product
 
 
 @pytest.mark.parametrize("name", ["llama", "gpt2", "twin", "bert_mlm"])
