@@ -169,7 +169,7 @@ def _assert_lens_equal(result, whole) -> None:
 
 
 def _splitmix64(x: int) -> int:
-    """SplitMix64's output function in Python integers (the reference for ``lens.sampled``)."""
+    """SplitMix64's output function in Python integers (the reference for ``sampling.sampled``)."""
     mask = (1 << 64) - 1
     z = (x + 0x9E3779B97F4A7C15) & mask
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
@@ -518,11 +518,63 @@ def test_statistics_take_options_by_spec_and_results_are_keyed_by_it(model, tmp_
                 seq_len=24, state=state, progress=False)
 
 
+def _on_chosen(whole, every: int):
+    """``whole`` with only the tokens a statistic with ``every`` measures counted as real.
+
+    The analyses reduce over ``attention_mask``; the forward pass behind the trace saw the
+    real mask. So their means over this view are means over the chosen tokens.
+    """
+    import dataclasses
+
+    batch = dataclasses.replace(whole.batch, attention_mask=_chosen(whole.batch, every).long())
+    return dataclasses.replace(whole, batch=batch)
+
+
+@pytest.mark.parametrize("case", [("twin", "layernorm", "pre"), ("twin", "rmsnorm", "post"),
+                                  ("hf", "llama", None), ("hf", "gemma2", None)])
+def test_read_attribution_and_subspaces_on_sampled_tokens_equal_the_trace_on_them(case, monkeypatch):
+    """``read_attribution:every=3`` and ``subspaces:every=3`` beside full survival: the buffer
+    carries every token, the reads and measures take the chosen ones; each equals the analysis
+    on one trace of every row with only the chosen tokens counted."""
+    from tiny_hf import build
+
+    from residual_stream.inputs import ByteTokenizer
+
+    kind, a, b = case
+    m = (rs.twin(norm=a, placement=b, n_layers=3, d_model=32, seed=1, n_ctx=64) if kind == "twin"
+         else rs.load(build(a), tokenizer=ByteTokenizer()))
+    kw = dict(batch_size=3, seq_len=24)
+    whole = _whole(m, TEXTS, **kw)
+    chosen = _on_chosen(whole, 3)
+    n = int(chosen.attention_mask.sum())
+    assert 0 < n < int(whole.attention_mask.sum())
+    monkeypatch.setattr("residual_stream.streaming.runner.trace_batch", None)  # lean
+    stats = ["survival", "read_attribution:every=3", "subspaces:every=3"]
+    result = rs.scan(m, TEXTS, stats, progress=False, **kw)
+    s, ref = result.stats["survival"], rs.survival(whole)  # every token
+    _close(s.share, ref.share)
+    r, ref = result.stats["read_attribution:every=3"], rs.read_attribution(chosen)
+    assert (r.readers, r.sources) == (ref.readers, ref.sources)
+    _close(r.share, ref.share)
+    _close(r.abs_share, ref.abs_share)
+    first = next(corpus_batches(m, Corpus(TEXTS), **kw))
+    w = result.stats["subspaces:every=3"]
+    ref = rs.write_subspaces(chosen, pca_trace=trace_batch(m, first))
+    for field in SUBSPACE_FIELDS:
+        _close(getattr(w, field), getattr(ref, field))
+    counted = result.to_dict()["tokens_measured"]
+    assert counted == {"survival": int(whole.attention_mask.sum()), "read_attribution:every=3": n,
+                       "subspaces:every=3": n}
+    with pytest.raises(InputError, match="shared with the other flow statistics"):
+        rs.scan(m, TEXTS, ["read_attribution", "read_attribution:every=3"], progress=False, **kw)
+
+
 def test_the_sampled_lens_chooses_tokens_by_their_place_in_the_corpus_in_one_pass(model, monkeypatch):
-    """``lens.sampled`` is SplitMix64 (its published first output for seed 0) of (text, position
+    """``sampling.sampled`` is SplitMix64 (its published first output for seed 0) of (text, position
     in text): the same tokens whatever the batching, about one in ``every``; a sampled lens
     takes the logits from its own pass (no second forward pass) and keeps only its tokens."""
-    from residual_stream.streaming.lens import LensSums, _splitmix64, sampled
+    from residual_stream.streaming.lens import LensSums
+    from residual_stream.streaming.sampling import _splitmix64, sampled
 
     assert _splitmix64(np.zeros(1, dtype=np.uint64))[0] == 0xE220A8397B1DCDAF == _splitmix64_py(0)
     kw = dict(batch_size=3, seq_len=24)

@@ -28,7 +28,8 @@ from .base import BIN_WIDTH, LOG_BINS, NORM_RANGE, Accumulator, histogram_quanti
 from .flow import FlowSums
 from .growth import GrowthStats
 from .lean import reduce_trace
-from .lens import LensSums, sampled
+from .lens import LensSums
+from .sampling import TokenChoice, check_every
 from .subspaces import SubspaceSums
 
 __all__ = ["BIN_WIDTH", "LOG_BINS", "NORM_RANGE", "STATS", "Accumulator", "GrowthStats",
@@ -113,19 +114,42 @@ class SurvivalStats(_FlowStats):
 
 
 class ReadAttributionStats(_FlowStats):
-    """Mean share of every source in every reader's linear read."""
+    """Mean share of every source in every reader's linear read.
+
+    ``every > 1`` (component granularity) measures the reads of about one real token in
+    ``every`` (``sampling.sampled``): the contributions are still carried for every token,
+    the reads' products (the statistic's cost) are made for the chosen ones. Not replayed
+    from a CUDA graph (the chosen tokens vary by batch).
+    """
 
     name = "read_attribution"
     FIELDS, LABELS = ("share", "abs_share"), ("readers", "sources")
+    OPTIONS = ("granularity", "every")
+
+    def __init__(self, granularity: str = "component", every: int = 1) -> None:
+        super().__init__(granularity)
+        self.every = check_every(self.name, every)
+        if every > 1 and granularity != "component":
+            raise InputError("read_attribution: every applies at component granularity; the "
+                             "per-head statistic reads every token")
+        self.replayable = every == 1
+
+    def sums_for(self, model, batch, shared: dict | None = None,
+                 replayable: bool = False) -> FlowSums:
+        """The batch's ``FlowSums``, its reads on the sampled tokens when ``every > 1``."""
+        flow = super().sums_for(model, batch, shared, replayable)
+        if self.every > 1:
+            flow.sample_reads(batch, self.every)
+        return flow
+
+    def result(self) -> ReadAttribution:
+        """``ReadAttribution`` over every token read so far (no per-token shares)."""
+        return ReadAttribution(tuple(self.meta["readers"]), tuple(self.meta["sources"]),
+                               self.mean("share"), self.mean("abs_share"), None, self.granularity)
 
     def analyse(self, trace) -> ReadAttribution:
         """``read_attribution`` of one batch (per-head granularity)."""
         return read_attribution(trace, granularity=self.granularity)
-
-    def result(self) -> ReadAttribution:
-        """``ReadAttribution`` over every token so far (no per-token shares)."""
-        return ReadAttribution(tuple(self.meta["readers"]), tuple(self.meta["sources"]),
-                               self.mean("share"), self.mean("abs_share"), None, self.granularity)
 
 
 class SubspaceStats(Accumulator):
@@ -135,20 +159,21 @@ class SubspaceStats(Accumulator):
     calibration) so every batch and every process measures against the same subspace. Lean:
     each batch is reduced from the contribution buffer of ``flow.FlowSums`` by a
     ``subspaces.SubspaceSums``; the subspaces and the heads' write bases are computed once
-    per scan.
+    per scan. ``every > 1`` measures about one real token in ``every`` (``sampling``).
     """
 
     name = "subspaces"
     calibrates = True
     lean = True
-    OPTIONS = ("pca_k", "unembed_k")
+    OPTIONS = ("pca_k", "unembed_k", "every")
 
-    def __init__(self, pca_k: int = 16, unembed_k: int = 32) -> None:
+    def __init__(self, pca_k: int = 16, unembed_k: int = 32, every: int = 1) -> None:
         super().__init__()
         if pca_k < 1 or unembed_k < 1:
             raise InputError(f"subspaces: pca_k and unembed_k must be at least 1 (got {pca_k}, "
                              f"{unembed_k})")
         self.pca_k, self.unembed_k = pca_k, unembed_k
+        self.every = check_every(self.name, every)
         self._fixed: tuple | None = None  # (PCA basis, subspaces, head bases): not state
 
     @property
@@ -170,7 +195,8 @@ class SubspaceStats(Accumulator):
             subs = named_subspaces(model, pca, self.unembed_k)
             self._fixed = (basis, subs, head_write_bases(model))
         flow = FlowSums.shared(shared, model, batch)
-        flow.subspaces = SubspaceSums(model, flow.mask, *self._fixed[1:])
+        flow.subspaces = SubspaceSums(model, flow.mask, *self._fixed[1:],
+                                      TokenChoice.of(batch, flow.mask, self.every))
         return flow
 
     def update(self, trace) -> None:
@@ -190,7 +216,7 @@ class LensStats(Accumulator):
 
     Lean: each batch's points and logits are reduced by ``lens.LensSums`` (the median rank is
     exact: its histogram covers the vocabulary). ``every > 1`` reduces about one real token in
-    ``every``, chosen by its place in the corpus (``lens.sampled``), from the same pass that
+    ``every``, chosen by its place in the corpus (``sampling.sampled``), from the same pass that
     gives the logits: a ``1/every`` share of the lens's unembeddings and no second forward
     pass, for means estimated from a sample (``kl_se`` states the sampling error).
     """
@@ -201,9 +227,7 @@ class LensStats(Accumulator):
 
     def __init__(self, every: int = 1) -> None:
         super().__init__()
-        if every < 1:
-            raise InputError(f"lens: every (one token in every …) must be at least 1, not {every}")
-        self.every = every
+        self.every = check_every(self.name, every)
 
     def prepare(self, model, calibration) -> None:
         """Refuse a model without an LM head before the first batch (``NotAvailableError``)."""
@@ -212,8 +236,8 @@ class LensStats(Accumulator):
 
     def sums_for(self, model, batch, shared: dict | None = None) -> LensSums:
         """A ``LensSums`` for one batch of ``model``, on the sampled tokens when ``every > 1``."""
-        keep = None if self.every == 1 else sampled(batch, self.every)
-        return LensSums(model, batch.attention_mask.to(model.device), keep)
+        mask = batch.attention_mask.to(model.device)
+        return LensSums(model, mask, TokenChoice.of(batch, mask, self.every))
 
     def update(self, trace) -> None:
         """Add one batch from a finished trace."""
@@ -296,6 +320,12 @@ def make_accumulators(stats) -> dict[str, Accumulator]:
     for item in items:
         acc = item if isinstance(item, Accumulator) else parse_spec(item)
         accs.setdefault(acc.spec, acc)
+    shared = [a for a in accs.values() if a.lean and isinstance(a, _FlowStats | SubspaceStats)]
+    for name in {a.name for a in shared}:
+        specs = [a.spec for a in shared if a.name == name]
+        if len(specs) > 1:  # one FlowSums a batch carries one of each
+            raise InputError(f"{specs}: {name} is computed in a pass shared with the other flow "
+                             "statistics, once per scan; ask for one of these")
     return accs
 
 

@@ -67,6 +67,15 @@ class Accumulator:
                                    if getattr(self, k) != params[k].default)
 
     @property
+    def tokens(self) -> int:
+        """How many tokens the means are over so far.
+
+        The sampled ones of a statistic with ``every > 1``; 0 for one that counts none
+        (composition).
+        """
+        return int(self.sums["n"]) if "n" in self.sums else 0
+
+    @property
     def calibrated(self) -> bool:
         """Whether nothing is left to fix from a calibration batch (``calibrates``)."""
         return not self.calibrates

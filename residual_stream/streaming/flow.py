@@ -12,7 +12,8 @@ pass (``lean.lean_pass``).
 * At each ``Mark(L)``: per source, the summed norm (recomputed only after a stream norm or a
   scale; pre-norm contributions never change) and the summed signed share ``<c, x>/‖x‖²``,
   one batched matrix product over the tokens.
-* At each ``Read``: per reader ``y = N(x) W + b``, the share of source ``c`` is
+* At each ``Read``: per reader ``y = N(x) W + b`` (on every real token, or on one in
+  ``every``: ``read_attribution:every=k``, ``sample_reads``), the share of source ``c`` is
   ``<L(c) W, y>/‖y‖² = <c, y (C diag(γ) W)ᵀ>/(s ‖y‖²)`` (``L`` the reading norm's frozen
   linear part, folded into the map by ``NormSpec.fold_into``): one product of ``y`` per
   reader, then one batched product with every contribution; nothing is materialized per
@@ -45,6 +46,7 @@ from ..decomposition import count_pieces
 from ..fusion import WIDE, fused, wide
 from ..program import Add, Embed, Mark, Norm, Read, Scale
 from ..walk import component_of
+from .sampling import TokenChoice
 from .subspaces import SUBSPACES
 
 SURVIVAL, READ = "survival", "read_attribution"
@@ -129,6 +131,7 @@ class FlowSums:
         self.block: tuple[int, object] | None = None  # (layer, its LayerWeights): both reads share
         self.subspaces = None  # a ``subspaces.SubspaceSums`` fed from the buffer, if asked for
         self.layout: tuple | None = None  # where read attribution's sums go (``_read_layout``)
+        self.read_tokens = TokenChoice(mask)  # the tokens read attribution reads (``sample_reads``)
 
     @classmethod
     def shared(cls, shared: dict | None, model, batch) -> FlowSums:
@@ -137,6 +140,10 @@ class FlowSums:
         if "flow" not in shared:
             shared["flow"] = cls(model, batch.attention_mask.to(model.device))
         return shared["flow"]
+
+    def sample_reads(self, batch, every: int) -> None:
+        """Read attribution on about one real token in ``every`` (``sampling.sampled``)."""
+        self.read_tokens = TokenChoice.of(batch, self.mask, every)
 
     # ---- a replayed pass (``streaming.graphs``) -------------------------------------------
     def rebind(self, batch, width: int) -> None:
@@ -195,9 +202,12 @@ class FlowSums:
     def _filled(self) -> Tensor:
         return self.buf[:, :, : len(self.labels)]
 
-    def _token_sum(self, values: Tensor) -> Tensor:
-        """Float64 sum over real tokens of ``values [token, *rest]`` (tokens flattened) → ``[*rest]``."""
-        m = self.mask.reshape(-1, *([1] * (values.ndim - 1)))
+    def _token_sum(self, values: Tensor, real: Tensor | None = None) -> Tensor:
+        """Float64 sum over real tokens of ``values [token, *rest]`` (tokens flattened) → ``[*rest]``.
+
+        ``real``: which of the tokens count (default: the batch's mask).
+        """
+        m = (self.mask if real is None else real).reshape(-1, *([1] * (values.ndim - 1)))
         return torch.where(m, values, 0).double().sum(0)
 
     def _append(self, label: str, value: Tensor) -> None:
@@ -252,8 +262,9 @@ class FlowSums:
         repeated for its heads.
         """
         spec = None if op.norm is None else self.norms[op.norm]
-        scale = None if spec is None else scales[op.norm].flatten()
-        x = self.total.flatten(0, 1)                                          # (token, d)
+        take, real = self.read_tokens.take, self.read_tokens.real  # every token, or a sample
+        scale = None if spec is None else take(scales[op.norm])
+        x = take(self.total)                                                  # (token, d)
         u = x if spec is None else spec.apply_frozen(x, scale)
         tiny = torch.finfo(u.dtype).tiny
         anatomy = self.model.anatomy
@@ -290,16 +301,16 @@ class FlowSums:
             extras.append((readers, rep, len(W), names, channels_extra))
         if scale is not None:
             den = den * scale.to(den.dtype)[:, None]                          # Lᵀ's 1/s
-        share = _token_bmm(self._filled().flatten(0, 1), h.transpose(1, 2))
+        share = _token_bmm(take(self._filled()), h.transpose(1, 2))
         share = share / den[:, None]                                          # (token, source, map)
-        sums, abs_sums = self._token_sum(share), self._token_sum(share.abs())
+        sums, abs_sums = self._token_sum(share, real), self._token_sum(share.abs(), real)
         col = 0
         for readers, rep, n_maps, names, extra in extras:
             s, a = sums[:, col: col + n_maps], abs_sums[:, col: col + n_maps]
             col += n_maps
             if extra is not None:
-                s = torch.cat([s, self._token_sum(extra)])
-                a = torch.cat([a, self._token_sum(extra.abs())])
+                s = torch.cat([s, self._token_sum(extra, real)])
+                a = torch.cat([a, self._token_sum(extra.abs(), real)])
             if rep > 1:
                 s, a = s.repeat_interleave(rep, 1), a.repeat_interleave(rep, 1)
             self.reads.append((readers, self.labels + names, s.T, a.T))
@@ -318,12 +329,12 @@ class FlowSums:
         if acc.name == SUBSPACES:
             self.subspaces.into(acc)
             return
-        n = self.mask.sum()
         if acc.name == SURVIVAL:
             self._survival_into(acc)
+            acc.add("n", self.mask.sum())
         else:
             self._read_into(acc)
-        acc.add("n", n)
+            acc.add("n", self.read_tokens.real.sum())
 
     def _check_rounding(self) -> None:
         """Warn (once per model) if a write stored in a 16-bit buffer was not a 16-bit value."""

@@ -9,7 +9,7 @@ unembedding; a trace has them already) and reduces every point the moment it arr
 the scan holds the model's own logits and a few bounded temporaries, whatever the depth.
 
 **Sampled tokens** (``LensStats(every=k)``, the spec ``lens:every=k``): about one real
-token in ``k``, chosen by its place in the corpus (``sampled``), is reduced. Keeping those
+token in ``k``, chosen by its place in the corpus (``sampling.sampled``), is reduced. Keeping those
 tokens' points is ``1/k`` of the cost above (for SmolLM2 at ``k = 16``, 2 % of its logits),
 so the points are kept and the logits come from the same pass, at its end
 (``late_logits``): no second forward pass, and a ``1/k`` share of the unembeddings. The
@@ -39,12 +39,12 @@ rank compare the same logits, so they equal the analysis's exactly.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from .. import weights
 from ..fusion import fused
+from .sampling import TokenChoice
 
 CHUNKS, MIN_CHUNK, MAX_CHUNK = 8, 128, 512  # chunks a batch, aimed at; tokens per chunk, bounds
 
@@ -53,22 +53,21 @@ class LensSums:
     """One batch's lens sums: ``logits`` and ``point`` in either order, then ``into`` adds.
 
     A point that arrives after the logits is reduced at once; one that arrives before them is
-    kept (only its ``keep`` tokens) until they come. ``keep`` (``[batch, pos]`` bool, on the
-    CPU; ``sampled``) chooses the tokens reduced; without it every real token is, padding
-    weighted out rather than indexed, and the logits are asked for first (``needs_logits``).
-    With it the logits come at the end of the same pass (``late_logits``).
+    kept (only its chosen tokens) until they come. ``tokens`` (``sampling.TokenChoice``)
+    chooses the tokens reduced; by default every real token is, padding weighted out rather
+    than indexed, and the logits are asked for first (``needs_logits``). On sampled tokens
+    the logits come at the end of the same pass (``late_logits``).
     """
 
     native_dtype = True  # a 16-bit stream is unembedded from float32 copies of one chunk at a time
 
-    def __init__(self, model, mask: Tensor, keep: Tensor | None = None) -> None:
+    def __init__(self, model, mask: Tensor, tokens: TokenChoice | None = None) -> None:
         self.unembed = model.unembed(native=True)  # no float32 copy of W_U: cast per slice
         self.final_norm = model.anatomy.norms.get("ln_final")
         self.d_vocab = model.anatomy.d_vocab
-        self.index = None if keep is None else keep.flatten().nonzero().squeeze(1).to(mask.device)
-        self.needs_logits, self.late_logits = keep is None, keep is not None
-        self.real = (mask.bool().flatten() if keep is None  # padding is weighted out, not indexed
-                     else torch.ones(len(self.index), dtype=torch.bool, device=mask.device))
+        self.tokens = TokenChoice(mask) if tokens is None else tokens
+        self.real = self.tokens.real
+        self.needs_logits, self.late_logits = not self.tokens.sampled, self.tokens.sampled
         n = model.anatomy.n_layers + 1
         self.kl = torch.zeros(n, dtype=torch.float64, device=mask.device)
         self.kl_sq, self.agree = torch.zeros_like(self.kl), torch.zeros_like(self.kl)
@@ -78,14 +77,9 @@ class LensSums:
         self.chunk = MIN_CHUNK            # top token, logsumexp, Σ p log p and Σ p
         self.top = self.lse = self.plogp = self.mass = None
 
-    def _tokens(self, x: Tensor) -> Tensor:
-        """``x [batch, pos, ...]`` as ``[token, ...]``, the kept tokens only when some are chosen."""
-        x = x.flatten(0, 1)
-        return x if self.index is None else x.index_select(0, self.index)
-
     def logits(self, final: Tensor) -> None:
         """Take the model's own logits ``[batch, pos, d_vocab]`` (any dtype); reduce kept points."""
-        self.final = self._tokens(final)
+        self.final = self.tokens.take(final)
         n = len(self.final)
         self.chunk = min(MAX_CHUNK, max(MIN_CHUNK, -(-n // CHUNKS)))
         self.top = torch.empty(n, dtype=torch.long, device=final.device)
@@ -108,12 +102,12 @@ class LensSums:
     def point(self, point: int, x: Tensor) -> None:
         """Reduce the stream entering block ``point`` against the final logits (or keep it)."""
         if self.final is None:
-            if self.index is None:
+            if not self.tokens.sampled:
                 raise RuntimeError("LensSums.logits (the final logits) must come before the "
-                                   "points unless tokens are chosen (keep)")
-            self.early[point] = self._tokens(x)  # a copy of the chosen tokens
+                                   "points unless tokens are sampled")
+            self.early[point] = self.tokens.take(x)  # a copy of the chosen tokens
             return
-        self._reduce([point], self._tokens(x)[None])
+        self._reduce([point], self.tokens.take(x)[None])
 
     def _reduce(self, points: list[int], xs: Tensor) -> None:
         """Add the terms of ``points`` from their streams ``xs [len(points), token, d_model]``.
@@ -159,33 +153,6 @@ class LensSums:
         acc.add("rank_hist", hist.view(len(ranks), self.d_vocab))
         acc.add("n", self.real.sum())
         self.final = None  # the batch's logits: not held a moment longer than the sums need
-
-
-def sampled(batch, every: int) -> Tensor:
-    """The real tokens of ``batch`` a lens with ``every`` reduces: about one in ``every``.
-
-    ``[batch, pos]`` bool on the CPU. Token ``j`` of row ``r`` is position ``text_start[r] + j``
-    of text ``text_index[r]`` (rows are right-padded), and is chosen when ``splitmix64(text ·
-    2³² + position)`` is a multiple of ``every``: by the token's place in the corpus, never its
-    place in a batch, so every batch size, segment size and number of processes reduce the
-    same tokens, and so does a trace of every row (the tests' reference).
-    """
-    mask = batch.attention_mask.bool().cpu()
-    if every == 1:
-        return mask
-    text = np.asarray(batch.text_index, dtype=np.uint64)[:, None]
-    pos = (np.asarray(batch.text_start, dtype=np.uint64)[:, None]
-           + np.arange(mask.shape[1], dtype=np.uint64)[None, :])
-    chosen = _splitmix64((text << np.uint64(32)) + pos) % np.uint64(every) == 0
-    return mask & torch.from_numpy(chosen)
-
-
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's output function on ``uint64`` arrays (wrapping arithmetic)."""
-    z = x + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
 
 
 def _row_dot(a: Tensor, b: Tensor) -> Tensor:

@@ -69,10 +69,15 @@ class ScanResult:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict:
-        """JSON-ready: metadata and, per statistic, its frames as lists of records."""
+        """JSON-ready: metadata, each statistic's token count and its frames as records.
+
+        ``tokens_measured``: the tokens each statistic's means are over (fewer than
+        ``tokens`` for one on sampled tokens).
+        """
         return {
             "model": self.model_name, "tokens": self.tokens, "batches": self.batches,
             "seconds": self.seconds,
+            "tokens_measured": {name: acc.tokens for name, acc in self.accumulators.items()},
             "stats": {name: {k: _json_ready(f) for k, f in frames(result).items()}
                       for name, result in self.stats.items()},
         }

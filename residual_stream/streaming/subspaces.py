@@ -12,7 +12,9 @@ that read, before the reading norm. So ``SubspaceSums`` is fed by the buffer's o
   write present, against each reader's map (``analyses.subspace_measures.read_sums``, token chunks).
 
 The arithmetic is the analysis's (the same two functions), so a scan reproduces it on one
-trace to float summation order, while memory is the buffer plus one bounded product.
+trace to float summation order, while memory is the buffer plus one bounded product. With
+``subspaces:every=k`` both measure about one real token in ``k`` (``sampling``): the buffer
+still carries every token, the measures read the chosen ones.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from torch import Tensor
 
 from ..analyses.subspace_measures import read_sums, reader_map, reader_names, write_sums
 from ..analyses.subspaces import Subspace
+from .sampling import TokenChoice
 
 SUBSPACES = "subspaces"
 
@@ -29,10 +32,15 @@ SUBSPACES = "subspaces"
 class SubspaceSums:
     """One batch's subspace sums; fed by ``FlowSums`` (``added``, ``read``), then ``into``."""
 
-    def __init__(self, model, mask: Tensor, subspaces: list[Subspace], head_bases: Tensor) -> None:
-        """``subspaces`` and ``head_bases`` (``subspace_measures.head_write_bases``): fixed per scan."""
+    def __init__(self, model, mask: Tensor, subspaces: list[Subspace], head_bases: Tensor,
+                 tokens: TokenChoice | None = None) -> None:
+        """``subspaces`` and ``head_bases`` (``subspace_measures.head_write_bases``): fixed per scan.
+
+        ``tokens``: the tokens measured (``sampling.TokenChoice``; default every real one).
+        """
         a = model.anatomy
-        self.model, self.mask, self.subspaces = model, mask.bool().flatten(), subspaces
+        self.tokens = TokenChoice(mask) if tokens is None else tokens
+        self.model, self.mask, self.subspaces = model, self.tokens.real, subspaces
         self.components = {c.name: c for c in a.components}
         self.writes = [c.name for c in a.components]
         self.row = {w: i for i, w in enumerate(self.writes)}
@@ -54,7 +62,8 @@ class SubspaceSums:
         """A buffer slot was filled with ``value [batch, pos, d]``; measure it if it is a write."""
         row = self.row.get(label)
         if row is not None:
-            named, heads = write_sums(value.flatten(0, 1), self.subspaces, self.head_bases, self.mask)
+            named, heads = write_sums(self.tokens.take(value), self.subspaces, self.head_bases,
+                                      self.mask)
             self.named[row], self.overlap[row] = named, heads
 
     def read(self, component: str, buf: Tensor, labels: list[str], weights=None) -> None:
@@ -69,7 +78,7 @@ class SubspaceSums:
         cols = self.columns[component]
         slots = torch.tensor([i for i, _ in present], device=buf.device)
         rows = torch.tensor([r for _, r in present], device=buf.device)
-        frac, strength = read_sums(buf.flatten(0, 1), M.to(buf.device), slots, self.mask)
+        frac, strength = read_sums(self.tokens.take(buf), M.to(buf.device), slots, self.mask)
         index = index.to(buf.device)
         self.read_fraction[rows, cols] = frac[:, index]
         self.read_strength[rows, cols] = strength[:, index]
