@@ -16,6 +16,8 @@ attention, ``torch.inference_mode``):
 * ``rs_stats_eager``: the same with ``graphs=False`` (the lean pass run eagerly every batch);
 * ``rs_survival`` / ``rs_read``: ``survival`` / ``read_attribution`` alone, lean (component
   granularity: contributions carried in one buffer, ``streaming.flow``);
+* ``rs_read_every16``: read attribution on one token in 16 (``read_attribution:every=16``:
+  contributions carried for every token, the reads' products for the chosen ones);
 * ``rs_stats_flow``: ``growth``, ``survival`` and ``read_attribution`` together, lean;
 * ``rs_lens``: the ``lens`` statistic, lean (points kept, one unembedding per point after the
   forward pass, in token chunks);
@@ -27,6 +29,7 @@ attention, ``torch.inference_mode``):
 * ``rs_subspaces``: the ``subspaces`` statistic, lean (every write's energy in the named
   subspaces, in every head's write space and in every later reader's read space, measured
   from the flow buffer; its PCA and bases fixed once, on the warm-up batch, as a scan does);
+* ``rs_subspaces_every16``: ``subspaces:every=16`` (the measures on one token in 16);
 * ``rs_decompose``: capture + the full per-head decomposition of the last point;
 * ``tl_cache_all`` / ``tl_cache_resid``: TransformerLens ``run_with_cache`` on a bridge booted
   on a private copy of the model, with every hook / residual hooks only (as users call it,
@@ -128,9 +131,11 @@ def variants(model, use_tl: bool, copy_for_tl: bool = True) -> dict:
            "rs_stats": stats(["growth"]), "rs_stats_eager": stats(["growth"], graphs=False),
            "rs_survival": stats(["survival"]),
            "rs_read": stats(["read_attribution"]),
+           "rs_read_every16": stats(["read_attribution:every=16"]),
            "rs_stats_flow": stats(["growth", "survival", "read_attribution"]),
            "rs_lens": stats(["lens"]), "rs_lens_every16": stats(["lens:every=16"]),
            "rs_lens_every64": stats(["lens:every=64"]), "rs_subspaces": stats(["subspaces"]),
+           "rs_subspaces_every16": stats(["subspaces:every=16"]),
            "rs_decompose": decompose}
     if torch.device(dev).type == "cuda":
         out["rs_lens_tf32"] = _tf32(stats(["lens"]))

@@ -516,6 +516,13 @@ def test_statistics_take_options_by_spec_and_results_are_keyed_by_it(model, tmp_
     with pytest.raises(InputError, match="other arguments.*stats"):  # another sample: not mixed in
         rs.scan(model, TEXTS, ["lens:every=3", "survival:granularity=head"], batch_size=3,
                 seq_len=24, state=state, progress=False)
+    none = rs.scan(model, TEXTS[:2], ["lens:every=1000000", "read_attribution:every=1000000",
+                                      "subspaces:every=1000000:pca_k=2"], progress=False)
+    assert list(none.stats) == ["lens:every=1000000", "read_attribution:every=1000000",
+                                "subspaces:pca_k=2:every=1000000"]  # options in their order
+    assert set(none.to_dict()["tokens_measured"].values()) == {0}  # no token chosen: no mean
+    assert none.stats["lens:every=1000000"].kl.isna().all()
+    assert none.stats["read_attribution:every=1000000"].share.isnan().all()
 
 
 def _on_chosen(whole, every: int):

@@ -281,7 +281,7 @@ class FlowSums:
         for readers, rep, W, b in channels:
             cols = slice(col, col + len(W))
             col += len(W)
-            y = (u @ W.permute(1, 0, 2).flatten(1)).view(len(u), len(W), -1)  # (token, map, k)
+            y = (u @ W.permute(1, 0, 2).flatten(1)).view(len(u), *W.shape[::2])  # (token, map, k)
             if b is not None:
                 y = y + b
             folded = W if spec is None else spec.fold_into(W)
