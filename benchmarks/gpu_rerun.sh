@@ -10,9 +10,11 @@
 #     busy time against the forward, replayed, with and without the full unembedding, its
 #     kernel table, replayed-vs-eager sums (~1.5 min);
 #  big: scan_speed.py at 32×512, time and peak memory of growth, survival, the flow
-#     statistics, the decomposition and the lens (~3 min);
-#  small: scan_speed.py at 8×128, the same plus read attribution, subspaces and the lens
-#     with TF32 products as a what-if (~3.5 min);
+#     statistics, the decomposition, the lens and (session 10) the lens on one token in 16
+#     (~3.5 min);
+#  small: scan_speed.py at 8×128, the same plus read attribution, subspaces, the lens
+#     with TF32 products as a what-if, and (session 10) read attribution, the lens and
+#     subspaces on one token in 16 (~4.5 min);
 #  reader (session 9): corpus_speed.py, the corpus reader's tokens/s on this host's cores and
 #     `rs.scan` of growth end to end against the plain forward over the same 32×512 batches,
 #     so whether the reader bounds a GPU scan (~1.5 min). STEPS="small reader" fits one call.
@@ -32,12 +34,12 @@ if [[ " $STEPS " == *" check "* ]]; then
 fi
 if [[ " $STEPS " == *" big "* ]]; then
   python3 benchmarks/scan_speed.py $M --batches 4 --batch-size 32 --seq-len 512 --rounds 3 --memory \
-    --variants hf_forward,hf_headless,rs_stats,rs_survival,rs_stats_flow,rs_decompose,rs_lens \
+    --variants hf_forward,hf_headless,rs_stats,rs_survival,rs_stats_flow,rs_decompose,rs_lens,rs_lens_every16 \
     --json "$OUT/speed8_32x512.json" 2>&1 | quiet | tee "$OUT/speed8_32x512.md"
 fi
 if [[ " $STEPS " == *" small "* ]]; then
   python3 benchmarks/scan_speed.py $M --batches 8 --batch-size 8 --seq-len 128 --rounds 5 --memory \
-    --variants hf_forward,hf_headless,rs_stats,rs_survival,rs_read,rs_stats_flow,rs_lens,rs_lens_tf32,rs_subspaces \
+    --variants hf_forward,hf_headless,rs_stats,rs_survival,rs_read,rs_read_every16,rs_stats_flow,rs_lens,rs_lens_every16,rs_lens_tf32,rs_subspaces,rs_subspaces_every16 \
     --json "$OUT/speed8_8x128.json" 2>&1 | quiet | tee "$OUT/speed8_8x128.md"
 fi
 if [[ " $STEPS " == *" reader "* ]]; then

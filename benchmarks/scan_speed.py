@@ -29,7 +29,8 @@ attention, ``torch.inference_mode``):
 * ``rs_subspaces``: the ``subspaces`` statistic, lean (every write's energy in the named
   subspaces, in every head's write space and in every later reader's read space, measured
   from the flow buffer; its PCA and bases fixed once, on the warm-up batch, as a scan does);
-* ``rs_subspaces_every16``: ``subspaces:every=16`` (the measures on one token in 16);
+* ``rs_subspaces_every16`` / ``rs_subspaces_every64``: ``subspaces:every=16`` / ``=64``
+  (the measures on one token in 16 / 64);
 * ``rs_decompose``: capture + the full per-head decomposition of the last point;
 * ``tl_cache_all`` / ``tl_cache_resid``: TransformerLens ``run_with_cache`` on a bridge booted
   on a private copy of the model, with every hook / residual hooks only (as users call it,
@@ -136,6 +137,7 @@ def variants(model, use_tl: bool, copy_for_tl: bool = True) -> dict:
            "rs_lens": stats(["lens"]), "rs_lens_every16": stats(["lens:every=16"]),
            "rs_lens_every64": stats(["lens:every=64"]), "rs_subspaces": stats(["subspaces"]),
            "rs_subspaces_every16": stats(["subspaces:every=16"]),
+           "rs_subspaces_every64": stats(["subspaces:every=64"]),
            "rs_decompose": decompose}
     if torch.device(dev).type == "cuda":
         out["rs_lens_tf32"] = _tf32(stats(["lens"]))

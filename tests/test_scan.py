@@ -496,6 +496,9 @@ def test_statistics_take_options_by_spec_and_results_are_keyed_by_it(model, tmp_
     assert list(accs) == ["lens", "lens:every=4", "survival:granularity=head",
                           "subspaces:pca_k=4:unembed_k=8", "growth:top_k=10"]
     assert (accs["lens:every=4"].every, accs["subspaces:pca_k=4:unembed_k=8"].unembed_k) == (4, 8)
+    sampled_reads = make_accumulators("read_attribution:every=2")["read_attribution:every=2"]
+    assert make_accumulators("read_attribution")["read_attribution"].replayable
+    assert not sampled_reads.replayable  # its chosen tokens vary by batch: no CUDA graph
     for spec, message in [("lens:every=0", "at least 1"),
                           ("lens:evry=2", r"lens takes every=<int> \(default 1\)"),
                           ("lens:every=x", "'x' does not read as int"), ("lens:every", "lens takes every"),
