@@ -674,6 +674,9 @@ def test_cli_scan_resumes_and_two_processes_give_the_single_process_result(tmp_p
                "--out", str(tmp_path / "x.json"))
     assert bad.returncode == 1 and "unknown statistics" in bad.stderr
     assert not (tmp_path / "x.json").exists()
+    bad = _run("-m", "residual_stream.cli", "scan", "no-such-model", "builtin", "--stats",
+               "lens:every=0", "--out", str(tmp_path / "x.json"))  # refused before any loading
+    assert bad.returncode == 1 and "lens: every" in bad.stderr and "at least 1" in bad.stderr
 
 
 def test_lean_lens_of_a_bf16_model_reduces_each_point_on_arrival_and_equals_the_trace(monkeypatch):
