@@ -72,11 +72,18 @@ def test_split_model_traces_weights_and_decomposes_like_the_whole(pair):
 def test_scan_over_a_split_model_equals_the_whole(pair):
     whole, split = pair
     kw = dict(batch_size=1, seq_len=16, progress=False)
-    a = rs.scan(whole, TEXTS, ["growth", "survival", "lens"], **kw)
-    b = rs.scan(split, TEXTS, ["growth", "survival", "lens"], **kw)
+    stats = ["growth", "survival", "lens", "lens:every=2"]  # the sampled lens: logits of its pass
+    a = rs.scan(whole, TEXTS, stats, **kw)
+    b = rs.scan(split, TEXTS, stats, **kw)
     torch.testing.assert_close(b.stats["growth"].mean, a.stats["growth"].mean, atol=ATOL, rtol=0)
     torch.testing.assert_close(b.stats["survival"].retention, a.stats["survival"].retention,
                                atol=ATOL, rtol=0, equal_nan=True)
+    for lens in ("lens", "lens:every=2"):
+        la, lb = a.stats[lens], b.stats[lens]
+        assert list(lb.tokens) == list(la.tokens) and list(lb.median_rank) == list(la.median_rank)
+        torch.testing.assert_close(torch.tensor(lb.kl.values), torch.tensor(la.kl.values), atol=ATOL,
+                                   rtol=0)
+    assert 0 < a.stats["lens:every=2"].tokens[0] < a.stats["lens"].tokens[0]
 
 
 def test_a_twin_refuses_a_device_map():
