@@ -168,7 +168,7 @@ def _assert_lens_equal(result, whole) -> None:
     assert set(lens.tokens) == {int(whole.attention_mask.sum())}
 
 
-def _splitmix64(x: int) -> int:
+def _splitmix64_ref(x: int) -> int:
     """SplitMix64's output function in Python integers (the reference for ``sampling.sampled``)."""
     mask = (1 << 64) - 1
     z = (x + 0x9E3779B97F4A7C15) & mask
@@ -177,15 +177,12 @@ def _splitmix64(x: int) -> int:
     return z ^ (z >> 31)
 
 
-_splitmix64_py = _splitmix64
-
-
 def _chosen(batch, every: int) -> torch.Tensor:
     """``[batch, pos]``: the real tokens whose (text, position in text) hash is a multiple of ``every``."""
     out = torch.zeros(batch.attention_mask.shape, dtype=torch.bool)
     for r, (text, start) in enumerate(zip(batch.text_index, batch.text_start, strict=True)):
         for j in range(int(batch.attention_mask[r].sum())):  # right-padded rows
-            out[r, j] = _splitmix64((text << 32) + start + j) % every == 0
+            out[r, j] = _splitmix64_ref((text << 32) + start + j) % every == 0
     return out
 
 
@@ -586,7 +583,7 @@ def test_the_sampled_lens_chooses_tokens_by_their_place_in_the_corpus_in_one_pas
     from residual_stream.streaming.lens import LensSums
     from residual_stream.streaming.sampling import _splitmix64, sampled
 
-    assert _splitmix64(np.zeros(1, dtype=np.uint64))[0] == 0xE220A8397B1DCDAF == _splitmix64_py(0)
+    assert _splitmix64(np.zeros(1, dtype=np.uint64))[0] == 0xE220A8397B1DCDAF == _splitmix64_ref(0)
     kw = dict(batch_size=3, seq_len=24)
     whole = _whole(model, TEXTS, **kw)
     assert torch.equal(sampled(whole.batch, 3), _chosen(whole.batch, 3))
