@@ -186,6 +186,28 @@ def _chosen(batch, every: int) -> torch.Tensor:
     return out
 
 
+def _assert_text_clustered_se(lens, whole, every: int, **kw) -> None:
+    """``kl_se_texts`` against ``√(C/(C−1) Σ_c (S_c − m n_c)²) / N`` computed directly, a
+    cluster being a text's reduced tokens within one scan batch (``row_batches`` with ``kw``)."""
+    parts = list(row_batches(whole.model, Corpus(TEXTS), **kw))
+    batch_of_row = [i for i, b in enumerate(parts) for _ in b.rows]
+    rows = list(zip(whole.batch.text_index, batch_of_row, strict=True))
+    ids = {key: i for i, key in enumerate(dict.fromkeys(rows))}
+    chosen = _chosen(whole.batch, every)
+    kl = rs.logit_lens(whole).kl.double()                                      # [point, row, pos]
+    S = torch.zeros(kl.shape[0], len(ids), dtype=torch.float64)
+    n = torch.zeros(len(ids), dtype=torch.float64)
+    for r, key in enumerate(rows):
+        S[:, ids[key]] += kl[:, r][:, chosen[r]].sum(-1)
+        n[ids[key]] += chosen[r].sum()
+    S, n = S[:, n > 0], n[n > 0]
+    C, N = len(n), n.sum()
+    m = S.sum(-1) / N
+    ref = (C / (C - 1) * (S - m[:, None] * n).square().sum(-1)).sqrt() / N
+    assert set(lens.texts) == {C} and C > 3
+    _close(torch.tensor(lens.kl_se_texts.values), ref, rel=1e-4, atol=KL_ATOL)
+
+
 def _assert_sampled_lens_equal(result, whole, every: int) -> None:
     """The lens on one token in ``every`` equals the analysis's per-token values on those tokens."""
     lens, ref = result.stats[f"lens:every={every}"], rs.logit_lens(whole)
@@ -217,6 +239,8 @@ def test_lean_scan_equals_the_single_trace(norm, placement, monkeypatch):
     _assert_flow_equal(result, whole)
     _assert_lens_equal(result, whole)
     _assert_sampled_lens_equal(result, whole, 2)
+    _assert_text_clustered_se(result.stats["lens"], whole, 1, **kw)
+    _assert_text_clustered_se(result.stats["lens:every=2"], whole, 2, **kw)
     _assert_subspaces_equal(result, subspaces)
 
 
@@ -243,6 +267,7 @@ def test_lean_scan_on_framework_models(name, monkeypatch):
     if m.anatomy.has_lm_head:
         _assert_lens_equal(result, whole)
         _assert_sampled_lens_equal(result, whole, 3)
+        _assert_text_clustered_se(result.stats["lens:every=3"], whole, 3, **kw)
 
 
 def test_per_head_flow_statistics_replay_the_trace(model):

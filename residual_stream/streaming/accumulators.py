@@ -218,7 +218,7 @@ class LensStats(Accumulator):
     exact: its histogram covers the vocabulary). ``every > 1`` reduces about one real token in
     ``every``, chosen by its place in the corpus (``sampling.sampled``), from the same pass that
     gives the logits: a ``1/every`` share of the lens's unembeddings and no second forward
-    pass, for means estimated from a sample (``kl_se`` states the sampling error).
+    pass, for means estimated from a sample (``kl_se`` and ``kl_se_texts`` state its error).
     """
 
     name = "lens"
@@ -237,7 +237,8 @@ class LensStats(Accumulator):
     def sums_for(self, model, batch, shared: dict | None = None) -> LensSums:
         """A ``LensSums`` for one batch of ``model``, on the sampled tokens when ``every > 1``."""
         mask = batch.attention_mask.to(model.device)
-        return LensSums(model, mask, TokenChoice.of(batch, mask, self.every))
+        _, texts = torch.unique(torch.tensor(batch.text_index, dtype=torch.long), return_inverse=True)
+        return LensSums(model, mask, TokenChoice.of(batch, mask, self.every), texts)
 
     def update(self, trace) -> None:
         """Add one batch from a finished trace."""
@@ -248,8 +249,11 @@ class LensStats(Accumulator):
 
         The first three as ``LogitLens.summary`` gives them (KL in nats). ``kl_se``: the
         standard error of the mean KL, ``std / √tokens``, treating the reduced tokens as
-        independent draws (tokens of one text are not, so read it as a lower bound).
-        ``tokens``: how many tokens the means are over (all real ones when ``every`` is 1).
+        independent draws. ``kl_se_texts``: the same clustered by text (tokens of one text are
+        correlated): ``√(T/(T−1) Σ_t (S_t − m n_t)²) / tokens`` over the ``texts`` T that
+        have a reduced token, ``S_t`` a text's KL sum, ``n_t`` its tokens, ``m`` the mean; a
+        text cut across two batches counts as two. ``tokens``: how many tokens the means are
+        over (all real ones when ``every`` is 1).
         """
         n = int(self.sums["n"])
         k = (n - 1) // 2  # torch.median's order statistic
@@ -258,9 +262,15 @@ class LensStats(Accumulator):
                   for c in cum]
         kl = self.sums["kl"].cpu() / n if n else torch.full_like(self.sums["kl"].cpu(), float("nan"))
         var = (self.sums["kl_sq"].cpu() / max(n, 1) - kl.square()).clamp_min(0) * n / max(n - 1, 1)
+        texts = int(self.sums["texts"])  # Σ_t (S_t − m n_t)², the texts' residual sums, expanded
+        spread = (self.sums["text_kl_sq"].cpu() - 2 * kl * self.sums["text_kl_n"].cpu()
+                  + kl.square() * self.sums["text_n_sq"].cpu()).clamp_min(0)
+        var_texts = spread * texts / max(texts - 1, 1) / max(n, 1) ** 2
         return pd.DataFrame({"point": range(cum.shape[0]), "kl": kl.float().numpy(),
                              "top1_agreement": self.mean("top1").numpy(), "median_rank": median,
-                             "kl_se": (var / max(n, 1)).sqrt().float().numpy(), "tokens": n})
+                             "kl_se": (var / max(n, 1)).sqrt().float().numpy(),
+                             "kl_se_texts": var_texts.sqrt().float().numpy(), "tokens": n,
+                             "texts": texts})
 
 
 class _NoSums:

@@ -61,7 +61,9 @@ class LensSums:
 
     native_dtype = True  # a 16-bit stream is unembedded from float32 copies of one chunk at a time
 
-    def __init__(self, model, mask: Tensor, tokens: TokenChoice | None = None) -> None:
+    def __init__(self, model, mask: Tensor, tokens: TokenChoice | None = None,
+                 texts: Tensor | None = None) -> None:
+        """``texts``: each row's text as a cluster id ``0..C−1`` (``[batch]``; default one per row)."""
         self.unembed = model.unembed(native=True)  # no float32 copy of W_U: cast per slice
         self.final_norm = model.anatomy.norms.get("ln_final")
         self.d_vocab = model.anatomy.d_vocab
@@ -71,6 +73,11 @@ class LensSums:
         n = model.anatomy.n_layers + 1
         self.kl = torch.zeros(n, dtype=torch.float64, device=mask.device)
         self.kl_sq, self.agree = torch.zeros_like(self.kl), torch.zeros_like(self.kl)
+        rows = self.tokens.rows()
+        texts = torch.arange(mask.shape[0]) if texts is None else texts
+        self.text = texts.to(mask.device)[rows]  # each reduced token's text (cluster)
+        n_texts = int(texts.max()) + 1 if len(texts) else 0
+        self.kl_text = torch.zeros(n, n_texts, dtype=torch.float64, device=mask.device)
         self.ranks: list[Tensor | None] = [None] * n
         self.early: dict[int, Tensor] = {}  # points that came before the logits (their kept tokens)
         self.final: Tensor | None = None  # the logits, then per token (``logits``): the final
@@ -133,6 +140,7 @@ class LensSums:
                 kl = torch.where(real, self.plogp[part] - pz + lse * self.mass[part], 0).double()
                 self.kl[point] += kl.sum()
                 self.kl_sq[point] += kl.square().sum()
+                self.kl_text[point].index_add_(0, self.text[part], kl)
             del z                                                              # spent
         for i, point in enumerate(points):
             self.ranks[point] = torch.cat(ranks[i])
@@ -149,6 +157,12 @@ class LensSums:
         hist = torch.bincount((ranks + offset).flatten(), minlength=len(ranks) * self.d_vocab)
         acc.add("kl", self.kl)
         acc.add("kl_sq", self.kl_sq)
+        n_text = torch.zeros(self.kl_text.shape[1], dtype=torch.float64, device=self.kl.device)
+        n_text.index_add_(0, self.text, self.real.double())  # each text's reduced tokens
+        acc.add("text_kl_sq", self.kl_text.square().sum(-1))       # Σ_t S_t² per point
+        acc.add("text_kl_n", (self.kl_text * n_text).sum(-1))      # Σ_t S_t n_t
+        acc.add("text_n_sq", n_text.square().sum())                # Σ_t n_t²
+        acc.add("texts", (n_text > 0).sum())                       # clusters with a token
         acc.add("top1", self.agree)
         acc.add("rank_hist", hist.view(len(ranks), self.d_vocab))
         acc.add("n", self.real.sum())

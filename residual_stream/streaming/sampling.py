@@ -64,6 +64,13 @@ class TokenChoice:
         self.index = None if keep is None else keep.flatten().nonzero().squeeze(1).to(mask.device)
         self.real = (mask.bool().flatten() if keep is None
                      else torch.ones(len(self.index), dtype=torch.bool, device=mask.device))
+        self.width = mask.shape[1]
+
+    def rows(self) -> Tensor:
+        """The batch row of each token ``take`` gives (``[token]``, on the mask's device)."""
+        if self.index is not None:
+            return self.index // self.width
+        return torch.arange(len(self.real), device=self.real.device) // self.width
 
     @classmethod
     def of(cls, batch, mask: Tensor, every: int) -> TokenChoice:
