@@ -11,7 +11,6 @@ alone: computed once, not accumulated.
 
 from __future__ import annotations
 
-import inspect
 from typing import ClassVar
 
 import numpy as np
@@ -349,19 +348,20 @@ def parse_spec(spec: str) -> Accumulator:
     if name not in STATS:
         raise InputError(f"unknown statistics [{spec!r}]: choose from {sorted(STATS)}")
     cls = STATS[name]
-    params = inspect.signature(cls.__init__).parameters
-    takes = ", ".join(f"{k}=<{type(params[k].default).__name__}> (default {params[k].default})"
-                      for k in cls.OPTIONS) or "no options"
+    defaults = cls.option_defaults()
+    takes = ", ".join(f"{k}=<{type(d).__name__}> (default {d})" for k, d in defaults.items()) \
+        or "no options"
     kwargs = {}
     for option in options:
         key, eq, value = (part.strip() for part in option.partition("="))
-        if key not in cls.OPTIONS or not eq:
+        if key not in defaults or not eq:
             raise InputError(f"statistic spec {spec!r}: {name} takes {takes}")
+        kind = type(defaults[key])
         try:
-            kwargs[key] = type(params[key].default)(value)
+            kwargs[key] = kind(value)
         except ValueError:
             raise InputError(f"statistic spec {spec!r}: {key}={value!r} does not read as "
-                             f"{type(params[key].default).__name__}; {name} takes {takes}") from None
+                             f"{kind.__name__}; {name} takes {takes}") from None
     return cls(**kwargs)
 
 

@@ -62,9 +62,15 @@ class Accumulator:
         What a scan keys its results and its saved state by, and what ``make_accumulators``
         reads back (``parse_spec``).
         """
-        params = inspect.signature(type(self).__init__).parameters
+        defaults = self.option_defaults()
         return self.name + "".join(f":{k}={getattr(self, k)}" for k in self.OPTIONS
-                                   if getattr(self, k) != params[k].default)
+                                   if getattr(self, k) != defaults[k])
+
+    @classmethod
+    def option_defaults(cls) -> dict[str, object]:
+        """Each of ``OPTIONS`` with its default (the constructor's)."""
+        params = inspect.signature(cls.__init__).parameters
+        return {k: params[k].default for k in cls.OPTIONS}
 
     @property
     def tokens(self) -> int:

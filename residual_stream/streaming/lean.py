@@ -175,7 +175,6 @@ def lean_forward(model, batch, reducers: Sequence) -> list[Tensor]:
         walk(segs[-1], cap.resid[anatomy.n_layers])
         for r in late:
             r.logits(cap.logits)
-        cap.logits = None
     finally:  # cap → its stream → on_point → cap is a cycle: break it, or the reducers (and
         cap.resid = {}  # their buffers) would wait for the garbage collector
     return finite

@@ -54,30 +54,25 @@ class LensSums:
 
     A point that arrives after the logits is reduced at once; one that arrives before them is
     kept (only its chosen tokens) until they come. ``tokens`` (``sampling.TokenChoice``)
-    chooses the tokens reduced; by default every real token is, padding weighted out rather
-    than indexed, and the logits are asked for first (``needs_logits``). On sampled tokens
-    the logits come at the end of the same pass (``late_logits``).
+    chooses the tokens reduced: every real one (padding weighted out rather than indexed;
+    the logits are asked for first, ``needs_logits``) or a sample (the logits come at the
+    end of the same pass, ``late_logits``).
     """
 
     native_dtype = True  # a 16-bit stream is unembedded from float32 copies of one chunk at a time
 
-    def __init__(self, model, mask: Tensor, tokens: TokenChoice | None = None,
-                 texts: Tensor | None = None) -> None:
-        """``texts``: each row's text as a cluster id ``0..C−1`` (``[batch]``; default one per row)."""
+    def __init__(self, model, mask: Tensor, tokens: TokenChoice, texts: Tensor) -> None:
+        """``tokens``: those reduced; ``texts``: each row's text as a cluster id ``0..C−1`` (``[batch]``)."""
         self.unembed = model.unembed(native=True)  # no float32 copy of W_U: cast per slice
         self.final_norm = model.anatomy.norms.get("ln_final")
         self.d_vocab = model.anatomy.d_vocab
-        self.tokens = TokenChoice(mask) if tokens is None else tokens
-        self.real = self.tokens.real
+        self.tokens, self.real = tokens, tokens.real
         self.needs_logits, self.late_logits = not self.tokens.sampled, self.tokens.sampled
         n = model.anatomy.n_layers + 1
         self.kl = torch.zeros(n, dtype=torch.float64, device=mask.device)
         self.kl_sq, self.agree = torch.zeros_like(self.kl), torch.zeros_like(self.kl)
-        rows = self.tokens.rows()
-        texts = torch.arange(mask.shape[0]) if texts is None else texts
-        self.text = texts.to(mask.device)[rows]  # each reduced token's text (cluster)
-        n_texts = int(texts.max()) + 1 if len(texts) else 0
-        self.kl_text = torch.zeros(n, n_texts, dtype=torch.float64, device=mask.device)
+        self.text = texts.to(mask.device)[tokens.rows()]  # each reduced token's text (cluster)
+        self.kl_text = torch.zeros(n, int(texts.max()) + 1, dtype=torch.float64, device=mask.device)
         self.ranks: list[Tensor | None] = [None] * n
         self.early: dict[int, Tensor] = {}  # points that came before the logits (their kept tokens)
         self.final: Tensor | None = None  # the logits, then per token (``logits``): the final
