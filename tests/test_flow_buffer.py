@@ -58,7 +58,7 @@ def test_a_bf16_buffer_gives_the_float32_buffers_sums(name, carried, monkeypatch
 def test_a_write_that_is_not_a_bf16_value_is_reported():
     m = _bf16("llama")
     sums = flow.FlowSums(m, torch.ones(1, 2, dtype=torch.bool))
-    sums.wants.add(flow.SURVIVAL)
+    sums.ask(flow.SURVIVAL)
     exact = torch.tensor([[[1.0] * m.anatomy.d_model] * 2])
     sums._append("embed", exact)
     sums._check_rounding()  # a bf16 value: nothing to say

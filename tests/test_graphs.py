@@ -158,7 +158,8 @@ def test_the_flow_reducers_host_side_state_depends_on_the_shape_only():
         if tuple(batch.tokens.shape) != (4, 16):
             continue
         f = FlowSums(m, batch.attention_mask)
-        f.wants.update(FLOW)
+        for name in FLOW:
+            f.ask(name)
         lean.lean_pass(m, batch, [f])
         seen.append((f.labels, len(f.marks), [(r, n) for r, n, _, _ in f.reads], f.tail,
                      f.buf.shape, len(f.born)))
@@ -351,7 +352,8 @@ def test_a_flow_reducer_adds_the_same_sums_every_time_into_runs():
     m = rs.twin(norm="layernorm", placement="post", n_layers=3, d_model=32, seed=2, n_ctx=64)
     batch = next(iter(corpus_batches(m, Corpus(TEXTS), batch_size=4, seq_len=16)))
     f = FlowSums(m, batch.attention_mask)
-    f.wants.update(FLOW)
+    for name in FLOW:
+        f.ask(name)
     lean.lean_pass(m, batch, [f])
     first, again = make_accumulators(list(FLOW)), make_accumulators(list(FLOW))
     for accs in (first, again):

@@ -521,10 +521,12 @@ def test_statistics_take_options_by_spec_and_results_are_keyed_by_it(model, tmp_
     sampled_reads = make_accumulators("read_attribution:every=2")["read_attribution:every=2"]
     assert make_accumulators("read_attribution")["read_attribution"].replayable
     assert not sampled_reads.replayable  # its chosen tokens vary by batch: no CUDA graph
+    assert not make_accumulators("survival:every=2")["survival:every=2"].replayable
     for spec, message in [("lens:every=0", "at least 1"),
                           ("lens:evry=2", r"lens takes every=<int> \(default 1\)"),
                           ("lens:every=x", "'x' does not read as int"), ("lens:every", "lens takes every"),
                           ("survival:granularity=heads", "'component' or 'head'"),
+                          ("survival:granularity=head:every=2", "every applies at component"),
                           ("composition:k=1", "composition takes no options"),
                           ("subspaces:pca_k=0", "at least 1"), ("lense:every=2", "unknown statistics")]:
         with pytest.raises(InputError, match=message):
@@ -542,12 +544,15 @@ def test_statistics_take_options_by_spec_and_results_are_keyed_by_it(model, tmp_
         rs.scan(model, TEXTS, ["lens:every=3", "survival:granularity=head"], batch_size=3,
                 seq_len=24, state=state, progress=False)
     none = rs.scan(model, TEXTS[:2], ["lens:every=1000000", "read_attribution:every=1000000",
-                                      "subspaces:every=1000000:pca_k=2"], progress=False)
+                                      "subspaces:every=1000000:pca_k=2", "survival:every=1000000"],
+                   progress=False)
     assert list(none.stats) == ["lens:every=1000000", "read_attribution:every=1000000",
-                                "subspaces:pca_k=2:every=1000000"]  # options in their order
+                                "subspaces:pca_k=2:every=1000000",  # options in their order
+                                "survival:every=1000000"]
     assert set(none.to_dict()["tokens_measured"].values()) == {0}  # no token chosen: no mean
     assert none.stats["lens:every=1000000"].kl.isna().all()
     assert none.stats["read_attribution:every=1000000"].share.isnan().all()
+    assert none.stats["survival:every=1000000"].share.isnan().all()
 
 
 def _on_chosen(whole, every: int):
@@ -562,15 +567,26 @@ def _on_chosen(whole, every: int):
     return dataclasses.replace(whole, batch=batch)
 
 
+FLOW_SAMPLES = {  # which tokens the flow buffer carries: every one, or only the shared sample
+    "reads sampled beside full survival": (["survival", "read_attribution:every=3",
+                                            "subspaces:every=3"], False),
+    "all sampled alike": (["survival:every=3", "read_attribution:every=3", "subspaces:every=3"],
+                          True),
+    "survival sampled beside full reads": (["survival:every=3", "read_attribution"], False),
+}
+
+
+@pytest.mark.parametrize("layout", list(FLOW_SAMPLES))
 @pytest.mark.parametrize("case", [("twin", "layernorm", "pre"), ("twin", "rmsnorm", "post"),
                                   ("hf", "llama", None), ("hf", "gemma2", None)])
-def test_read_attribution_and_subspaces_on_sampled_tokens_equal_the_trace_on_them(case, monkeypatch):
-    """``read_attribution:every=3`` and ``subspaces:every=3`` beside full survival: the buffer
-    carries every token, the reads and measures take the chosen ones; each equals the analysis
-    on one trace of every row with only the chosen tokens counted."""
+def test_flow_statistics_on_sampled_tokens_equal_the_trace_on_them(case, layout, monkeypatch):
+    """Survival, read attribution and subspaces, each on every token or on one in 3: each equals
+    the analysis on one trace of every row with only its tokens counted. When all sample alike
+    the buffer carries only the chosen tokens; otherwise every token, each picking its own."""
     from tiny_hf import build
 
     from residual_stream.inputs import ByteTokenizer
+    from residual_stream.streaming import flow
 
     kind, a, b = case
     m = (rs.twin(norm=a, placement=b, n_layers=3, d_model=32, seed=1, n_ctx=64) if kind == "twin"
@@ -578,27 +594,36 @@ def test_read_attribution_and_subspaces_on_sampled_tokens_equal_the_trace_on_the
     kw = dict(batch_size=3, seq_len=24)
     whole = _whole(m, TEXTS, **kw)
     chosen = _on_chosen(whole, 3)
-    n = int(chosen.attention_mask.sum())
-    assert 0 < n < int(whole.attention_mask.sum())
+    n, everything = int(chosen.attention_mask.sum()), int(whole.attention_mask.sum())
+    assert 0 < n < everything
     monkeypatch.setattr("residual_stream.streaming.runner.trace_batch", None)  # lean
-    stats = ["survival", "read_attribution:every=3", "subspaces:every=3"]
+    carried = []
+    watch(monkeypatch, flow.FlowSums, "_start", lambda self, v: carried.append(
+        (self.buf.shape[0], v.shape[0] * v.shape[1])), after=True)
+    stats, compact = FLOW_SAMPLES[layout]
     result = rs.scan(m, TEXTS, stats, progress=False, **kw)
-    s, ref = result.stats["survival"], rs.survival(whole)  # every token
-    _close(s.share, ref.share)
-    r, ref = result.stats["read_attribution:every=3"], rs.read_attribution(chosen)
-    assert (r.readers, r.sources) == (ref.readers, ref.sources)
-    _close(r.share, ref.share)
-    _close(r.abs_share, ref.abs_share)
-    first = next(corpus_batches(m, Corpus(TEXTS), **kw))
-    w = result.stats["subspaces:every=3"]
-    ref = rs.write_subspaces(chosen, pca_trace=trace_batch(m, first))
-    for field in SUBSPACE_FIELDS:
-        _close(getattr(w, field), getattr(ref, field))
+    assert sum(c for c, _ in carried) == (n if compact else sum(t for _, t in carried))
+    on = {spec: chosen if spec.endswith("every=3") else whole for spec in stats}
     counted = result.to_dict()["tokens_measured"]
-    assert counted == {"survival": int(whole.attention_mask.sum()), "read_attribution:every=3": n,
-                       "subspaces:every=3": n}
+    assert counted == {spec: n if on[spec] is chosen else everything for spec in stats}
+    s = next(spec for spec in stats if spec.startswith("survival"))
+    got, ref = result.stats[s], rs.survival(on[s])
+    assert got.sources == ref.sources
+    for field in ("norm", "share", "retention", "born_norm"):
+        _close(getattr(got, field), getattr(ref, field))
+    r = next(spec for spec in stats if spec.startswith("read"))
+    got, ref = result.stats[r], rs.read_attribution(on[r])
+    assert (got.readers, got.sources) == (ref.readers, ref.sources)
+    _close(got.share, ref.share)
+    _close(got.abs_share, ref.abs_share)
+    if "subspaces:every=3" in stats:
+        first = next(corpus_batches(m, Corpus(TEXTS), **kw))
+        w = result.stats["subspaces:every=3"]
+        ref = rs.write_subspaces(chosen, pca_trace=trace_batch(m, first))
+        for field in SUBSPACE_FIELDS:
+            _close(getattr(w, field), getattr(ref, field))
     with pytest.raises(InputError, match="shared with the other flow statistics"):
-        rs.scan(m, TEXTS, ["read_attribution", "read_attribution:every=3"], progress=False, **kw)
+        rs.scan(m, TEXTS, ["survival", "survival:every=3"], progress=False, **kw)
 
 
 def test_the_sampled_lens_chooses_tokens_by_their_place_in_the_corpus_in_one_pass(model, monkeypatch):

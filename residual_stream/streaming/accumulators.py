@@ -29,7 +29,6 @@ from .growth import GrowthStats
 from .lean import reduce_trace
 from .lens import LensSums
 from .sampling import TokenChoice, check_every
-from .subspaces import SubspaceSums
 
 __all__ = ["BIN_WIDTH", "LOG_BINS", "NORM_RANGE", "STATS", "Accumulator", "GrowthStats",
            "histogram_quantile", "log_histogram", "make_accumulators", "parse_spec"]
@@ -66,25 +65,31 @@ class _FlowStats(_TokenMeans):
     replay analysis on the trace.
     """
 
-    replayable = True  # at component granularity (``lean``): ``FlowSums`` never waits
-    OPTIONS = ("granularity",)
+    OPTIONS = ("granularity", "every")
 
-    def __init__(self, granularity: str = "component") -> None:
+    def __init__(self, granularity: str = "component", every: int = 1) -> None:
         super().__init__()
         if granularity not in ("component", "head"):
             raise InputError(f"{self.name}: granularity must be 'component' or 'head', not "
                              f"{granularity!r}")
         self.granularity = granularity
         self.lean = granularity == "component"
+        self.every = check_every(self.name, every)
+        if every > 1 and not self.lean:
+            raise InputError(f"{self.name}: every applies at component granularity; the "
+                             "per-head statistic reads every token")
+        # at component granularity ``FlowSums`` never waits; the chosen tokens vary by batch
+        self.replayable = every == 1
 
     def sums_for(self, model, batch, shared: dict | None = None,
                  replayable: bool = False) -> FlowSums:
-        """The batch's ``FlowSums`` (shared with the other flow statistic), asked for this one.
+        """The batch's ``FlowSums`` (shared with the other flow statistics), asked for this one.
 
-        ``replayable`` changes nothing: the flow sums never wait for the device.
+        ``every > 1``: on about one real token in ``every``. ``replayable`` changes nothing:
+        the flow sums never wait for the device.
         """
         flow = FlowSums.shared(shared, model, batch)
-        flow.wants.add(self.name)
+        flow.ask(self.name, self.every)
         return flow
 
     def update(self, trace) -> None:
@@ -96,7 +101,12 @@ class _FlowStats(_TokenMeans):
 
 
 class SurvivalStats(_FlowStats):
-    """Survival of every write: mean norm, share and (derived) retention per point."""
+    """Survival of every write: mean norm, share and (derived) retention per point.
+
+    ``every > 1`` (component granularity) measures about one real token in ``every``
+    (``sampling.sampled``); the contributions are carried for those tokens only when every
+    flow statistic of the scan samples the same ones (``flow.FlowSums``).
+    """
 
     name = "survival"
     FIELDS, LABELS = ("norm", "share", "born_norm"), ("sources",)
@@ -116,30 +126,14 @@ class ReadAttributionStats(_FlowStats):
     """Mean share of every source in every reader's linear read.
 
     ``every > 1`` (component granularity) measures the reads of about one real token in
-    ``every`` (``sampling.sampled``): the contributions are still carried for every token,
-    the reads' products (the statistic's cost) are made for the chosen ones. Not replayed
-    from a CUDA graph (the chosen tokens vary by batch).
+    ``every`` (``sampling.sampled``): the reads' products (the statistic's cost) are made for
+    the chosen tokens, and the contributions are carried for those only when every flow
+    statistic of the scan samples the same ones (``flow.FlowSums``). Not replayed from a CUDA
+    graph (the chosen tokens vary by batch).
     """
 
     name = "read_attribution"
     FIELDS, LABELS = ("share", "abs_share"), ("readers", "sources")
-    OPTIONS = ("granularity", "every")
-
-    def __init__(self, granularity: str = "component", every: int = 1) -> None:
-        super().__init__(granularity)
-        self.every = check_every(self.name, every)
-        if every > 1 and granularity != "component":
-            raise InputError("read_attribution: every applies at component granularity; the "
-                             "per-head statistic reads every token")
-        self.replayable = every == 1
-
-    def sums_for(self, model, batch, shared: dict | None = None,
-                 replayable: bool = False) -> FlowSums:
-        """The batch's ``FlowSums``, its reads on the sampled tokens when ``every > 1``."""
-        flow = super().sums_for(model, batch, shared, replayable)
-        if self.every > 1:
-            flow.sample_reads(batch, self.every)
-        return flow
 
     def result(self) -> ReadAttribution:
         """``ReadAttribution`` over every token read so far (no per-token shares)."""
@@ -194,8 +188,8 @@ class SubspaceStats(Accumulator):
             subs = named_subspaces(model, pca, self.unembed_k)
             self._fixed = (basis, subs, head_write_bases(model))
         flow = FlowSums.shared(shared, model, batch)
-        flow.subspaces = SubspaceSums(model, flow.mask, *self._fixed[1:],
-                                      TokenChoice.of(batch, flow.mask, self.every))
+        flow.ask(self.name, self.every)
+        flow.subspace_parts = self._fixed[1:]
         return flow
 
     def update(self, trace) -> None:

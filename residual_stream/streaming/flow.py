@@ -47,7 +47,7 @@ from ..fusion import WIDE, fused, wide
 from ..program import Add, Embed, Mark, Norm, Read, Scale
 from ..walk import component_of
 from .sampling import TokenChoice
-from .subspaces import SUBSPACES
+from .subspaces import SUBSPACES, SubspaceSums
 
 SURVIVAL, READ = "survival", "read_attribution"
 UPCAST_CHUNKS = 8  # token chunks in which a 16-bit buffer is upcast for a product
@@ -105,21 +105,27 @@ _WARNED: set[str] = set()  # models whose buffer rounded a write (warned once ea
 
 
 class FlowSums:
-    """One batch's survival and read-attribution sums; ``step`` in program order, then ``into``.
+    """One batch's survival, read-attribution and subspace sums; ``step`` in order, then ``into``.
 
-    ``wants`` holds ``"survival"`` and/or ``"read_attribution"``; one buffer serves both.
+    Each statistic asks for itself (``ask``), on every real token or on about one in
+    ``every``; one buffer serves them all. It carries the tokens they measure (``_start``):
+    when all of them sample the same tokens, only those (memory and writes ``1/every`` of
+    every token's), else every token, each statistic picking its own among them.
     Takes a 16-bit model's own writes on a lean pass (``native_dtype``): they go into the
     buffer as they are (a 16-bit buffer then needs no rounding check) or widened.
     """
 
     native_dtype = True
 
-    def __init__(self, model, mask: Tensor) -> None:
+    def __init__(self, model, mask: Tensor, batch=None) -> None:
+        """``batch`` (its texts and positions, ``sampling.sampled``) is needed to sample tokens."""
         self.model, self.norms = model, model.anatomy.norms
-        self.mask = mask.bool()
-        self.wants: set[str] = set()
+        self.mask, self.batch = mask.bool(), batch
+        self.wants: dict[str, int] = {}  # statistic → every (1: every real token)
+        self.carry: TokenChoice | None = None  # the batch's tokens the buffer holds (``_start``)
+        self.tokens: dict[str, TokenChoice] = {}  # per statistic: its tokens among the carried
         self.depth = n_sources(model.anatomy.program, self.norms)
-        self.buf: Tensor | None = None    # (batch, pos, source, d_model), ``carry_dtype``
+        self.buf: Tensor | None = None    # (carried token, source, d_model), ``carry_dtype``
         self.rounding: list[Tensor] = []  # per stored write in a 16-bit buffer: max |rounding|
         self.total: Tensor | None = None  # their running sum: the stream as the replay sees it
         self.labels: list[str] = []
@@ -129,21 +135,41 @@ class FlowSums:
         self.reads: list[tuple[list[str], list[str], Tensor, Tensor]] = []
         self.tail = False  # past the last block: nothing reads the contributions any more
         self.block: tuple[int, object] | None = None  # (layer, its LayerWeights): both reads share
-        self.subspaces = None  # a ``subspaces.SubspaceSums`` fed from the buffer, if asked for
+        self.subspace_parts: tuple | None = None  # (subspaces, head bases) if subspaces is asked
+        self.subspaces = None  # the ``subspaces.SubspaceSums`` fed from the buffer (``_start``)
         self.layout: tuple | None = None  # where read attribution's sums go (``_read_layout``)
-        self.read_tokens = TokenChoice(mask)  # the tokens read attribution reads (``sample_reads``)
 
     @classmethod
     def shared(cls, shared: dict | None, model, batch) -> FlowSums:
         """The batch's one ``FlowSums`` in ``shared`` (made on first use)."""
         shared = {} if shared is None else shared
         if "flow" not in shared:
-            shared["flow"] = cls(model, batch.attention_mask.to(model.device))
+            shared["flow"] = cls(model, batch.attention_mask.to(model.device), batch)
         return shared["flow"]
 
-    def sample_reads(self, batch, every: int) -> None:
-        """Read attribution on about one real token in ``every`` (``sampling.sampled``)."""
-        self.read_tokens = TokenChoice.of(batch, self.mask, every)
+    def ask(self, name: str, every: int = 1) -> None:
+        """Compute statistic ``name`` (``SURVIVAL``, ``READ`` or ``SUBSPACES``) on this batch.
+
+        ``every > 1``: on about one real token in ``every`` (``sampling.sampled``). Asked before
+        the first write (the carried tokens are fixed then).
+        """
+        if self.buf is not None:
+            raise RuntimeError(f"{name} asked for after the batch's first write")
+        self.wants[name] = every
+
+    def _start(self, value: Tensor) -> None:
+        """Fix the carried tokens and each statistic's, and allocate the buffer for ``value``."""
+        every = set(self.wants.values())
+        shared = every.pop() if len(every) == 1 else 1  # one sample for all: carry only it
+        self.carry = TokenChoice.of(self.batch, self.mask, shared)
+        for name, k in self.wants.items():  # a choice within the carried tokens
+            self.tokens[name] = (self.carry.taken() if k == shared
+                                 else TokenChoice.of(self.batch, self.mask, k))  # carry: every token
+        if self.subspace_parts is not None:
+            self.subspaces = SubspaceSums(self.model, self.tokens[SUBSPACES], *self.subspace_parts)
+        n, d = len(self.carry.real), value.shape[-1]
+        self.buf = torch.empty(n, self.depth, d, device=value.device, dtype=carry_dtype(self.model))
+        self.total = torch.zeros(n, d, device=value.device)
 
     # ---- a replayed pass (``streaming.graphs``) -------------------------------------------
     def rebind(self, batch, width: int) -> None:
@@ -171,12 +197,13 @@ class FlowSums:
             if op.via is None:
                 self._append(op.component, step.write)
             else:
-                spec = self.norms[op.via]
-                self._append(op.component, spec.apply_linear(step.write.float(), scales[op.via]))
+                spec, take = self.norms[op.via], self.carry.take
+                self._store(op.component,
+                            spec.apply_linear(take(step.write).float(), take(scales[op.via])))
                 self._append_bias(op.via)
         elif isinstance(op, Norm):
             if not self.tail and self.labels:
-                spec, scale = self.norms[op.norm], scales[op.norm]
+                spec, scale = self.norms[op.norm], self.carry.take(scales[op.norm])
                 spec.apply_linear_(self._filled(), scale.unsqueeze(-1))
                 spec.apply_linear_(self.total, scale)
                 self.norm_sums = None
@@ -200,32 +227,36 @@ class FlowSums:
 
     # ---- the buffer ----------------------------------------------------------------------
     def _filled(self) -> Tensor:
-        return self.buf[:, :, : len(self.labels)]
+        return self.buf[:, : len(self.labels)]
 
-    def _token_sum(self, values: Tensor, real: Tensor | None = None) -> Tensor:
-        """Float64 sum over real tokens of ``values [token, *rest]`` (tokens flattened) → ``[*rest]``.
-
-        ``real``: which of the tokens count (default: the batch's mask).
-        """
-        m = (self.mask if real is None else real).reshape(-1, *([1] * (values.ndim - 1)))
+    @staticmethod
+    def _token_sum(values: Tensor, real: Tensor) -> Tensor:
+        """Float64 sum of ``values [token, *rest]`` over the tokens ``real`` counts → ``[*rest]``."""
+        m = real.reshape(-1, *([1] * (values.ndim - 1)))
         return torch.where(m, values, 0).double().sum(0)
 
     def _append(self, label: str, value: Tensor) -> None:
-        """Store ``value`` (a 16-bit write as the model made it, else as float32) in the next slot."""
+        """Store a write ``value [batch, pos, d_model]``: its carried tokens (``_store``)."""
+        if self.buf is None:
+            self._start(value)
+        self._store(label, self.carry.take(value))
+
+    def _store(self, label: str, value: Tensor) -> None:
+        """Store ``value [carried token, d_model]`` in the next slot.
+
+        A 16-bit write goes in as the model made it, anything else as float32.
+        """
         if value.dtype in WIDE:  # float64 (a trace of a float64 model) goes in as float32
             value = value.float()
-        if self.buf is None:
-            b, p, d = value.shape
-            dtype = carry_dtype(self.model)
-            self.buf = torch.empty(b, p, self.depth, d, device=value.device, dtype=dtype)
-            self.total = torch.zeros(b, p, d, device=value.device)
         if not self.tail:
-            slot = self.buf[:, :, len(self.labels)]
+            slot = self.buf[:, len(self.labels)]
             slot.copy_(value)
             if slot.dtype != value.dtype:  # a float32 value in a 16-bit buffer: was it exact?
                 self.rounding.append((slot.float() - value.float()).abs().amax())
             self.total += value
-        born = self._token_sum(torch.linalg.vector_norm(value, dim=-1, dtype=torch.float32).flatten())
+        counted = self.tokens.get(SURVIVAL, self.carry.taken())  # ``born`` is survival's
+        norms = torch.linalg.vector_norm(counted.pick(value), dim=-1, dtype=torch.float32)
+        born = self._token_sum(norms, counted.real)
         self.labels.append(label)
         self.born.append(born)
         if self.subspaces is not None:
@@ -237,18 +268,19 @@ class FlowSums:
         bias = self.norms[norm].bias
         if bias is not None:
             like = self.total
-            self._append(f"{norm}.bias", bias.to(like.device, like.dtype).expand_as(like))
+            self._store(f"{norm}.bias", bias.to(like.device, like.dtype).expand_as(like))
 
     # ---- the statistics ------------------------------------------------------------------
     def _survival(self) -> None:
-        c = self._filled().flatten(0, 1)                                      # (token, n, d)
+        tokens = self.tokens[SURVIVAL]
+        c = tokens.pick(self._filled())                                       # (token, n, d)
         if self.norm_sums is None:  # contributions changed since they were added
             norms = torch.linalg.vector_norm(c, dim=-1, dtype=torch.float32)
-            self.norm_sums = list(self._token_sum(norms))
-        x = self.total.flatten(0, 1)
+            self.norm_sums = list(self._token_sum(norms, tokens.real))
+        x = tokens.pick(self.total)
         dots = token_dots(c, x)                                               # (token, n)
         share = dots / x.pow(2).sum(-1).clamp_min(torch.finfo(x.dtype).tiny)[:, None]
-        self.marks.append((torch.stack(self.norm_sums), self._token_sum(share)))
+        self.marks.append((torch.stack(self.norm_sums), self._token_sum(share, tokens.real)))
 
     def _read(self, op: Read, scales: dict[str, Tensor]) -> None:
         """Shares of every source in every linear read of ``op.component`` (module docstring).
@@ -262,9 +294,9 @@ class FlowSums:
         repeated for its heads.
         """
         spec = None if op.norm is None else self.norms[op.norm]
-        take, real = self.read_tokens.take, self.read_tokens.real  # every token, or a sample
-        scale = None if spec is None else take(scales[op.norm])
-        x = take(self.total)                                                  # (token, d)
+        pick, real = self.tokens[READ].pick, self.tokens[READ].real  # every token, or a sample
+        scale = None if spec is None else pick(self.carry.take(scales[op.norm]))
+        x = pick(self.total)                                                  # (token, d)
         u = x if spec is None else spec.apply_frozen(x, scale)
         tiny = torch.finfo(u.dtype).tiny
         anatomy = self.model.anatomy
@@ -301,7 +333,7 @@ class FlowSums:
             extras.append((readers, rep, len(W), names, channels_extra))
         if scale is not None:
             den = den * scale.to(den.dtype)[:, None]                          # Lᵀ's 1/s
-        share = _token_bmm(take(self._filled()), h.transpose(1, 2))
+        share = _token_bmm(pick(self._filled()), h.transpose(1, 2))
         share = share / den[:, None]                                          # (token, source, map)
         sums, abs_sums = self._token_sum(share, real), self._token_sum(share.abs(), real)
         col = 0
@@ -331,10 +363,9 @@ class FlowSums:
             return
         if acc.name == SURVIVAL:
             self._survival_into(acc)
-            acc.add("n", self.mask.sum())
         else:
             self._read_into(acc)
-            acc.add("n", self.read_tokens.real.sum())
+        acc.add("n", self.tokens[acc.name].real.sum())
 
     def _check_rounding(self) -> None:
         """Warn (once per model) if a write stored in a 16-bit buffer was not a 16-bit value."""

@@ -84,5 +84,18 @@ class TokenChoice:
 
     def take(self, x: Tensor) -> Tensor:
         """``x [batch, pos, ...]`` as ``[token, ...]``: the chosen tokens only, when chosen."""
-        x = x.flatten(0, 1)
+        return self.pick(x.flatten(0, 1))
+
+    def pick(self, x: Tensor) -> Tensor:
+        """``x [token, ...]``, tokens already flattened: the chosen ones only, when chosen."""
         return x if self.index is None else x.index_select(0, self.index)
+
+    def taken(self) -> TokenChoice:
+        """Every token ``take`` gives, as a choice among them (for tensors already taken).
+
+        Itself when nothing is indexed (its ``pick`` changes nothing, ``real`` weights the
+        padding out); else a choice of all its tokens. ``rows`` of the latter are not rows.
+        """
+        if self.index is None:
+            return self
+        return TokenChoice(torch.ones(1, len(self.index), dtype=torch.bool, device=self.real.device))

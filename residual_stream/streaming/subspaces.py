@@ -14,7 +14,8 @@ that read, before the reading norm. So ``SubspaceSums`` is fed by the buffer's o
 The arithmetic is the analysis's (the same two functions), so a scan reproduces it on one
 trace to float summation order, while memory is the buffer plus one bounded product. With
 ``subspaces:every=k`` both measure about one real token in ``k`` (``sampling``): the buffer
-still carries every token, the measures read the chosen ones.
+carries only those when every statistic it serves samples the same tokens, else every token
+and the measures pick the chosen ones.
 """
 
 from __future__ import annotations
@@ -32,15 +33,15 @@ SUBSPACES = "subspaces"
 class SubspaceSums:
     """One batch's subspace sums; fed by ``FlowSums`` (``added``, ``read``), then ``into``."""
 
-    def __init__(self, model, mask: Tensor, subspaces: list[Subspace], head_bases: Tensor,
-                 tokens: TokenChoice | None = None) -> None:
-        """``subspaces`` and ``head_bases`` (``subspace_measures.head_write_bases``): fixed per scan.
+    def __init__(self, model, tokens: TokenChoice, subspaces: list[Subspace],
+                 head_bases: Tensor) -> None:
+        """``tokens``: the measured tokens among those the buffer carries (``FlowSums.tokens``).
 
-        ``tokens``: the tokens measured (``sampling.TokenChoice``; default every real one).
+        ``subspaces`` and ``head_bases`` (``subspace_measures.head_write_bases``): fixed per scan.
         """
         a = model.anatomy
-        self.tokens = TokenChoice(mask) if tokens is None else tokens
-        self.model, self.mask, self.subspaces = model, self.tokens.real, subspaces
+        self.tokens, self.mask = tokens, tokens.real
+        self.model, self.subspaces = model, subspaces
         self.components = {c.name: c for c in a.components}
         self.writes = [c.name for c in a.components]
         self.row = {w: i for i, w in enumerate(self.writes)}
@@ -50,8 +51,8 @@ class SubspaceSums:
             names = reader_names(a, comp)
             self.columns[comp.name] = slice(len(self.readers), len(self.readers) + len(names))
             self.readers += names
-        self.head_bases = head_bases.to(mask.device)
-        dev, W, R = mask.device, len(self.writes), len(self.readers)
+        dev, W, R = self.mask.device, len(self.writes), len(self.readers)
+        self.head_bases = head_bases.to(dev)
         f64 = dict(dtype=torch.float64, device=dev)
         self.named = torch.full((W, len(subspaces)), float("nan"), **f64)
         self.overlap = torch.full((W, len(self.heads)), float("nan"), **f64)
@@ -59,15 +60,15 @@ class SubspaceSums:
         self.read_strength = torch.full((W, R), float("nan"), **f64)
 
     def added(self, label: str, value: Tensor) -> None:
-        """A buffer slot was filled with ``value [batch, pos, d]``; measure it if it is a write."""
+        """A buffer slot was filled with ``value [token, d]``; measure it if it is a write."""
         row = self.row.get(label)
         if row is not None:
-            named, heads = write_sums(self.tokens.take(value), self.subspaces, self.head_bases,
+            named, heads = write_sums(self.tokens.pick(value), self.subspaces, self.head_bases,
                                       self.mask)
             self.named[row], self.overlap[row] = named, heads
 
     def read(self, component: str, buf: Tensor, labels: list[str], weights=None) -> None:
-        """``component`` reads; ``buf [batch, pos, slot, d]`` holds ``labels``'s contributions.
+        """``component`` reads; ``buf [token, slot, d]`` holds ``labels``'s contributions.
 
         ``weights``: the reading block's ``LayerWeights`` when the caller already has them.
         """
@@ -78,7 +79,7 @@ class SubspaceSums:
         cols = self.columns[component]
         slots = torch.tensor([i for i, _ in present], device=buf.device)
         rows = torch.tensor([r for _, r in present], device=buf.device)
-        frac, strength = read_sums(self.tokens.take(buf), M.to(buf.device), slots, self.mask)
+        frac, strength = read_sums(self.tokens.pick(buf), M.to(buf.device), slots, self.mask)
         index = index.to(buf.device)
         self.read_fraction[rows, cols] = frac[:, index]
         self.read_strength[rows, cols] = strength[:, index]
