@@ -34,12 +34,12 @@ if [[ " $STEPS " == *" check "* ]]; then
 fi
 if [[ " $STEPS " == *" big "* ]]; then
   python3 benchmarks/scan_speed.py $M --batches 4 --batch-size 32 --seq-len 512 --rounds 3 --memory \
-    --variants hf_forward,hf_headless,rs_stats,rs_survival,rs_stats_flow,rs_decompose,rs_lens,rs_lens_every16 \
+    --variants hf_forward,hf_headless,rs_stats,rs_survival,rs_survival_every16,rs_stats_flow,rs_decompose,rs_lens,rs_lens_every16 \
     --json "$OUT/speed8_32x512.json" 2>&1 | quiet | tee "$OUT/speed8_32x512.md"
 fi
 if [[ " $STEPS " == *" small "* ]]; then
   python3 benchmarks/scan_speed.py $M --batches 8 --batch-size 8 --seq-len 128 --rounds 5 --memory \
-    --variants hf_forward,hf_headless,rs_stats,rs_survival,rs_read,rs_read_every16,rs_stats_flow,rs_lens,rs_lens_every16,rs_lens_tf32,rs_subspaces,rs_subspaces_every16 \
+    --variants hf_forward,hf_headless,rs_stats,rs_survival,rs_read,rs_read_every16,rs_flow_every16,rs_stats_flow,rs_lens,rs_lens_every16,rs_lens_tf32,rs_subspaces,rs_subspaces_every16 \
     --json "$OUT/speed8_8x128.json" 2>&1 | quiet | tee "$OUT/speed8_8x128.md"
 fi
 if [[ " $STEPS " == *" reader "* ]]; then

@@ -1,7 +1,7 @@
 """How far a statistic on sampled tokens (``every=k``) lands from the same statistic on every token.
 
-One scan of ``--model`` over the built-in corpus (``--max-tokens``) computes the lens, read
-attribution and write subspaces on every token, a second the same on one token in
+One scan of ``--model`` over the built-in corpus (``--max-tokens``) computes the lens,
+survival, read attribution and write subspaces on every token, a second the same on one token in
 ``--every`` (the flow statistics share one pass, so each ``every`` needs its own scan);
 both read the same batches. Printed per statistic: the tokens each mean is over and the
 largest difference from the full value (for the lens also in units of its stated standard
@@ -38,13 +38,14 @@ def main() -> None:
     model = rs.load(args.model, progress=False)
     kw = dict(batch_size=8, seq_len=128, max_tokens=args.max_tokens, progress=False)
     k = args.every
-    full = rs.scan(model, "builtin", ["lens", "read_attribution", "subspaces"], **kw)
-    part = rs.scan(model, "builtin", [f"lens:every={k}", f"read_attribution:every={k}",
-                                      f"subspaces:every={k}"], **kw)
+    full = rs.scan(model, "builtin", ["lens", "survival", "read_attribution", "subspaces"], **kw)
+    part = rs.scan(model, "builtin", [f"lens:every={k}", f"survival:every={k}",
+                                      f"read_attribution:every={k}", f"subspaces:every={k}"], **kw)
     lens, slens = full.stats["lens"], part.stats[f"lens:every={k}"]
     z = ((slens.kl - lens.kl) / slens.kl_se).abs()[:-1].to_numpy()  # last point: KL 0 ± rounding
     read, sread = full.stats["read_attribution"], part.stats[f"read_attribution:every={k}"]
     sub, ssub = full.stats["subspaces"], part.stats[f"subspaces:every={k}"]
+    surv, ssurv = full.stats["survival"], part.stats[f"survival:every={k}"]
     out = {
         "model": args.model, "tokens": full.tokens, "every": k,
         "sampled_tokens": part.to_dict()["tokens_measured"],
@@ -52,6 +53,11 @@ def main() -> None:
         "lens_kl_max_rel": float(((slens.kl - lens.kl).abs() / lens.kl)[:-1].max()),
         "lens_kl_max_in_se": float(z.max()), "lens_kl_median_in_se": float(np.median(z)),
         "lens_top1_max_abs": _max_diff(slens.top1_agreement, lens.top1_agreement),
+        "survival_share_max_abs": _max_diff(ssurv.share, surv.share),
+        "survival_share_largest": float(surv.share.nan_to_num().abs().max()),
+        "survival_retention_max_abs": _max_diff(ssurv.retention, surv.retention),
+        "survival_retention_max_rel": float(((ssurv.retention - surv.retention).abs()
+                                             / surv.retention.abs()).nan_to_num().max()),
         "read_share_max_abs": _max_diff(sread.share, read.share),
         "read_share_largest": float(read.share.abs().max()),
         "subspaces_named_max_abs": _max_diff(ssub.named, sub.named),

@@ -16,8 +16,11 @@ attention, ``torch.inference_mode``):
 * ``rs_stats_eager``: the same with ``graphs=False`` (the lean pass run eagerly every batch);
 * ``rs_survival`` / ``rs_read``: ``survival`` / ``read_attribution`` alone, lean (component
   granularity: contributions carried in one buffer, ``streaming.flow``);
-* ``rs_read_every16``: read attribution on one token in 16 (``read_attribution:every=16``:
-  contributions carried for every token, the reads' products for the chosen ones);
+* ``rs_survival_every16`` / ``rs_read_every16``: survival / read attribution on one token
+  in 16 (``survival:every=16``, ``read_attribution:every=16``: contributions carried for the
+  chosen tokens only, the statistic's products on them);
+* ``rs_flow_every16``: ``survival:every=16`` and ``read_attribution:every=16`` together (one
+  buffer of the chosen tokens);
 * ``rs_stats_flow``: ``growth``, ``survival`` and ``read_attribution`` together, lean;
 * ``rs_lens``: the ``lens`` statistic, lean (points kept, one unembedding per point after the
   forward pass, in token chunks);
@@ -133,6 +136,8 @@ def variants(model, use_tl: bool, copy_for_tl: bool = True) -> dict:
            "rs_survival": stats(["survival"]),
            "rs_read": stats(["read_attribution"]),
            "rs_read_every16": stats(["read_attribution:every=16"]),
+           "rs_survival_every16": stats(["survival:every=16"]),
+           "rs_flow_every16": stats(["survival:every=16", "read_attribution:every=16"]),
            "rs_stats_flow": stats(["growth", "survival", "read_attribution"]),
            "rs_lens": stats(["lens"]), "rs_lens_every16": stats(["lens:every=16"]),
            "rs_lens_every64": stats(["lens:every=64"]), "rs_subspaces": stats(["subspaces"]),

@@ -28,7 +28,7 @@ from .flow import FlowSums
 from .growth import GrowthStats
 from .lean import reduce_trace
 from .lens import LensSums
-from .sampling import TokenChoice, check_every
+from .sampling import TokenChoice, check_every, row_texts
 
 __all__ = ["BIN_WIDTH", "LOG_BINS", "NORM_RANGE", "STATS", "Accumulator", "GrowthStats",
            "histogram_quantile", "log_histogram", "make_accumulators", "parse_spec"]
@@ -65,6 +65,7 @@ class _FlowStats(_TokenMeans):
     replay analysis on the trace.
     """
 
+    replayable = True  # at component granularity ``FlowSums`` never waits for the device
     OPTIONS = ("granularity", "every")
 
     def __init__(self, granularity: str = "component", every: int = 1) -> None:
@@ -78,8 +79,6 @@ class _FlowStats(_TokenMeans):
         if every > 1 and not self.lean:
             raise InputError(f"{self.name}: every applies at component granularity; the "
                              "per-head statistic reads every token")
-        # at component granularity ``FlowSums`` never waits; the chosen tokens vary by batch
-        self.replayable = every == 1
 
     def sums_for(self, model, batch, shared: dict | None = None,
                  replayable: bool = False) -> FlowSums:
@@ -128,8 +127,7 @@ class ReadAttributionStats(_FlowStats):
     ``every > 1`` (component granularity) measures the reads of about one real token in
     ``every`` (``sampling.sampled``): the reads' products (the statistic's cost) are made for
     the chosen tokens, and the contributions are carried for those only when every flow
-    statistic of the scan samples the same ones (``flow.FlowSums``). Not replayed from a CUDA
-    graph (the chosen tokens vary by batch).
+    statistic of the scan samples the same ones (``flow.FlowSums``).
     """
 
     name = "read_attribution"
@@ -221,17 +219,22 @@ class LensStats(Accumulator):
     def __init__(self, every: int = 1) -> None:
         super().__init__()
         self.every = check_every(self.name, every)
+        self.replayable = every > 1  # every token: the logits come first, from another pass
 
     def prepare(self, model, calibration) -> None:
         """Refuse a model without an LM head before the first batch (``NotAvailableError``)."""
         super().prepare(model, calibration)
         model.unembed()
 
-    def sums_for(self, model, batch, shared: dict | None = None) -> LensSums:
-        """A ``LensSums`` for one batch of ``model``, on the sampled tokens when ``every > 1``."""
+    def sums_for(self, model, batch, shared: dict | None = None,
+                 replayable: bool = False) -> LensSums:
+        """A ``LensSums`` for one batch of ``model``, on the sampled tokens when ``every > 1``.
+
+        ``replayable`` changes nothing: a sampled lens never waits for the device.
+        """
         mask = batch.attention_mask.to(model.device)
-        _, texts = torch.unique(torch.tensor(batch.text_index, dtype=torch.long), return_inverse=True)
-        return LensSums(model, mask, TokenChoice.of(batch, mask, self.every), texts)
+        return LensSums(model, mask, TokenChoice.of(batch, mask, self.every),
+                        row_texts(batch, model.device))
 
     def update(self, trace) -> None:
         """Add one batch from a finished trace."""

@@ -2,18 +2,22 @@
 
 ``analyses.flow`` replays the program over every contribution at every operation: exact, and
 right for one trace, but each step rebuilds the list of pieces (quadratic in depth). Here the
-contributions live in one preallocated buffer ``[batch, pos, source, d_model]`` (component
+contributions live in one preallocated buffer ``[token, source, d_model]`` (component
 granularity: embeddings, each attention, each MLP, each norm bias) that the walk of the
 program updates in place: an ``Embed`` or ``Add`` writes one slot, a stream ``Norm`` maps the
 filled slots through its frozen linear part, a ``Scale`` multiplies them. The same reducer is
 fed by a finished trace's walk (``lean.feed_trace``) or block by block inside the forward
 pass (``lean.lean_pass``).
 
+* The carried tokens (``FlowSums._start``): each statistic measures every real token or,
+  with ``every=k`` (``survival:every=16``), about one in ``k`` (``sampling.sampled``). When
+  all of a batch's flow statistics sample alike the buffer holds only the chosen tokens
+  (``1/k`` of the memory and of the copies); otherwise it holds every ``(row, position)``,
+  padding included and weighted out, and each sampled statistic picks its own.
 * At each ``Mark(L)``: per source, the summed norm (recomputed only after a stream norm or a
   scale; pre-norm contributions never change) and the summed signed share ``<c, x>/‖x‖²``,
   one batched matrix product over the tokens.
-* At each ``Read``: per reader ``y = N(x) W + b`` (on every real token, or on one in
-  ``every``: ``read_attribution:every=k``, ``sample_reads``), the share of source ``c`` is
+* At each ``Read``: per reader ``y = N(x) W + b`` (on read attribution's tokens), the share of source ``c`` is
   ``<L(c) W, y>/‖y‖² = <c, y (C diag(γ) W)ᵀ>/(s ‖y‖²)`` (``L`` the reading norm's frozen
   linear part, folded into the map by ``NormSpec.fold_into``): one product of ``y`` per
   reader, then one batched product with every contribution; nothing is materialized per

@@ -9,13 +9,16 @@ A lean pass whose reducers never wait for the device (``Accumulator.replayable``
 reducer takes ``sums_for(..., replayable=True)``) is therefore captured once per
 ``(batch, pos)`` shape and replayed for every later batch of that shape:
 
-* the batch is copied into static token and mask buffers on the device; the capture ran on
-  those buffers, so the replay reads the new batch and leaves the reducers' tensors (norms,
-  sums, massive-activation candidates) holding its values;
+* the batch is copied into static buffers on the device (``sampling.StaticBatch``: tokens,
+  mask, rows' texts, and each sampled statistic's chosen tokens in a fixed-capacity
+  ``TokenChoice``); the capture ran on those buffers, so the replay reads the new batch and
+  leaves the reducers' tensors (norms, sums, massive-activation candidates) holding its
+  values;
 * ``into`` then reduces them into the accumulators exactly as after an eager pass, naming
   the batch (``rebind``: its rows' texts, starts and token strings);
-* a batch whose fixed-size massive-activation search overflowed (``overflowed``) is done
-  again by the eager lean pass, so the results never depend on the replay; a stream that
+* a batch whose fixed-size massive-activation search overflowed (``overflowed``), or whose
+  sampled tokens outgrow their fixed choice (``sampling.capacity``), is done by the eager
+  lean pass, so the results never depend on the replay; a stream that
   is not finite raises ``NonFiniteError`` as the eager pass does.
 
 Capturing costs three eager passes of the first batch of each shape (two warm-ups and the
@@ -36,6 +39,7 @@ from collections.abc import Callable
 import torch
 
 from .lean import check_finite, lean_forward
+from .sampling import StaticBatch
 
 MAX_SHAPES = 4
 
@@ -100,8 +104,9 @@ class Replayed:
         entry = self.entries.get(shape)
         if entry is None:  # past MAX_SHAPES, or this shape could not be captured
             return self._eager(batch)
-        entry.batch.tokens.copy_(padded.tokens)
-        entry.batch.attention_mask.copy_(padded.attention_mask)
+        if not entry.batch.refill(padded):  # more sampled tokens than a fixed choice holds
+            self.fallbacks += 1
+            return self._eager(batch)
         if entry.graph is None:
             entry.sums, entry.finite = entry.run()
         else:
@@ -121,9 +126,7 @@ class Replayed:
         _add_batch(self.model, batch, self.accs)
 
     def _capture(self, batch) -> _Entry | None:
-        dev = self.model.device
-        static = dataclasses.replace(batch, tokens=batch.tokens.to(dev).clone(),
-                                     attention_mask=batch.attention_mask.to(dev).clone())
+        static = StaticBatch.on(batch, self.model.device)
 
         def run():
             shared: dict = {}  # survival and read attribution share one reducer, as eagerly
@@ -131,10 +134,11 @@ class Replayed:
                     for n, a in self.accs.items()}
             return sums, lean_forward(self.model, static, list(dict.fromkeys(sums.values())))
 
-        if self.emulate:
+        if self.emulate:  # one warm-up, as ``record`` runs first: it makes the fixed choices
+            run()
             return _Entry(static, run, None, {}, [])
         try:
-            graph, (sums, finite) = record(run, dev)
+            graph, (sums, finite) = record(run, self.model.device)
         except Exception as e:  # noqa: BLE001 - a model or reducer that cannot be captured
             warnings.warn(f"could not capture the lean pass of shape {tuple(batch.tokens.shape)} "
                           f"as a CUDA graph ({type(e).__name__}: {e}); batches of this shape "

@@ -62,7 +62,11 @@ class LensSums:
     native_dtype = True  # a 16-bit stream is unembedded from float32 copies of one chunk at a time
 
     def __init__(self, model, mask: Tensor, tokens: TokenChoice, texts: Tensor) -> None:
-        """``tokens``: those reduced; ``texts``: each row's text as a cluster id ``0..C−1`` (``[batch]``)."""
+        """``tokens``: those reduced; ``texts``: each row's text index (``[batch]``, on the device).
+
+        Rows of one text form one cluster, numbered by its first row (no host read: a
+        replayed graph computes it).
+        """
         self.unembed = model.unembed(native=True)  # no float32 copy of W_U: cast per slice
         self.final_norm = model.anatomy.norms.get("ln_final")
         self.d_vocab = model.anatomy.d_vocab
@@ -71,8 +75,11 @@ class LensSums:
         n = model.anatomy.n_layers + 1
         self.kl = torch.zeros(n, dtype=torch.float64, device=mask.device)
         self.kl_sq, self.agree = torch.zeros_like(self.kl), torch.zeros_like(self.kl)
-        self.text = texts.to(mask.device)[tokens.rows()]  # each reduced token's text (cluster)
-        self.kl_text = torch.zeros(n, int(texts.max()) + 1, dtype=torch.float64, device=mask.device)
+        texts = texts.to(mask.device)
+        first = (texts[:, None] == texts[None, :]).int().argmax(1)  # each row's text's first row
+        self.text = first[tokens.rows()]  # each reduced token's cluster
+        self.kl_text = torch.zeros(n, len(texts), dtype=torch.float64, device=mask.device)
+        self.replayed = False  # a replay's tensors are refilled, never dropped (``rebind``)
         self.ranks: list[Tensor | None] = [None] * n
         self.early: dict[int, Tensor] = {}  # points that came before the logits (their kept tokens)
         self.final: Tensor | None = None  # the logits, then per token (``logits``): the final
@@ -143,6 +150,14 @@ class LensSums:
     def step(self, step, scales) -> None:
         """Nothing: the lens reads points only."""
 
+    def rebind(self, batch, width: int) -> None:
+        """A replay refilled these sums (``streaming.graphs``): keep its tensors after ``into``."""
+        self.replayed = True
+
+    def overflowed(self) -> bool:
+        """Never: nothing here has a fixed-size search (a full sample is caught before)."""
+        return False
+
     def into(self, acc) -> None:
         """Add this batch's sums to ``acc`` (a ``LensStats``)."""
         if self.final is None or self.early:
@@ -161,7 +176,8 @@ class LensSums:
         acc.add("top1", self.agree)
         acc.add("rank_hist", hist.view(len(ranks), self.d_vocab))
         acc.add("n", self.real.sum())
-        self.final = None  # the batch's logits: not held a moment longer than the sums need
+        if not self.replayed:  # the batch's logits: not held a moment longer than the sums need
+            self.final = None
 
 
 def _row_dot(a: Tensor, b: Tensor) -> Tensor:

@@ -10,15 +10,36 @@ estimates over the chosen tokens; the statistics report how many tokens they are
 ``TokenChoice`` is what a reducer holds: every real token (padding weighted out by
 ``real``, nothing indexed) or the chosen ones (indexed: ``take`` gathers them, a copy of
 ``1/every`` of the tensor, and ``real`` is all true).
+
+A replayed CUDA graph (``streaming.graphs``) cannot change a tensor's length, so a sampled
+statistic in one reads a ``StaticBatch``'s fixed-capacity choice instead: ``capacity``
+slots, the chosen tokens first and the rest pointing at token 0 with ``real`` false,
+refilled in place before each replay. A batch with more chosen tokens than that (eight
+standard deviations over the mean) is done eagerly instead.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import math
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from ..errors import InputError
+from ..inputs import Batch
+
+CAPACITY_SIGMAS, CAPACITY_SLACK = 8, 16  # a fixed choice holds mean + 8 σ + 16 tokens
+
+
+def capacity(n_tokens: int, every: int) -> int:
+    """Slots of a fixed choice of about one in ``every`` of ``n_tokens``: never too few, in practice.
+
+    The chosen count is binomial (mean ``μ = n/every``); ``μ + 8√μ + 16`` slots, at most ``n``.
+    """
+    mean = n_tokens / every
+    return min(n_tokens, math.ceil(mean + CAPACITY_SIGMAS * math.sqrt(mean) + CAPACITY_SLACK))
 
 
 def check_every(name: str, every: int) -> int:
@@ -66,6 +87,38 @@ class TokenChoice:
                      else torch.ones(len(self.index), dtype=torch.bool, device=mask.device))
         self.width = mask.shape[1]
 
+    @classmethod
+    def _made(cls, index: Tensor | None, real: Tensor, width: int) -> TokenChoice:
+        choice = cls.__new__(cls)
+        choice.index, choice.real, choice.width = index, real, width
+        return choice
+
+    @classmethod
+    def fixed(cls, keep: Tensor, every: int, device) -> TokenChoice:
+        """A choice of ``capacity`` slots for tokens sampled one in ``every``, holding ``keep``'s.
+
+        For a replayed graph (module docstring): its tensors keep their size, ``refill``
+        loads another batch's choice into them.
+        """
+        n = capacity(keep.numel(), every)
+        with torch.inference_mode(False):  # refilled outside the pass that first asks for it
+            choice = cls._made(torch.zeros(n, dtype=torch.long, device=device),
+                               torch.zeros(n, dtype=torch.bool, device=device), keep.shape[1])
+        choice.refill(keep)
+        return choice
+
+    def refill(self, keep: Tensor) -> bool:
+        """Load the choice ``keep`` (``[batch, pos]``, this shape) in place; False if it does not fit."""
+        chosen = keep.flatten().nonzero().squeeze(1)
+        n = len(self.index)
+        if len(chosen) > n:
+            return False
+        index = torch.zeros(n, dtype=torch.long)
+        index[: len(chosen)] = chosen
+        self.index.copy_(index)
+        self.real.copy_(torch.arange(n) < len(chosen))
+        return True
+
     def rows(self) -> Tensor:
         """The batch row of each token ``take`` gives (``[token]``, on the mask's device)."""
         if self.index is not None:
@@ -74,13 +127,33 @@ class TokenChoice:
 
     @classmethod
     def of(cls, batch, mask: Tensor, every: int) -> TokenChoice:
-        """Every token of ``batch`` (``every`` 1) or one in ``every`` (``sampled``)."""
-        return cls(mask, None if every == 1 else sampled(batch, every))
+        """Every token of ``batch`` (``every`` 1) or one in ``every`` (``sampled``).
+
+        Of a ``StaticBatch``: its fixed choice for ``every`` (made on first use).
+        """
+        if every == 1:
+            return cls(mask)
+        if not isinstance(batch, StaticBatch):
+            return cls(mask, sampled(batch, every))
+        if every not in batch.samples:
+            batch.samples[every] = cls.fixed(sampled(batch, every), every, mask.device)
+        return batch.samples[every]
 
     @property
     def sampled(self) -> bool:
         """Whether tokens are chosen (indexed) rather than all read."""
         return self.index is not None
+
+    def taken(self) -> TokenChoice:
+        """Every token ``take`` gives, as a choice among them (for tensors already taken).
+
+        Itself when nothing is indexed (its ``pick`` changes nothing, ``real`` weights the
+        padding out); else all its slots, weighted by the same ``real`` (a fixed choice's
+        empty slots stay out). ``rows`` of the latter are not rows.
+        """
+        if self.index is None:
+            return self
+        return TokenChoice._made(None, self.real, len(self.real))
 
     def take(self, x: Tensor) -> Tensor:
         """``x [batch, pos, ...]`` as ``[token, ...]``: the chosen tokens only, when chosen."""
@@ -90,12 +163,36 @@ class TokenChoice:
         """``x [token, ...]``, tokens already flattened: the chosen ones only, when chosen."""
         return x if self.index is None else x.index_select(0, self.index)
 
-    def taken(self) -> TokenChoice:
-        """Every token ``take`` gives, as a choice among them (for tensors already taken).
 
-        Itself when nothing is indexed (its ``pick`` changes nothing, ``real`` weights the
-        padding out); else a choice of all its tokens. ``rows`` of the latter are not rows.
-        """
-        if self.index is None:
-            return self
-        return TokenChoice(torch.ones(1, len(self.index), dtype=torch.bool, device=self.real.device))
+def row_texts(batch, device) -> Tensor:
+    """Each row's text index (``[batch]`` long on ``device``); a ``StaticBatch``'s own tensor."""
+    if isinstance(batch, StaticBatch):
+        return batch.text_ids
+    return torch.tensor(batch.text_index, dtype=torch.long, device=device)
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticBatch(Batch):
+    """A batch whose device tensors a replayed CUDA graph reads (``streaming.graphs``).
+
+    Its tokens, mask, rows' texts (``text_ids``) and sampled tokens (``samples``: one fixed
+    ``TokenChoice`` per ``every``, made when a reducer first asks) are refilled in place for
+    every batch of its shape (``refill``), so a graph captured on them reads that batch.
+    """
+
+    text_ids: Tensor | None = None
+    samples: dict = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def on(cls, batch: Batch, device) -> StaticBatch:
+        """``batch``'s static copy on ``device``."""
+        return cls(batch.tokens.to(device).clone(), batch.attention_mask.to(device).clone(),
+                   batch.str_tokens, batch.text_index, batch.text_start,
+                   text_ids=torch.tensor(batch.text_index, dtype=torch.long, device=device))
+
+    def refill(self, batch: Batch) -> bool:
+        """Load ``batch`` (this shape) in place; False if a sample outgrew its capacity."""
+        self.tokens.copy_(batch.tokens)
+        self.attention_mask.copy_(batch.attention_mask)
+        self.text_ids.copy_(torch.tensor(batch.text_index, dtype=torch.long))
+        return all(choice.refill(sampled(batch, every)) for every, choice in self.samples.items())
