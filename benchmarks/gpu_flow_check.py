@@ -1,13 +1,15 @@
 """The flow statistics as a GPU scan runs them (replayed, fused) against the eager ones.
 
 Survival and read attribution replay as a CUDA graph per batch shape (``streaming.graphs``)
-and survival's per-mark dot products compile into one kernel (``flow.token_dots``). This
+and survival's per-mark dot products compile into one kernel (``carry.token_dots``). This
 scans the same batches three ways: replayed with fusion (what ``rs.scan`` does on a GPU),
 eagerly with fusion, eagerly without; and prints as one JSON line, per sum, the largest
 difference of each of the first two from the third, relative to the sum's largest entry,
 with how many batches were replayed and any warning (a capture that failed falls back to
-the eager pass with a warning). The lens (not replayable) is scanned twice, with its
-per-point reductions compiled (``lens.point_terms``, ``lens.row_dot``) and eagerly.
+the eager pass with a warning). The lens on every token (not replayable) is scanned twice,
+with its per-point reductions compiled (``lens.point_terms``, ``lens.row_dot``) and eagerly.
+Then the statistics on one token in 16 (session 11: replayed from fixed-capacity token
+choices refilled per batch, ``sampling.StaticBatch``), replayed against eager.
 
     python benchmarks/gpu_flow_check.py --model /tmp/smollm2-random
 """
@@ -29,6 +31,7 @@ from residual_stream.streaming import make_accumulators  # noqa: E402
 from residual_stream.streaming.runner import batch_adder  # noqa: E402
 
 STATS = ["growth", "survival", "read_attribution"]
+SAMPLED = ["growth", "survival:every=16", "read_attribution:every=16", "lens:every=16"]
 
 
 def _scan(model, batches, graphs: bool, fused: bool, stats=STATS) -> tuple[dict, int]:
@@ -74,11 +77,15 @@ def main() -> None:
         eager, _ = _scan(model, batches, False, False)
         lens_fused, _ = _scan(model, batches, False, True, ["lens"])
         lens_eager, _ = _scan(model, batches, False, False, ["lens"])
+        sampled_replayed, sampled_replays = _scan(model, batches, graphs, True, SAMPLED)
+        sampled_eager, _ = _scan(model, batches, False, True, SAMPLED)
     print(json.dumps({"replays": replays, "batches": len(batches),
                       "warnings": [str(w.message)[:300] for w in caught],
                       "replayed_vs_eager": _diffs(eager, replayed),
                       "fused_vs_eager": _diffs(eager, fused),
-                      "lens_fused_vs_eager": _diffs(lens_eager, lens_fused, ["lens"])}))
+                      "lens_fused_vs_eager": _diffs(lens_eager, lens_fused, ["lens"]),
+                      "sampled_replays": sampled_replays,
+                      "sampled_replayed_vs_eager": _diffs(sampled_eager, sampled_replayed, SAMPLED)}))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,11 @@
 #  reader (session 9): corpus_speed.py, the corpus reader's tokens/s on this host's cores and
 #     `rs.scan` of growth end to end against the plain forward over the same 32×512 batches,
 #     so whether the reader bounds a GPU scan (~1.5 min). STEPS="small reader" fits one call.
+# Session 11 added: to check, sampled growth + survival + read attribution + lens replayed
+#     against eager (gpu_flow_check.py's "sampled_*" keys: fixed-capacity token choices);
+#     to big, survival on one token in 16 (its buffer then holds those tokens only); to small,
+#     survival + read attribution on one token in 16 together. Sampled survival, read
+#     attribution and lens variants now replay (before session 11 they ran eagerly).
 # NCCL=1 adds the one-rank nccl merge (gpu_nccl.py) after the check step.
 set -uo pipefail
 STEPS=${STEPS:-check big small reader}

@@ -1,6 +1,6 @@
 """The contribution buffer of ``streaming.flow`` in a 16-bit model's own dtype.
 
-Where nothing rescales a carried write (``flow.carry_dtype``), the bf16 buffer holds the same
+Where nothing rescales a carried write (``carry.carry_dtype``), the bf16 buffer holds the same
 numbers as a float32 one, so survival, read attribution and subspaces must come out equal to
 the float32-buffer scan (every sum, within float32 summation order: ``REL``), and a write
 that is not a bf16 value is reported.
@@ -13,7 +13,7 @@ import torch
 from spies import watch
 
 import residual_stream as rs
-from residual_stream.streaming import flow
+from residual_stream.streaming import carry, flow
 
 REL = 1e-6  # the same float32 products, token chunk by token chunk instead of all at once
 TEXTS = ["Residual streams grow with depth.", "Zebras Zigzag.", "a", "print('hello')",
@@ -70,12 +70,12 @@ def test_a_write_that_is_not_a_bf16_value_is_reported():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_the_compiled_form_of_survival_dots_equals_the_chunked_product(dtype):
-    """``flow._dots`` is what a GPU compiles (one read of the buffer); the CPU runs the chunked
+    """``carry._dots`` is what a GPU compiles (one read of the buffer); the CPU runs the chunked
     product. Both against a float64 reference, within float32 summation order."""
     g = torch.Generator().manual_seed(0)
     c = torch.randn(37, 9, 48, generator=g).to(dtype)  # (token, source, d): 37 tokens, 8 chunks
     x = torch.randn(37, 48, generator=g)
     ref = torch.einsum("tid,td->ti", c.double(), x.double())
-    for got in (flow._dots(c, x), flow._dots_chunked(c, x), flow.token_dots(c, x)):
+    for got in (carry._dots(c, x), carry._dots_chunked(c, x), carry.token_dots(c, x)):
         assert got.dtype == torch.float32 and got.shape == (37, 9)
         assert float((got.double() - ref).abs().max()) <= 1e-6 * float(ref.abs().max())

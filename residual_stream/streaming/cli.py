@@ -29,8 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("corpus", help="'builtin', a text file (one text per line) or a folder of .txt files")
     p.add_argument("--stats", default="growth",
                    help=f"comma-separated statistics: {','.join(STATS)} (default: growth); "
-                        "options follow a colon, e.g. lens:every=16 (one token in 16), "
-                        "survival:granularity=head, subspaces:pca_k=8:unembed_k=16, growth:top_k=100")
+                        "options follow a colon, e.g. lens:every=16 (one token in 16; also "
+                        "survival, read_attribution, subspaces), survival:granularity=head, "
+                        "subspaces:pca_k=8:unembed_k=16, growth:top_k=100")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, help="tokens per row (default: min(context, 128))")
     p.add_argument("--max-tokens", type=int, help="stop after this many tokens")
@@ -44,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, else float32), float32 ...")
     p.add_argument("--no-graphs", action="store_true",
                    help="never replay the lean pass from CUDA graphs (default: replay on a CUDA "
-                        "device when every statistic can be, today growth)")
+                        "device when every statistic can be: growth, survival, "
+                        "read_attribution, the sampled lens)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 

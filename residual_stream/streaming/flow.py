@@ -17,25 +17,19 @@ pass (``lean.lean_pass``).
 * At each ``Mark(L)``: per source, the summed norm (recomputed only after a stream norm or a
   scale; pre-norm contributions never change) and the summed signed share ``<c, x>/‖x‖²``,
   one batched matrix product over the tokens.
-* At each ``Read``: per reader ``y = N(x) W + b`` (on read attribution's tokens), the share of source ``c`` is
-  ``<L(c) W, y>/‖y‖² = <c, y (C diag(γ) W)ᵀ>/(s ‖y‖²)`` (``L`` the reading norm's frozen
-  linear part, folded into the map by ``NormSpec.fold_into``): one product of ``y`` per
-  reader, then one batched product with every contribution; nothing is materialized per
-  source.
+* At each ``Read``: per reader ``y = N(x) W + b`` (on read attribution's tokens), the share
+  of source ``c`` is ``<L(c) W, y>/‖y‖² = <c, y (C diag(γ) W)ᵀ>/(s ‖y‖²)`` (``L`` the
+  reading norm's frozen linear part, folded into the map by ``NormSpec.fold_into``): one
+  product of ``y`` per reader, then one batched product with every contribution; nothing is
+  materialized per source.
 
 Token sums are float64 on the batch's device; nothing is read back until ``into``, so on a
 GPU a scan of survival and read attribution (with growth or not) replays as a CUDA graph per
 batch shape (``streaming.graphs``), the buffer held in that graph's memory pool: its host
 side (labels, marks, reads) depends on the program and shape only.
 
-**The buffer's dtype.** In a 16-bit model whose program only adds writes to the stream
-before its last block (no stream norm, no scale, no write through a norm: Llama, Qwen,
-SmolLM2, GPT-2, parallel blocks), every slot holds a module's output as the model computed
-it, a 16-bit value that nothing rescales, so the buffer keeps it in the model's dtype: half
-the memory, the same numbers. Every product upcasts it in ``UPCAST_CHUNKS`` token chunks;
-the running sum ``total`` stays float32. Each stored write's round trip is checked on the
-device, and ``into`` warns (once per model) if one was not a value of that dtype.
-Otherwise the buffer is float32.
+**The buffer's dtype** is the model's own when that is 16-bit and nothing rescales a carried
+write (``carry.carry_dtype``); ``into`` warns (once per model) if a stored write was rounded.
 """
 
 from __future__ import annotations
@@ -46,64 +40,15 @@ import torch
 from torch import Tensor
 
 from ..analyses.flow import READ_MAP_BIAS, READ_NORM_BIAS, read_channels
-from ..decomposition import count_pieces
-from ..fusion import WIDE, fused, wide
+from ..fusion import WIDE, wide
 from ..program import Add, Embed, Mark, Norm, Read, Scale
 from ..walk import component_of
+from .carry import carry_dtype, n_sources, token_bmm, token_dots
 from .sampling import TokenChoice
 from .subspaces import SUBSPACES, SubspaceSums
 
 SURVIVAL, READ = "survival", "read_attribution"
-UPCAST_CHUNKS = 8  # token chunks in which a 16-bit buffer is upcast for a product
 
-
-def n_sources(program, norms: dict) -> int:
-    """How many component-level contributions ``program`` creates (the buffer's depth)."""
-    return count_pieces(program, norms, lambda component: 1)
-
-
-def carry_dtype(model) -> torch.dtype:
-    """The buffer's dtype for ``model`` (module docstring).
-
-    The model's own if it is 16-bit and nothing rescales a carried write before the last
-    block, else float32.
-    """
-    program, n = model.anatomy.program, model.anatomy.n_layers
-    last = program.index(Mark(n))
-    only_adds = not any(isinstance(op, (Norm, Scale)) or (isinstance(op, Add) and op.via)
-                        for op in program[:last])
-    dtype = model.dtype
-    return dtype if only_adds and dtype in (torch.bfloat16, torch.float16) else torch.float32
-
-
-def _token_bmm(c: Tensor, y: Tensor) -> Tensor:
-    """``bmm(c, y)`` over tokens in ``y``'s dtype.
-
-    A 16-bit ``c [token, n, d]`` is upcast in ``UPCAST_CHUNKS`` token chunks: each a quarter
-    of the 16-bit buffer's size in float32, and a fixed number of launches however large the
-    batch.
-    """
-    if c.dtype == y.dtype:
-        return torch.bmm(c, y)
-    step = -(-len(c) // UPCAST_CHUNKS)
-    return torch.cat([torch.bmm(c[t: t + step].to(y.dtype), y[t: t + step])
-                      for t in range(0, len(c), step)])
-
-
-def _dots(c: Tensor, x: Tensor) -> Tensor:
-    """``<c[t, i], x[t]>`` per token ``t`` and source ``i``, in ``x``'s dtype.
-
-    Written for the compiler: on a GPU one kernel reads the 16-bit buffer once and accumulates
-    in float32 (a product over an upcast copy moves three times the bytes).
-    """
-    return (c.to(x.dtype) * x.unsqueeze(1)).sum(-1)
-
-
-def _dots_chunked(c: Tensor, x: Tensor) -> Tensor:
-    return _token_bmm(c, x.unsqueeze(-1)).squeeze(-1)
-
-
-token_dots = fused(_dots, eager=_dots_chunked)  # eagerly: the chunked product (bounded memory)
 
 _WARNED: set[str] = set()  # models whose buffer rounded a write (warned once each)
 
@@ -128,6 +73,7 @@ class FlowSums:
         self.wants: dict[str, int] = {}  # statistic → every (1: every real token)
         self.carry: TokenChoice | None = None  # the batch's tokens the buffer holds (``_start``)
         self.tokens: dict[str, TokenChoice] = {}  # per statistic: its tokens among the carried
+        self.born_tokens: TokenChoice | None = None  # those each write's norm is summed over
         self.depth = n_sources(model.anatomy.program, self.norms)
         self.buf: Tensor | None = None    # (carried token, source, d_model), ``carry_dtype``
         self.rounding: list[Tensor] = []  # per stored write in a 16-bit buffer: max |rounding|
@@ -169,6 +115,7 @@ class FlowSums:
         for name, k in self.wants.items():  # a choice within the carried tokens
             self.tokens[name] = (self.carry.taken() if k == shared
                                  else TokenChoice.of(self.batch, self.mask, k))  # carry: every token
+        self.born_tokens = self.tokens.get(SURVIVAL, self.carry.taken())  # ``born`` is survival's
         if self.subspace_parts is not None:
             self.subspaces = SubspaceSums(self.model, self.tokens[SUBSPACES], *self.subspace_parts)
         n, d = len(self.carry.real), value.shape[-1]
@@ -258,7 +205,7 @@ class FlowSums:
             if slot.dtype != value.dtype:  # a float32 value in a 16-bit buffer: was it exact?
                 self.rounding.append((slot.float() - value.float()).abs().amax())
             self.total += value
-        counted = self.tokens.get(SURVIVAL, self.carry.taken())  # ``born`` is survival's
+        counted = self.born_tokens
         norms = torch.linalg.vector_norm(counted.pick(value), dim=-1, dtype=torch.float32)
         born = self._token_sum(norms, counted.real)
         self.labels.append(label)
@@ -337,7 +284,7 @@ class FlowSums:
             extras.append((readers, rep, len(W), names, channels_extra))
         if scale is not None:
             den = den * scale.to(den.dtype)[:, None]                          # Lᵀ's 1/s
-        share = _token_bmm(pick(self._filled()), h.transpose(1, 2))
+        share = token_bmm(pick(self._filled()), h.transpose(1, 2))
         share = share / den[:, None]                                          # (token, source, map)
         sums, abs_sums = self._token_sum(share, real), self._token_sum(share.abs(), real)
         col = 0
