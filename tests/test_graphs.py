@@ -188,6 +188,30 @@ def test_a_sample_larger_than_its_fixed_choice_takes_the_eager_pass(monkeypatch)
     _assert_sums_close(eager, replayed, 0.0)
 
 
+def test_a_fixed_choice_holds_the_sample_of_all_but_one_batch_in_millions():
+    """``sampling.capacity`` against the exact binomial tail P(chosen > capacity), from
+    log-space terms: at most 1e-6 over batch sizes and sampling rates, and each capacity no
+    larger than the batch."""
+    import math
+
+    from residual_stream.streaming.sampling import capacity
+
+    def tail(n: int, p: float, c: int) -> float:
+        total, x = 0.0, c + 1
+        while x <= n:
+            term = math.exp(math.lgamma(n + 1) - math.lgamma(x + 1) - math.lgamma(n - x + 1)
+                            + x * math.log(p) + (n - x) * math.log1p(-p))
+            total, x = total + term, x + 1
+            if term < 1e-30:
+                break
+        return total
+
+    for n in (64, 1024, 16384, 65536):
+        for every in (2, 3, 16, 64, 256, 1024):
+            c = capacity(n, every)
+            assert n / every < c <= n and tail(n, 1 / every, c) < 1e-6, (n, every, c)
+
+
 def test_the_flow_reducers_host_side_state_depends_on_the_shape_only():
     """A CUDA graph replays kernels, not Python: what ``FlowSums`` keeps on the host (labels,
     how many marks and reads, their names) must be the same for any batch of one shape, so
