@@ -233,7 +233,7 @@ class LensStats(Accumulator):
         ``replayable`` changes nothing: a sampled lens never waits for the device.
         """
         mask = batch.attention_mask.to(model.device)
-        return LensSums(model, mask, TokenChoice.of(batch, mask, self.every),
+        return LensSums(model, TokenChoice.of(batch, mask, self.every),
                         row_texts(batch, model.device))
 
     def update(self, trace) -> None:

@@ -83,12 +83,12 @@ def run(args: argparse.Namespace) -> int:
 
                 raise InputError(f"cannot write {args.out}: {parent} is not a writable folder")
         corpus = Corpus(args.corpus, args.segment_chars)  # a bad size is refused before loading
-        stats = [s.strip() for s in args.stats.split(",") if s.strip()]
-        make_accumulators(stats)  # so is an unknown statistic or a bad option
+        # so is an unknown statistic or a bad option; the scan takes these accumulators
+        accs = make_accumulators([s.strip() for s in args.stats.split(",") if s.strip()])
         model = load(args.model, device=device or args.device, dtype=args.dtype, progress=not args.quiet)
         state = args.state if args.state is None or world == 1 else \
             args.state.with_name(f"{args.state.name}.rank{rank}")
-        result = scan(model, corpus, stats,
+        result = scan(model, corpus, list(accs.values()),
                       batch_size=args.batch_size, seq_len=args.seq_len, max_tokens=args.max_tokens,
                       state=state, save_every=args.save_every, progress=not args.quiet,
                       rank=rank, world_size=world, graphs=False if args.no_graphs else "auto")

@@ -109,8 +109,8 @@ class FlowSums:
 
     def _start(self, value: Tensor) -> None:
         """Fix the carried tokens and each statistic's, and allocate the buffer for ``value``."""
-        every = set(self.wants.values())
-        shared = every.pop() if len(every) == 1 else 1  # one sample for all: carry only it
+        rates = set(self.wants.values())
+        shared = rates.pop() if len(rates) == 1 else 1  # one sample for all: carry only it
         self.carry = TokenChoice.of(self.batch, self.mask, shared)
         for name, k in self.wants.items():  # a choice within the carried tokens
             self.tokens[name] = (self.carry.taken() if k == shared

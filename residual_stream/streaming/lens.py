@@ -61,7 +61,7 @@ class LensSums:
 
     native_dtype = True  # a 16-bit stream is unembedded from float32 copies of one chunk at a time
 
-    def __init__(self, model, mask: Tensor, tokens: TokenChoice, texts: Tensor) -> None:
+    def __init__(self, model, tokens: TokenChoice, texts: Tensor) -> None:
         """``tokens``: those reduced; ``texts``: each row's text index (``[batch]``, on the device).
 
         Rows of one text form one cluster, numbered by its first row (no host read: a
@@ -73,12 +73,13 @@ class LensSums:
         self.tokens, self.real = tokens, tokens.real
         self.needs_logits, self.late_logits = not self.tokens.sampled, self.tokens.sampled
         n = model.anatomy.n_layers + 1
-        self.kl = torch.zeros(n, dtype=torch.float64, device=mask.device)
+        dev = tokens.real.device
+        self.kl = torch.zeros(n, dtype=torch.float64, device=dev)
         self.kl_sq, self.agree = torch.zeros_like(self.kl), torch.zeros_like(self.kl)
-        texts = texts.to(mask.device)
+        texts = texts.to(dev)
         first = (texts[:, None] == texts[None, :]).int().argmax(1)  # each row's text's first row
         self.text = first[tokens.rows()]  # each reduced token's cluster
-        self.kl_text = torch.zeros(n, len(texts), dtype=torch.float64, device=mask.device)
+        self.kl_text = torch.zeros(n, len(texts), dtype=torch.float64, device=dev)
         self.replayed = False  # a replay's tensors are refilled, never dropped (``rebind``)
         self.ranks: list[Tensor | None] = [None] * n
         self.early: dict[int, Tensor] = {}  # points that came before the logits (their kept tokens)
