@@ -21,6 +21,9 @@ attention, ``torch.inference_mode``):
   chosen tokens only, the statistic's products on them);
 * ``rs_flow_every16``: ``survival:every=16`` and ``read_attribution:every=16`` together (one
   buffer of the chosen tokens);
+* ``rs_read16_sub64``: ``read_attribution:every=16`` beside ``subspaces:every=64``, the rates
+  at which each met ×1.1 on the CPU (session 10): nested samples, so one buffer of the tokens
+  chosen one in 16 (the greatest common divisor) serves both;
 * ``rs_stats_flow``: ``growth``, ``survival`` and ``read_attribution`` together, lean;
 * ``rs_lens``: the ``lens`` statistic, lean (points kept, one unembedding per point after the
   forward pass, in token chunks);
@@ -138,6 +141,7 @@ def variants(model, use_tl: bool, copy_for_tl: bool = True) -> dict:
            "rs_read_every16": stats(["read_attribution:every=16"]),
            "rs_survival_every16": stats(["survival:every=16"]),
            "rs_flow_every16": stats(["survival:every=16", "read_attribution:every=16"]),
+           "rs_read16_sub64": stats(["read_attribution:every=16", "subspaces:every=64"]),
            "rs_stats_flow": stats(["growth", "survival", "read_attribution"]),
            "rs_lens": stats(["lens"]), "rs_lens_every16": stats(["lens:every=16"]),
            "rs_lens_every64": stats(["lens:every=64"]), "rs_subspaces": stats(["subspaces"]),

@@ -150,8 +150,12 @@ def test_replayed_survival_and_read_attribution_equal_the_eager_scan(name):
     _assert_sums_close(eager, replayed, REL_PADDED)
 
 
-SAMPLED = {"alike": ("growth", "survival:every=3", "read_attribution:every=3", "lens:every=3"),
-           "reads only": ("survival", "read_attribution:every=3", "lens:every=2")}
+SAMPLED = {  # statistics, and the fixed choices their static batch holds (every, or (every, among))
+    "alike": (("growth", "survival:every=3", "read_attribution:every=3", "lens:every=3"), {3}),
+    "reads only": (("survival", "read_attribution:every=3", "lens:every=2"), {3, 2}),
+    "nested": (("growth", "survival:every=2", "read_attribution:every=4", "lens:every=4"),
+               {2, (4, 2), 4}),  # the buffer carries one in 2, reads pick one in 4 of those
+}
 
 
 @pytest.mark.parametrize("stats", list(SAMPLED))
@@ -166,12 +170,12 @@ def test_replayed_statistics_on_sampled_tokens_equal_the_eager_scan(name, stats)
 
     m = (rs.twin(norm="layernorm", placement="post", n_layers=3, d_model=32, seed=2, n_ctx=64)
          if name.startswith("twin") else rs.load(build(name), tokenizer=ByteTokenizer()))
-    eager, replayed, replay = _both(m, TEXTS * 2, width=24, stats=SAMPLED[stats], batch_size=4,
-                                    seq_len=24)
+    specs, choices = SAMPLED[stats]
+    eager, replayed, replay = _both(m, TEXTS * 2, width=24, stats=specs, batch_size=4, seq_len=24)
     assert all(a.replayable for a in replayed.values())
     assert replay.replays == 5 and replay.fallbacks == 0  # five batches of one shape, 4×24
     for entry in replay.entries.values():  # one fixed choice per ``every``, in the static batch
-        assert set(entry.batch.samples) == {int(s[-1]) for s in SAMPLED[stats] if "every" in s}
+        assert set(entry.batch.samples) == choices
         assert all(isinstance(c, TokenChoice) and c.sampled for c in entry.batch.samples.values())
     assert {n: int(a.sums["n"]) for n, a in eager.items() if n != "growth"} \
         == {n: int(a.sums["n"]) for n, a in replayed.items() if n != "growth"}

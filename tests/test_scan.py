@@ -567,22 +567,29 @@ def _on_chosen(whole, every: int):
     return dataclasses.replace(whole, batch=batch)
 
 
-FLOW_SAMPLES = {  # which tokens the flow buffer carries: every one, or only the shared sample
-    "reads sampled beside full survival": (["survival", "read_attribution:every=3",
-                                            "subspaces:every=3"], False),
-    "all sampled alike": (["survival:every=3", "read_attribution:every=3", "subspaces:every=3"],
-                          True),
-    "survival sampled beside full reads": (["survival:every=3", "read_attribution"], False),
+FLOW_SAMPLES = {  # the flow buffer carries the tokens sampled at the gcd of the rates
+    "reads sampled beside full survival": ["survival", "read_attribution:every=3",
+                                           "subspaces:every=3"],
+    "all sampled alike": ["survival:every=3", "read_attribution:every=3", "subspaces:every=3"],
+    "survival sampled beside full reads": ["survival:every=3", "read_attribution"],
+    "nested rates": ["survival:every=2", "read_attribution:every=4", "subspaces:every=6"],
 }
+
+
+def _every(spec: str) -> int:
+    return int(spec.rsplit("every=", 1)[1]) if "every=" in spec else 1
 
 
 @pytest.mark.parametrize("layout", list(FLOW_SAMPLES))
 @pytest.mark.parametrize("case", [("twin", "layernorm", "pre"), ("twin", "rmsnorm", "post"),
                                   ("hf", "llama", None), ("hf", "gemma2", None)])
 def test_flow_statistics_on_sampled_tokens_equal_the_trace_on_them(case, layout, monkeypatch):
-    """Survival, read attribution and subspaces, each on every token or on one in 3: each equals
-    the analysis on one trace of every row with only its tokens counted. When all sample alike
-    the buffer carries only the chosen tokens; otherwise every token, each picking its own."""
+    """Survival, read attribution and subspaces, each on every token or on one in k: each equals
+    the analysis on one trace of every row with only its tokens counted. The buffer carries
+    the tokens sampled at the rates' greatest common divisor (every token when it is 1), each
+    statistic picking its own among them."""
+    import math
+
     from tiny_hf import build
 
     from residual_stream.inputs import ByteTokenizer
@@ -593,19 +600,20 @@ def test_flow_statistics_on_sampled_tokens_equal_the_trace_on_them(case, layout,
          else rs.load(build(a), tokenizer=ByteTokenizer()))
     kw = dict(batch_size=3, seq_len=24)
     whole = _whole(m, TEXTS, **kw)
-    chosen = _on_chosen(whole, 3)
-    n, everything = int(chosen.attention_mask.sum()), int(whole.attention_mask.sum())
-    assert 0 < n < everything
+    stats = FLOW_SAMPLES[layout]
+    on = {spec: whole if _every(spec) == 1 else _on_chosen(whole, _every(spec)) for spec in stats}
+    measured = {spec: int(t.attention_mask.sum()) for spec, t in on.items()}
+    everything = int(whole.attention_mask.sum())
+    assert all(0 < n < everything for spec, n in measured.items() if _every(spec) > 1)
+    g = math.gcd(*map(_every, stats))
     monkeypatch.setattr("residual_stream.streaming.runner.trace_batch", None)  # lean
     carried = []
     watch(monkeypatch, flow.FlowSums, "_start", lambda self, v: carried.append(
         (self.buf.shape[0], v.shape[0] * v.shape[1])), after=True)
-    stats, compact = FLOW_SAMPLES[layout]
     result = rs.scan(m, TEXTS, stats, progress=False, **kw)
-    assert sum(c for c, _ in carried) == (n if compact else sum(t for _, t in carried))
-    on = {spec: chosen if spec.endswith("every=3") else whole for spec in stats}
-    counted = result.to_dict()["tokens_measured"]
-    assert counted == {spec: n if on[spec] is chosen else everything for spec in stats}
+    assert sum(c for c, _ in carried) == (int(_chosen(whole.batch, g).sum()) if g > 1
+                                          else sum(t for _, t in carried))
+    assert result.to_dict()["tokens_measured"] == measured
     s = next(spec for spec in stats if spec.startswith("survival"))
     got, ref = result.stats[s], rs.survival(on[s])
     assert got.sources == ref.sources
@@ -616,14 +624,43 @@ def test_flow_statistics_on_sampled_tokens_equal_the_trace_on_them(case, layout,
     assert (got.readers, got.sources) == (ref.readers, ref.sources)
     _close(got.share, ref.share)
     _close(got.abs_share, ref.abs_share)
-    if "subspaces:every=3" in stats:
+    for spec in (spec for spec in stats if spec.startswith("subspaces")):
         first = next(corpus_batches(m, Corpus(TEXTS), **kw))
-        w = result.stats["subspaces:every=3"]
-        ref = rs.write_subspaces(chosen, pca_trace=trace_batch(m, first))
+        ref = rs.write_subspaces(on[spec], pca_trace=trace_batch(m, first))
         for field in SUBSPACE_FIELDS:
-            _close(getattr(w, field), getattr(ref, field))
+            _close(getattr(result.stats[spec], field), getattr(ref, field))
     with pytest.raises(InputError, match="shared with the other flow statistics"):
         rs.scan(m, TEXTS, ["survival", "survival:every=3"], progress=False, **kw)
+
+
+def test_samples_nest_and_a_fixed_choice_is_never_made_inside_a_capture(model, monkeypatch):
+    """The tokens chosen one in ``every`` are among those chosen one in each divisor of it
+    (reference hash); ``sampled_among`` finds them there, so picking them out of a sample
+    taken one in ``among`` gives what one in ``every`` takes from the batch. A static batch's
+    fixed choice asked for first inside a CUDA graph's capture is refused, leaving it as it was."""
+    from residual_stream.streaming import sampling
+    from residual_stream.streaming.sampling import StaticBatch, TokenChoice, sampled_among
+
+    batch = _whole(model, TEXTS, batch_size=3, seq_len=24).batch
+    mask = batch.attention_mask.bool()
+    x = torch.arange(mask.numel(), dtype=torch.float32).view(*mask.shape, 1)  # token ids
+    for every, among in [(4, 2), (6, 2), (16, 4), (9, 3), (3, 3)]:
+        outer, inner = _chosen(batch, among), _chosen(batch, every)
+        assert not (inner & ~outer).any() and inner.sum() > 0
+        assert torch.equal(sampled_among(batch, every, among), inner[outer])
+        picked = TokenChoice.of(batch, mask, every, among=among).pick(
+            TokenChoice.of(batch, mask, among).take(x))
+        assert torch.equal(picked, TokenChoice.of(batch, mask, every).take(x))
+    with pytest.raises(ValueError, match="not a sample within one in 4"):
+        sampled_among(batch, 6, 4)
+    static = StaticBatch.on(batch, model.device)
+    monkeypatch.setattr(sampling, "_capturing", lambda device: True)
+    with pytest.raises(RuntimeError, match="inside a CUDA graph's capture"):
+        TokenChoice.of(static, mask, 4, among=2)
+    assert static.samples == {}
+    monkeypatch.setattr(sampling, "_capturing", lambda device: False)
+    choice = TokenChoice.of(static, mask, 4, among=2)
+    assert static.samples == {(4, 2): choice} and TokenChoice.of(static, mask, 4, among=2) is choice
 
 
 def test_the_sampled_lens_chooses_tokens_by_their_place_in_the_corpus_in_one_pass(model, monkeypatch):

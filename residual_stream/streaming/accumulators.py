@@ -103,8 +103,8 @@ class SurvivalStats(_FlowStats):
     """Survival of every write: mean norm, share and (derived) retention per point.
 
     ``every > 1`` (component granularity) measures about one real token in ``every``
-    (``sampling.sampled``); the contributions are carried for those tokens only when every
-    flow statistic of the scan samples the same ones (``flow.FlowSums``).
+    (``sampling.sampled``); the contributions are carried for the tokens sampled at the
+    greatest common divisor of the flow statistics' rates (``flow.FlowSums``).
     """
 
     name = "survival"
@@ -126,8 +126,8 @@ class ReadAttributionStats(_FlowStats):
 
     ``every > 1`` (component granularity) measures the reads of about one real token in
     ``every`` (``sampling.sampled``): the reads' products (the statistic's cost) are made for
-    the chosen tokens, and the contributions are carried for those only when every flow
-    statistic of the scan samples the same ones (``flow.FlowSums``).
+    the chosen tokens, and the contributions are carried for the tokens sampled at the
+    greatest common divisor of the flow statistics' rates (``flow.FlowSums``).
     """
 
     name = "read_attribution"

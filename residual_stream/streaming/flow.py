@@ -10,10 +10,13 @@ fed by a finished trace's walk (``lean.feed_trace``) or block by block inside th
 pass (``lean.lean_pass``).
 
 * The carried tokens (``FlowSums._start``): each statistic measures every real token or,
-  with ``every=k`` (``survival:every=16``), about one in ``k`` (``sampling.sampled``). When
-  all of a batch's flow statistics sample alike the buffer holds only the chosen tokens
-  (``1/k`` of the memory and of the copies); otherwise it holds every ``(row, position)``,
-  padding included and weighted out, and each sampled statistic picks its own.
+  with ``every=k`` (``survival:every=16``), about one in ``k`` (``sampling.sampled``). The
+  buffer holds the tokens sampled one in ``g``, the greatest common divisor of the
+  statistics' rates: samples nest, so every statistic's tokens are among them, and each
+  statistic with a coarser rate picks its own out of them (``read_attribution:every=16``
+  beside ``subspaces:every=64`` carries one token in 16; ``1/g`` of the memory and of the
+  copies). When ``g`` is 1 (a statistic on every token, or rates like 3 and 16) it holds
+  every ``(row, position)``, padding included and weighted out.
 * At each ``Mark(L)``: per source, the summed norm (recomputed only after a stream norm or a
   scale; pre-norm contributions never change) and the summed signed share ``<c, x>/‖x‖²``,
   one batched matrix product over the tokens.
@@ -34,6 +37,7 @@ write (``carry.carry_dtype``); ``into`` warns (once per model) if a stored write
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -58,8 +62,8 @@ class FlowSums:
 
     Each statistic asks for itself (``ask``), on every real token or on about one in
     ``every``; one buffer serves them all. It carries the tokens they measure (``_start``):
-    when all of them sample the same tokens, only those (memory and writes ``1/every`` of
-    every token's), else every token, each statistic picking its own among them.
+    those sampled at the greatest common divisor of their rates (memory and writes ``1/gcd``
+    of every token's; every token when it is 1), each statistic picking its own among them.
     Takes a 16-bit model's own writes on a lean pass (``native_dtype``): they go into the
     buffer as they are (a 16-bit buffer then needs no rounding check) or widened.
     """
@@ -109,12 +113,11 @@ class FlowSums:
 
     def _start(self, value: Tensor) -> None:
         """Fix the carried tokens and each statistic's, and allocate the buffer for ``value``."""
-        rates = set(self.wants.values())
-        shared = rates.pop() if len(rates) == 1 else 1  # one sample for all: carry only it
+        shared = math.gcd(*self.wants.values()) or 1  # every statistic's sample lies within it
         self.carry = TokenChoice.of(self.batch, self.mask, shared)
         for name, k in self.wants.items():  # a choice within the carried tokens
             self.tokens[name] = (self.carry.taken() if k == shared
-                                 else TokenChoice.of(self.batch, self.mask, k))  # carry: every token
+                                 else TokenChoice.of(self.batch, self.mask, k, among=shared))
         self.born_tokens = self.tokens.get(SURVIVAL, self.carry.taken())  # ``born`` is survival's
         if self.subspace_parts is not None:
             self.subspaces = SubspaceSums(self.model, self.tokens[SUBSPACES], *self.subspace_parts)

@@ -9,7 +9,10 @@ estimates over the chosen tokens; the statistics report how many tokens they are
 
 ``TokenChoice`` is what a reducer holds: every real token (padding weighted out by
 ``real``, nothing indexed) or the chosen ones (indexed: ``take`` gathers them, a copy of
-``1/every`` of the tensor, and ``real`` is all true).
+``1/every`` of the tensor, and ``real`` is all true). Samples nest: a hash that is a multiple
+of ``every`` is one of every divisor of ``every``, so the tokens chosen one in 16 are among
+those chosen one in 4 (``sampled_among``), and a reducer that holds the latter can pick the
+former out of them (``TokenChoice.of(..., among=4)``).
 
 A replayed CUDA graph (``streaming.graphs``) cannot change a tensor's length, so a sampled
 statistic in one reads a ``StaticBatch``'s fixed-capacity choice instead: ``capacity``
@@ -68,6 +71,27 @@ def sampled(batch, every: int) -> Tensor:
     return mask & torch.from_numpy(chosen)
 
 
+def sampled_among(batch, every: int, among: int) -> Tensor:
+    """Which of the tokens sampled one in ``among`` are also sampled one in ``every``.
+
+    ``[n]`` bool over ``sampled(batch, among)``'s tokens in their order (row-major). ``every``
+    must be a multiple of ``among``: then its choice lies within ``among``'s (module docstring).
+    """
+    if every % among:
+        raise ValueError(f"one in {every} is not a sample within one in {among}")
+    return sampled(batch, every)[sampled(batch, among)]
+
+
+def _keep(batch, key: int | tuple[int, int]) -> Tensor:
+    """The tokens a ``StaticBatch.samples`` key names: ``every`` or ``(every, among)``."""
+    return sampled(batch, key) if isinstance(key, int) else sampled_among(batch, *key)
+
+
+def _capturing(device: torch.device) -> bool:
+    """Whether a CUDA graph is being captured on ``device``'s current stream."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def _splitmix64(x: np.ndarray) -> np.ndarray:
     """SplitMix64's output function on ``uint64`` arrays (wrapping arithmetic)."""
     z = x + np.uint64(0x9E3779B97F4A7C15)
@@ -81,6 +105,8 @@ class TokenChoice:
 
     ``keep`` (``[batch, pos]`` bool, on the CPU: ``sampled``) chooses them; None reads every
     token, padding weighted out by ``real`` rather than indexed (no copy, no device sync).
+    A ``keep`` of ``[n]`` chooses among tensors already taken by another choice of ``n``
+    tokens (``sampled_among``); its ``rows`` are then not rows.
     """
 
     def __init__(self, mask: Tensor, keep: Tensor | None = None) -> None:
@@ -96,21 +122,20 @@ class TokenChoice:
         return choice
 
     @classmethod
-    def fixed(cls, keep: Tensor, every: int, device) -> TokenChoice:
-        """A choice of ``capacity`` slots for tokens sampled one in ``every``, holding ``keep``'s.
+    def fixed(cls, keep: Tensor, n: int, device) -> TokenChoice:
+        """A choice of ``n`` slots (``capacity``), holding ``keep``'s tokens.
 
         For a replayed graph (module docstring): its tensors keep their size, ``refill``
         loads another batch's choice into them.
         """
-        n = capacity(keep.numel(), every)
         with torch.inference_mode(False):  # refilled outside the pass that first asks for it
             choice = cls._made(torch.zeros(n, dtype=torch.long, device=device),
-                               torch.zeros(n, dtype=torch.bool, device=device), keep.shape[1])
+                               torch.zeros(n, dtype=torch.bool, device=device), keep.shape[-1])
         choice.refill(keep)
         return choice
 
     def refill(self, keep: Tensor) -> bool:
-        """Load the choice ``keep`` (``[batch, pos]``, this shape) in place; False if it does not fit."""
+        """Load another batch's ``keep`` (as the first one's) in place; False if it does not fit."""
         chosen = keep.flatten().nonzero().squeeze(1)
         n = len(self.index)
         if len(chosen) > n:
@@ -128,18 +153,26 @@ class TokenChoice:
         return torch.arange(len(self.real), device=self.real.device) // self.width
 
     @classmethod
-    def of(cls, batch, mask: Tensor, every: int) -> TokenChoice:
+    def of(cls, batch, mask: Tensor, every: int, among: int = 1) -> TokenChoice:
         """Every token of ``batch`` (``every`` 1) or one in ``every`` (``sampled``).
 
-        Of a ``StaticBatch``: its fixed choice for ``every`` (made on first use).
+        ``among > 1``: one in ``every`` picked out of tensors already taken one in ``among``
+        (``sampled_among``; ``every`` a multiple of it). Of a ``StaticBatch``: its fixed choice
+        for ``every`` (and ``among``), made on first use, which must not be inside a CUDA
+        graph's capture (it copies the choice to the device: ``graphs.record`` warms up first).
         """
         if every == 1:
             return cls(mask)
+        key = every if among == 1 else (every, among)
         if not isinstance(batch, StaticBatch):
-            return cls(mask, sampled(batch, every))
-        if every not in batch.samples:
-            batch.samples[every] = cls.fixed(sampled(batch, every), every, mask.device)
-        return batch.samples[every]
+            return cls(mask, _keep(batch, key))
+        if key not in batch.samples:
+            if _capturing(mask.device):
+                raise RuntimeError(f"a fixed choice of one token in {every} was first asked for "
+                                   "inside a CUDA graph's capture; run the pass once before it")
+            batch.samples[key] = cls.fixed(_keep(batch, key), capacity(mask.numel(), every),
+                                           mask.device)
+        return batch.samples[key]
 
     @property
     def sampled(self) -> bool:
@@ -178,7 +211,8 @@ class StaticBatch(Batch):
     """A batch whose device tensors a replayed CUDA graph reads (``streaming.graphs``).
 
     Its tokens, mask, rows' texts (``text_ids``) and sampled tokens (``samples``: one fixed
-    ``TokenChoice`` per ``every``, made when a reducer first asks) are refilled in place for
+    ``TokenChoice`` per ``every`` or ``(every, among)``, made when a reducer first asks:
+    ``TokenChoice.of``) are refilled in place for
     every batch of its shape (``refill``), so a graph captured on them reads that batch.
     """
 
@@ -197,4 +231,4 @@ class StaticBatch(Batch):
         self.tokens.copy_(batch.tokens)
         self.attention_mask.copy_(batch.attention_mask)
         self.text_ids.copy_(torch.tensor(batch.text_index, dtype=torch.long))
-        return all(choice.refill(sampled(batch, every)) for every, choice in self.samples.items())
+        return all(choice.refill(_keep(batch, key)) for key, choice in self.samples.items())

@@ -14,8 +14,8 @@ that read, before the reading norm. So ``SubspaceSums`` is fed by the buffer's o
 The arithmetic is the analysis's (the same two functions), so a scan reproduces it on one
 trace to float summation order, while memory is the buffer plus one bounded product. With
 ``subspaces:every=k`` both measure about one real token in ``k`` (``sampling``): the buffer
-carries only those when every statistic it serves samples the same tokens, else every token
-and the measures pick the chosen ones.
+carries the tokens sampled at the greatest common divisor of the rates of the statistics it
+serves (``flow.FlowSums``), and the measures pick the chosen ones among them.
 """
 
 from __future__ import annotations
