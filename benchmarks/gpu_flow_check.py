@@ -1,6 +1,7 @@
 """The flow statistics as a GPU scan runs them (replayed, fused) against the eager ones.
 
-Survival and read attribution replay as a CUDA graph per batch shape (``streaming.graphs``)
+Survival, read attribution and ``subspaces`` (since session 12: its readers' bases made once
+per scan) replay as a CUDA graph per batch shape (``streaming.graphs``)
 and survival's per-mark dot products compile into one kernel (``carry.token_dots``). This
 scans the same batches three ways: replayed with fusion (what ``rs.scan`` does on a GPU),
 eagerly with fusion, eagerly without; and prints as one JSON line, per sum, the largest
@@ -9,7 +10,8 @@ with how many batches were replayed and any warning (a capture that failed falls
 the eager pass with a warning). The lens on every token (not replayable) is scanned twice,
 with its per-point reductions compiled (``lens.point_terms``, ``lens.row_dot``) and eagerly.
 Then the statistics on one token in 16 (session 11: replayed from fixed-capacity token
-choices refilled per batch, ``sampling.StaticBatch``), replayed against eager.
+choices refilled per batch, ``sampling.StaticBatch``) with ``subspaces`` on one in 64 (session
+12: picked among the buffer's one in 16), replayed against eager.
 
     python benchmarks/gpu_flow_check.py --model /tmp/smollm2-random
 """
@@ -28,18 +30,22 @@ from scan_speed import _batches  # noqa: E402
 import residual_stream as rs  # noqa: E402
 from residual_stream import fusion  # noqa: E402
 from residual_stream.streaming import make_accumulators  # noqa: E402
+from residual_stream.streaming.lean import points  # noqa: E402
 from residual_stream.streaming.runner import batch_adder  # noqa: E402
 
-STATS = ["growth", "survival", "read_attribution"]
-SAMPLED = ["growth", "survival:every=16", "read_attribution:every=16", "lens:every=16"]
+STATS = ["growth", "survival", "read_attribution", "subspaces"]
+SAMPLED = ["growth", "survival:every=16", "read_attribution:every=16", "lens:every=16",
+           "subspaces:every=64"]
 
 
 def _scan(model, batches, graphs: bool, fused: bool, stats=STATS) -> tuple[dict, int]:
     fusion.ENABLED = fused
     try:
         accs = make_accumulators(stats)
+        calibrates = any(a.calibrates for a in accs.values())  # subspaces' PCA, as a scan fixes
+        calibration = points(model, batches[0]) if calibrates else None
         for a in accs.values():
-            a.prepare(model, None)
+            a.prepare(model, calibration)
         add = batch_adder(model, accs, graphs, batches[0].tokens.shape[1])
         for b in batches:
             add(b)

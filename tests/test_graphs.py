@@ -39,9 +39,15 @@ def model() -> rs.Model:
 
 
 def _both(model, texts, width=None, stats=("growth",), **kw) -> tuple[dict, dict, Replayed]:
+    from residual_stream.streaming.lean import points
+
     eager, replayed = make_accumulators(list(stats)), make_accumulators(list(stats))
     replay = Replayed(model, replayed, width=width, emulate=True)
-    for batch in corpus_batches(model, Corpus(texts), **kw):
+    batches = list(corpus_batches(model, Corpus(texts), **kw))
+    calibration = points(model, batches[0])  # as a scan fixes subspaces' PCA
+    for acc in [*eager.values(), *replayed.values()]:
+        acc.prepare(model, calibration)
+    for batch in batches:
         _add_batch(model, batch, eager)
         replay.add(batch)
     return eager, replayed, replay
@@ -119,7 +125,11 @@ def _assert_sums_close(eager: dict, replayed: dict, rel: float) -> None:
     nearly 0 at the last point) also within ``KL_ATOL`` per token."""
     for name, a in eager.items():
         b = replayed[name]
-        assert a.sums.keys() == b.sums.keys() and a.meta == b.meta, name
+        assert a.sums.keys() == b.sums.keys() and a.meta.keys() == b.meta.keys(), name
+        for key, value in a.meta.items():  # labels, or subspaces' PCA basis (the same batch's)
+            same = (torch.equal(value, b.meta[key]) if isinstance(value, torch.Tensor)
+                    else value == b.meta[key])
+            assert same, (name, key)
         for key, x in a.sums.items():
             y = b.sums[key]
             assert x.shape == y.shape and torch.equal(x.isnan(), y.isnan()), (name, key)
@@ -153,8 +163,9 @@ def test_replayed_survival_and_read_attribution_equal_the_eager_scan(name):
 SAMPLED = {  # statistics, and the fixed choices their static batch holds (every, or (every, among))
     "alike": (("growth", "survival:every=3", "read_attribution:every=3", "lens:every=3"), {3}),
     "reads only": (("survival", "read_attribution:every=3", "lens:every=2"), {3, 2}),
-    "nested": (("growth", "survival:every=2", "read_attribution:every=4", "lens:every=4"),
-               {2, (4, 2), 4}),  # the buffer carries one in 2, reads pick one in 4 of those
+    "nested": (("growth", "survival:every=2", "read_attribution:every=4", "lens:every=4",
+                "subspaces:every=6"),  # the buffer carries one in 2, the others pick theirs
+               {2, (4, 2), 4, (6, 2)}),
 }
 
 
@@ -179,6 +190,30 @@ def test_replayed_statistics_on_sampled_tokens_equal_the_eager_scan(name, stats)
         assert all(isinstance(c, TokenChoice) and c.sampled for c in entry.batch.samples.values())
     assert {n: int(a.sums["n"]) for n, a in eager.items() if n != "growth"} \
         == {n: int(a.sums["n"]) for n, a in replayed.items() if n != "growth"}
+    _assert_sums_close(eager, replayed, REL_PADDED)
+
+
+@pytest.mark.parametrize("name", ["twin-post", "twin-sandwich", "llama", "gemma2"])
+def test_replayed_subspaces_equal_the_eager_scan(name, monkeypatch):
+    """``subspaces`` on every token replays: its readers' bases are made once per scan, at
+    the warm-up (one ``eigh`` per read map, then none), and every sum is the eager scan's."""
+    from tiny_hf import build
+
+    from residual_stream.inputs import ByteTokenizer
+
+    m = (rs.twin(norm="layernorm", placement=name[5:], n_layers=3, d_model=32, seed=2, n_ctx=64)
+         if name.startswith("twin") else rs.load(build(name), tokenizer=ByteTokenizer()))
+    events: list[str] = []  # eigendecompositions and replayed batches, in order
+    eigh, add = torch.linalg.eigh, Replayed.add
+    monkeypatch.setattr(torch.linalg, "eigh", lambda *a, **k: events.append("eigh") or eigh(*a, **k))
+    monkeypatch.setattr(Replayed, "add", lambda self, b: events.append("batch") or add(self, b))
+    stats = ("growth", "survival", "read_attribution", "subspaces")
+    eager, replayed, replay = _both(m, TEXTS * 2, width=24, stats=stats, batch_size=4,
+                                    seq_len=24)
+    assert all(a.replayable for a in replayed.values())
+    assert replay.replays == events.count("batch") > 2 and replay.fallbacks == 0
+    second = events.index("batch", events.index("batch") + 1)
+    assert "eigh" in events[:second] and "eigh" not in events[second:]  # both scans: once
     _assert_sums_close(eager, replayed, REL_PADDED)
 
 
@@ -373,6 +408,9 @@ def test_only_a_model_whole_on_one_device_is_replayed():
 
 _READ_BACKS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero",
                "numpy", "cpu")
+# functions that wait for the device on CUDA (a comparison's answer, cuSOLVER's error check)
+# or copy host values to it (a tensor made from Python numbers)
+_WAITING_CALLS = ((torch, "equal"), (torch.linalg, "eigh"), (torch, "tensor"))
 
 
 def _count_reads(monkeypatch) -> list[str]:
@@ -393,6 +431,17 @@ def _count_reads(monkeypatch) -> list[str]:
         monkeypatch.setattr(torch.Tensor, f"_orig_{method}", getattr(torch.Tensor, method),
                             raising=False)
         monkeypatch.setattr(torch.Tensor, method, counting(method))
+
+    def calling(name, fn):
+        def run(*args, **kwargs):
+            caller = traceback.extract_stack(limit=2)[0]
+            if "residual_stream" in caller.filename:
+                reads.append(f"{name} at {caller.filename}:{caller.lineno}")
+            return fn(*args, **kwargs)
+        return run
+
+    for owner, name in _WAITING_CALLS:
+        monkeypatch.setattr(owner, name, calling(name, getattr(owner, name)))
     return reads
 
 
@@ -403,29 +452,34 @@ def test_a_replayable_pass_never_reads_a_value_back_to_the_host(name, monkeypatc
     Counted where the package's own code asks for one during the replayable pass (the tiny
     Llama's mask check in ``transformers.masking_utils`` reads one eagerly; under capture
     transformers skips it, as the device run showed). The eager reducer's search, which
-    counts its candidates, is the positive control. Sampled statistics are checked as a
-    capture runs them: on a ``StaticBatch`` whose fixed choices a warm-up pass made.
+    counts its candidates, is the positive control. Sampled statistics and ``subspaces``
+    are checked as a capture runs them: on a ``StaticBatch`` whose fixed choices a warm-up
+    pass made, as it made the readers' bases (its ``eigh``, the grouped-query comparison and
+    the slots' index tensors: the second positive control).
     """
     from tiny_hf import build
 
     from residual_stream.inputs import ByteTokenizer
-    from residual_stream.streaming.lean import lean_forward
+    from residual_stream.streaming.lean import lean_forward, points
     from residual_stream.streaming.sampling import StaticBatch
 
     m = rs.load(build("llama"), tokenizer=ByteTokenizer()) if name == "llama" else _planted_twin()
     batch = next(iter(corpus_batches(m, Corpus(TEXTS), batch_size=4, seq_len=24)))
     static = StaticBatch.on(batch, m.device)
     sampled = make_accumulators(["growth", "survival:every=3", "read_attribution:every=3",
-                                 "lens:every=3"])
+                                 "lens:every=3", "subspaces:every=3"])
+    sampled["subspaces:every=3"].prepare(m, points(m, batch))
 
     def run_sampled() -> None:
         shared: dict = {}
         sums = [a.sums_for(m, static, shared, replayable=True) for a in sampled.values()]
         lean_forward(m, static, list(dict.fromkeys(sums)))
 
-    run_sampled()  # the warm-up: makes the fixed choices (reads the batch's sample)
-    assert set(static.samples) == {3}
     reads = _count_reads(monkeypatch)
+    run_sampled()  # the warm-up: makes the fixed choices (reads the batch's sample) and bases
+    assert set(static.samples) == {3}
+    made = {r.split(" at ")[0] for r in reads}
+    assert {"eigh", "tensor", "nonzero"} <= made and ("equal" in made) == (name == "llama"), made
     for replayable, expect_reads in ((True, False), (False, True)):
         reads.clear()
         sums = make_accumulators(["growth"])["growth"].sums_for(m, batch, {}, replayable)

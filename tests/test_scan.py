@@ -521,7 +521,7 @@ def test_statistics_take_options_by_spec_and_results_are_keyed_by_it(model, tmp_
     replayable = {spec: acc.replayable for spec, acc in make_accumulators(
         ["read_attribution", "survival:every=2", "lens:every=2", "lens", "subspaces:every=2"]).items()}
     assert replayable == {"read_attribution": True, "survival:every=2": True,  # fixed choices
-                          "lens:every=2": True, "lens": False, "subspaces:every=2": False}
+                          "lens:every=2": True, "lens": False, "subspaces:every=2": True}
     for spec, message in [("lens:every=0", "at least 1"),
                           ("lens:evry=2", r"lens takes every=<int> \(default 1\)"),
                           ("lens:every=x", "'x' does not read as int"), ("lens:every", "lens takes every"),

@@ -9,11 +9,12 @@ Shared by the single-trace analysis (``subspaces.write_subspaces``) and the corp
   subspace and the read strength ``‖w M‖ / (σ_max ‖w‖)``, from one product with each map's
   left singular vectors, in token chunks of at most ``CHUNK_ELEMENTS``;
 * ``reader_map``: a component's readers and their distinct maps ``C diag(γ) W`` (grouped-query
-  copies once).
+  copies once, ``map_steps``); ``ReadBasis``: the maps' bases, made once and reusable.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -32,51 +33,77 @@ def _fold_norm(spec, W: Tensor) -> Tensor:
     return W if spec is None else spec.fold_into(W)
 
 
-def _singular(M: Tensor) -> tuple[Tensor, Tensor]:
-    """Left singular vectors ``U [n, d, r]`` and singular values ``S [n, r]`` of a batch ``M [n, d, k]``.
+@dataclasses.dataclass(frozen=True)
+class ReadBasis:
+    """Orthonormal column-space bases of a batch of maps ``M [n, d, k]``, and their spectra.
 
-    ``r = min(d, k)``; columns beyond the numerical rank are zeroed in both. Computed from the
-    smaller Gram matrix in float64 (``eigh`` of ``MᵀM`` or ``MMᵀ``), much faster than an SVD of
-    a tall or wide map. Since ``M = U diag(S) Vᵀ`` with orthonormal ``V``, ``‖w M‖² =
-    Σ_j (w·u_j)² S_j²``: one product with ``U`` gives both a write's energy in the column
-    space and its read strength.
+    From one eigendecomposition of the smaller Gram matrix in float64 (``MᵀM`` or ``MMᵀ``,
+    much faster than an SVD of a tall or wide map); ``r = min(d, k)`` columns, those beyond
+    the numerical rank zeroed. ``S2 [n, r]``: squared singular values; ``sigma [n]``: the
+    largest. Since ``M = U diag(S) Vᵀ`` with orthonormal ``V``, ``‖w M‖² = Σ_j (w·u_j)² S_j²``:
+    one product with ``U`` gives both a write's energy in the column space and its read
+    strength. Made once, it serves every later batch without another ``eigh`` (which waits
+    for the device): a map with no more columns than rows (a head's query or key) keeps only
+    ``R = V diag(1/S) [n, k, k]`` and rebuilds ``U = M R`` from the map (``U``); a wide map
+    (an MLP's input) keeps ``U [n, d, d]`` itself.
     """
-    M64 = M.double()
-    if M.shape[-1] <= M.shape[-2]:
-        S2, V = torch.linalg.eigh(M64.transpose(-1, -2) @ M64)        # ascending
+
+    S2: Tensor
+    sigma: Tensor
+    R: Tensor | None = None
+    wide_U: Tensor | None = None
+
+    @classmethod
+    def of(cls, M: Tensor) -> ReadBasis:
+        """The bases of ``M [n, d, k]`` (the class docstring)."""
+        M64 = M.double()
+        narrow = M.shape[-1] <= M.shape[-2]
+        S2, vectors = torch.linalg.eigh(M64.mT @ M64 if narrow else M64 @ M64.mT)  # ascending
         S = S2.clamp_min(0).sqrt()
-        U = (M64 @ V) / S.clamp_min(1e-300)[:, None, :]
-    else:
-        S2, U = torch.linalg.eigh(M64 @ M64.transpose(-1, -2))
-        S = S2.clamp_min(0).sqrt()
-    keep = S > RANK_TOL * S.amax(-1, keepdim=True).clamp_min(1e-300)
-    return (U * keep[:, None, :]).to(M.dtype), (S * keep).to(M.dtype)
+        keep = S > RANK_TOL * S.amax(-1, keepdim=True).clamp_min(1e-300)
+        S = S * keep
+        spectrum = dict(S2=S.pow(2).to(M.dtype), sigma=S.amax(-1).to(M.dtype))
+        if narrow:
+            inverse = torch.where(keep, 1 / S.clamp_min(1e-300), 0)
+            return cls(**spectrum, R=vectors * inverse[:, None, :])
+        return cls(**spectrum, wide_U=(vectors * keep[:, None, :]).to(M.dtype))
+
+    def U(self, M: Tensor) -> Tensor:
+        """The left singular vectors ``[n, d, r]`` of ``M`` (the maps this was made of)."""
+        if self.R is None:
+            return self.wide_U
+        return (M.double() @ self.R.to(M.device)).to(M.dtype)
 
 
 def _bases(M: Tensor) -> tuple[Tensor, Tensor]:
     """Orthonormal column-space bases of a batch ``M [n, d, k]``, and each largest singular value."""
-    U, S = _singular(M)
-    return U, S.amax(-1)
+    basis = ReadBasis.of(M)
+    return basis.U(M), basis.sigma
 
 
 def head_write_bases(model) -> Tensor:
     """Orthonormal bases of every head's write subspace (row space of ``W_O``): ``[head, d, d_head]``.
 
-    One layer at a time: the float64 temporaries of ``_singular`` stay one layer's size.
+    One layer at a time: the float64 temporaries of ``ReadBasis.of`` stay one layer's size.
     """
     return torch.cat([_bases(model.weights(L).W_O.transpose(-1, -2))[0]
                       for L in range(model.anatomy.n_layers)])
 
 
-def _distinct(W: Tensor, rep: int) -> tuple[Tensor, Tensor]:
-    """Heads' maps ``W [head, d, k]`` without the copies grouped-query attention repeats.
+def map_steps(model, comp, weights=None) -> tuple[int, ...]:
+    """Per read channel of ``comp`` (queries, keys), the stride over heads to its distinct maps.
 
-    Returns the distinct maps and, per head, the index of its map among them.
+    Grouped-query attention repeats each key map for ``n_heads / n_kv_heads`` heads: its
+    stride is that ratio when the maps really repeat (one comparison, a read of the device),
+    else 1. ``()`` for an MLP. Fixed by the weights, so a scan finds it once.
     """
-    heads = torch.arange(len(W))
-    if rep > 1 and torch.equal(W, W[::rep].repeat_interleave(rep, 0)):
-        return W[::rep], heads // rep
-    return W, heads
+    if comp.kind != "attn":
+        return ()
+    a = model.anatomy
+    rep = a.n_heads // max(a.n_kv_heads, 1)
+    w = weights or model.weights(comp.layer)
+    return tuple(rep if rep > 1 and torch.equal(W, W[::rep].repeat_interleave(rep, 0)) else 1
+                 for W, _ in w.attention_reads())
 
 
 def reader_names(anatomy, comp) -> list[str]:
@@ -86,24 +113,26 @@ def reader_names(anatomy, comp) -> list[str]:
     return [f"L{comp.layer}H{h}.{ch}" for ch in "qkv" for h in range(anatomy.n_heads)]
 
 
-def reader_map(model, comp, weights=None) -> tuple[list[str], Tensor, Tensor]:
+def reader_map(model, comp, weights=None, steps: tuple[int, ...] | None = None,
+               ) -> tuple[list[str], Tensor, Tensor]:
     """A component's reader labels, its distinct read maps, and each reader's map index.
 
     The maps are ``M [m, d, k] = C diag(γ) W`` (the reading norm folded; a query/key norm's
     gain folded into ``W``, ``LayerWeights.attention_reads``); heads sharing a key/value map
-    under grouped-query attention share one row of ``M``.
+    under grouped-query attention share one row of ``M``. ``steps``: ``map_steps`` found
+    before (else found here).
     """
     a = model.anatomy
     w = weights or model.weights(comp.layer)
     spec = a.norms.get(comp.reads_through) if comp.reads_through else None
     if comp.kind != "attn":
         return reader_names(a, comp), _fold_norm(spec, w.W_in[None]), torch.zeros(1, dtype=torch.long)
+    steps = map_steps(model, comp, w) if steps is None else steps
     maps, index, offset = [], [], 0
-    for W, _ in w.attention_reads():  # queries and keys with their norms' gains folded in
-        distinct, idx = _distinct(W, a.n_heads // max(a.n_kv_heads, 1))
-        maps.append(distinct)
-        index.append(idx + offset)
-        offset += len(distinct)
+    for (W, _), step in zip(w.attention_reads(), steps, strict=True):  # gains folded in
+        maps.append(W[::step])
+        index.append(torch.arange(len(W)) // step + offset)
+        offset += len(maps[-1])
     return reader_names(a, comp), _fold_norm(spec, torch.cat(maps)), torch.cat(index)
 
 
@@ -154,17 +183,19 @@ def write_sums(x: Float[Tensor, "token d_model"], subspaces: Sequence[Subspace],
 
 
 def read_sums(x: Float[Tensor, "token write d_model"], M: Tensor, slots: Tensor | None = None,
-              weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
+              weight: Tensor | None = None, basis: ReadBasis | None = None,
+              ) -> tuple[Tensor, Tensor]:
     """Token sums of ``‖w U‖²/‖w‖²`` and ``‖w M‖/(σ_max ‖w‖)`` per write and map ``[write, m]``.
 
     ``U`` spans the column space of each map ``M [m, d, k]``; both measures come from one
-    product with ``U`` (``_singular``), at most ``d`` columns per map even for a wide one.
+    product with ``U`` (``ReadBasis``, made here unless ``basis`` brings it), at most ``d``
+    columns per map even for a wide one.
     ``slots`` picks the writes along axis 1 of ``x`` (a view of a larger buffer); ``weight``
     (bool per token) leaves padding out. Tokens go in chunks so no ``[chunk, write, m, r]``
     product outgrows ``CHUNK_ELEMENTS``; a 16-bit ``x`` is upcast to ``U``'s dtype per chunk.
     """
-    U, S = _singular(M)
-    S2, sigma = S.pow(2), S.amax(-1)
+    basis = ReadBasis.of(M) if basis is None else basis
+    U, S2, sigma = basis.U(M), basis.S2, basis.sigma
     n_writes = x.shape[1] if slots is None else len(slots)
     frac = torch.zeros(n_writes, M.shape[0], dtype=torch.float64, device=x.device)
     strength = torch.zeros_like(frac)

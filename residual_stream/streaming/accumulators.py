@@ -29,6 +29,7 @@ from .growth import GrowthStats
 from .lean import reduce_trace
 from .lens import LensSums
 from .sampling import TokenChoice, check_every, row_texts
+from .subspaces import ReadPlans
 
 __all__ = ["BIN_WIDTH", "LOG_BINS", "NORM_RANGE", "STATS", "Accumulator", "GrowthStats",
            "histogram_quantile", "log_histogram", "make_accumulators", "parse_spec"]
@@ -149,13 +150,15 @@ class SubspaceStats(Accumulator):
     The stream's principal components are fixed from the first batch of the corpus (the
     calibration) so every batch and every process measures against the same subspace. Lean:
     each batch is reduced from the contribution buffer of ``flow.FlowSums`` by a
-    ``subspaces.SubspaceSums``; the subspaces and the heads' write bases are computed once
-    per scan. ``every > 1`` measures about one real token in ``every`` (``sampling``).
+    ``subspaces.SubspaceSums``; the subspaces, the heads' write bases and the readers' bases
+    are computed once per scan, so a scan of it replays as a CUDA graph (``graphs``).
+    ``every > 1`` measures about one real token in ``every`` (``sampling``).
     """
 
     name = "subspaces"
     calibrates = True
     lean = True
+    replayable = True  # its bases and read plans are made once per scan, at the first batch
     OPTIONS = ("pca_k", "unembed_k", "every")
 
     def __init__(self, pca_k: int = 16, unembed_k: int = 32, every: int = 1) -> None:
@@ -165,7 +168,7 @@ class SubspaceStats(Accumulator):
                              f"{unembed_k})")
         self.pca_k, self.unembed_k = pca_k, unembed_k
         self.every = check_every(self.name, every)
-        self._fixed: tuple | None = None  # (PCA basis, subspaces, head bases): not state
+        self._fixed: tuple | None = None  # (PCA basis, model, subspaces, head bases, read plans)
 
     @property
     def calibrated(self) -> bool:
@@ -178,16 +181,25 @@ class SubspaceStats(Accumulator):
         if "pca_basis" not in self.meta:
             self.meta["pca_basis"] = pca_subspace(calibration, k=self.pca_k).basis.cpu()
 
-    def sums_for(self, model, batch, shared: dict | None = None) -> FlowSums:
-        """The batch's ``FlowSums`` (shared with the flow statistics), feeding a ``SubspaceSums``."""
+    def sums_for(self, model, batch, shared: dict | None = None,
+                 replayable: bool = False) -> FlowSums:
+        """The batch's ``FlowSums`` (shared with the flow statistics), feeding a ``SubspaceSums``.
+
+        Everything that depends on the model alone (the named subspaces, the heads' write
+        bases, the readers' bases: ``subspaces.ReadPlans``) is made once per scan and model,
+        on its device, at the first batch; ``replayable`` changes nothing: a replay's
+        warm-up is that first batch, and later passes never wait for the device.
+        """
         basis = self.meta["pca_basis"]
-        if self._fixed is None or self._fixed[0] is not basis:  # once per scan (and loaded state)
+        if self._fixed is None or self._fixed[0] is not basis or self._fixed[1] is not model:
             pca = Subspace(f"pca{self.pca_k}@{model.anatomy.n_layers}", basis)  # as pca_subspace names it
-            subs = named_subspaces(model, pca, self.unembed_k)
-            self._fixed = (basis, subs, head_write_bases(model))
+            subs = [Subspace(s.name, s.basis.to(model.device))  # not copied inside the pass
+                    for s in named_subspaces(model, pca, self.unembed_k)]
+            self._fixed = (basis, model, subs, head_write_bases(model).to(model.device),
+                           ReadPlans(model))
         flow = FlowSums.shared(shared, model, batch)
         flow.ask(self.name, self.every)
-        flow.subspace_parts = self._fixed[1:]
+        flow.subspace_parts = self._fixed[2:]
         return flow
 
     def update(self, trace) -> None:

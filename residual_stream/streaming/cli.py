@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--no-graphs", action="store_true",
                    help="never replay the lean pass from CUDA graphs (default: replay on a CUDA "
                         "device when every statistic can be: growth, survival, "
-                        "read_attribution, the sampled lens)")
+                        "read_attribution, subspaces, the sampled lens)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 

@@ -27,9 +27,9 @@ pass (``lean.lean_pass``).
   materialized per source.
 
 Token sums are float64 on the batch's device; nothing is read back until ``into``, so on a
-GPU a scan of survival and read attribution (with growth or not) replays as a CUDA graph per
-batch shape (``streaming.graphs``), the buffer held in that graph's memory pool: its host
-side (labels, marks, reads) depends on the program and shape only.
+GPU a scan of survival, read attribution and subspaces (with growth or not) replays as a
+CUDA graph per batch shape (``streaming.graphs``), the buffer held in that graph's memory
+pool: its host side (labels, marks, reads) depends on the program and shape only.
 
 **The buffer's dtype** is the model's own when that is 16-bit and nothing rescales a carried
 write (``carry.carry_dtype``); ``into`` warns (once per model) if a stored write was rounded.

@@ -23,25 +23,66 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..analyses.subspace_measures import read_sums, reader_map, reader_names, write_sums
+from ..analyses.subspace_measures import ReadBasis, map_steps, read_sums, reader_map, reader_names, write_sums
 from ..analyses.subspaces import Subspace
 from .sampling import TokenChoice
 
 SUBSPACES = "subspaces"
 
 
+class ReadPlans:
+    """What each read needs that depends on the model alone, made at its first batch, reused.
+
+    Per component: its maps' grouped-query strides (``map_steps``), each reader's map index
+    and the maps' bases (``ReadBasis``: one ``eigh`` per scan instead of one per batch); per
+    read, which buffer slots hold writes and their rows. A later batch finds them on the
+    device: no eigendecomposition, comparison or host-to-device copy, so a CUDA graph can
+    capture the reads (``graphs``). Memory: the wide maps' bases (an MLP's input: ``d_model²``
+    per layer in the model's dtype; SmolLM2-135M 40 MB in float32), the narrow maps' ``k × k``
+    factors.
+    """
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.maps: dict[str, tuple] = {}   # component → (steps, index, ReadBasis)
+        self.slots: dict[tuple, tuple[Tensor, Tensor]] = {}  # (component, labels) → slots, rows
+
+    def read(self, comp, weights, device) -> tuple[Tensor, Tensor, ReadBasis]:
+        """``comp``'s distinct read maps ``M`` on ``device``, each reader's map index, the bases."""
+        if comp.name in self.maps:
+            steps, index, basis = self.maps[comp.name]
+            return reader_map(self.model, comp, weights, steps)[1].to(device), index, basis
+        steps = map_steps(self.model, comp, weights)
+        _, M, index = reader_map(self.model, comp, weights, steps)
+        M = M.to(device)
+        self.maps[comp.name] = steps, index.to(device), ReadBasis.of(M)
+        return M, *self.maps[comp.name][1:]
+
+    def present(self, component: str, labels: list[str], row: dict[str, int], device,
+                ) -> tuple[Tensor, Tensor] | None:
+        """(buffer slots, write rows) of the writes among ``labels``; None if there are none."""
+        key = (component, tuple(labels))
+        if key not in self.slots:
+            present = [(i, row[lab]) for i, lab in enumerate(labels) if lab in row]
+            self.slots[key] = None if not present else tuple(
+                torch.tensor(part, device=device) for part in zip(*present, strict=True))
+        return self.slots[key]
+
+
 class SubspaceSums:
     """One batch's subspace sums; fed by ``FlowSums`` (``added``, ``read``), then ``into``."""
 
     def __init__(self, model, tokens: TokenChoice, subspaces: list[Subspace],
-                 head_bases: Tensor) -> None:
+                 head_bases: Tensor, plans: ReadPlans | None = None) -> None:
         """``tokens``: the measured tokens among those the buffer carries (``FlowSums.tokens``).
 
-        ``subspaces`` and ``head_bases`` (``subspace_measures.head_write_bases``): fixed per scan.
+        ``subspaces``, ``head_bases`` (``subspace_measures.head_write_bases``) and ``plans``
+        (a new one if None): fixed per scan, on the model's device.
         """
         a = model.anatomy
         self.tokens, self.mask = tokens, tokens.real
         self.model, self.subspaces = model, subspaces
+        self.plans = ReadPlans(model) if plans is None else plans
         self.components = {c.name: c for c in a.components}
         self.writes = [c.name for c in a.components]
         self.row = {w: i for i, w in enumerate(self.writes)}
@@ -72,15 +113,13 @@ class SubspaceSums:
 
         ``weights``: the reading block's ``LayerWeights`` when the caller already has them.
         """
-        present = [(i, self.row[lab]) for i, lab in enumerate(labels) if lab in self.row]
-        if not present:
+        present = self.plans.present(component, labels, self.row, buf.device)
+        if present is None:
             return
-        _, M, index = reader_map(self.model, self.components[component], weights)
+        slots, rows = present
+        M, index, basis = self.plans.read(self.components[component], weights, buf.device)
         cols = self.columns[component]
-        slots = torch.tensor([i for i, _ in present], device=buf.device)
-        rows = torch.tensor([r for _, r in present], device=buf.device)
-        frac, strength = read_sums(self.tokens.pick(buf), M.to(buf.device), slots, self.mask)
-        index = index.to(buf.device)
+        frac, strength = read_sums(self.tokens.pick(buf), M, slots, self.mask, basis)
         self.read_fraction[rows, cols] = frac[:, index]
         self.read_strength[rows, cols] = strength[:, index]
 
