@@ -23,6 +23,10 @@
 #     to big, survival on one token in 16 (its buffer then holds those tokens only); to small,
 #     survival + read attribution on one token in 16 together. Sampled survival, read
 #     attribution and lens variants now replay (before session 11 they ran eagerly).
+# Session 12 added: subspaces replays (its readers' bases made once per scan), so check also
+#     compares subspaces (every token; and one in 64 beside the others' one in 16: nested
+#     samples, one buffer of one token in 16) replayed against eager; small adds
+#     read attribution on one token in 16 beside subspaces on one in 64 (rs_read16_sub64).
 # NCCL=1 adds the one-rank nccl merge (gpu_nccl.py) after the check step.
 set -uo pipefail
 STEPS=${STEPS:-check big small reader}
@@ -44,7 +48,7 @@ if [[ " $STEPS " == *" big "* ]]; then
 fi
 if [[ " $STEPS " == *" small "* ]]; then
   python3 benchmarks/scan_speed.py $M --batches 8 --batch-size 8 --seq-len 128 --rounds 5 --memory \
-    --variants hf_forward,hf_headless,rs_stats,rs_survival,rs_read,rs_read_every16,rs_flow_every16,rs_stats_flow,rs_lens,rs_lens_every16,rs_lens_tf32,rs_subspaces,rs_subspaces_every16 \
+    --variants hf_forward,hf_headless,rs_stats,rs_survival,rs_read,rs_read_every16,rs_flow_every16,rs_stats_flow,rs_lens,rs_lens_every16,rs_lens_tf32,rs_subspaces,rs_subspaces_every16,rs_read16_sub64 \
     --json "$OUT/speed8_8x128.json" 2>&1 | quiet | tee "$OUT/speed8_8x128.md"
 fi
 if [[ " $STEPS " == *" reader "* ]]; then

@@ -37,9 +37,9 @@ class ReadPlans:
     and the maps' bases (``ReadBasis``: one ``eigh`` per scan instead of one per batch); per
     read, which buffer slots hold writes and their rows. A later batch finds them on the
     device: no eigendecomposition, comparison or host-to-device copy, so a CUDA graph can
-    capture the reads (``graphs``). Memory: the wide maps' bases (an MLP's input: ``d_model²``
-    per layer in the model's dtype; SmolLM2-135M 40 MB in float32), the narrow maps' ``k × k``
-    factors.
+    capture the reads (``graphs``). Memory, for the scan: the wide maps' bases (an MLP's
+    input: ``d_model²`` per layer in the model's dtype; SmolLM2-135M 40 MB in float32) and
+    the narrow maps' ``d_head × d_head`` factors in float64 (12 MB).
     """
 
     def __init__(self, model) -> None:
