@@ -1,14 +1,15 @@
 """The flow statistics as a GPU scan runs them (replayed, fused) against the eager ones.
 
-Survival, read attribution and ``subspaces`` (since session 12: its readers' bases made once
-per scan) replay as a CUDA graph per batch shape (``streaming.graphs``)
+Survival, read attribution, ``subspaces`` (since session 12: its readers' bases made once
+per scan) and the lens on every token (session 12: its logits' forward pass in the same
+graph) replay as a CUDA graph per batch shape (``streaming.graphs``)
 and survival's per-mark dot products compile into one kernel (``carry.token_dots``). This
 scans the same batches three ways: replayed with fusion (what ``rs.scan`` does on a GPU),
 eagerly with fusion, eagerly without; and prints as one JSON line, per sum, the largest
 difference of each of the first two from the third, relative to the sum's largest entry,
 with how many batches were replayed and any warning (a capture that failed falls back to
-the eager pass with a warning). The lens on every token (not replayable) is scanned twice,
-with its per-point reductions compiled (``lens.point_terms``, ``lens.row_dot``) and eagerly.
+the eager pass with a warning); the lens's per-point reductions are compiled in the first
+two (``lens.point_terms``, ``lens.row_dot``).
 Then the statistics on one token in 16 (session 11: replayed from fixed-capacity token
 choices refilled per batch, ``sampling.StaticBatch``) with ``subspaces`` on one in 64 (session
 12: picked among the buffer's one in 16), replayed against eager.
@@ -33,7 +34,7 @@ from residual_stream.streaming import make_accumulators  # noqa: E402
 from residual_stream.streaming.lean import points  # noqa: E402
 from residual_stream.streaming.runner import batch_adder  # noqa: E402
 
-STATS = ["growth", "survival", "read_attribution", "subspaces"]
+STATS = ["growth", "survival", "read_attribution", "subspaces", "lens"]
 SAMPLED = ["growth", "survival:every=16", "read_attribution:every=16", "lens:every=16",
            "subspaces:every=64"]
 
@@ -81,15 +82,12 @@ def main() -> None:
         replayed, replays = _scan(model, batches, graphs, True)
         fused, _ = _scan(model, batches, False, True)
         eager, _ = _scan(model, batches, False, False)
-        lens_fused, _ = _scan(model, batches, False, True, ["lens"])
-        lens_eager, _ = _scan(model, batches, False, False, ["lens"])
         sampled_replayed, sampled_replays = _scan(model, batches, graphs, True, SAMPLED)
         sampled_eager, _ = _scan(model, batches, False, True, SAMPLED)
     print(json.dumps({"replays": replays, "batches": len(batches),
                       "warnings": [str(w.message)[:300] for w in caught],
                       "replayed_vs_eager": _diffs(eager, replayed),
                       "fused_vs_eager": _diffs(eager, fused),
-                      "lens_fused_vs_eager": _diffs(lens_eager, lens_fused, ["lens"]),
                       "sampled_replays": sampled_replays,
                       "sampled_replayed_vs_eager": _diffs(sampled_eager, sampled_replayed, SAMPLED)}))
 

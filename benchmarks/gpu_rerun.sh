@@ -23,9 +23,10 @@
 #     to big, survival on one token in 16 (its buffer then holds those tokens only); to small,
 #     survival + read attribution on one token in 16 together. Sampled survival, read
 #     attribution and lens variants now replay (before session 11 they ran eagerly).
-# Session 12 added: subspaces replays (its readers' bases made once per scan), so check also
-#     compares subspaces (every token; and one in 64 beside the others' one in 16: nested
-#     samples, one buffer of one token in 16) replayed against eager; small adds
+# Session 12 added: subspaces and the every-token lens replay (bases made once per scan; the
+#     logits' forward pass in the lens's graph), so check also compares them replayed against
+#     eager (subspaces on every token, and on one in 64 beside the others' one in 16: nested
+#     samples, one buffer of one token in 16); rs_lens and rs_subspaces now replay; small adds
 #     read attribution on one token in 16 beside subspaces on one in 64 (rs_read16_sub64).
 # NCCL=1 adds the one-rank nccl merge (gpu_nccl.py) after the check step.
 set -uo pipefail

@@ -194,9 +194,10 @@ def test_replayed_statistics_on_sampled_tokens_equal_the_eager_scan(name, stats)
 
 
 @pytest.mark.parametrize("name", ["twin-post", "twin-sandwich", "llama", "gemma2"])
-def test_replayed_subspaces_equal_the_eager_scan(name, monkeypatch):
-    """``subspaces`` on every token replays: its readers' bases are made once per scan, at
-    the warm-up (one ``eigh`` per read map, then none), and every sum is the eager scan's."""
+def test_replayed_statistics_on_every_token_equal_the_eager_scan(name, monkeypatch):
+    """Every statistic on every token replays: ``subspaces`` (its readers' bases made once per
+    scan, at the warm-up: ``eigh`` then, never after), the lens (the plain forward pass for
+    its logits in the same graph) and ``composition``; every sum is the eager scan's."""
     from tiny_hf import build
 
     from residual_stream.inputs import ByteTokenizer
@@ -207,7 +208,7 @@ def test_replayed_subspaces_equal_the_eager_scan(name, monkeypatch):
     eigh, add = torch.linalg.eigh, Replayed.add
     monkeypatch.setattr(torch.linalg, "eigh", lambda *a, **k: events.append("eigh") or eigh(*a, **k))
     monkeypatch.setattr(Replayed, "add", lambda self, b: events.append("batch") or add(self, b))
-    stats = ("growth", "survival", "read_attribution", "subspaces")
+    stats = ("growth", "survival", "read_attribution", "subspaces", "lens", "composition")
     eager, replayed, replay = _both(m, TEXTS * 2, width=24, stats=stats, batch_size=4,
                                     seq_len=24)
     assert all(a.replayable for a in replayed.values())
@@ -452,10 +453,10 @@ def test_a_replayable_pass_never_reads_a_value_back_to_the_host(name, monkeypatc
     Counted where the package's own code asks for one during the replayable pass (the tiny
     Llama's mask check in ``transformers.masking_utils`` reads one eagerly; under capture
     transformers skips it, as the device run showed). The eager reducer's search, which
-    counts its candidates, is the positive control. Sampled statistics and ``subspaces``
-    are checked as a capture runs them: on a ``StaticBatch`` whose fixed choices a warm-up
-    pass made, as it made the readers' bases (its ``eigh``, the grouped-query comparison and
-    the slots' index tensors: the second positive control).
+    counts its candidates, is the positive control. Every statistic, sampled and on every
+    token, is checked as a capture runs it: on a ``StaticBatch`` whose fixed choices a
+    warm-up pass made, as it made the readers' bases (its ``eigh``, the grouped-query
+    comparison and the slots' index tensors: the second positive control).
     """
     from tiny_hf import build
 
@@ -468,12 +469,17 @@ def test_a_replayable_pass_never_reads_a_value_back_to_the_host(name, monkeypatc
     static = StaticBatch.on(batch, m.device)
     sampled = make_accumulators(["growth", "survival:every=3", "read_attribution:every=3",
                                  "lens:every=3", "subspaces:every=3"])
-    sampled["subspaces:every=3"].prepare(m, points(m, batch))
+    full = make_accumulators(["growth", "survival", "read_attribution", "lens", "subspaces",
+                              "composition"])
+    for accs in (sampled, full):
+        for a in accs.values():
+            a.prepare(m, points(m, batch))
 
     def run_sampled() -> None:
-        shared: dict = {}
-        sums = [a.sums_for(m, static, shared, replayable=True) for a in sampled.values()]
-        lean_forward(m, static, list(dict.fromkeys(sums)))
+        for accs in (sampled, full):
+            shared: dict = {}
+            sums = [a.sums_for(m, static, shared, replayable=True) for a in accs.values()]
+            lean_forward(m, static, list(dict.fromkeys(sums)))
 
     reads = _count_reads(monkeypatch)
     run_sampled()  # the warm-up: makes the fixed choices (reads the batch's sample) and bases

@@ -518,10 +518,12 @@ def test_statistics_take_options_by_spec_and_results_are_keyed_by_it(model, tmp_
     assert list(accs) == ["lens", "lens:every=4", "survival:granularity=head",
                           "subspaces:pca_k=4:unembed_k=8", "growth:top_k=10"]
     assert (accs["lens:every=4"].every, accs["subspaces:pca_k=4:unembed_k=8"].unembed_k) == (4, 8)
-    replayable = {spec: acc.replayable for spec, acc in make_accumulators(
-        ["read_attribution", "survival:every=2", "lens:every=2", "lens", "subspaces:every=2"]).items()}
+    replayable = {spec: acc.lean and acc.replayable for spec, acc in make_accumulators(  # graphs
+        ["read_attribution", "survival:every=2", "lens:every=2", "lens", "subspaces:every=2",
+         "composition", "read_attribution:granularity=head"]).items()}
     assert replayable == {"read_attribution": True, "survival:every=2": True,  # fixed choices
-                          "lens:every=2": True, "lens": False, "subspaces:every=2": True}
+                          "lens:every=2": True, "lens": True, "subspaces:every=2": True,
+                          "composition": True, "read_attribution:granularity=head": False}
     for spec, message in [("lens:every=0", "at least 1"),
                           ("lens:evry=2", r"lens takes every=<int> \(default 1\)"),
                           ("lens:every=x", "'x' does not read as int"), ("lens:every", "lens takes every"),

@@ -226,12 +226,12 @@ class LensStats(Accumulator):
 
     name = "lens"
     lean = True
+    replayable = True  # every token: the logits' pass and the lean pass are one graph
     OPTIONS = ("every",)
 
     def __init__(self, every: int = 1) -> None:
         super().__init__()
         self.every = check_every(self.name, every)
-        self.replayable = every > 1  # every token: the logits come first, from another pass
 
     def prepare(self, model, calibration) -> None:
         """Refuse a model without an LM head before the first batch (``NotAvailableError``)."""
@@ -242,7 +242,8 @@ class LensStats(Accumulator):
                  replayable: bool = False) -> LensSums:
         """A ``LensSums`` for one batch of ``model``, on the sampled tokens when ``every > 1``.
 
-        ``replayable`` changes nothing: a sampled lens never waits for the device.
+        ``replayable`` changes nothing: the lens never waits for the device (on every token
+        the plain forward pass for the logits comes first in the same replayed graph).
         """
         mask = batch.attention_mask.to(model.device)
         return LensSums(model, TokenChoice.of(batch, mask, self.every),
@@ -293,17 +294,27 @@ class _NoSums:
     def into(self, acc: Accumulator) -> None:
         """Nothing."""
 
+    def rebind(self, batch, width: int) -> None:
+        """Nothing: no sums to name a batch in."""
+
+    def overflowed(self) -> bool:
+        """Never."""
+        return False
+
 
 class CompositionStats(Accumulator):
     """Q/K/V composition scores: weights only, computed once (nothing to accumulate).
 
-    Lean, so that it never forces a full trace on the statistics scanned beside it.
+    Lean and replayable, so that it never forces a full trace, or the eager pass on a GPU,
+    on the statistics scanned beside it.
     """
 
     name = "composition"
     lean = True
+    replayable = True
 
-    def sums_for(self, model, batch, shared: dict | None = None) -> _NoSums:
+    def sums_for(self, model, batch, shared: dict | None = None,
+                 replayable: bool = False) -> _NoSums:
         """Nothing to reduce per batch."""
         return _NoSums()
 

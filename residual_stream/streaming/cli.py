@@ -45,8 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, else float32), float32 ...")
     p.add_argument("--no-graphs", action="store_true",
                    help="never replay the lean pass from CUDA graphs (default: replay on a CUDA "
-                        "device when every statistic can be: growth, survival, "
-                        "read_attribution, subspaces, the sampled lens)")
+                        "device when every statistic can be: all but per-head survival and "
+                        "read_attribution)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 

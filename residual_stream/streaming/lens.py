@@ -7,6 +7,7 @@ all of them for a 7B Llama), ``LensSums`` takes the final logits first (``needs_
 the lean pass runs one plain forward pass for them, then the pass itself without the
 unembedding; a trace has them already) and reduces every point the moment it arrives. So
 the scan holds the model's own logits and a few bounded temporaries, whatever the depth.
+On a GPU both passes are captured in one CUDA graph per batch shape (``graphs``).
 
 **Sampled tokens** (``LensStats(every=k)``, the spec ``lens:every=k``): about one real
 token in ``k``, chosen by its place in the corpus (``sampling.sampled``), is reduced. Keeping those

@@ -262,8 +262,8 @@ def scan(
             added (and saved); a batch is named by its segment of the corpus
             (``Corpus.segments``) and its index there.
         graphs: Replay each batch shape's lean pass from a CUDA graph (``"auto"``: on a CUDA
-            device when every statistic can be: ``growth``, ``survival``, ``read_attribution``,
-            ``subspaces`` and the sampled lens; see ``streaming.graphs``).
+            device when every statistic can be: all but per-head survival and read
+            attribution; see ``streaming.graphs``).
     """
     corpus = corpus if isinstance(corpus, Corpus) else Corpus(corpus)
     accs = make_accumulators(stats)
