@@ -124,6 +124,9 @@ def test_write_fractions_against_float64_projections(tokens):
     ref_heads = torch.stack([(w @ q.double()).pow(2).sum(-1) / energy for q in heads]).sum(-1)
     torch.testing.assert_close(named, ref_named, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(per_head, ref_heads, atol=1e-5, rtol=1e-5)
+    stored = heads.permute(1, 0, 2).contiguous().permute(1, 0, 2)  # as head_write_bases lays out
+    torch.testing.assert_close(S.write_sums(x, subs, stored, weight)[1], ref_heads, atol=1e-5,
+                               rtol=1e-5)
 
 
 # --- norm growth ------------------------------------------------------------------------

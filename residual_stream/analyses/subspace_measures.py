@@ -85,9 +85,12 @@ def head_write_bases(model) -> Tensor:
     """Orthonormal bases of every head's write subspace (row space of ``W_O``): ``[head, d, d_head]``.
 
     One layer at a time: the float64 temporaries of ``ReadBasis.of`` stay one layer's size.
+    Stored as ``[d, head, d_head]`` (the result is a permuted view), so ``write_sums`` reads
+    every head's basis as one ``[d, head × d_head]`` matrix without copying it.
     """
-    return torch.cat([_bases(model.weights(L).W_O.transpose(-1, -2))[0]
-                      for L in range(model.anatomy.n_layers)])
+    bases = torch.cat([_bases(model.weights(L).W_O.transpose(-1, -2))[0]
+                       for L in range(model.anatomy.n_layers)])
+    return bases.permute(1, 0, 2).contiguous().permute(1, 0, 2)
 
 
 def map_steps(model, comp, weights=None) -> tuple[int, ...]:
@@ -163,22 +166,25 @@ def write_sums(x: Float[Tensor, "token d_model"], subspaces: Sequence[Subspace],
     ``[d, d]`` Gram matrix replaces the ``[token, head × d_head]`` product. ``weight`` (bool per
     token) leaves padding out; the analysis passes real tokens only. The Gram route costs
     ``T d² + d² D`` multiply-adds against ``T d D`` for the direct one (``T`` tokens, ``D`` the
-    heads' total width, ``n_layers × d_model`` in most models); the cheaper is taken.
+    heads' total width, ``n_layers × d_model`` in most models); the cheaper is taken. Either
+    is one product with all heads' bases as ``[d, head × d_head]`` (a view of
+    ``head_write_bases``' layout, a copy of any other).
     """
     B = torch.cat([s.basis.to(x.device, x.dtype) for s in subspaces], 1)
     widths = [s.basis.shape[1] for s in subspaces]
-    Q = head_bases.to(x.device, x.dtype)                                       # (head, d, d_head)
+    T, d = x.shape
+    H, _, k = head_bases.shape
+    Q = head_bases.permute(1, 0, 2).reshape(d, H * k).to(x.device, x.dtype)   # (d, head × d_head)
     unit = x / x.pow(2).sum(-1, keepdim=True).clamp_min(1e-30).sqrt()          # 0 for a zero write
     if weight is not None:
         unit = torch.where(weight[:, None], unit, 0)
-    T, d, D = len(x), x.shape[-1], Q.shape[0] * Q.shape[2]
-    if T * d + d * D < T * D:
+    if T * d + d * H * k < T * H * k:
         G = unit.T @ unit                                                      # (d, d)
         named = torch.stack([(G @ b * b).sum() for b in B.split(widths, -1)])
-        heads = (torch.matmul(G, Q) * Q).sum((1, 2))                           # tr(Qᵀ G Q) per head
+        heads = ((G @ Q) * Q).view(d, H, k).sum((0, 2))                        # tr(Qᵀ G Q) per head
         return named.double(), heads.double()
     named = torch.stack([p.pow(2).sum(-1) for p in (unit @ B).split(widths, -1)], -1).sum(0)
-    heads = torch.einsum("td,hdk->thk", unit, Q).pow(2).sum((0, 2))
+    heads = (unit @ Q).view(T, H, k).pow(2).sum((0, 2))
     return named.double(), heads.double()
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import numpy as np
 import pandas as pd
 import torch
 
@@ -384,18 +383,3 @@ def parse_spec(spec: str) -> Accumulator:
                              f"{kind.__name__}; {name} takes {takes}") from None
     return cls(**kwargs)
 
-
-def frames(result) -> dict[str, pd.DataFrame]:
-    """A statistic's result as named data frames (for JSON and CSV output)."""
-    if isinstance(result, pd.DataFrame):
-        return {"summary": result}
-    out = {"values": result.to_frame()}
-    for extra in ("massive", "norm_inputs"):
-        if isinstance(getattr(result, extra, None), pd.DataFrame):
-            out[extra] = getattr(result, extra)
-    return out
-
-
-def _json_ready(frame: pd.DataFrame) -> list[dict]:
-    clean = frame.replace({np.nan: None})
-    return clean.to_dict("records")

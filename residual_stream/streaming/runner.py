@@ -38,12 +38,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
 from ..errors import EmptyTextError, InputError
 from ..trace import trace_batch
-from .accumulators import Accumulator, _json_ready, frames, make_accumulators
+from .accumulators import Accumulator, make_accumulators
 from .corpus import Corpus, row_batches
 from .graphs import Replayed
 from .lean import feed_trace, lean_pass, points
@@ -300,3 +302,19 @@ def scan(
     seconds = time.perf_counter() - start
     return ScanResult({n: a.result() for n, a in accs.items()}, tokens, added, seconds,
                       model.name, accs)
+
+
+def frames(result) -> dict[str, pd.DataFrame]:
+    """A statistic's result as named data frames (for JSON and CSV output)."""
+    if isinstance(result, pd.DataFrame):
+        return {"summary": result}
+    out = {"values": result.to_frame()}
+    for extra in ("massive", "norm_inputs"):
+        if isinstance(getattr(result, extra, None), pd.DataFrame):
+            out[extra] = getattr(result, extra)
+    return out
+
+
+def _json_ready(frame: pd.DataFrame) -> list[dict]:
+    clean = frame.replace({np.nan: None})
+    return clean.to_dict("records")
