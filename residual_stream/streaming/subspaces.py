@@ -45,7 +45,7 @@ class ReadPlans:
     def __init__(self, model) -> None:
         self.model = model
         self.maps: dict[str, tuple] = {}   # component → (steps, index, ReadBasis)
-        self.slots: dict[tuple, tuple[Tensor, Tensor]] = {}  # (component, labels) → slots, rows
+        self.slots: dict[tuple, tuple[Tensor, Tensor] | None] = {}  # (component, labels) → slots, rows
 
     def read(self, comp, weights, device) -> tuple[Tensor, Tensor, ReadBasis]:
         """``comp``'s distinct read maps ``M`` on ``device``, each reader's map index, the bases."""
