@@ -185,7 +185,7 @@ def test_replayed_statistics_on_sampled_tokens_equal_the_eager_scan(name, stats)
     eager, replayed, replay = _both(m, TEXTS * 2, width=24, stats=specs, batch_size=4, seq_len=24)
     assert all(a.replayable for a in replayed.values())
     assert replay.replays == 5 and replay.fallbacks == 0  # five batches of one shape, 4×24
-    for entry in replay.entries.values():  # one fixed choice per ``every``, in the static batch
+    for entry in replay.entries.values():  # one fixed choice per rate (and nesting), as listed
         assert set(entry.batch.samples) == choices
         assert all(isinstance(c, TokenChoice) and c.sampled for c in entry.batch.samples.values())
     assert {n: int(a.sums["n"]) for n, a in eager.items() if n != "growth"} \
