@@ -9,7 +9,8 @@ Shared by the single-trace analysis (``subspaces.write_subspaces``) and the corp
   subspace and the read strength ``‖w M‖ / (σ_max ‖w‖)``, from one product with each map's
   left singular vectors, in token chunks of at most ``CHUNK_ELEMENTS``;
 * ``reader_map``: a component's readers and their distinct maps ``C diag(γ) W`` (grouped-query
-  copies once, ``map_steps``); ``ReadBasis``: the maps' bases, made once and reusable.
+  copies once, ``map_steps``; the maps alone: ``read_maps``); ``ReadBasis``: the maps' bases,
+  made once and reusable.
 """
 
 from __future__ import annotations
@@ -118,25 +119,32 @@ def reader_names(anatomy, comp) -> list[str]:
 
 def reader_map(model, comp, weights=None, steps: tuple[int, ...] | None = None,
                ) -> tuple[list[str], Tensor, Tensor]:
-    """A component's reader labels, its distinct read maps, and each reader's map index.
+    """A component's reader labels, its distinct read maps (``read_maps``), each reader's map index.
 
-    The maps are ``M [m, d, k] = C diag(γ) W`` (the reading norm folded; a query/key norm's
-    gain folded into ``W``, ``LayerWeights.attention_reads``); heads sharing a key/value map
-    under grouped-query attention share one row of ``M``. ``steps``: ``map_steps`` found
-    before (else found here).
+    ``steps``: ``map_steps`` found before (else found here).
     """
     a = model.anatomy
     w = weights or model.weights(comp.layer)
-    spec = a.norms.get(comp.reads_through) if comp.reads_through else None
-    if comp.kind != "attn":
-        return reader_names(a, comp), _fold_norm(spec, w.W_in[None]), torch.zeros(1, dtype=torch.long)
     steps = map_steps(model, comp, w) if steps is None else steps
-    maps, index, offset = [], [], 0
-    for (W, _), step in zip(w.attention_reads(), steps, strict=True):  # gains folded in
-        maps.append(W[::step])
-        index.append(torch.arange(len(W)) // step + offset)
-        offset += len(maps[-1])
-    return reader_names(a, comp), _fold_norm(spec, torch.cat(maps)), torch.cat(index)
+    index, offset = [torch.zeros(1, dtype=torch.long)] if comp.kind != "attn" else [], 0
+    for step in steps:  # each channel's heads, pointing at its distinct maps
+        index.append(torch.arange(a.n_heads) // step + offset)
+        offset += -(-a.n_heads // step)
+    return reader_names(a, comp), read_maps(model, comp, w, steps), torch.cat(index)
+
+
+def read_maps(model, comp, weights, steps: tuple[int, ...]) -> Tensor:
+    """A component's distinct read maps ``M [m, d, k] = C diag(γ) W``.
+
+    The reading norm folded; a query/key norm's gain folded into ``W``
+    (``LayerWeights.attention_reads``); heads sharing a key/value map under grouped-query
+    attention share one row of ``M`` (``steps``: ``map_steps``).
+    """
+    spec = model.anatomy.norms.get(comp.reads_through) if comp.reads_through else None
+    if comp.kind != "attn":
+        return _fold_norm(spec, weights.W_in[None])
+    channels = weights.attention_reads()  # queries, keys, values: gains folded in
+    return _fold_norm(spec, torch.cat([W[::step] for (W, _), step in zip(channels, steps, strict=True)]))
 
 
 def reader_labels(model) -> tuple[str, ...]:

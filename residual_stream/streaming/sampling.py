@@ -61,14 +61,25 @@ def sampled(batch, every: int) -> Tensor:
     of text ``text_index[r]`` (rows are right-padded); it is chosen when ``splitmix64(text ·
     2³² + position)`` is a multiple of ``every``.
     """
+    return _chooser(batch)(every)
+
+
+def _chooser(batch):
+    """``every → sampled(batch, every)``, the batch's hashes computed once for all rates."""
     mask = batch.attention_mask.bool().cpu()
-    if every == 1:
-        return mask
     text = np.asarray(batch.text_index, dtype=np.uint64)[:, None]
     pos = (np.asarray(batch.text_start, dtype=np.uint64)[:, None]
            + np.arange(mask.shape[1], dtype=np.uint64)[None, :])
-    chosen = _splitmix64((text << np.uint64(32)) + pos) % np.uint64(every) == 0
-    return mask & torch.from_numpy(chosen)
+    hashes = None
+
+    def choose(every: int) -> Tensor:
+        nonlocal hashes
+        if every == 1:
+            return mask
+        if hashes is None:
+            hashes = _splitmix64((text << np.uint64(32)) + pos)
+        return mask & torch.from_numpy(hashes % np.uint64(every) == 0)
+    return choose
 
 
 def sampled_among(batch, every: int, among: int) -> Tensor:
@@ -77,14 +88,20 @@ def sampled_among(batch, every: int, among: int) -> Tensor:
     ``[n]`` bool over ``sampled(batch, among)``'s tokens in their order (row-major). ``every``
     must be a multiple of ``among``: then its choice lies within ``among``'s (module docstring).
     """
+    return _keep((every, among), _chooser(batch))
+
+
+def _keep(key: int | tuple[int, int], choose) -> Tensor:
+    """The tokens a ``StaticBatch.samples`` key names, from a batch's ``_chooser``.
+
+    ``every``: ``sampled``'s; ``(every, among)``: ``sampled_among``'s.
+    """
+    if isinstance(key, int):
+        return choose(key)
+    every, among = key
     if every % among:
         raise ValueError(f"one in {every} is not a sample within one in {among}")
-    return sampled(batch, every)[sampled(batch, among)]
-
-
-def _keep(batch, key: int | tuple[int, int]) -> Tensor:
-    """The tokens a ``StaticBatch.samples`` key names: ``every`` or ``(every, among)``."""
-    return sampled(batch, key) if isinstance(key, int) else sampled_among(batch, *key)
+    return choose(every)[choose(among)]
 
 
 def _capturing(device: torch.device) -> bool:
@@ -165,13 +182,13 @@ class TokenChoice:
             return cls(mask)
         key = every if among == 1 else (every, among)
         if not isinstance(batch, StaticBatch):
-            return cls(mask, _keep(batch, key))
+            return cls(mask, _keep(key, _chooser(batch)))
         if key not in batch.samples:
             if _capturing(mask.device):
                 raise RuntimeError(f"a fixed choice of one token in {every} was first asked for "
                                    "inside a CUDA graph's capture; run the pass once before it")
-            batch.samples[key] = cls.fixed(_keep(batch, key), capacity(mask.numel(), every),
-                                           mask.device)
+            batch.samples[key] = cls.fixed(_keep(key, _chooser(batch)),
+                                           capacity(mask.numel(), every), mask.device)
         return batch.samples[key]
 
     @property
@@ -231,4 +248,5 @@ class StaticBatch(Batch):
         self.tokens.copy_(batch.tokens)
         self.attention_mask.copy_(batch.attention_mask)
         self.text_ids.copy_(torch.tensor(batch.text_index, dtype=torch.long))
-        return all(choice.refill(_keep(batch, key)) for key, choice in self.samples.items())
+        choose = _chooser(batch)  # the batch hashed once for every choice
+        return all(choice.refill(_keep(key, choose)) for key, choice in self.samples.items())

@@ -23,7 +23,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..analyses.subspace_measures import ReadBasis, map_steps, read_sums, reader_map, reader_names, write_sums
+from ..analyses.subspace_measures import (
+    ReadBasis,
+    map_steps,
+    read_maps,
+    read_sums,
+    reader_map,
+    reader_names,
+    write_sums,
+)
 from ..analyses.subspaces import Subspace
 from .sampling import TokenChoice
 
@@ -51,7 +59,8 @@ class ReadPlans:
         """``comp``'s distinct read maps ``M`` on ``device``, each reader's map index, the bases."""
         if comp.name in self.maps:
             steps, index, basis = self.maps[comp.name]
-            return reader_map(self.model, comp, weights, steps)[1].to(device), index, basis
+            w = weights or self.model.weights(comp.layer)
+            return read_maps(self.model, comp, w, steps).to(device), index, basis
         steps = map_steps(self.model, comp, weights)
         _, M, index = reader_map(self.model, comp, weights, steps)
         M = M.to(device)
@@ -73,16 +82,16 @@ class SubspaceSums:
     """One batch's subspace sums; fed by ``FlowSums`` (``added``, ``read``), then ``into``."""
 
     def __init__(self, model, tokens: TokenChoice, subspaces: list[Subspace],
-                 head_bases: Tensor, plans: ReadPlans | None = None) -> None:
+                 head_bases: Tensor, plans: ReadPlans) -> None:
         """``tokens``: the measured tokens among those the buffer carries (``FlowSums.tokens``).
 
-        ``subspaces``, ``head_bases`` (``subspace_measures.head_write_bases``) and ``plans``
-        (a new one if None): fixed per scan, on the model's device.
+        ``subspaces``, ``head_bases`` (``subspace_measures.head_write_bases``) and ``plans``:
+        fixed per scan, on the model's device.
         """
         a = model.anatomy
         self.tokens, self.mask = tokens, tokens.real
         self.model, self.subspaces = model, subspaces
-        self.plans = ReadPlans(model) if plans is None else plans
+        self.plans = plans
         self.components = {c.name: c for c in a.components}
         self.writes = [c.name for c in a.components]
         self.row = {w: i for i, w in enumerate(self.writes)}
