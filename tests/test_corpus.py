@@ -34,13 +34,21 @@ def test_rows_cut_and_batch_like_one_text_at_a_time(monkeypatch):
     model = rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32)
     texts = ["a" * 40, "bc", "d" * 9, "efgh" * 5]  # 41, 3, 10, 21 ids with BOS
     monkeypatch.setattr(corpus_module, "TOKENIZE_CHARS", 12)  # groups of 1, 2 and 1 texts
-    got = list(row_batches(model, Corpus(texts), batch_size=2, seq_len=16, max_tokens=60))
+    kw = dict(batch_size=2, seq_len=16, max_tokens=60)
+    got = list(row_batches(model, Corpus(texts), order="text", **kw))
     ids = [model.tokenizer(t)["input_ids"] for t in texts]
     rows = [ids[0][:16], ids[0][16:32], ids[0][32:], ids[1], ids[2], ids[3][:6]]
     assert sum(map(len, rows)) == 60  # the budget cuts the last row
     assert got == [RowBatch(rows[0:2], (0, 0), (0, 16), 0, 0),  # text 0 from 0, then from 16
                    RowBatch(rows[2:4], (0, 1), (32, 0), 0, 1),
                    RowBatch(rows[4:6], (2, 3), (0, 0), 0, 2)]
+    # by length (one window here): 16, 16, 10, 9, 6, 3 ids; the budget still cuts text 3
+    assert list(row_batches(model, Corpus(texts), **kw)) == [
+        RowBatch(rows[0:2], (0, 0), (0, 16), 0, 0),
+        RowBatch([rows[4], rows[2]], (2, 0), (0, 32), 0, 1),
+        RowBatch([rows[5], rows[3]], (3, 1), (0, 0), 0, 2)]
+    with pytest.raises(InputError, match="order must be one of"):
+        list(row_batches(model, Corpus(texts), order="shortest", **kw))
     with pytest.raises(EmptyTextError, match="no texts"):
         list(row_batches(model, Corpus(["", "  "]), batch_size=2, seq_len=16))
     with pytest.raises(InputError, match="longer than the model's context"):
@@ -83,6 +91,39 @@ def test_corpus_batches_are_packed_row_batches():
         assert (batch.text_index, batch.text_start) == (r.text_index, r.text_start)
 
 
+@pytest.mark.parametrize("max_tokens", [None, 8000])
+def test_length_order_sorts_each_window_of_the_corpus_order(max_tokens, monkeypatch):
+    """Reference: the corpus-order rows, cut into windows of ``SORT_BATCHES`` batches within
+    each segment, each window sorted by hand (longest first, ties in corpus order)."""
+    model = rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=64)
+    monkeypatch.setattr(corpus_module, "SORT_BATCHES", 3)
+    corpus = Corpus(builtin_corpus()[:120], segment_chars=3000)  # several segments
+    kw = dict(batch_size=4, seq_len=48, max_tokens=max_tokens)
+    by_text = list(row_batches(model, corpus, order="text", **kw))
+    by_length = list(row_batches(model, corpus, **kw))
+    assert len({b.segment for b in by_text}) > 2
+
+    def placed(batches):
+        return [(b.segment, list(zip(b.rows, b.text_index, b.text_start, strict=True)))
+                for b in batches]
+
+    want = []
+    for segment in dict.fromkeys(b.segment for b in by_text):
+        rows = [r for s, part in placed(by_text) if s == segment for r in part]
+        for w in range(0, len(rows), 12):
+            window = rows[w:w + 12]
+            order = sorted(range(len(window)), key=lambda i: (-len(window[i][0]), i))
+            want += [(segment, window[i]) for i in order]
+    assert [(s, r) for s, part in placed(by_length) for r in part] == want
+    for b in by_length:  # batches of 4 numbered within their segment, a short one at its end
+        same = [c for c in by_length if c.segment == b.segment]
+        assert b.index == same.index(b) and (len(b.rows) == 4 or b is same[-1])
+    lengths = [len(r) for b in by_length for r in b.rows]
+    if max_tokens is not None:
+        assert sum(lengths) == max_tokens
+    assert lengths != sorted(lengths, reverse=True)  # sorted within windows, not overall
+
+
 class Counting:
     """A byte tokenizer that records every text it is asked to tokenize."""
 
@@ -105,12 +146,13 @@ def test_segments_are_cut_by_characters_and_batches_stay_inside_them():
     texts = ["abcdef", "ghij", "k", "lmnopqrstu", "vw"]  # segments of ≥ 10 characters
     corpus = Corpus(texts, segment_chars=10)
     assert list(corpus.segments()) == [(0, texts[0:2]), (2, texts[2:4]), (4, texts[4:])]
-    got = list(row_batches(model, corpus, batch_size=3, seq_len=4))
+    got = list(row_batches(model, corpus, batch_size=3, seq_len=4, order="text"))
     assert [b.key for b in got] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0)]
     assert [b.text_index for b in got] == [(0, 0, 1), (1,), (2, 3, 3), (3,), (4,)]
     assert [b.text_start for b in got] == [(0, 4, 0), (4,), (0, 0, 4), (8,), (0,)]  # BOS + bytes
     assert [r for b in got for r in b.rows] == [  # the same rows as one long segment
-        r for b in row_batches(model, Corpus(texts), batch_size=3, seq_len=4) for r in b.rows]
+        r for b in row_batches(model, Corpus(texts), batch_size=3, seq_len=4, order="text")
+        for r in b.rows]
     with pytest.raises(InputError, match="segment_chars must be a positive"):
         Corpus(texts, segment_chars=0)
 

@@ -16,7 +16,7 @@ import torch
 import residual_stream as rs
 from residual_stream.errors import InputError, NonFiniteError
 from residual_stream.streaming import Corpus, corpus_batches, make_accumulators
-from residual_stream.streaming.graphs import Replayed
+from residual_stream.streaming.graphs import Replayed, padded_width
 from residual_stream.streaming.runner import _add_batch, batch_adder
 
 REL_PADDED = 1e-6  # float32: a wider matmul may round differently (~1e-7 relative)
@@ -82,9 +82,12 @@ def test_replayed_growth_equals_the_eager_scan(model):
 
 
 def test_padding_to_the_scan_width_leaves_every_statistic_as_it_was(model):
-    """Padded to 20 positions: two shapes (3 rows, 2 rows); per-position sums cut back."""
+    """A scan width of 20 pads to 5, 10 or 20 positions: batches 3×16, 3×16, 3×14 (length
+    order) take 3×20 and the last, 2×3, takes 2×5; per-position sums are cut back."""
     eager, replayed, replay = _both(model, TEXTS, width=20, batch_size=3, seq_len=16)
-    assert set(replay.entries) == {(3, 20), (2, 20)} and replay.replays == 4
+    assert set(replay.entries) == {(3, 20), (2, 5)} and replay.replays == 4
+    assert [padded_width(n, 20) for n in (1, 5, 6, 10, 11, 20, 21)] == [5, 5, 10, 10, 20, 20, 21]
+    assert [padded_width(n, 7) for n in (1, 2, 3, 4, 7)] == [2, 2, 4, 4, 7]  # ⌈7/4⌉, ⌈7/2⌉, 7
     _assert_same(eager, replayed, rel=REL_PADDED)
 
 
@@ -97,10 +100,11 @@ def test_a_batch_with_more_candidates_than_the_search_holds_is_done_again(model,
     _assert_same(eager, replayed, rel=REL_PADDED)
 
 
-def test_shapes_past_the_limit_take_the_eager_pass(model):
-    """Unpadded rows of one text: 6 shapes, 4 captured; the rest are added eagerly, the same."""
+def test_shapes_past_the_limit_take_the_eager_pass(model, monkeypatch):
+    """Unpadded rows of one text: 6 shapes, 4 kept; the rest are added eagerly, the same."""
+    monkeypatch.setattr("residual_stream.streaming.graphs.MAX_SHAPES", 4)
     eager, replayed, replay = _both(model, TEXTS, batch_size=1, seq_len=32)
-    assert len(replay.entries) == 4 and replay.replays == 6  # widths 15, 30, 3, 2 (twice 15, 30)
+    assert len(replay.entries) == 4 and replay.replays == 6  # widths 32, 30, 15, 6 (twice 30, 15)
     _assert_same(eager, replayed)
 
 

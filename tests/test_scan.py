@@ -83,10 +83,11 @@ def scanned(model):
 
 
 def test_rows_batches_and_token_budget(model):
-    rows = _rows(model, TEXTS, batch_size=3, seq_len=24)
+    rows = _rows(model, TEXTS, batch_size=3, seq_len=24, order="text")
     assert all(len(r) <= 24 for r in rows)
     assert sum(map(len, rows)) == sum(len(t.encode()) + 1 for t in TEXTS)  # bytes + BOS
-    cut = _rows(model, TEXTS, batch_size=3, seq_len=24, max_tokens=50)
+    assert sorted(_rows(model, TEXTS, batch_size=3, seq_len=24)) == sorted(rows)  # by length
+    cut = _rows(model, TEXTS, batch_size=3, seq_len=24, max_tokens=50, order="text")
     assert sum(map(len, cut)) == 50 and cut[:-1] == rows[: len(cut) - 1]
 
 
@@ -120,9 +121,29 @@ def test_growth_equals_the_single_trace(scanned):
     # the second moment: population std of each point's norms over the tokens the mean counts
     rest = whole.attention_mask.bool().clone()
     rest[:, 0] = False
-    ref = torch.stack([whole.stream(L).norm(dim=-1)[rest].double().std(correction=0)
-                       for L in range(whole.anatomy.n_layers + 1)])
-    _close(result.accumulators["growth"].std(), ref, rel=1e-4)
+    _close(result.accumulators["growth"].std(), _counted_std(whole, rest), rel=1e-4)
+
+
+def _counted_std(whole, counted: torch.Tensor) -> torch.Tensor:
+    return torch.stack([whole.stream(L).norm(dim=-1)[counted].double().std(correction=0)
+                        for L in range(whole.anatomy.n_layers + 1)])
+
+
+@pytest.mark.parametrize("seq_len", [8, 1])
+def test_growth_counts_first_tokens_only_when_no_row_has_a_second(model, seq_len):
+    """The analysis leaves each row's first token out of the mean and quantiles unless no row
+    of the whole trace has a second. At ``seq_len`` 8 the rows sorted by length end in a
+    batch of one-token tails, which still leaves them out; at 1 every row is one token."""
+    texts = ["Residual streams", "Zebras Zigzag...", "Attention reads.", "MLPs write back!"]
+    assert {len(t) for t in texts} == {16}  # 17 ids with BOS: rows of 8, 8 and 1 at seq_len 8
+    kw = dict(batch_size=2, seq_len=seq_len)
+    assert {len(r) for r in list(row_batches(model, Corpus(texts), **kw))[-1].rows} == {1}
+    result, whole = rs.scan(model, texts, ["growth"], progress=False, **kw), _whole(model, texts, **kw)
+    _assert_growth_equal(result, whole)
+    counted = whole.attention_mask.bool().clone()
+    counted[:, 0] = seq_len == 1
+    assert int(counted.sum()) == (4 * 17 if seq_len == 1 else 4 * (17 - 3))
+    _close(result.accumulators["growth"].std(), _counted_std(whole, counted), rel=1e-4)
 
 
 LEAN_CASES = [("layernorm", "pre"), ("layernorm", "post"), ("rmsnorm", "sandwich"),
@@ -827,8 +848,11 @@ def test_a_lean_pass_without_the_lens_unembeds_only_the_last_position(name):
         rs.scan(m, TEXTS[:4], ["lens"], batch_size=4, seq_len=24, progress=False)
     finally:
         handle.remove()
-    assert lean_rows and set(lean_rows) == {1 if name != "bert_mlm" else 24}
-    assert rows and set(rows) == ({1, 24} if name != "bert_mlm" else {24})  # logits, then the pass
+    widths = {b.tokens.shape[1] for b in corpus_batches(m, Corpus(TEXTS[:4]), batch_size=4,
+                                                        seq_len=24)}
+    assert widths == {24, 15}  # two batches, the second of shorter rows
+    assert lean_rows and set(lean_rows) == ({1} if name != "bert_mlm" else widths)
+    assert rows and set(rows) == ({1} | widths if name != "bert_mlm" else widths)  # logits, then the pass
 
 
 @pytest.mark.parametrize("name", ["llama", "gemma2"])

@@ -23,7 +23,7 @@ from pathlib import Path
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The scan's arguments (shared by ``residual-stream scan`` and ``-m residual_stream.scan``)."""
     from . import STATS
-    from .corpus import SEGMENT_CHARS
+    from .corpus import ORDERS, SEGMENT_CHARS
 
     p.add_argument("model", help="registry name, HF folder, .gguf file or cached hub id")
     p.add_argument("corpus", help="'builtin', a text file (one text per line) or a folder of .txt files")
@@ -32,9 +32,13 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "options follow a colon, e.g. lens:every=16 (one token in 16; also "
                         "survival, read_attribution, subspaces), survival:granularity=head, "
                         "subspaces:pca_k=8:unembed_k=16, growth:top_k=100")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=8, help="rows per forward pass (default: 8)")
     p.add_argument("--seq-len", type=int, help="tokens per row (default: min(context, 128))")
     p.add_argument("--max-tokens", type=int, help="stop after this many tokens")
+    p.add_argument("--order", choices=list(ORDERS), default="length",
+                   help="length (default): each batch takes rows of about one length, sorted "
+                        "longest first within every 32 batches, so it holds little padding; "
+                        "text: rows in corpus order. The statistics are the same")
     p.add_argument("--segment-chars", type=int, default=SEGMENT_CHARS,
                    help="characters of text per corpus segment, the unit processes share and a "
                         f"resumed scan skips; batches never span two (default: {SEGMENT_CHARS})")
@@ -90,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
             args.state.with_name(f"{args.state.name}.rank{rank}")
         result = scan(model, corpus, list(accs.values()),
                       batch_size=args.batch_size, seq_len=args.seq_len, max_tokens=args.max_tokens,
-                      state=state, save_every=args.save_every, progress=not args.quiet,
+                      order=args.order, state=state, save_every=args.save_every, progress=not args.quiet,
                       rank=rank, world_size=world, graphs=False if args.no_graphs else "auto")
         if rank == 0:
             result.save(args.out)

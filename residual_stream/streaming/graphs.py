@@ -21,13 +21,18 @@ reducer takes ``sums_for(..., replayable=True)``) is therefore captured once per
   lean pass, so the results never depend on the replay; a stream that
   is not finite raises ``NonFiniteError`` as the eager pass does.
 
-Capturing costs three eager passes of the first batch of each shape (two warm-ups and the
-capture); at most ``MAX_SHAPES`` shapes are kept (a scan has full batches and the short
-last batch of each corpus segment, one shape per row count: past four, a short batch takes
-the eager pass; one batch in ~60 at 32×512 with the default segments). A shape whose
-capture fails (a model that waits for the device inside its forward pass, say) is warned
-about once and takes the eager pass. Without CUDA (``emulate``) the same buffers, reducers
-and checks run eagerly, so the CPU tests exercise everything but the graph itself.
+A scan's batches are right-padded (masked positions, which change no statistic) to the
+least of a quarter, a half or all of its ``seq_len`` that holds them (``padded_width``), so
+length-sorted batches (``corpus.ORDERS``) of short texts run at their own width while a
+scan captures at most three widths per row count. Capturing costs three eager passes of the
+first batch of each shape (two warm-ups and the capture); at most ``MAX_SHAPES`` shapes are
+kept: full batches and the short last batch of a segment, at three widths each. Past that,
+a shape (a later segment's short batch: one batch in ~60 at 32×512 with the default
+segments) takes the eager pass. Each kept graph holds its own memory pool, a narrower one
+less. A shape whose capture fails (a model that waits for the device inside its forward
+pass, say) is warned about once and takes the eager pass. Without CUDA (``emulate``) the
+same buffers, reducers and checks run eagerly, so the CPU tests exercise everything but the
+graph itself.
 """
 
 from __future__ import annotations
@@ -41,7 +46,8 @@ import torch
 from .lean import check_finite, lean_forward
 from .sampling import StaticBatch
 
-MAX_SHAPES = 4
+MAX_SHAPES = 6
+WIDTH_DIVISORS = (4, 2, 1)  # a replayed batch is padded to the least ⌈seq_len / d⌉ that holds it
 
 
 @dataclasses.dataclass
@@ -59,9 +65,20 @@ def on_one_device(module: torch.nn.Module, device: torch.device) -> bool:
     return all(t.device == device for t in tensors)
 
 
+def padded_width(positions: int, seq_len: int | None) -> int:
+    """Positions a replayed batch of ``positions`` is padded to.
+
+    The least ``⌈seq_len / d⌉`` (``d`` in ``WIDTH_DIVISORS``) that holds it; ``positions``
+    itself without a ``seq_len`` or past it.
+    """
+    if seq_len is None:
+        return positions
+    return next((w for d in WIDTH_DIVISORS if (w := -(-seq_len // d)) >= positions), positions)
+
+
 def _padded(batch, width: int | None):
-    """``batch`` right-padded with masked positions to ``width`` (unchanged if as wide)."""
-    extra = 0 if width is None else width - batch.tokens.shape[1]
+    """``batch`` right-padded with masked positions to ``padded_width`` of ``width``."""
+    extra = padded_width(batch.tokens.shape[1], width) - batch.tokens.shape[1]
     if extra <= 0:
         return batch
     pad = torch.nn.functional.pad
@@ -76,8 +93,9 @@ class Replayed:
                  emulate: bool | None = None) -> None:
         """Replay ``accs`` on ``model``.
 
-        ``width``: right-pad every batch to this many positions (a scan's ``seq_len``), so
-        batches of short texts share one shape; padding is masked and changes no statistic.
+        ``width``: a scan's ``seq_len``; each batch is right-padded to a quarter, a half or
+        all of it (``padded_width``), so batches of about one length share a shape; padding
+        is masked and changes no statistic. ``None``: one shape per batch shape.
         """
         self.model, self.accs, self.width = model, accs, width
         self.emulate = model.device.type != "cuda" if emulate is None else emulate

@@ -148,10 +148,15 @@ class GrowthSums:
         return bool((torch.stack(self.qualifying) > self.max_candidates).any())
 
     def _rest(self) -> Tensor:
-        """The tokens the mean counts: each row's first token left out (all, if nothing is left)."""
+        """The tokens the mean counts: each row's first token left out.
+
+        The analysis counts every token when no row has a second; whether that is so is
+        known only over the whole corpus, so the first tokens' sums are kept apart
+        (``GrowthStats._counted``).
+        """
         rest = self.mask.clone()
         rest[:, 0] = False
-        return rest if rest.any() else self.mask
+        return rest
 
     def point(self, point: int, x: Tensor) -> None:
         """The stream entering block ``point`` (``n_layers``: after the last block).
@@ -243,7 +248,10 @@ class GrowthSums:
         ones = rowsum.pow(2) / (self.d_model * norms.pow(2).clamp_min(1e-30))
         acc.add("mean", _token_sums(norms, rest))
         acc.add("sumsq", _token_sums(norms.pow(2), rest))
-        acc.add("first", norms[:, :, 0].double().sum(-1))
+        first = norms[:, :, 0]                                                     # (point, row)
+        acc.add("first", first.double().sum(-1))
+        acc.add("first_sq", first.double().pow(2).sum(-1))
+        acc.add("first_hist", log_histogram(first))
         acc.add("ones_share", _token_sums(ones, self.mask))
         acc.add("per_position", torch.where(self.mask, norms, 0).sum(1)[:, : self.width])
         acc.add("hist", log_histogram(norms.flatten(1), weights=rest.flatten()))
@@ -326,7 +334,8 @@ class GrowthStats(Accumulator):
         ``pos`` (the token's position in that text), where the
         single-trace analysis names the trace's ``batch`` row and the position in the row.
         """
-        mean = self.mean("mean", "n_rest")
+        total, _, hist, n = self._counted()
+        mean = self.mean(total, n)
         per_pos = self.mean("per_position", "position_count")
         rate, r2 = _fit(mean)
         massive = pd.DataFrame(self.meta.get("massive", []),
@@ -336,9 +345,9 @@ class GrowthStats(Accumulator):
                                     "input_norm": self.mean("norm_input").numpy(),
                                     "scale": self.mean("norm_scale").numpy()})
         return NormGrowth(
-            mean=mean, median=histogram_quantile(self.sums["hist"], 0.5),
-            p5=histogram_quantile(self.sums["hist"], 0.05),
-            p95=histogram_quantile(self.sums["hist"], 0.95), first_token=self.mean("first", "n_rows"),
+            mean=mean, median=histogram_quantile(self.sums[hist], 0.5),
+            p5=histogram_quantile(self.sums[hist], 0.05),
+            p95=histogram_quantile(self.sums[hist], 0.95), first_token=self.mean("first", "n_rows"),
             per_position=per_pos, growth=mean[1:] / mean[:-1], fit_rate=rate, fit_r2=r2,
             update_attn=self.mean("update_attn"), update_mlp=self.mean("update_mlp"),
             ones_share=self.mean("ones_share"), norm_inputs=norm_inputs, massive=massive,
@@ -350,8 +359,18 @@ class GrowthStats(Accumulator):
 
         Over the tokens the mean counts (each row's first token left out), in float64 throughout.
         """
-        n = self.sums["n_rest"].cpu().double()
-        mean = self.sums["mean"].cpu() / n
-        return (self.sums["sumsq"].cpu() / n - mean.pow(2)).clamp_min(0).sqrt().float()
+        total, squares, _, count = self._counted()
+        n = self.sums[count].cpu().double()
+        mean = self.sums[total].cpu() / n
+        return (self.sums[squares].cpu() / n - mean.pow(2)).clamp_min(0).sqrt().float()
+
+    def _counted(self) -> tuple[str, str, str, str]:
+        """Names of the sum, sum of squares, histogram and count of the tokens the mean counts.
+
+        Each row's first token is left out, unless no row has a second: then the first tokens.
+        """
+        if int(self.sums["n_rest"]) > 0:
+            return "mean", "sumsq", "hist", "n_rest"
+        return "first", "first_sq", "first_hist", "n_rows"
 
 

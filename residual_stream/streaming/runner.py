@@ -51,7 +51,8 @@ from .graphs import Replayed
 from .lean import feed_trace, lean_pass, points
 from .reader import prefetched
 
-STATE_VERSION = 3  # 2: batches within segments, named (segment, index); 3: stats by spec, lens kl_sq
+STATE_VERSION = 4  # 2: batches within segments, named (segment, index); 3: stats by spec, lens kl_sq;
+# 4: batches by length (config "order"), growth's first-token sums
 
 
 @dataclass
@@ -94,10 +95,10 @@ class ScanResult:
 
 
 def _config(model, corpus: Corpus, stats: list[str], batch_size: int, seq_len: int,
-            max_tokens: int | None, rank: int, world_size: int) -> dict:
+            max_tokens: int | None, order: str, rank: int, world_size: int) -> dict:
     return {"version": STATE_VERSION, "model": model.name, "stats": stats, "batch_size": batch_size,
-            "seq_len": seq_len, "max_tokens": max_tokens, "corpus": corpus.fingerprint(),
-            "segment_chars": corpus.segment_chars,
+            "seq_len": seq_len, "max_tokens": max_tokens, "order": order,
+            "corpus": corpus.fingerprint(), "segment_chars": corpus.segment_chars,
             "rank": rank, "world_size": world_size}
 
 
@@ -148,7 +149,7 @@ def _gather(accs: dict[str, Accumulator], tokens: int, batches: int,
 
 
 def _read_batches(model, corpus: Corpus, batch_size: int, seq_len: int, max_tokens: int | None,
-                  done: tuple[int, int], rank: int, world_size: int):
+                  order: str, done: tuple[int, int], rank: int, world_size: int):
     """``(key, batch)`` of this process's batches not yet in the saved sums, packed.
 
     Process ``rank`` takes the segments ``s ≡ rank (mod world_size)``; segments of others and
@@ -159,13 +160,13 @@ def _read_batches(model, corpus: Corpus, batch_size: int, seq_len: int, max_toke
         return segment % world_size == rank and segment >= done[0]
 
     for rows in row_batches(model, corpus, batch_size=batch_size, seq_len=seq_len,
-                            max_tokens=max_tokens, own=own):
+                            max_tokens=max_tokens, own=own, order=order):
         if rows.key >= done:
             yield rows.key, rows.pack(model)
 
 
 def _prepare(model, corpus: Corpus, accs: dict[str, Accumulator], batch_size: int, seq_len: int,
-             max_tokens: int | None) -> None:
+             max_tokens: int | None, order: str) -> None:
     """Fix data-dependent choices (the PCA of ``subspaces``) from the corpus's first batch.
 
     Every process does, from a lean pass that keeps the last block's output (``lean.points``),
@@ -173,7 +174,7 @@ def _prepare(model, corpus: Corpus, accs: dict[str, Accumulator], batch_size: in
     tokens is refused before anything runs.
     """
     first = next(row_batches(model, corpus, batch_size=batch_size, seq_len=seq_len,
-                             max_tokens=max_tokens), None)
+                             max_tokens=max_tokens, order=order), None)
     if first is None:
         raise EmptyTextError("the corpus's texts tokenize to nothing: give texts with some words")
     wanted = not all(a.calibrated for a in accs.values())  # a resumed state has its own
@@ -209,7 +210,8 @@ def batch_adder(model, accs: dict[str, Accumulator], graphs: bool | str = "auto"
 
     ``graphs``: ``"auto"`` replays when the model is on a CUDA device and every statistic is
     replayable (``streaming.graphs``); ``True`` insists (``InputError`` otherwise); ``False``
-    never replays. Replayed batches are padded to ``seq_len`` positions (one shape per row count).
+    never replays. Replayed batches are padded to a quarter, a half or all of ``seq_len``
+    positions (``graphs.padded_width``).
     """
     if graphs not in ("auto", True, False):
         raise InputError(f"graphs must be 'auto', True or False, not {graphs!r}")
@@ -231,6 +233,7 @@ def scan(
     batch_size: int = 8,
     seq_len: int | None = None,
     max_tokens: int | None = None,
+    order: str = "length",
     state: str | Path | None = None,
     save_every: int = 1,
     progress: bool = True,
@@ -254,6 +257,11 @@ def scan(
         batch_size: Rows per forward pass.
         seq_len: Tokens per row (default: the model's context, at most 128).
         max_tokens: Stop after this many tokens (the last row is cut to fit).
+        order: ``"length"``: each batch takes rows of about one length (the rows of every
+            ``corpus.SORT_BATCHES`` batches sorted longest first), so little of it is
+            padding; ``"text"``: rows in corpus order. The results are the same up to the
+            order of float sums (the lens's text-clustered standard error, whose clusters
+            are a text's tokens within one batch, aside).
         state: File to save the scan state to and resume from.
         save_every: Save the state after every this many batches.
         progress: Show a progress bar with tokens/s.
@@ -270,17 +278,18 @@ def scan(
     corpus = corpus if isinstance(corpus, Corpus) else Corpus(corpus)
     accs = make_accumulators(stats)
     seq_len = int(seq_len or min(model.anatomy.n_ctx, 128))
-    config = _config(model, corpus, list(accs), batch_size, seq_len, max_tokens, rank, world_size)
+    config = _config(model, corpus, list(accs), batch_size, seq_len, max_tokens, order, rank,
+                     world_size)
     path = Path(state) if state is not None else None
     saved = _load_state(path, config) if path is not None else None
     done, tokens, added = ((tuple(saved["next"]), saved["tokens"], saved["batches"]) if saved
                            else ((0, 0), 0, 0))
     for name, acc in (accs.items() if saved else ()):
         acc.load_state_dict(saved["stats"][name])
-    _prepare(model, corpus, accs, batch_size, seq_len, max_tokens)
+    _prepare(model, corpus, accs, batch_size, seq_len, max_tokens, order)
     add = batch_adder(model, accs, graphs, seq_len)
-    batches = prefetched(_read_batches(model, corpus, batch_size, seq_len, max_tokens, done, rank,
-                                       world_size))
+    batches = prefetched(_read_batches(model, corpus, batch_size, seq_len, max_tokens, order, done,
+                                       rank, world_size))
     share = None if max_tokens is None else -(-max_tokens // world_size)  # about this rank's part
     bar = tqdm(total=share, initial=tokens, unit="tok", unit_scale=True, disable=not progress,
                desc=f"scan {model.name}" + (f" [{rank}/{world_size}]" if world_size > 1 else ""))
