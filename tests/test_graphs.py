@@ -16,7 +16,7 @@ import torch
 import residual_stream as rs
 from residual_stream.errors import InputError, NonFiniteError
 from residual_stream.streaming import Corpus, corpus_batches, make_accumulators
-from residual_stream.streaming.graphs import Replayed, padded_width
+from residual_stream.streaming.graphs import Replayed, padded_width, widths
 from residual_stream.streaming.runner import _add_batch, batch_adder
 
 REL_PADDED = 1e-6  # float32: a wider matmul may round differently (~1e-7 relative)
@@ -82,13 +82,22 @@ def test_replayed_growth_equals_the_eager_scan(model):
 
 
 def test_padding_to_the_scan_width_leaves_every_statistic_as_it_was(model):
-    """A scan width of 20 pads to 5, 10 or 20 positions: batches 3×16, 3×16, 3×14 (length
-    order) take 3×20 and the last, 2×3, takes 2×5; per-position sums are cut back."""
-    eager, replayed, replay = _both(model, TEXTS, width=20, batch_size=3, seq_len=16)
-    assert set(replay.entries) == {(3, 20), (2, 5)} and replay.replays == 4
-    assert [padded_width(n, 20) for n in (1, 5, 6, 10, 11, 20, 21)] == [5, 5, 10, 10, 20, 20, 21]
-    assert [padded_width(n, 7) for n in (1, 2, 3, 4, 7)] == [2, 2, 4, 4, 7]  # ⌈7/4⌉, ⌈7/2⌉, 7
+    """A scan width of 40 pads to 16, 24 or 40 positions: batches 3×38, 3×15 and 1×2 (length
+    order) take 3×40, 3×16 and 1×16; per-position sums are cut back."""
+    eager, replayed, replay = _both(model, TEXTS, width=40, batch_size=3, seq_len=40)
+    assert set(replay.entries) == {(3, 40), (3, 16), (1, 16)} and replay.replays == 3
     _assert_same(eager, replayed, rel=REL_PADDED)
+
+
+def test_replayed_widths_halve_the_scan_width_in_multiples_of_8():
+    """``seq_len`` and its halvings rounded up to multiples of 8, at least 16 (by hand)."""
+    assert widths(40) == [16, 24, 40] and widths(20) == [16, 20] and widths(16) == [16]
+    assert widths(100) == [16, 32, 56, 100]  # ⌈50/8⌉·8, ⌈25/8⌉·8, ⌈12.5/8⌉·8
+    assert widths(512) == [16, 32, 64, 128, 256, 512]
+    assert widths(4096) == [128, 256, 512, 1024, 2048, 4096]  # five halvings
+    assert [padded_width(n, 100) for n in (1, 16, 17, 33, 57, 100, 101)] == [
+        16, 16, 32, 56, 100, 100, 101]
+    assert padded_width(7, None) == 7
 
 
 def test_a_batch_with_more_candidates_than_the_search_holds_is_done_again(model, monkeypatch):
@@ -117,7 +126,7 @@ def test_replayed_growth_on_framework_models(name):
     m = rs.load(build(name), tokenizer=ByteTokenizer())
     n = len(list(corpus_batches(m, Corpus(TEXTS), batch_size=4, seq_len=24)))
     eager, replayed, replay = _both(m, TEXTS, width=24, batch_size=4, seq_len=24)
-    assert replay.replays == n == 3 and len(replay.entries) == 2  # 4 rows ×2, then 2 rows
+    assert replay.replays == n == 3 and set(replay.entries) == {(4, 24), (4, 16), (2, 16)}
     _assert_same(eager, replayed, rel=REL_PADDED)
 
 

@@ -22,17 +22,18 @@ reducer takes ``sums_for(..., replayable=True)``) is therefore captured once per
   is not finite raises ``NonFiniteError`` as the eager pass does.
 
 A scan's batches are right-padded (masked positions, which change no statistic) to the
-least of a quarter, a half or all of its ``seq_len`` that holds them (``padded_width``), so
-length-sorted batches (``corpus.ORDERS``) of short texts run at their own width while a
-scan captures at most three widths per row count. Capturing costs three eager passes of the
-first batch of each shape (two warm-ups and the capture); at most ``MAX_SHAPES`` shapes are
-kept: full batches and the short last batch of a segment, at three widths each. Past that,
-a shape (a later segment's short batch: one batch in ~60 at 32×512 with the default
-segments) takes the eager pass. Each kept graph holds its own memory pool, a narrower one
-less. A shape whose capture fails (a model that waits for the device inside its forward
-pass, say) is warned about once and takes the eager pass. Without CUDA (``emulate``) the
-same buffers, reducers and checks run eagerly, so the CPU tests exercise everything but the
-graph itself.
+narrowest of ``seq_len``, its half, quarter ... (``WIDTH_HALVINGS`` of them, each rounded up
+to a multiple of 8 and at least ``MIN_WIDTH``) that holds them (``padded_width``), so
+length-sorted batches (``corpus.ORDERS``) of short texts run at about their own width while
+a scan captures a few widths. Capturing costs three eager passes of the first batch of each
+shape (two warm-ups and the capture); at most ``MAX_SHAPES`` shapes are kept: full batches
+at every width and the first short ones. Past that, a shape (a later segment's short last
+batch: one batch in ~60 at 32×512 with the default segments) takes the eager pass. Each
+kept graph holds its own memory pool; as the widths halve, all of them together hold at
+most about twice the widest one's. A shape whose capture fails (a model that waits for the
+device inside its forward pass, say) is warned about once and takes the eager pass. Without
+CUDA (``emulate``) the same buffers, reducers and checks run eagerly, so the CPU tests
+exercise everything but the graph itself.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ import torch
 from .lean import check_finite, lean_forward
 from .sampling import StaticBatch
 
-MAX_SHAPES = 6
-WIDTH_DIVISORS = (4, 2, 1)  # a replayed batch is padded to the least ⌈seq_len / d⌉ that holds it
+MAX_SHAPES = 8
+WIDTH_HALVINGS = 5  # replayed widths: seq_len and up to 5 halvings of it ...
+MIN_WIDTH = 16  # ... each rounded up to a multiple of 8, none under 16 positions
 
 
 @dataclasses.dataclass
@@ -68,12 +70,18 @@ def on_one_device(module: torch.nn.Module, device: torch.device) -> bool:
 def padded_width(positions: int, seq_len: int | None) -> int:
     """Positions a replayed batch of ``positions`` is padded to.
 
-    The least ``⌈seq_len / d⌉`` (``d`` in ``WIDTH_DIVISORS``) that holds it; ``positions``
-    itself without a ``seq_len`` or past it.
+    The narrowest of ``widths(seq_len)`` that holds it; ``positions`` itself without a
+    ``seq_len`` or past it.
     """
     if seq_len is None:
         return positions
-    return next((w for d in WIDTH_DIVISORS if (w := -(-seq_len // d)) >= positions), positions)
+    return next((w for w in widths(seq_len) if w >= positions), positions)
+
+
+def widths(seq_len: int) -> list[int]:
+    """A scan's replayed widths, narrowest first: ``seq_len`` and its halvings (see above)."""
+    halved = {-(-seq_len // 2**k // 8) * 8 for k in range(1, WIDTH_HALVINGS + 1)}
+    return sorted({w for w in halved if MIN_WIDTH <= w < seq_len} | {seq_len})
 
 
 def _padded(batch, width: int | None):
@@ -93,8 +101,8 @@ class Replayed:
                  emulate: bool | None = None) -> None:
         """Replay ``accs`` on ``model``.
 
-        ``width``: a scan's ``seq_len``; each batch is right-padded to a quarter, a half or
-        all of it (``padded_width``), so batches of about one length share a shape; padding
+        ``width``: a scan's ``seq_len``; each batch is right-padded to it or one of its
+        halvings (``padded_width``), so batches of about one length share a shape; padding
         is masked and changes no statistic. ``None``: one shape per batch shape.
         """
         self.model, self.accs, self.width = model, accs, width

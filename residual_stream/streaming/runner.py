@@ -210,8 +210,8 @@ def batch_adder(model, accs: dict[str, Accumulator], graphs: bool | str = "auto"
 
     ``graphs``: ``"auto"`` replays when the model is on a CUDA device and every statistic is
     replayable (``streaming.graphs``); ``True`` insists (``InputError`` otherwise); ``False``
-    never replays. Replayed batches are padded to a quarter, a half or all of ``seq_len``
-    positions (``graphs.padded_width``).
+    never replays. Replayed batches are padded to ``seq_len`` positions or one of its halvings
+    (``graphs.padded_width``).
     """
     if graphs not in ("auto", True, False):
         raise InputError(f"graphs must be 'auto', True or False, not {graphs!r}")
