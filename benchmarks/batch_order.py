@@ -19,7 +19,8 @@ Three corpora from the built-in one: ``lines`` (its texts, ~20 tokens each), ``d
 (50 lines joined, ~1,000 tokens), ``varied`` (1 to 40 lines joined, in a fixed shuffled order).
 
     python benchmarks/batch_order.py [--model smollm2-135m] [--batch-size 32] [--seq-len 128]
-        [--stats growth] [--device cpu] [--dtype float32] [--rounds 3] [--out NAME]
+        [--stats growth] [--device cpu] [--dtype float32] [--rounds 3]
+        [--corpora lines,documents,varied] [--out NAME]
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--corpora", default="lines,documents,varied")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     model = rs.load(args.model, device=args.device, dtype=args.dtype, progress=False)
@@ -110,6 +112,8 @@ def main() -> None:
     kw = dict(batch_size=args.batch_size, seq_len=args.seq_len)
     rows = []
     for name, texts in corpora(args.copies).items():
+        if name not in args.corpora.split(","):
+            continue
         row = {"corpus": name, "texts": len(texts)}
         for order in ("text", "length"):
             row |= {f"{k}_{order}": v for k, v in fills(model, texts, order, **kw).items()}
@@ -124,7 +128,7 @@ def main() -> None:
             for k, fn in variants.items():
                 times[k].append(timed(fn))
         median = {k: sorted(ts)[len(ts) // 2] for k, ts in times.items()}
-        row |= {f"{k}_s": s for k, s in median.items()}
+        row |= {f"{k}_s": s for k, s in median.items()} | {f"{k}_rounds": ts for k, ts in times.items()}
         row |= {"x_text": median["scan_text"] / median["forward"],
                 "x_length": median["scan_length"] / median["forward"],
                 "speedup": median["scan_text"] / median["scan_length"],

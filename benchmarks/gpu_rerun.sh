@@ -28,6 +28,10 @@
 #     eager (subspaces on every token, and on one in 64 beside the others' one in 16: nested
 #     samples, one buffer of one token in 16); rs_lens and rs_subspaces now replay; small adds
 #     read attribution on one token in 16 beside subspaces on one in 64 (rs_read16_sub64).
+# Session 13 added: to reader, batch_order.py at 32x512 on the GPU: growth scanned with rows
+#     sorted by length against corpus order, and the plain forward, on short lines, documents
+#     and mixed lengths; replays now pad to seq_len or a halving of it, so this also
+#     captures up to 6 widths (~1 min).
 # NCCL=1 adds the one-rank nccl merge (gpu_nccl.py) after the check step.
 set -uo pipefail
 STEPS=${STEPS:-check big small reader}
@@ -57,5 +61,7 @@ if [[ " $STEPS " == *" reader "* ]]; then
     --device cuda --dtype bfloat16 --texts 16000 --rounds 3 --out "$OUT/corpus9" 2>&1 | quiet
   TOKENIZERS_PARALLELISM=false python3 benchmarks/corpus_speed.py --model /tmp/smollm2-random \
     --texts 16000 --rounds 3 --out "$OUT/corpus9_serial" 2>&1 | quiet
+  python3 benchmarks/batch_order.py --model /tmp/smollm2-random --device cuda --dtype bfloat16 \
+    --batch-size 32 --seq-len 512 --copies 8 --rounds 3 --out "$OUT/order13" 2>&1 | quiet
 fi
 exit 0

@@ -30,6 +30,7 @@ from residual_stream.streaming.accumulators import BIN_WIDTH, histogram_quantile
 from residual_stream.trace import trace_batch
 
 REL_MEAN = 1e-5
+REL_ORDER = 1e-6  # the same float32 values summed in other batches (float64 sums)
 KL_ATOL = 1e-6  # nats: float32 log-softmax over a vocabulary rounds ~1e-7 per token
 TEXTS = [
     "Residual streams grow with depth.", "Zebras Zigzag.", "The norm is frozen per token, so the "
@@ -112,6 +113,36 @@ def _assert_growth_equal(result, whole) -> None:
     b = named.sort_values(key).reset_index(drop=True)
     assert a[key + ["token"]].to_dict("records") == b[key + ["token"]].to_dict("records")
     assert int(result.accumulators["growth"].sums["massive_found"]) == len(ref.massive)
+
+
+def test_both_batch_orders_give_the_same_sums(model, scanned):
+    """Corpus order against rows sorted by length (``scanned``): other batches, the same
+    tokens, so every accumulated sum agrees to float32 rounding (``REL_ORDER`` of its largest
+    entry; the lens's KL sums within ``KL_ATOL`` nats a token) and every count exactly. Two
+    depend on the batches by definition: the lens's text clusters (a text's tokens within one
+    batch) and ``subspaces``' PCA energy (its PCA is fixed from the scan's first batch)."""
+    by_length = scanned[0]
+    kw = dict(batch_size=3, seq_len=24)
+    by_text = rs.scan(model, TEXTS, ALL, progress=False, order="text", **kw)
+    assert by_text.tokens == by_length.tokens and by_text.batches == by_length.batches
+    assert _rows(model, TEXTS, order="text", **kw) != _rows(model, TEXTS, **kw)  # other batches
+    compared = 0
+    for name, acc in by_length.accumulators.items():
+        other = by_text.accumulators[name]
+        assert acc.sums.keys() == other.sums.keys(), name
+        for key, x in acc.sums.items():
+            if (name, key[:4]) in {("lens", "text"), ("subspaces", "name")}:
+                continue
+            y = other.sums[key]
+            if x.is_floating_point():
+                scale = float(x.double().nan_to_num().abs().max())
+                atol = KL_ATOL * float(acc.sums["n"]) if name == "lens" and key[:2] == "kl" else 0.0
+                assert float((x.double() - y.double()).nan_to_num().abs().max()) <= REL_ORDER * scale + atol
+                assert torch.equal(x.isnan(), y.isnan()), (name, key)
+            else:
+                assert torch.equal(x, y), (name, key)
+            compared += 1
+    assert compared == 33  # of the 38 sums: 4 lens text-cluster sums and the PCA energy left out
 
 
 def test_growth_equals_the_single_trace(scanned):

@@ -146,11 +146,12 @@ class ReadAttributionStats(_FlowStats):
 class SubspaceStats(Accumulator):
     """Energy fractions of every write in the named subspaces, head overlaps, reads.
 
-    The stream's principal components are fixed from the first batch of the corpus (the
-    calibration) so every batch and every process measures against the same subspace. Lean:
-    each batch is reduced from the contribution buffer of ``flow.FlowSums`` by a
-    ``subspaces.SubspaceSums``; the subspaces, the heads' write bases and the readers' bases
-    are computed once per scan, so a scan of it replays as a CUDA graph (``graphs``).
+    The stream's principal components are fixed from the scan's first batch (the
+    calibration: with ``order="length"``, of the first window's longest rows) so every batch
+    and every process measures against the same subspace. Lean: each batch is reduced from
+    the contribution buffer of ``flow.FlowSums`` by a ``subspaces.SubspaceSums``; the
+    subspaces, the heads' write bases and the readers' bases are computed once per scan, so
+    a scan of it replays as a CUDA graph (``graphs``).
     ``every > 1`` measures about one real token in ``every`` (``sampling``).
     """
 

@@ -167,7 +167,7 @@ def _read_batches(model, corpus: Corpus, batch_size: int, seq_len: int, max_toke
 
 def _prepare(model, corpus: Corpus, accs: dict[str, Accumulator], batch_size: int, seq_len: int,
              max_tokens: int | None, order: str) -> None:
-    """Fix data-dependent choices (the PCA of ``subspaces``) from the corpus's first batch.
+    """Fix data-dependent choices (the PCA of ``subspaces``) from the scan's first batch.
 
     Every process does, from a lean pass that keeps the last block's output (``lean.points``),
     unless a resumed state holds them. The first batch is read in any case: a corpus with no

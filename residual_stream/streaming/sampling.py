@@ -118,25 +118,30 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
 
 
 class TokenChoice:
-    """The tokens a reducer reads of a batch whose attention mask is ``mask``.
+    """The tokens a reducer reads of a batch: ``index`` chooses them, ``real`` weights them.
 
-    ``keep`` (``[batch, pos]`` bool, on the CPU: ``sampled``) chooses them; None reads every
-    token, padding weighted out by ``real`` rather than indexed (no copy, no device sync).
-    A ``keep`` of ``[n]`` chooses among tensors already taken by another choice of ``n``
-    tokens (``sampled_among``); its ``rows`` are then not rows.
+    ``index``: the chosen tokens' flat positions in the batch (``[batch × pos]``), or None to
+    read every token, padding weighted out by ``real`` rather than indexed (no copy, no device
+    sync); ``real``: per token read, whether it counts (a fixed choice's empty slots do not);
+    ``width``: the batch's positions per row. Made from a mask by ``of_mask``, ``of`` or
+    ``fixed``.
     """
 
-    def __init__(self, mask: Tensor, keep: Tensor | None = None) -> None:
-        self.index = None if keep is None else keep.flatten().nonzero().squeeze(1).to(mask.device)
-        self.real = (mask.bool().flatten() if keep is None
-                     else torch.ones(len(self.index), dtype=torch.bool, device=mask.device))
-        self.width = mask.shape[1]
+    def __init__(self, index: Tensor | None, real: Tensor, width: int) -> None:
+        self.index, self.real, self.width = index, real, width
 
     @classmethod
-    def _made(cls, index: Tensor | None, real: Tensor, width: int) -> TokenChoice:
-        choice = cls.__new__(cls)
-        choice.index, choice.real, choice.width = index, real, width
-        return choice
+    def of_mask(cls, mask: Tensor, keep: Tensor | None = None) -> TokenChoice:
+        """The tokens ``keep`` chooses of a batch whose attention mask is ``mask``.
+
+        ``keep`` (``[batch, pos]`` bool, on the CPU: ``sampled``); None: every token. A
+        ``keep`` of ``[n]`` chooses among tensors already taken by another choice of ``n``
+        tokens (``sampled_among``); its ``rows`` are then not rows.
+        """
+        if keep is None:
+            return cls(None, mask.bool().flatten(), mask.shape[1])
+        index = keep.flatten().nonzero().squeeze(1).to(mask.device)
+        return cls(index, torch.ones(len(index), dtype=torch.bool, device=mask.device), mask.shape[1])
 
     @classmethod
     def fixed(cls, keep: Tensor, n: int, device) -> TokenChoice:
@@ -146,8 +151,8 @@ class TokenChoice:
         loads another batch's choice into them.
         """
         with torch.inference_mode(False):  # refilled outside the pass that first asks for it
-            choice = cls._made(torch.zeros(n, dtype=torch.long, device=device),
-                               torch.zeros(n, dtype=torch.bool, device=device), keep.shape[-1])
+            choice = cls(torch.zeros(n, dtype=torch.long, device=device),
+                         torch.zeros(n, dtype=torch.bool, device=device), keep.shape[-1])
         choice.refill(keep)
         return choice
 
@@ -179,10 +184,10 @@ class TokenChoice:
         graph's capture (it copies the choice to the device: ``graphs.record`` warms up first).
         """
         if every == 1:
-            return cls(mask)
+            return cls.of_mask(mask)
         key = every if among == 1 else (every, among)
         if not isinstance(batch, StaticBatch):
-            return cls(mask, _keep(key, _chooser(batch)))
+            return cls.of_mask(mask, _keep(key, _chooser(batch)))
         if key not in batch.samples:
             if _capturing(mask.device):
                 raise RuntimeError(f"a fixed choice of one token in {every} was first asked for "
@@ -205,7 +210,7 @@ class TokenChoice:
         """
         if self.index is None:
             return self
-        return TokenChoice._made(None, self.real, len(self.real))
+        return TokenChoice(None, self.real, len(self.real))
 
     def take(self, x: Tensor) -> Tensor:
         """``x [batch, pos, ...]`` as ``[token, ...]``: the chosen tokens only, when chosen."""
