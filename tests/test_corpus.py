@@ -124,6 +124,81 @@ def test_length_order_sorts_each_window_of_the_corpus_order(max_tokens, monkeypa
     assert lengths != sorted(lengths, reverse=True)  # sorted within windows, not overall
 
 
+def _write(path, lines: list[str], zipped: bool = False) -> None:
+    import gzip
+
+    data = "".join(line + "\n" for line in lines)
+    if zipped:
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.write(data)
+    else:
+        path.write_text(data, encoding="utf-8")
+
+
+def test_json_lines_and_gzipped_files_read_as_the_texts_they_hold(tmp_path):
+    """Reference: the texts written, as a list corpus (JSON Lines keeps a text's newlines)."""
+    import json
+
+    docs = ["First document.\nIts second line.", "  ", "Zweites Dokument: ünïcödé.", "x"]
+    records = [json.dumps({"id": i, "body": d}) for i, d in enumerate(docs)]
+    _write(tmp_path / "b.jsonl", records)
+    _write(tmp_path / "c.jsonl.gz", records, zipped=True)
+    _write(tmp_path / "a.txt", ["one line", "", "  two line  "])
+    _write(tmp_path / "d.txt.gz", ["zipped line"], zipped=True)
+    (tmp_path / "notes.md").write_text("not a corpus file\n")
+    kept = [d for d in docs if d.strip()]
+    assert list(Corpus(tmp_path / "b.jsonl", text_field="body").texts()) == kept
+    assert list(Corpus(tmp_path / "c.jsonl.gz", text_field="body").texts()) == kept
+    folder = Corpus(tmp_path, text_field="body")
+    assert list(folder.texts()) == ["one line", "two line", *kept, *kept, "zipped line"]
+    assert "text_field=body" in folder.fingerprint() and "notes.md" not in folder.fingerprint()
+    assert "text_field" not in Corpus(tmp_path / "a.txt").fingerprint()
+    model = rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32)
+    kw = dict(batch_size=2, seq_len=8)
+    as_list = Corpus(list(folder.texts()))
+    assert list(row_batches(model, folder, **kw)) == list(row_batches(model, as_list, **kw))
+
+
+def test_malformed_corpus_files_are_refused_naming_file_and_line(tmp_path):
+    _write(tmp_path / "bad.jsonl", ['{"text": "fine"}', "", '{"text": "cut', '{"text": "after"}'])
+    with pytest.raises(InputError, match=r"bad.jsonl:3 is not JSON"):
+        list(Corpus(tmp_path / "bad.jsonl").texts())
+    _write(tmp_path / "field.jsonl", ['{"body": "x", "id": 1}'])
+    with pytest.raises(InputError, match=r"field.jsonl:1 has no 'text' field \(it has \['body', 'id'\]\)"):
+        list(Corpus(tmp_path / "field.jsonl").texts())
+    _write(tmp_path / "list.jsonl", ['["text"]'])
+    with pytest.raises(InputError, match="no 'text' field .it has list"):
+        list(Corpus(tmp_path / "list.jsonl").texts())
+    _write(tmp_path / "num.jsonl", ['{"text": 3}'])
+    with pytest.raises(InputError, match="'text' is a int, not a string"):
+        list(Corpus(tmp_path / "num.jsonl").texts())
+    (tmp_path / "fake.txt.gz").write_text("plain text, not gzip\n")
+    with pytest.raises(InputError, match="fake.txt.gz is not a complete gzip file"):
+        list(Corpus(tmp_path / "fake.txt.gz").texts())
+    with pytest.raises(InputError, match="text_field must name a JSON field"):
+        Corpus(tmp_path / "bad.jsonl", text_field="")
+    with pytest.raises(InputError, match="is not 'builtin', a file or a folder"):
+        list(Corpus(tmp_path / "missing.jsonl").texts())
+
+
+def test_cli_scan_reads_a_json_lines_field_and_refuses_a_bad_record(tmp_path, capsys):
+    import json
+
+    from residual_stream.cli import main
+
+    texts = ["A first text.\nWith two lines.", "A second one."]
+    _write(tmp_path / "c.jsonl", [json.dumps({"body": t}) for t in texts])
+    out = tmp_path / "scan.json"
+    args = ["scan", "twin-pre-rms", str(tmp_path / "c.jsonl"), "--quiet", "--out", str(out)]
+    assert main([*args, "--text-field", "body"]) == 0
+    model = rs.load("twin-pre-rms")
+    assert json.loads(out.read_text())["tokens"] == sum(len(model.tokenizer(t)["input_ids"]) for t in texts)
+    out.unlink()
+    assert main(args) == 1  # the default field, "text", is not there
+    assert "c.jsonl:1 has no 'text' field (it has ['body'])" in capsys.readouterr().err
+    assert not out.exists()
+
+
 class Counting:
     """A byte tokenizer that records every text it is asked to tokenize."""
 

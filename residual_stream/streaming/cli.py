@@ -26,7 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     from .corpus import ORDERS, SEGMENT_CHARS
 
     p.add_argument("model", help="registry name, HF folder, .gguf file or cached hub id")
-    p.add_argument("corpus", help="'builtin', a text file (one text per line) or a folder of .txt files")
+    p.add_argument("corpus", help="'builtin', a text file (one text per line), a JSON Lines file (a text "
+                                  "per record, see --text-field), either gzipped, or a folder of them")
     p.add_argument("--stats", default="growth",
                    help=f"comma-separated statistics: {','.join(STATS)} (default: growth); "
                         "options follow a colon, e.g. lens:every=16 (one token in 16; also "
@@ -39,6 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="length (default): each batch takes rows of about one length, sorted "
                         "longest first within every 32 batches, so it holds little padding; "
                         "text: rows in corpus order. The statistics are the same")
+    p.add_argument("--text-field", default="text",
+                   help="the field of a .jsonl record that holds its text (default: text)")
     p.add_argument("--segment-chars", type=int, default=SEGMENT_CHARS,
                    help="characters of text per corpus segment, the unit processes share and a "
                         f"resumed scan skips; batches never span two (default: {SEGMENT_CHARS})")
@@ -86,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
                 from ..errors import InputError
 
                 raise InputError(f"cannot write {args.out}: {parent} is not a writable folder")
-        corpus = Corpus(args.corpus, args.segment_chars)  # a bad size is refused before loading
+        corpus = Corpus(args.corpus, args.segment_chars, args.text_field)  # refused before loading
         # so is an unknown statistic or a bad option; the scan takes these accumulators
         accs = make_accumulators([s.strip() for s in args.stats.split(",") if s.strip()])
         model = load(args.model, device=device or args.device, dtype=args.dtype, progress=not args.quiet)

@@ -1,7 +1,8 @@
 """Corpora for scanning: texts read lazily, tokenized, cut into rows, grouped into batches.
 
-A corpus is a list of texts, a text file (one text per non-empty line), a folder of ``.txt``
-files (each line a text, files in name order) or ``"builtin"`` (the shipped corpus). Texts
+A corpus is a list of texts, a file, a folder of files (in name order) or ``"builtin"`` (the
+shipped corpus). A file is plain text (one text per non-empty line) or JSON Lines (a text in
+each record's ``text_field``), either gzipped or not (``sources``). Texts
 are read lazily, ``TOKENIZE_CHARS`` characters at a time, so a corpus of any size streams
 through in constant memory. Each text is tokenized as ``rs.trace`` would (with the
 tokenizer's special tokens), a group of texts per call: the fast tokenizers' batch path,
@@ -35,6 +36,7 @@ from pathlib import Path
 
 from ..errors import EmptyTextError, InputError
 from ..inputs import TOKENIZER_LOCK, Batch, pack
+from .sources import corpus_files, file_texts
 
 TOKENIZE_CHARS = 1 << 16  # characters per tokenizer call (~16,000 tokens of English), at least a text
 SEGMENT_CHARS = 1 << 22  # characters per segment (~1M tokens of English), at least a text
@@ -57,27 +59,25 @@ class Corpus:
 
     source: str | Path | Sequence[str]
     segment_chars: int = SEGMENT_CHARS
+    text_field: str = "text"  # the field of a JSON Lines record that holds its text
 
     def __post_init__(self) -> None:
-        """Refuse a segment size that is not a positive number of characters."""
+        """Refuse a segment size that is not a positive number of characters, an empty field."""
         if not isinstance(self.segment_chars, int) or self.segment_chars < 1:
             raise InputError(f"segment_chars must be a positive number of characters, got "
                              f"{self.segment_chars!r}")
+        if not isinstance(self.text_field, str) or not self.text_field:
+            raise InputError(f"text_field must name a JSON field, got {self.text_field!r}")
 
     def _files(self) -> list[Path]:
-        path = Path(self.source)
-        if path.is_dir():  # an empty folder is an empty corpus: its consumers say so
-            return sorted(path.rglob("*.txt"))
-        if path.is_file():
-            return [path]
-        raise InputError(f"corpus {self.source!r} is not 'builtin', a text file or a folder of "
-                         ".txt files")
+        return corpus_files(Path(self.source))
 
     def texts(self) -> Iterator[str]:
-        """Every non-empty line (stripped), in order, read lazily.
+        """Every text, in order, read lazily: a text file's lines stripped, others as given.
 
-        A list's blank strings and a file's blank lines are skipped: text ``i`` of a scan
-        (``Batch.text_index``, a massive activation's ``text``) is the ``i``-th text given.
+        A list's blank strings, a file's blank lines and a JSON Lines file's blank texts are
+        skipped: text ``i`` of a scan (``Batch.text_index``, a massive activation's ``text``)
+        is the ``i``-th non-blank text given.
         """
         if not isinstance(self.source, (str, Path)):
             yield from (t for t in self.source if t.strip())
@@ -86,8 +86,7 @@ class Corpus:
             yield from builtin_corpus()
             return
         for f in self._files():
-            with f.open(encoding="utf-8", errors="replace") as handle:
-                yield from (line.strip() for line in handle if line.strip())
+            yield from file_texts(f, self.text_field)
 
     def segments(self) -> Iterator[tuple[int, list[str]]]:
         """``(index of its first text, its texts)`` per segment, in order.
@@ -102,13 +101,19 @@ class Corpus:
             first += len(texts)
 
     def fingerprint(self) -> str:
-        """Identifies the corpus in a saved scan state: name, size and modification time."""
+        """Identifies the corpus in a saved scan state: name, size and modification time.
+
+        With any JSON Lines file, the field its texts come from too.
+        """
         if not isinstance(self.source, (str, Path)):
             digest = hashlib.sha256("\0".join(self.source).encode()).hexdigest()[:16]
             return f"list of {len(self.source)} texts sha256:{digest}"
         if self.source == "builtin":
             return "builtin"
-        return ";".join(f"{f}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in self._files())
+        files = self._files()
+        field = (f"text_field={self.text_field};"
+                 if any(f.name.endswith((".jsonl", ".jsonl.gz")) for f in files) else "")
+        return field + ";".join(f"{f}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in files)
 
 
 def _chunks(texts: Iterable[str], chars: int) -> Iterator[list[str]]:

@@ -228,7 +228,7 @@ def batch_adder(model, accs: dict[str, Accumulator], graphs: bool | str = "auto"
 def scan(
     model,
     corpus: str | Path | Sequence[str] | Corpus,
-    stats: str | Sequence[str] = ("growth",),
+    stats: str | Accumulator | Sequence[str | Accumulator] = ("growth",),
     *,
     batch_size: int = 8,
     seq_len: int | None = None,
@@ -246,8 +246,9 @@ def scan(
 
     Args:
         model: A loaded model (``rs.load``).
-        corpus: Texts, a text file (one text per line), a folder of ``.txt`` files, or
-            ``"builtin"``.
+        corpus: Texts, a text file (one text per line), a JSON Lines file (a text in each
+            record's ``"text"``), either gzipped (``.gz``), a folder of such files, or
+            ``"builtin"``; or a ``Corpus`` (another JSON field, segment size).
         stats: Names from ``residual_stream.streaming.STATS``: ``growth`` (norms, updates,
             massive activations), ``survival``, ``read_attribution``, ``subspaces``, ``lens``,
             ``composition``; or specs with options, ``"lens:every=16"`` (the lens on one
