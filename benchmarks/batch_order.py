@@ -29,15 +29,14 @@ import argparse
 import json
 import os
 import random
-import time
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from corpus_speed import plain_forward, save, timed  # noqa: E402  (this folder's; run as a script)
 
 import residual_stream as rs  # noqa: E402
-from residual_stream.streaming import Corpus, row_batches  # noqa: E402
+from residual_stream.streaming import Corpus, corpus_batches, row_batches  # noqa: E402
 from residual_stream.streaming.corpus import builtin_corpus  # noqa: E402
 from residual_stream.streaming.graphs import padded_width  # noqa: E402
 
@@ -73,24 +72,8 @@ def fills(model, texts: list[str], order: str, batch_size: int, seq_len: int) ->
 
 def forward(model, texts: list[str], batch_size: int, seq_len: int):
     """The plain forward over the corpus-order batches, packed before the clock starts."""
-    ready = [(b.pack(model).tokens.to(model.device), b.pack(model).attention_mask.to(model.device))
-             for b in row_batches(model, Corpus(texts), batch_size=batch_size, seq_len=seq_len,
-                                  order="text")]
-
-    def run():
-        with torch.inference_mode():
-            for tokens, mask in ready:
-                model.module(input_ids=tokens, attention_mask=mask)
-        if model.device.type == "cuda":
-            torch.cuda.synchronize()
-    return run
-
-
-def timed(fn) -> float:
-    """Seconds ``fn()`` takes."""
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+    return plain_forward(model, corpus_batches(model, Corpus(texts), batch_size=batch_size,
+                                               seq_len=seq_len, order="text"))
 
 
 def main() -> None:
@@ -149,11 +132,7 @@ def main() -> None:
     text = (f"{args.model} on {model.device} ({args.dtype}), {torch.get_num_threads()} threads, "
             f"stats {stats}, batches {args.batch_size}×{args.seq_len}, {args.rounds} rounds "
             f"(median)\n\n" + "\n".join(out))
-    print(text)
-    if args.out:  # a path without suffix; a bare name lands beside this script
-        path = Path(args.out) if os.sep in args.out else Path(__file__).parent / args.out
-        path.with_suffix(".md").write_text(text + "\n", encoding="utf-8")
-        path.with_suffix(".json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    save(text, rows, args.out)
 
 
 if __name__ == "__main__":

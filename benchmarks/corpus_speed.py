@@ -95,8 +95,12 @@ def device_loop(model, texts, rate: float, reader: str) -> int:
 
 def forward(model, texts):
     """The plain forward over the batches, packed before the clock starts (``main`` times it)."""
-    ready = [(b.tokens.to(model.device), b.attention_mask.to(model.device))
-             for b in batches(model, texts)]
+    return plain_forward(model, batches(model, texts))
+
+
+def plain_forward(model, packed):
+    """``run()``: the plain forward over ``packed`` batches, moved to the device beforehand."""
+    ready = [(b.tokens.to(model.device), b.attention_mask.to(model.device)) for b in packed]
 
     def run():
         with torch.inference_mode():
@@ -170,11 +174,19 @@ def main() -> None:
     text = (f"{args.model} on {model.device} ({args.dtype}), {torch.get_num_threads()} threads, "
             f"TOKENIZERS_PARALLELISM={os.environ.get('TOKENIZERS_PARALLELISM', 'unset')}, "
             f"device_* rate {args.rate:,.0f} tokens/s, batches {BATCH}×{SEQ}\n\n{text}")
+    save(text, rows, args.out)
+
+
+def save(text: str, rows: list[dict], out: str | None) -> None:
+    """Print ``text``; with ``out``, write it as ``.md`` and ``rows`` as ``.json``.
+
+    ``out`` is a path without suffix; a bare name lands beside this script.
+    """
     print(text)
-    if args.out:  # a path without suffix; a bare name lands beside this script
-        out = Path(args.out) if os.sep in args.out else Path(__file__).parent / args.out
-        out.with_suffix(".md").write_text(text + "\n", encoding="utf-8")
-        out.with_suffix(".json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    if out:
+        path = Path(out) if os.sep in out else Path(__file__).parent / out
+        path.with_suffix(".md").write_text(text + "\n", encoding="utf-8")
+        path.with_suffix(".json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
 
 
 if __name__ == "__main__":
