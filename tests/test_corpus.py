@@ -199,6 +199,37 @@ def test_cli_scan_reads_a_json_lines_field_and_refuses_a_bad_record(tmp_path, ca
     assert not out.exists()
 
 
+@pytest.mark.parametrize("source", [(t for t in ["a text"]), iter(["a text"]), {"a text"},
+                                    {"a text": 1}])
+def test_a_corpus_read_once_or_unordered_is_refused(source, tmp_path):
+    model = rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32)
+    with pytest.raises(InputError, match="a corpus is read more than once, in one order"):
+        rs.scan(model, source, state=tmp_path / "s.pt", progress=False)
+    assert not list(tmp_path.iterdir())
+
+
+class Column:
+    """A sized collection that is neither list nor tuple, as a dataset's column."""
+
+    def __init__(self, items) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self):
+        return iter(self.items)
+
+
+def test_a_corpus_item_that_is_not_a_text_is_named(tmp_path):
+    model = rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32)
+    with pytest.raises(InputError, match="corpus item 1 is a bytes, not a text"):
+        rs.scan(model, Column(["a text", b"bytes"]), state=tmp_path / "s.pt", progress=False)
+    assert not list(tmp_path.iterdir())
+    assert list(Corpus(("one", " ", "two")).texts()) == ["one", "two"]  # a tuple reads as a list
+    assert list(Corpus(Column(["one", "two"])).texts()) == ["one", "two"]
+
+
 class Counting:
     """A byte tokenizer that records every text it is asked to tokenize."""
 

@@ -29,7 +29,8 @@ them.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -57,7 +58,7 @@ def builtin_corpus() -> list[str]:
 class Corpus:
     """Where the texts come from (see the module docstring)."""
 
-    source: str | Path | Sequence[str]
+    source: str | Path | Iterable[str]  # a collection read the same every time (checked)
     segment_chars: int = SEGMENT_CHARS
     text_field: str = "text"  # the field of a JSON Lines record that holds its text
 
@@ -68,6 +69,10 @@ class Corpus:
                              f"{self.segment_chars!r}")
         if not isinstance(self.text_field, str) or not self.text_field:
             raise InputError(f"text_field must name a JSON field, got {self.text_field!r}")
+        if not _ordered_and_reread(self.source):
+            raise InputError(f"a corpus is read more than once, in one order (its first batch, "
+                             f"a resumed scan), so it cannot be a {type(self.source).__name__}: "
+                             "pass a list of texts, a file or a folder")
 
     def _files(self) -> list[Path]:
         return corpus_files(Path(self.source))
@@ -80,7 +85,11 @@ class Corpus:
         is the ``i``-th non-blank text given.
         """
         if not isinstance(self.source, (str, Path)):
-            yield from (t for t in self.source if t.strip())
+            for i, t in enumerate(self.source):
+                if not isinstance(t, str):
+                    raise InputError(f"corpus item {i} is a {type(t).__name__}, not a text")
+                if t.strip():
+                    yield t
             return
         if self.source == "builtin":
             yield from builtin_corpus()
@@ -106,14 +115,28 @@ class Corpus:
         With any JSON Lines file, the field its texts come from too.
         """
         if not isinstance(self.source, (str, Path)):
-            digest = hashlib.sha256("\0".join(self.source).encode()).hexdigest()[:16]
-            return f"list of {len(self.source)} texts sha256:{digest}"
+            digest = hashlib.sha256()
+            for text in self.source:  # text by text: a dataset's column is never joined whole
+                digest.update(str(text).encode() + b"\0")
+            return f"list of {len(self.source)} texts sha256:{digest.hexdigest()[:16]}"
         if self.source == "builtin":
             return "builtin"
         files = self._files()
         field = (f"text_field={self.text_field};"
                  if any(f.name.endswith((".jsonl", ".jsonl.gz")) for f in files) else "")
         return field + ";".join(f"{f}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in files)
+
+
+def _ordered_and_reread(source) -> bool:
+    """Whether ``source`` is a path or a collection of texts that reads the same every time.
+
+    A list, a tuple, a dataset's column: sized and ordered. Not an iterator (read once), a
+    set (its order changes between runs) or a dict.
+    """
+    if isinstance(source, str | Path):
+        return True
+    return (hasattr(source, "__len__") and hasattr(source, "__iter__")
+            and not isinstance(source, Iterator | AbstractSet | Mapping))
 
 
 def _chunks(texts: Iterable[str], chars: int) -> Iterator[list[str]]:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -227,7 +227,7 @@ def batch_adder(model, accs: dict[str, Accumulator], graphs: bool | str = "auto"
 
 def scan(
     model,
-    corpus: str | Path | Sequence[str] | Corpus,
+    corpus: str | Path | Iterable[str] | Corpus,
     stats: str | Accumulator | Sequence[str | Accumulator] = ("growth",),
     *,
     batch_size: int = 8,
