@@ -118,9 +118,9 @@ def _assert_growth_equal(result, whole) -> None:
 def test_both_batch_orders_give_the_same_sums(model, scanned):
     """Corpus order against rows sorted by length (``scanned``): other batches, the same
     tokens, so every accumulated sum agrees to float32 rounding (``REL_ORDER`` of its largest
-    entry; the lens's KL sums within ``KL_ATOL`` nats a token) and every count exactly. Two
-    depend on the batches by definition: the lens's text clusters (a text's tokens within one
-    batch) and ``subspaces``' PCA energy (its PCA is fixed from the scan's first batch)."""
+    entry; the lens's KL sums within ``KL_ATOL`` nats a token) and every count exactly, the
+    lens's sums over whole texts included. One depends on the batches by definition:
+    ``subspaces``' PCA energy (its PCA is fixed from the scan's first batch)."""
     by_length = scanned[0]
     kw = dict(batch_size=3, seq_len=24)
     by_text = rs.scan(model, TEXTS, ALL, progress=False, order="text", **kw)
@@ -131,18 +131,23 @@ def test_both_batch_orders_give_the_same_sums(model, scanned):
         other = by_text.accumulators[name]
         assert acc.sums.keys() == other.sums.keys(), name
         for key, x in acc.sums.items():
-            if (name, key[:4]) in {("lens", "text"), ("subspaces", "name")}:
+            if (name, key) == ("subspaces", "named"):
                 continue
             y = other.sums[key]
             if x.is_floating_point():
                 scale = float(x.double().nan_to_num().abs().max())
-                atol = KL_ATOL * float(acc.sums["n"]) if name == "lens" and key[:2] == "kl" else 0.0
+                # a KL off by δ = KL_ATOL a token: Σ δ over tokens, Σ_t n_t δ n_t, Σ_t 2 S_t n_t δ
+                sums = acc.sums if name == "lens" else {}
+                atol = KL_ATOL * float({"kl": sums.get("n", 0), "kl_sq": sums.get("n", 0),
+                                        "text_kl_n": sums.get("text_n_sq", 0),
+                                        "text_kl_sq": 2 * sums.get("text_kl_n", torch.zeros(1)).max(),
+                                        }.get(key, 0))
                 assert float((x.double() - y.double()).nan_to_num().abs().max()) <= REL_ORDER * scale + atol
                 assert torch.equal(x.isnan(), y.isnan()), (name, key)
             else:
                 assert torch.equal(x, y), (name, key)
             compared += 1
-    assert compared == 33  # of the 38 sums: 4 lens text-cluster sums and the PCA energy left out
+    assert compared == 37 and {"text_kl_sq", "texts"} <= by_text.accumulators["lens"].sums.keys()
 
 
 def test_growth_equals_the_single_trace(scanned):
@@ -238,12 +243,17 @@ def _chosen(batch, every: int) -> torch.Tensor:
     return out
 
 
-def _assert_text_clustered_se(lens, whole, every: int, **kw) -> None:
+def _assert_text_clustered_se(lens, whole, every: int, corpus=None, **kw) -> None:
     """``kl_se_texts`` against ``√(C/(C−1) Σ_c (S_c − m n_c)²) / N`` computed directly, a
-    cluster being a text's reduced tokens within one scan batch (``row_batches`` with ``kw``)."""
-    parts = list(row_batches(whole.model, Corpus(TEXTS), **kw))
-    batch_of_row = [i for i, b in enumerate(parts) for _ in b.rows]
-    rows = list(zip(whole.batch.text_index, batch_of_row, strict=True))
+    cluster being a text's reduced tokens in every batch: some text's rows lie in two
+    batches of the scan (``row_batches`` with ``kw``), and count as one text."""
+    parts = list(row_batches(whole.model, corpus or Corpus(TEXTS), **kw))
+    batches_of: dict[int, set[int]] = {}
+    for i, b in enumerate(parts):
+        for t in b.text_index:
+            batches_of.setdefault(t, set()).add(i)
+    assert max(map(len, batches_of.values())) > 1
+    rows = list(whole.batch.text_index)
     ids = {key: i for i, key in enumerate(dict.fromkeys(rows))}
     chosen = _chosen(whole.batch, every)
     kl = rs.logit_lens(whole).kl.double()                                      # [point, row, pos]
@@ -533,6 +543,34 @@ def test_a_scan_over_segments_equals_the_single_trace_and_resumes_past_them(mode
     assert len(first_group) <= len(segments[0])
     assert resumed.tokens == result.tokens and resumed.batches == result.batches
     _close(resumed.stats["growth"].mean, result.stats["growth"].mean, rel=1e-12)
+
+
+def test_a_scan_resumed_inside_a_segment_keeps_its_open_texts(model, tmp_path):
+    """The lens's text clusters add up a text's rows until its segment ends; a state saved
+    inside a segment holds those open texts, and the resumed scan's ``kl_se_texts`` equals
+    the uninterrupted one's (both against the single trace, clustered by whole texts)."""
+    corpus = Corpus(TEXTS * 2, segment_chars=200)
+    kw = dict(batch_size=2, seq_len=16)
+    keys = [b.key for b in row_batches(model, corpus, **kw)]
+    stop = next(k for k in keys if k[1] == 2)  # the third batch of a segment
+    assert (stop[0], 3) in keys  # the segment goes on after it
+    state = tmp_path / "scan.pt"
+
+    def stop_there(key: tuple[int, int], tokens: int) -> None:
+        if key == stop:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        rs.scan(model, corpus, ["lens"], state=state, on_batch=stop_there, progress=False, **kw)
+    saved = torch.load(state, weights_only=True)["stats"]["lens"]["open_texts"]
+    assert len(saved["ids"]) > 0 and saved["kl"].shape == (model.anatomy.n_layers + 1, len(saved["ids"]))
+    resumed = rs.scan(model, corpus, ["lens"], state=state, progress=False, **kw)
+    whole = rs.scan(model, corpus, ["lens"], progress=False, **kw)
+    assert resumed.accumulators["lens"].open_texts.kl is None  # every segment closed at the end
+    assert resumed.stats["lens"]["texts"].tolist() == whole.stats["lens"]["texts"].tolist()
+    _close(torch.tensor(resumed.stats["lens"].kl_se_texts.values),
+           torch.tensor(whole.stats["lens"].kl_se_texts.values), rel=1e-9)
+    _assert_text_clustered_se(whole.stats["lens"], _whole(model, corpus, **kw), 1, corpus=corpus, **kw)
 
 
 def test_a_state_for_other_arguments_or_a_corrupt_one_is_refused(model, tmp_path):

@@ -23,6 +23,7 @@ from ..analyses.subspaces import Subspace, WriteSubspaces, named_subspaces, pca_
 from ..analyses.tokens import safe_ratio
 from ..errors import InputError
 from .base import BIN_WIDTH, LOG_BINS, NORM_RANGE, Accumulator, histogram_quantile, log_histogram
+from .clusters import OpenTexts
 from .flow import FlowSums
 from .growth import GrowthStats
 from .lean import reduce_trace
@@ -228,10 +229,12 @@ class LensStats(Accumulator):
     lean = True
     replayable = True  # every token: the logits' pass and the lean pass are one graph
     OPTIONS = ("every",)
+    PARTS = ("open_texts",)
 
     def __init__(self, every: int = 1) -> None:
         super().__init__()
         self.every = check_every(self.name, every)
+        self.open_texts = OpenTexts()  # the current segment's texts (``clusters``)
 
     def prepare(self, model, calibration) -> None:
         """Refuse a model without an LM head before the first batch (``NotAvailableError``)."""
@@ -260,8 +263,8 @@ class LensStats(Accumulator):
         standard error of the mean KL, ``std / √tokens``, treating the reduced tokens as
         independent draws. ``kl_se_texts``: the same clustered by text (tokens of one text are
         correlated): ``√(T/(T−1) Σ_t (S_t − m n_t)²) / tokens`` over the ``texts`` T that
-        have a reduced token, ``S_t`` a text's KL sum, ``n_t`` its tokens, ``m`` the mean; a
-        text cut across two batches counts as two. ``tokens``: how many tokens the means are
+        have a reduced token, ``S_t`` a text's KL sum, ``n_t`` its tokens, ``m`` the mean, over
+        all its rows in every batch (``clusters``). ``tokens``: how many tokens the means are
         over (all real ones when ``every`` is 1).
         """
         n = int(self.sums["n"])
@@ -271,9 +274,9 @@ class LensStats(Accumulator):
                   for c in cum]
         kl = self.sums["kl"].cpu() / n if n else torch.full_like(self.sums["kl"].cpu(), float("nan"))
         var = (self.sums["kl_sq"].cpu() / max(n, 1) - kl.square()).clamp_min(0) * n / max(n - 1, 1)
-        texts = int(self.sums["texts"])  # Σ_t (S_t − m n_t)², the texts' residual sums, expanded
-        spread = (self.sums["text_kl_sq"].cpu() - 2 * kl * self.sums["text_kl_n"].cpu()
-                  + kl.square() * self.sums["text_n_sq"].cpu()).clamp_min(0)
+        t = self.open_texts.totals(self.sums, len(kl))  # closed texts and the open ones
+        texts = int(t["texts"])  # Σ_t (S_t − m n_t)², the texts' residual sums, expanded
+        spread = (t["text_kl_sq"] - 2 * kl * t["text_kl_n"] + kl.square() * t["text_n_sq"]).clamp_min(0)
         var_texts = spread * texts / max(texts - 1, 1) / max(n, 1) ** 2
         return pd.DataFrame({"point": range(cum.shape[0]), "kl": kl.float().numpy(),
                              "top1_agreement": self.mean("top1").numpy(), "median_rank": median,

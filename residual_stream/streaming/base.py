@@ -50,6 +50,7 @@ class Accumulator:
     calibrates: ClassVar[bool] = False  # needs the corpus's first batch before any update
     lean: ClassVar[bool] = False  # can be fed during the forward pass (``lean.lean_pass``)
     replayable: ClassVar[bool] = False  # its reducer never waits for the device (``graphs``)
+    PARTS: ClassVar[tuple[str, ...]] = ()  # attributes kept beside the sums (``segment_done``)
 
     def __init__(self) -> None:
         self.sums: dict[str, Tensor] = {}
@@ -94,6 +95,16 @@ class Accumulator:
         """
         self.model = model
 
+    def segment_done(self) -> None:
+        """A corpus segment ended (``rs.scan`` calls this after its last batch).
+
+        Each of ``PARTS`` (state kept per text, which no text carries past its segment: the
+        lens's ``clusters.OpenTexts``) folds what it holds into the sums (``close``). Such a
+        part also has ``state``, ``load`` and ``merge``, and its class makes an empty one.
+        """
+        for name in self.PARTS:
+            getattr(self, name).close(self)
+
     def add(self, key: str, value: Tensor | float | int) -> None:
         """Add ``value`` to the sum ``key`` (float64, or int64 for integer values).
 
@@ -116,6 +127,8 @@ class Accumulator:
         """A new accumulator with this one's settings (and model) and no sums."""
         clone = copy.copy(self)
         clone.sums, clone.meta = {}, {}
+        for name in self.PARTS:
+            setattr(clone, name, type(getattr(self, name))())
         return clone
 
     def merge(self, other: Accumulator) -> None:
@@ -126,16 +139,20 @@ class Accumulator:
             self.add(key, value)
         for key, value in other.meta.items():
             self.meta.setdefault(key, value)
+        for name in self.PARTS:
+            getattr(self, name).merge(getattr(other, name))
 
     def state_dict(self) -> dict:
         """Sums (on the CPU) and metadata, safe for ``torch.load(weights_only=True)``."""
         return {"sums": {k: v.detach().cpu().clone() for k, v in self.sums.items()},
-                "meta": dict(self.meta)}
+                "meta": dict(self.meta), **{name: getattr(self, name).state() for name in self.PARTS}}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what ``state_dict`` returned."""
         self.sums = {k: v.clone() for k, v in state["sums"].items()}
         self.meta = dict(state["meta"])
+        for name in self.PARTS:
+            getattr(self, name).load(state.get(name, {}))
 
     def mean(self, key: str, count: str = "n") -> Tensor:
         """The float32 mean ``sums[key] / sums[count]`` (on the CPU)."""

@@ -65,8 +65,8 @@ class LensSums:
     def __init__(self, model, tokens: TokenChoice, texts: Tensor) -> None:
         """``tokens``: those reduced; ``texts``: each row's text index (``[batch]``, on the device).
 
-        Rows of one text form one cluster, numbered by its first row (no host read: a
-        replayed graph computes it).
+        KL is summed per row here; ``into`` hands the rows' sums to the accumulator's text
+        clusters (``clusters.OpenTexts``), which add up the rows of each text.
         """
         self.unembed = model.unembed(native=True)  # no float32 copy of W_U: cast per slice
         self.final_norm = model.anatomy.norms.get("ln_final")
@@ -77,10 +77,9 @@ class LensSums:
         dev = tokens.real.device
         self.kl = torch.zeros(n, dtype=torch.float64, device=dev)
         self.kl_sq, self.agree = torch.zeros_like(self.kl), torch.zeros_like(self.kl)
-        texts = texts.to(dev)
-        first = (texts[:, None] == texts[None, :]).int().argmax(1)  # each row's text's first row
-        self.text = first[tokens.rows()]  # each reduced token's cluster
-        self.kl_text = torch.zeros(n, len(texts), dtype=torch.float64, device=dev)
+        self.texts = texts.to(dev)
+        self.row = tokens.rows()  # each reduced token's row
+        self.kl_text = torch.zeros(n, len(texts), dtype=torch.float64, device=dev)  # per row
         self.replayed = False  # a replay's tensors are refilled, never dropped (``rebind``)
         self.ranks: list[Tensor | None] = [None] * n
         self.early: dict[int, Tensor] = {}  # points that came before the logits (their kept tokens)
@@ -144,7 +143,7 @@ class LensSums:
                 kl = torch.where(real, self.plogp[part] - pz + lse * self.mass[part], 0).double()
                 self.kl[point] += kl.sum()
                 self.kl_sq[point] += kl.square().sum()
-                self.kl_text[point].index_add_(0, self.text[part], kl)
+                self.kl_text[point].index_add_(0, self.row[part], kl)
             del z                                                              # spent
         for i, point in enumerate(points):
             self.ranks[point] = torch.cat(ranks[i])
@@ -169,12 +168,9 @@ class LensSums:
         hist = torch.bincount((ranks + offset).flatten(), minlength=len(ranks) * self.d_vocab)
         acc.add("kl", self.kl)
         acc.add("kl_sq", self.kl_sq)
-        n_text = torch.zeros(self.kl_text.shape[1], dtype=torch.float64, device=self.kl.device)
-        n_text.index_add_(0, self.text, self.real.double())  # each text's reduced tokens
-        acc.add("text_kl_sq", self.kl_text.square().sum(-1))       # Σ_t S_t² per point
-        acc.add("text_kl_n", (self.kl_text * n_text).sum(-1))      # Σ_t S_t n_t
-        acc.add("text_n_sq", n_text.square().sum())                # Σ_t n_t²
-        acc.add("texts", (n_text > 0).sum())                       # clusters with a token
+        n_row = torch.zeros(self.kl_text.shape[1], dtype=torch.float64, device=self.kl.device)
+        n_row.index_add_(0, self.row, self.real.double())  # each row's reduced tokens
+        acc.open_texts.add(self.texts, self.kl_text, n_row)
         acc.add("top1", self.agree)
         acc.add("rank_hist", hist.view(len(ranks), self.d_vocab))
         acc.add("n", self.real.sum())

@@ -261,8 +261,7 @@ def scan(
         order: ``"length"``: each batch takes rows of about one length (the rows of every
             ``corpus.SORT_BATCHES`` batches sorted longest first), so little of it is
             padding; ``"text"``: rows in corpus order. The results are the same up to the
-            order of float sums (the lens's text-clustered standard error, whose clusters
-            are a text's tokens within one batch, aside).
+            order of float sums (``subspaces``' PCA, fixed from the first batch, aside).
         state: File to save the scan state to and resume from.
         save_every: Save the state after every this many batches.
         progress: Show a progress bar with tokens/s.
@@ -294,8 +293,12 @@ def scan(
     share = None if max_tokens is None else -(-max_tokens // world_size)  # about this rank's part
     bar = tqdm(total=share, initial=tokens, unit="tok", unit_scale=True, disable=not progress,
                desc=f"scan {model.name}" + (f" [{rank}/{world_size}]" if world_size > 1 else ""))
-    start, run = time.perf_counter(), 0
+    start, run, segment = time.perf_counter(), 0, done[0]
     for key, batch in batches:
+        if key[0] != segment:  # the segment before ended: texts never span two
+            segment = key[0]
+            for acc in accs.values():
+                acc.segment_done()
         add(batch)
         n = int(batch.attention_mask.sum())
         tokens, done, run, added = tokens + n, (key[0], key[1] + 1), run + 1, added + 1
@@ -305,6 +308,8 @@ def scan(
         if on_batch is not None:
             on_batch(key, tokens)
     bar.close()
+    for acc in accs.values():  # the scan's last segment ended (or the token budget did)
+        acc.segment_done()
     if path is not None:
         _save_state(path, config, done, tokens, added, accs)
     if world_size > 1:
