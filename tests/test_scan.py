@@ -566,7 +566,7 @@ def test_a_scan_resumed_inside_a_segment_keeps_its_open_texts(model, tmp_path):
     assert len(saved["ids"]) > 0 and saved["kl"].shape == (model.anatomy.n_layers + 1, len(saved["ids"]))
     resumed = rs.scan(model, corpus, ["lens"], state=state, progress=False, **kw)
     whole = rs.scan(model, corpus, ["lens"], progress=False, **kw)
-    assert resumed.accumulators["lens"].open_texts.kl is None  # every segment closed at the end
+    assert resumed.accumulators["lens"].open_texts.empty  # every segment closed at the end
     assert resumed.stats["lens"]["texts"].tolist() == whole.stats["lens"]["texts"].tolist()
     _close(torch.tensor(resumed.stats["lens"].kl_se_texts.values),
            torch.tensor(whole.stats["lens"].kl_se_texts.values), rel=1e-9)

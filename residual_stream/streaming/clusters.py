@@ -19,55 +19,69 @@ KEYS = ("text_kl_sq", "text_kl_n", "text_n_sq", "texts")  # the folded sums, in 
 
 
 class OpenTexts:
-    """Per text of the current segment: its KL sum per point and its reduced tokens (CPU)."""
+    """Per text of the current segment: its KL sum per point and its reduced tokens (CPU).
+
+    Each batch's rows are kept as they come (``add``: a copy of ``[point, row]`` numbers) and
+    added up per text only when asked (``compact``): at the segment's end, for a saved state
+    or a result. So a batch costs the same however many texts the segment has open.
+    """
 
     def __init__(self) -> None:
-        self.ids = torch.zeros(0, dtype=torch.long)
-        self.kl: Tensor | None = None  # [point, text], float64
-        self.n = torch.zeros(0, dtype=torch.float64)
+        self.parts: list[tuple[Tensor, Tensor, Tensor]] = []  # (text ids, KL sums, tokens)
+
+    @property
+    def empty(self) -> bool:
+        """Whether no text is open."""
+        return not self.parts
 
     def add(self, texts: Tensor, kl: Tensor, n: Tensor) -> None:
         """Add rows' sums: row ``r`` is of text ``texts[r]``, its KL sum ``kl[:, r]``, tokens ``n[r]``."""
-        ids = torch.cat([self.ids, texts.cpu().long()])
-        kl = kl.cpu().double() if self.kl is None else torch.cat([self.kl, kl.cpu().double()], 1)
-        n = torch.cat([self.n, n.cpu().double()])
-        self.ids, inverse = torch.unique(ids, return_inverse=True)
-        self.kl = torch.zeros(kl.shape[0], len(self.ids), dtype=torch.float64).index_add_(1, inverse, kl)
-        self.n = torch.zeros(len(self.ids), dtype=torch.float64).index_add_(0, inverse, n)
+        self.parts.append((texts.cpu().long(), kl.cpu().double(), n.cpu().double()))
+
+    def compact(self) -> tuple[Tensor, Tensor, Tensor]:
+        """``(text ids [text], KL sums [point, text], tokens [text])``, one column per open text."""
+        ids = torch.cat([p[0] for p in self.parts])
+        kl = torch.cat([p[1] for p in self.parts], 1)
+        n = torch.cat([p[2] for p in self.parts])
+        ids, inverse = torch.unique(ids, return_inverse=True)
+        kl = torch.zeros(kl.shape[0], len(ids), dtype=torch.float64).index_add_(1, inverse, kl)
+        n = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, inverse, n)
+        self.parts = [(ids, kl, n)]
+        return ids, kl, n
 
     def folded(self) -> dict[str, Tensor]:
         """The open texts' contributions to ``KEYS`` (texts without a reduced token left out)."""
-        kl = torch.zeros(0, 0, dtype=torch.float64) if self.kl is None else self.kl[:, self.n > 0]
-        n = self.n[self.n > 0]
+        _, kl, n = self.compact()
+        kl, n = kl[:, n > 0], n[n > 0]
         return {"text_kl_sq": kl.square().sum(-1), "text_kl_n": (kl * n).sum(-1),
                 "text_n_sq": n.square().sum(), "texts": torch.tensor(len(n))}
 
     def close(self, acc) -> None:
         """The segment ended: fold every open text into ``acc``'s sums and forget them."""
-        if self.kl is not None:
+        if self.parts:
             for key, value in self.folded().items():
                 acc.add(key, value)
-        self.__init__()
+        self.parts = []
 
     def totals(self, sums: dict[str, Tensor], points: int) -> dict[str, Tensor]:
         """``KEYS`` over the closed texts (``sums``) and the open ones, on the CPU."""
         zero = {"text_kl_sq": torch.zeros(points, dtype=torch.float64),
                 "text_kl_n": torch.zeros(points, dtype=torch.float64),
                 "text_n_sq": torch.tensor(0.0, dtype=torch.float64), "texts": torch.tensor(0)}
-        open_ = self.folded() if self.kl is not None else zero
+        open_ = self.folded() if self.parts else zero
         return {k: sums[k].cpu() + open_[k] if k in sums else zero[k] + open_[k] for k in KEYS}
 
     def merge(self, other: OpenTexts) -> None:
         """Add ``other``'s open texts (parts of the same texts add up)."""
-        if other.kl is not None:
-            self.add(other.ids, other.kl, other.n)
+        self.parts += other.parts
 
     def state(self) -> dict[str, Tensor]:
         """What ``load`` restores (a saved scan state may end inside a segment)."""
-        return {} if self.kl is None else {"ids": self.ids, "kl": self.kl, "n": self.n}
+        if not self.parts:
+            return {}
+        ids, kl, n = self.compact()
+        return {"ids": ids.clone(), "kl": kl.clone(), "n": n.clone()}
 
     def load(self, state: dict[str, Tensor]) -> None:
         """Restore ``state()``."""
-        self.__init__()
-        if state:
-            self.ids, self.kl, self.n = state["ids"].clone(), state["kl"].clone(), state["n"].clone()
+        self.parts = [(state["ids"].clone(), state["kl"].clone(), state["n"].clone())] if state else []
