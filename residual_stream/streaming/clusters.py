@@ -35,8 +35,12 @@ class OpenTexts:
         return not self.parts
 
     def add(self, texts: Tensor, kl: Tensor, n: Tensor) -> None:
-        """Add rows' sums: row ``r`` is of text ``texts[r]``, its KL sum ``kl[:, r]``, tokens ``n[r]``."""
-        self.parts.append((texts.cpu().long(), kl.cpu().double(), n.cpu().double()))
+        """Add rows' sums: row ``r`` is of text ``texts[r]``, its KL sum ``kl[:, r]``, tokens ``n[r]``.
+
+        Copies: a replay refills the tensors it hands over (``sampling.StaticBatch``).
+        """
+        self.parts.append(tuple(t.to("cpu", dtype, copy=True) for t, dtype in
+                                ((texts, torch.long), (kl, torch.float64), (n, torch.float64))))
 
     def compact(self) -> tuple[Tensor, Tensor, Tensor]:
         """``(text ids [text], KL sums [point, text], tokens [text])``, one column per open text."""

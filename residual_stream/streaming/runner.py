@@ -52,7 +52,7 @@ from .lean import feed_trace, lean_pass, points
 from .reader import prefetched
 
 STATE_VERSION = 4  # 2: batches within segments, named (segment, index); 3: stats by spec, lens kl_sq;
-# 4: batches by length (config "order"), growth's first-token sums
+# 4: batches by length (config "order"), growth's first-token sums, the lens's open texts
 
 
 @dataclass
