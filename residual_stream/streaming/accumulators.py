@@ -274,7 +274,7 @@ class LensStats(Accumulator):
                   for c in cum]
         kl = self.sums["kl"].cpu() / n if n else torch.full_like(self.sums["kl"].cpu(), float("nan"))
         var = (self.sums["kl_sq"].cpu() / max(n, 1) - kl.square()).clamp_min(0) * n / max(n - 1, 1)
-        t = self.open_texts.totals(self.sums, len(kl))  # closed texts and the open ones
+        t = self.open_texts.totals(self.sums)  # closed texts and the open ones
         texts = int(t["texts"])  # Σ_t (S_t − m n_t)², the texts' residual sums, expanded
         spread = (t["text_kl_sq"] - 2 * kl * t["text_kl_n"] + kl.square() * t["text_n_sq"]).clamp_min(0)
         var_texts = spread * texts / max(texts - 1, 1) / max(n, 1) ** 2

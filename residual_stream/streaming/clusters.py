@@ -67,13 +67,11 @@ class OpenTexts:
                 acc.add(key, value)
         self.parts = []
 
-    def totals(self, sums: dict[str, Tensor], points: int) -> dict[str, Tensor]:
-        """``KEYS`` over the closed texts (``sums``) and the open ones, on the CPU."""
-        zero = {"text_kl_sq": torch.zeros(points, dtype=torch.float64),
-                "text_kl_n": torch.zeros(points, dtype=torch.float64),
-                "text_n_sq": torch.tensor(0.0, dtype=torch.float64), "texts": torch.tensor(0)}
-        open_ = self.folded() if self.parts else zero
-        return {k: sums[k].cpu() + open_[k] if k in sums else zero[k] + open_[k] for k in KEYS}
+    def totals(self, sums: dict[str, Tensor]) -> dict[str, Tensor]:
+        """``KEYS`` over the closed texts (``sums``) and the open ones, float64 on the CPU."""
+        parts = [sums, self.folded() if self.parts else {}]
+        zero = torch.tensor(0.0, dtype=torch.float64)
+        return {k: sum((p[k].cpu().double() for p in parts if k in p), zero) for k in KEYS}
 
     def merge(self, other: OpenTexts) -> None:
         """Add ``other``'s open texts (parts of the same texts add up)."""
