@@ -32,6 +32,8 @@
 #     sorted by length against corpus order, and the plain forward, on short lines, documents
 #     and mixed lengths; replays now pad to seq_len or a halving of it, so this also
 #     captures up to 6 widths (~1 min).
+# Session 14 added: to reader, state_save.py at 32x512: each statistic's state save against
+#     a batch, and growth scanned with its state saved by time and after every batch (~1 min).
 # NCCL=1 adds the one-rank nccl merge (gpu_nccl.py) after the check step.
 set -uo pipefail
 STEPS=${STEPS:-check big small reader}
@@ -63,5 +65,7 @@ if [[ " $STEPS " == *" reader "* ]]; then
     --texts 16000 --rounds 3 --out "$OUT/corpus9_serial" 2>&1 | quiet
   python3 benchmarks/batch_order.py --model /tmp/smollm2-random --device cuda --dtype bfloat16 \
     --batch-size 32 --seq-len 512 --copies 8 --rounds 3 --out "$OUT/order13" 2>&1 | quiet
+  python3 benchmarks/state_save.py --model /tmp/smollm2-random --device cuda --dtype bfloat16 \
+    --batch-size 32 --seq-len 512 --batches 8 --rounds 3 --out "$OUT/state14" 2>&1 | quiet
 fi
 exit 0

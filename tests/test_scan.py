@@ -507,6 +507,43 @@ def test_an_interrupted_scan_resumes_without_losing_or_double_counting(model, tm
     assert again.tokens == whole.tokens and again.batches == whole.batches
 
 
+@pytest.mark.parametrize(("seconds", "every"), [(60.0, 3), (0.0, 1)])
+def test_the_state_is_saved_by_time_unless_save_every_is_given(model, tmp_path, monkeypatch,
+                                                               seconds, every):
+    """By default a state is saved after the first batch ending ``save_seconds`` after the last
+    save, and at the end; ``save_seconds=0`` saves after every batch. The clock is stepped by
+    hand, 25 s a call (one at the start, one per batch): against 60 s the saves fall after
+    batches 3, 6, 9 ..."""
+    from residual_stream.streaming import runner
+
+    kw = dict(batch_size=1, seq_len=16)
+    n_batches = len(list(row_batches(model, Corpus(TEXTS), **kw)))
+    assert n_batches >= 7
+    ticks = iter(range(0, 10_000, 25))
+    monkeypatch.setattr(runner, "_clock", lambda: float(next(ticks)))
+    state = tmp_path / "scan.pt"
+    saved: list[list[int] | None] = []
+
+    def look(key: tuple[int, int], tokens: int) -> None:
+        saved.append(torch.load(state, weights_only=True)["next"] if state.exists() else None)
+
+    result = rs.scan(model, TEXTS, "growth", state=state, save_seconds=seconds, on_batch=look,
+                     progress=False, **kw)
+    assert saved == [[0, every * (run // every)] if run >= every else None
+                     for run in range(1, n_batches + 1)]
+    assert torch.load(state, weights_only=True)["next"] == [0, result.batches]  # saved at the end
+
+
+@pytest.mark.parametrize("bad", [dict(save_every=0), dict(save_every=-2), dict(save_every=True),
+                                 dict(save_seconds=-1.0), dict(save_seconds=float("nan")),
+                                 dict(save_seconds=float("inf"))])
+def test_bad_save_settings_are_refused_before_a_state_exists(model, tmp_path, bad):
+    state = tmp_path / "scan.pt"
+    with pytest.raises(InputError, match="save_every|save_seconds"):
+        rs.scan(model, TEXTS, "growth", state=state, progress=False, **bad)
+    assert not state.exists()
+
+
 def test_a_scan_over_segments_equals_the_single_trace_and_resumes_past_them(model, tmp_path,
                                                                             monkeypatch):
     """Batches end with their segment; a resumed scan tokenizes no segment it has done."""
@@ -531,7 +568,7 @@ def test_a_scan_over_segments_equals_the_single_trace_and_resumes_past_them(mode
 
     with pytest.raises(Interrupt):
         rs.scan(model, corpus, ["growth"], state=state, on_batch=stop_in_segment_3, **kw,
-                progress=False)
+                save_every=1, progress=False)
     tokenized: list[str] = []
     tokenize = model.tokenizer
     monkeypatch.setattr(model, "tokenizer", lambda texts, **k: tokenized.extend(texts) or
@@ -561,7 +598,8 @@ def test_a_scan_resumed_inside_a_segment_keeps_its_open_texts(model, tmp_path):
             raise Interrupt
 
     with pytest.raises(Interrupt):
-        rs.scan(model, corpus, ["lens"], state=state, on_batch=stop_there, progress=False, **kw)
+        rs.scan(model, corpus, ["lens"], state=state, on_batch=stop_there, progress=False,
+                save_every=1, **kw)
     saved = torch.load(state, weights_only=True)["stats"]["lens"]["open_texts"]
     assert len(saved["ids"]) > 0 and saved["kl"].shape == (model.anatomy.n_layers + 1, len(saved["ids"]))
     resumed = rs.scan(model, corpus, ["lens"], state=state, progress=False, **kw)
@@ -826,6 +864,10 @@ def test_cli_scan_resumes_and_two_processes_give_the_single_process_result(tmp_p
     assert again.returncode == 0 and "scanned 2000 tokens" in again.stderr, again.stderr
     assert json.loads((tmp_path / "again.json").read_text())["stats"] == \
         json.loads((tmp_path / "one.json").read_text())["stats"]
+    bad = _run("-m", "residual_stream.cli", "scan", *args, "--out", str(tmp_path / "bad.json"),
+               "--state", str(tmp_path / "bad.pt"), "--save-seconds", "-1")
+    assert bad.returncode == 1 and "save_seconds must be" in bad.stderr, bad.stderr
+    assert not (tmp_path / "bad.json").exists() and not (tmp_path / "bad.pt").exists()
     two = _run("-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533",
                "-m", "residual_stream.scan", *args, "--out", str(tmp_path / "two.json"))
     assert two.returncode == 0, two.stderr

@@ -45,8 +45,12 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--segment-chars", type=int, default=SEGMENT_CHARS,
                    help="characters of text per corpus segment, the unit processes share and a "
                         f"resumed scan skips; batches never span two (default: {SEGMENT_CHARS})")
-    p.add_argument("--state", type=Path, help="save the scan state here after each batch; resume from it")
-    p.add_argument("--save-every", type=int, default=1, help="batches between state saves")
+    p.add_argument("--state", type=Path,
+                   help="save the scan state here (every --save-seconds) and resume from it")
+    p.add_argument("--save-seconds", type=float, default=60.0,
+                   help="seconds of scanning between state saves (default: 60; 0: every batch)")
+    p.add_argument("--save-every", type=int,
+                   help="save the state after every this many batches instead of by time")
     p.add_argument("--out", type=Path, required=True, help="JSON file for the results")
     p.add_argument("--device", default="auto", help="auto (cuda, mps, cpu), cpu, cuda ...")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, else float32), float32 ...")
@@ -97,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
             args.state.with_name(f"{args.state.name}.rank{rank}")
         result = scan(model, corpus, list(accs.values()),
                       batch_size=args.batch_size, seq_len=args.seq_len, max_tokens=args.max_tokens,
-                      order=args.order, state=state, save_every=args.save_every, progress=not args.quiet,
+                      order=args.order, state=state, save_every=args.save_every,
+                      save_seconds=args.save_seconds, progress=not args.quiet,
                       rank=rank, world_size=world, graphs=False if args.no_graphs else "auto")
         if rank == 0:
             result.save(args.out)
