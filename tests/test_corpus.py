@@ -16,15 +16,17 @@ from residual_stream.errors import EmptyTextError, InputError
 from residual_stream.inputs import TokenStrings, pack
 from residual_stream.streaming import Corpus, corpus_batches, row_batches
 from residual_stream.streaming import corpus as corpus_module
-from residual_stream.streaming.corpus import RowBatch, builtin_corpus, token_ids
+from residual_stream.streaming import tokenize as tokenize_module
+from residual_stream.streaming.corpus import RowBatch, builtin_corpus
 from residual_stream.streaming.reader import prefetched
+from residual_stream.streaming.tokenize import token_ids
 
 
 @pytest.mark.parametrize("name", ["smollm2", "minilm"])
 def test_grouped_tokenization_gives_each_texts_own_ids(name, request, monkeypatch):
     model = request.getfixturevalue(name)  # SmolLM2's BPE; MiniLM's WordPiece adds [CLS], [SEP]
     texts = builtin_corpus()[:300]
-    monkeypatch.setattr(corpus_module, "TOKENIZE_CHARS", 3000)  # several groups, a partial last
+    monkeypatch.setattr(tokenize_module, "TOKENIZE_CHARS", 3000)  # several groups, a partial last
     grouped = list(token_ids(model.tokenizer, texts))
     alone = [list(model.tokenizer(t, add_special_tokens=True)["input_ids"]) for t in texts]
     assert grouped == alone
@@ -33,7 +35,7 @@ def test_grouped_tokenization_gives_each_texts_own_ids(name, request, monkeypatc
 def test_rows_cut_and_batch_like_one_text_at_a_time(monkeypatch):
     model = rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32)
     texts = ["a" * 40, "bc", "d" * 9, "efgh" * 5]  # 41, 3, 10, 21 ids with BOS
-    monkeypatch.setattr(corpus_module, "TOKENIZE_CHARS", 12)  # groups of 1, 2 and 1 texts
+    monkeypatch.setattr(tokenize_module, "TOKENIZE_CHARS", 12)  # groups of 1, 2 and 1 texts
     kw = dict(batch_size=2, seq_len=16, max_tokens=60)
     got = list(row_batches(model, Corpus(texts), order="text", **kw))
     ids = [model.tokenizer(t)["input_ids"] for t in texts]

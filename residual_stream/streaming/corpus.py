@@ -3,12 +3,12 @@
 A corpus is a list of texts, a file, a folder of files (in name order) or ``"builtin"`` (the
 shipped corpus). A file is plain text (one text per non-empty line) or JSON Lines (a text in
 each record's ``text_field``), either gzipped or not (``sources``). Texts
-are read lazily, ``TOKENIZE_CHARS`` characters at a time, so a corpus of any size streams
-through in constant memory. Each text is tokenized as ``rs.trace`` would (with the
-tokenizer's special tokens), a group of texts per call: the fast tokenizers' batch path,
-the same ids, and with packing 2.3× (short lines) and 1.7× (documents) the batches per
-second of one call a text, on one core with SmolLM2's tokenizer. Texts are cut into rows of
-at most ``seq_len`` tokens.
+are read lazily, a segment at a time, and tokenized ``tokenize.TOKENIZE_CHARS`` characters
+per call (a long text in pieces), so a corpus of any size streams through in constant
+memory. Each text gets the ids ``rs.trace`` gives it (with the tokenizer's special tokens),
+a group of texts per call: the fast tokenizers' batch path, and with packing 2.3× (short
+lines) and 1.7× (documents) the batches per second of one call a text, on one core with
+SmolLM2's tokenizer. Texts are cut into rows of at most ``seq_len`` tokens.
 
 The texts are grouped into *segments* by their characters alone (``Corpus.segments``:
 ``SEGMENT_CHARS``, 4 Mi, by default), and each segment's rows into batches of
@@ -36,10 +36,10 @@ from importlib import resources
 from pathlib import Path
 
 from ..errors import EmptyTextError, InputError
-from ..inputs import TOKENIZER_LOCK, Batch, pack
+from ..inputs import Batch, pack
 from .sources import corpus_files, file_texts
+from .tokenize import token_chunks
 
-TOKENIZE_CHARS = 1 << 16  # characters per tokenizer call (~16,000 tokens of English), at least a text
 SEGMENT_CHARS = 1 << 22  # characters per segment (~1M tokens of English), at least a text
 SORT_BATCHES = 32  # order="length": batches whose rows are sorted together
 ORDERS = {  # a batch order: how the rows of a window are sorted (None: kept in corpus order)
@@ -152,31 +152,6 @@ def _chunks(texts: Iterable[str], chars: int) -> Iterator[list[str]]:
         yield group
 
 
-def _encoder(tokenizer) -> Callable[[list[str]], list[list[int]]]:
-    """Token ids of a list of texts, as ``tokenizer(text, add_special_tokens=True)`` gives each.
-
-    A fast tokenizer whose backend neither pads nor truncates is called directly
-    (``encode_batch_fast``: no offsets; 1.7× the tokens per second of the Hugging Face call
-    on SmolLM2's tokenizer and one core, 2.8× on two); any other goes through the
-    tokenizer's own call, which sets the backend's padding and truncation for each call.
-    """
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    fast = getattr(backend, "encode_batch_fast", None)
-    if fast is not None and backend.padding is None and backend.truncation is None:
-        return lambda texts: [e.ids for e in fast(texts, add_special_tokens=True)]
-    return lambda texts: tokenizer(texts, add_special_tokens=True,
-                                   return_attention_mask=False)["input_ids"]
-
-
-def token_ids(tokenizer, texts: Iterable[str]) -> Iterator[list[int]]:
-    """Each text's token ids (special tokens added), ``TOKENIZE_CHARS`` of text per tokenizer call."""
-    encode = _encoder(tokenizer)
-    for group in _chunks(texts, TOKENIZE_CHARS):
-        with TOKENIZER_LOCK:  # the scan's reader thread and the caller may share a tokenizer
-            ids = encode(group)
-        yield from ids  # lists already (each backend's ids, or the call's input_ids)
-
-
 @dataclass(frozen=True)
 class RowBatch:
     """One batch's rows of token ids before packing, and where they are in the corpus.
@@ -203,10 +178,25 @@ class RowBatch:
 
 
 def _rows(model, first: int, texts: list[str], seq_len: int) -> Iterator[tuple[list[int], int, int]]:
-    """``(ids, text index, start)`` of each row of ``texts`` (the first is text ``first``)."""
-    for t, ids in enumerate(token_ids(model.tokenizer, texts), start=first):
-        for start in range(0, len(ids), seq_len):
-            yield ids[start:start + seq_len], t, start
+    """``(ids, text index, start)`` of each row of ``texts`` (the first is text ``first``).
+
+    A text's ids may come in several chunks (a long text's pieces, ``tokenize``); its rows
+    are cut from their concatenation, ``seq_len`` ids each, the last possibly shorter.
+    """
+    current, buf, start = None, [], 0
+    for t, chunk in token_chunks(model.tokenizer, texts):
+        if t != current:
+            if buf:
+                yield buf, first + current, start
+            current, buf, start = t, [], 0
+        buf += chunk
+        cut = 0
+        while len(buf) - cut >= seq_len:
+            yield buf[cut:cut + seq_len], first + t, start
+            cut, start = cut + seq_len, start + seq_len
+        buf = buf[cut:]
+    if buf:
+        yield buf, first + current, start
 
 
 def _batch(part: list[tuple[list[int], int, int]], segment: int, index: int) -> RowBatch:

@@ -310,7 +310,7 @@ def scan(
             ``python -m residual_stream.scan``).
         world_size: Number of processes sharing the batches; results are merged across them.
         on_batch: Called as ``on_batch((segment, index), tokens_so_far)`` after each batch is
-            added (and saved); a batch is named by its segment of the corpus
+            added (and saved, when a save is due); a batch is named by its segment of the corpus
             (``Corpus.segments``) and its index there.
         graphs: Replay each batch shape's lean pass from a CUDA graph (``"auto"``: on a CUDA
             device when every statistic can be: all but per-head survival and read

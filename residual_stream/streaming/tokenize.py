@@ -1,0 +1,166 @@
+"""A corpus's token ids: texts grouped per tokenizer call, long texts cut into pieces.
+
+Each text gets the ids ``rs.trace`` gives it (``tokenizer(text, add_special_tokens=True)``).
+Short texts go ``TOKENIZE_CHARS`` characters' worth per call (the fast tokenizers' batch
+path). A text over ``LONG_CHARS`` characters (a book, or a corpus shipped as one line, like
+text8) is cut into pieces of about ``PIECE_CHARS`` characters, each cut before a space that
+follows a letter or digit and precedes a letter (``cuts``). The pieces are encoded without
+special tokens, ``TOKENIZE_CHARS`` of them per call, and the text's special tokens are put
+around them (``Splitter``). Its ids then come out piece by piece (``token_chunks``), so
+reading a text of any length holds one piece's worth, not the whole text's: on 20 MB of
+English on one line (SmolLM2's tokenizer, ``benchmarks/long_text.py``) reading every row
+took 63 MiB of peak memory instead of 2,241 MiB, and 0.2 s to the first row instead of 13 s.
+
+Cutting there gives the ids of one call for tokenizers whose pre-tokenizer splits a text
+there: GPT-2's and Llama 3's byte-level patterns (SmolLM2, Qwen), WordPiece (BERT), bytes
+(the twins). ``Splitter.of`` checks a tokenizer once, on a probe text cut at every such
+place, and a tokenizer that gives other ids is given each long text whole, as before. A
+text with no such place (no spaces, as in Chinese) is one piece.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from ..inputs import TOKENIZER_LOCK
+
+TOKENIZE_CHARS = 1 << 16  # characters per tokenizer call (~16,000 tokens of English), at least a text
+LONG_CHARS = 1 << 18      # a text longer than this is cut into pieces
+PIECE_CHARS = 1 << 18     # characters per piece, at least (a cut is the next place after)
+_CUT = re.compile(r"(?<=[^\W_]) (?=[^\W\d_])")  # a space after a letter or digit, before a letter
+PROBE = ("The residual stream carries every write. Attention reads it, and 12 MLP layers add "
+         "theirs back: one of the ways in which it is said to be a channel for all of them. "
+         "Naïve café déjà vu, Straße über 東京 x1 y2 don't it's we'll, tabs\tand double  spaces,"
+         "\nnew lines\n\n  indented, def f(x): return x ** 2 # code; [1, 2] {'a': 3} THE END.")
+
+
+def encoder(tokenizer, special: bool = True) -> Callable[[list[str]], list[list[int]]]:
+    """Token ids of a list of texts, as ``tokenizer(text, add_special_tokens=special)`` gives each.
+
+    A fast tokenizer whose backend neither pads nor truncates is called directly
+    (``encode_batch_fast``: no offsets; 1.7× the tokens per second of the Hugging Face call
+    on SmolLM2's tokenizer and one core, 2.8× on two); any other goes through the
+    tokenizer's own call, which sets the backend's padding and truncation for each call.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    fast = getattr(backend, "encode_batch_fast", None)
+    if fast is not None and backend.padding is None and backend.truncation is None:
+        return lambda texts: [e.ids for e in fast(texts, add_special_tokens=special)]
+    return lambda texts: tokenizer(texts, add_special_tokens=special,
+                                   return_attention_mask=False)["input_ids"]
+
+
+def _locked(encode: Callable[[list[str]], list[list[int]]], texts: list[str]) -> list[list[int]]:
+    with TOKENIZER_LOCK:  # the scan's reader thread and the caller may share a tokenizer
+        return encode(texts)  # lists already (each backend's ids, or the call's input_ids)
+
+
+def cuts(text: str, every: int) -> list[int]:
+    """Where to cut ``text``: the first cut place (``_CUT``) at or after each ``every`` characters."""
+    out, pos = [], every
+    while pos < len(text):
+        found = _CUT.search(text, pos)
+        if found is None:
+            break
+        out.append(found.start())
+        pos = found.start() + every
+    return out
+
+
+def pieces(text: str, every: int) -> list[str]:
+    """``text`` cut at ``cuts(text, every)``; they join to ``text``."""
+    bounds = [0, *cuts(text, every), len(text)]
+    return [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+@dataclass(frozen=True)
+class Splitter:
+    """How a tokenizer frames a text's ids with special tokens, once cutting is checked exact."""
+
+    prefix: list[int]
+    suffix: list[int]
+    plain: Callable[[list[str]], list[list[int]]]  # ids without special tokens
+
+    _checked = weakref.WeakKeyDictionary()  # tokenizer → Splitter | None
+
+    @classmethod
+    def of(cls, tokenizer) -> Splitter | None:
+        """The tokenizer's splitter, or None when pieces cut at ``_CUT`` change its ids.
+
+        Checked once per tokenizer on ``PROBE`` cut at every cut place: the ids with special
+        tokens must be a prefix, the pieces' plain ids in order, and a suffix.
+        """
+        try:
+            return cls._checked[tokenizer]
+        except (KeyError, TypeError):
+            pass
+        plain, whole = encoder(tokenizer, special=False), encoder(tokenizer)
+        framed, alone = _locked(whole, [PROBE])[0], _locked(plain, [PROBE])[0]
+        joined = [i for ids in _locked(plain, pieces(PROBE, 1)) for i in ids]
+        splitter = None
+        for k in range(len(framed) - len(alone) + 1):
+            if framed[k:k + len(alone)] == alone == joined:
+                splitter = cls(framed[:k], framed[k + len(alone):], plain)
+                break
+        try:
+            cls._checked[tokenizer] = splitter
+        except TypeError:  # a tokenizer that cannot be weakly referenced is checked each time
+            pass
+        return splitter
+
+
+def token_chunks(tokenizer, texts: Iterable[str]) -> Iterator[tuple[int, list[int]]]:
+    """``(text number, ids)``: each text's ids in order, a long text's in several chunks.
+
+    A text's chunks are consecutive and join to its ids (``token_ids``); a short text is one
+    chunk. Long texts are cut only when the tokenizer's ``Splitter`` is exact.
+    """
+    encode, group, size = encoder(tokenizer), [], 0
+    splitter: Splitter | None | bool = False  # found at the first long text
+    for t, text in enumerate(texts):
+        if len(text) > LONG_CHARS and splitter is False:
+            splitter = Splitter.of(tokenizer)
+        if len(text) > LONG_CHARS and splitter:
+            yield from _group(encode, group)
+            group, size = [], 0
+            yield from _long(t, text, splitter)
+            continue
+        group.append((t, text))
+        size += len(text)
+        if size >= TOKENIZE_CHARS:
+            yield from _group(encode, group)
+            group, size = [], 0
+    yield from _group(encode, group)
+
+
+def _group(encode, group: list[tuple[int, str]]) -> Iterator[tuple[int, list[int]]]:
+    if group:
+        yield from zip((t for t, _ in group), _locked(encode, [text for _, text in group]),
+                       strict=True)
+
+
+def _long(t: int, text: str, splitter: Splitter) -> Iterator[tuple[int, list[int]]]:
+    """Text ``t``'s ids, ``TOKENIZE_CHARS`` of its pieces per call, framed by special tokens."""
+    parts = pieces(text, PIECE_CHARS)
+    per_call = max(1, TOKENIZE_CHARS // PIECE_CHARS)
+    yield t, list(splitter.prefix)
+    for i in range(0, len(parts), per_call):
+        for ids in _locked(splitter.plain, parts[i:i + per_call]):
+            yield t, ids
+    yield t, list(splitter.suffix)
+
+
+def token_ids(tokenizer, texts: Iterable[str]) -> Iterator[list[int]]:
+    """Each text's token ids (special tokens added), joined from ``token_chunks``."""
+    current, ids = None, []
+    for t, chunk in token_chunks(tokenizer, texts):
+        if t != current and current is not None:
+            yield ids
+            ids = []
+        current = t
+        ids += chunk
+    if current is not None:
+        yield ids
