@@ -23,8 +23,8 @@ import torch
 from spies import watch
 
 import residual_stream as rs
-from residual_stream.errors import InputError
-from residual_stream.inputs import Batch, pack
+from residual_stream.errors import EmptyTextError, InputError
+from residual_stream.inputs import Batch, ByteTokenizer, pack
 from residual_stream.streaming import Corpus, ScanResult, corpus_batches, row_batches
 from residual_stream.streaming.accumulators import BIN_WIDTH, histogram_quantile, log_histogram
 from residual_stream.trace import trace_batch
@@ -542,6 +542,44 @@ def test_bad_save_settings_are_refused_before_a_state_exists(model, tmp_path, ba
     with pytest.raises(InputError, match="save_every|save_seconds"):
         rs.scan(model, TEXTS, "growth", state=state, progress=False, **bad)
     assert not state.exists()
+
+
+class Silent(ByteTokenizer):
+    """Gives no ids for any text, as a tokenizer might for texts it cannot read."""
+
+    def __call__(self, text, add_special_tokens=True, **kw):
+        """No ids: ``[]`` per text."""
+        return {"input_ids": [[] for _ in text] if isinstance(text, list) else []}
+
+
+@pytest.mark.parametrize("stats", [["growth"], ["subspaces"]])  # without and with a calibration
+def test_a_corpus_that_tokenizes_to_nothing_is_refused_before_a_state_exists(stats, tmp_path):
+    m = rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32)
+    m.tokenizer = Silent()
+    with pytest.raises(EmptyTextError, match="tokenize to nothing"):
+        rs.scan(m, TEXTS, stats, state=tmp_path / "s.pt", progress=False)
+    assert not (tmp_path / "s.pt").exists()
+
+
+def test_the_scans_first_check_reads_one_tokenizer_call_unless_it_calibrates(model, monkeypatch):
+    """Refusing an empty corpus needs one row; only a calibration (``subspaces``' PCA) needs
+    the scan's first batch, which in length order is sorted from a window of 32 batches."""
+    from residual_stream.streaming import runner, tokenize
+    from residual_stream.streaming.accumulators import make_accumulators
+
+    monkeypatch.setattr(tokenize, "TOKENIZE_CHARS", 40)  # one or two texts a call
+    corpus = Corpus(TEXTS * 20)
+    read: list[int] = []
+    tokenizer = model.tokenizer
+    monkeypatch.setattr(model, "tokenizer", lambda texts, **k: read.append(len(texts)) or
+                        tokenizer(texts, **k))
+    runner._prepare(model, corpus, make_accumulators(["growth"]), 2, 16, None, "length")
+    assert len(read) == 1 and read[0] <= 2
+    read.clear()
+    runner._prepare(model, corpus, make_accumulators(["subspaces"]), 2, 16, None, "length")
+    rows = sum(len(b.rows) for b in row_batches(model, Corpus((TEXTS * 20)[:sum(read)]),
+                                               batch_size=2, seq_len=16, order="text"))
+    assert len(read) > 5 and rows >= 32 * 2  # the texts read hold the window's 64 rows
 
 
 def test_a_scan_over_segments_equals_the_single_trace_and_resumes_past_them(model, tmp_path,

@@ -207,14 +207,16 @@ def _prepare(model, corpus: Corpus, accs: dict[str, Accumulator], batch_size: in
     """Fix data-dependent choices (the PCA of ``subspaces``) from the scan's first batch.
 
     Every process does, from a lean pass that keeps the last block's output (``lean.points``),
-    unless a resumed state holds them. The first batch is read in any case: a corpus with no
-    tokens is refused before anything runs.
+    unless a resumed state holds them. A corpus with no tokens is refused before anything
+    runs: without a calibration that reads the corpus's first row only (in corpus order,
+    one row a batch), not the first window of batches that length order sorts.
     """
-    first = next(row_batches(model, corpus, batch_size=batch_size, seq_len=seq_len,
-                             max_tokens=max_tokens, order=order), None)
+    wanted = not all(a.calibrated for a in accs.values())  # a resumed state has its own
+    first = next(row_batches(model, corpus, batch_size=batch_size if wanted else 1,
+                             seq_len=seq_len, max_tokens=max_tokens,
+                             order=order if wanted else "text"), None)
     if first is None:
         raise EmptyTextError("the corpus's texts tokenize to nothing: give texts with some words")
-    wanted = not all(a.calibrated for a in accs.values())  # a resumed state has its own
     calibration = points(model, first.pack(model)) if wanted else None
     for acc in accs.values():
         acc.prepare(model, calibration)
