@@ -153,7 +153,9 @@ def test_json_lines_and_gzipped_files_read_as_the_texts_they_hold(tmp_path):
     assert list(Corpus(tmp_path / "c.jsonl.gz", text_field="body").texts()) == kept
     folder = Corpus(tmp_path, text_field="body")
     assert list(folder.texts()) == ["one line", "two line", *kept, *kept, "zipped line"]
-    assert "text_field=body" in folder.fingerprint() and "notes.md" not in folder.fingerprint()
+    before = folder.fingerprint()
+    (tmp_path / "notes.md").write_text("still not a corpus file\n")
+    assert "text_field=body" in before and folder.fingerprint() == before  # notes.md is not in it
     assert "text_field" not in Corpus(tmp_path / "a.txt").fingerprint()
     model = rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32)
     kw = dict(batch_size=2, seq_len=8)
@@ -316,3 +318,55 @@ def test_prefetched_keeps_order_raises_in_place_and_stops_when_left():
             break  # closes the generator: its ``finally`` stops the reader and joins it
     assert threading.active_count() == before
     assert len(made) <= 6 + 2 + 1  # read ahead by at most the queue and the item in hand
+
+
+def test_the_fingerprint_follows_the_files_not_their_path_or_time(tmp_path):
+    """A copy elsewhere (new path, new modification times) is the same corpus; a changed
+    byte at either end, a changed size, a renamed file or another field is not."""
+    import os
+    import shutil
+
+    lines = [f"line {i} of the corpus, some words" for i in range(400)]  # ~14 KB: both ends read
+    (tmp_path / "a").mkdir()
+    _write(tmp_path / "a" / "part1.txt", lines)
+    _write(tmp_path / "a" / "part2.jsonl", ['{"text": "one record"}'])
+    first = Corpus(tmp_path / "a").fingerprint()
+    shutil.copytree(tmp_path / "a", tmp_path / "b", copy_function=shutil.copyfile)  # new mtimes
+    os.utime(tmp_path / "b" / "part1.txt", (1, 1))
+    assert Corpus(tmp_path / "b").fingerprint() == first
+    one_file = Corpus(tmp_path / "a" / "part1.txt").fingerprint()
+    assert Corpus(tmp_path / "b" / "part1.txt").fingerprint() == one_file
+    assert Corpus(tmp_path / "b", text_field="body").fingerprint() != first
+    data = (tmp_path / "b" / "part1.txt").read_bytes()
+    for changed in (b"L" + data[1:], data[:-2] + b"X\n", data + b"more\n"):
+        (tmp_path / "b" / "part1.txt").write_bytes(changed)
+        assert Corpus(tmp_path / "b").fingerprint() != first
+    (tmp_path / "b" / "part1.txt").write_bytes(data)
+    assert Corpus(tmp_path / "b").fingerprint() == first
+    (tmp_path / "b" / "part1.txt").rename(tmp_path / "b" / "part0.txt")
+    assert Corpus(tmp_path / "b").fingerprint() != first
+
+
+def test_a_scan_resumes_from_a_copy_of_its_corpus_elsewhere(tmp_path):
+    import shutil
+
+    model = rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32)
+    (tmp_path / "a").mkdir()
+    _write(tmp_path / "a" / "texts.txt", builtin_corpus()[:40])
+    kw = dict(batch_size=2, seq_len=16, progress=False)
+    whole = rs.scan(model, tmp_path / "a", "growth", **kw)
+    state = tmp_path / "scan.pt"
+
+    def stop(key, tokens):
+        if key == (0, 3):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        rs.scan(model, tmp_path / "a", "growth", state=state, save_every=1, on_batch=stop, **kw)
+    shutil.copytree(tmp_path / "a", tmp_path / "b", copy_function=shutil.copyfile)
+    shutil.rmtree(tmp_path / "a")
+    seen = []
+    resumed = rs.scan(model, tmp_path / "b", "growth", state=state,
+                      on_batch=lambda key, t: seen.append(key), **kw)
+    assert seen[0] == (0, 4) and resumed.tokens == whole.tokens
+    assert torch.allclose(resumed.stats["growth"].mean, whole.stats["growth"].mean, rtol=1e-12, atol=0)

@@ -42,6 +42,7 @@ from .tokenize import token_chunks
 
 SEGMENT_CHARS = 1 << 22  # characters per segment (~1M tokens of English), at least a text
 SORT_BATCHES = 32  # order="length": batches whose rows are sorted together
+FINGERPRINT_ENDS = 1 << 12  # bytes read from each end of a corpus file for its fingerprint
 ORDERS = {  # a batch order: how the rows of a window are sorted (None: kept in corpus order)
     "length": lambda row: -len(row[0]),  # longest first; sorted() keeps ties in corpus order
     "text": None,
@@ -110,9 +111,13 @@ class Corpus:
             first += len(texts)
 
     def fingerprint(self) -> str:
-        """Identifies the corpus in a saved scan state: name, size and modification time.
+        """Identifies the corpus in a saved scan state, wherever its files lie.
 
-        With any JSON Lines file, the field its texts come from too.
+        A list: its length and a hash of its texts. Files: their names within the corpus (not
+        its path), sizes, and the first and last ``FINGERPRINT_ENDS`` bytes of each, hashed,
+        so the same files copied or downloaded elsewhere resume a scan (before, a new path
+        or modification time refused it); with any JSON Lines file, the field its texts come
+        from too. An edit inside a file that keeps its size and both ends is not seen.
         """
         if not isinstance(self.source, (str, Path)):
             digest = hashlib.sha256()
@@ -121,10 +126,21 @@ class Corpus:
             return f"list of {len(self.source)} texts sha256:{digest.hexdigest()[:16]}"
         if self.source == "builtin":
             return "builtin"
-        files = self._files()
-        field = (f"text_field={self.text_field};"
+        root, files = Path(self.source), self._files()
+        digest, total = hashlib.sha256(), 0
+        for f in files:
+            size = f.stat().st_size
+            name = f.relative_to(root).as_posix() if root.is_dir() else f.name
+            digest.update(f"{name}:{size}\0".encode())
+            with open(f, "rb") as data:
+                digest.update(data.read(FINGERPRINT_ENDS))
+                if size > 2 * FINGERPRINT_ENDS:
+                    data.seek(-FINGERPRINT_ENDS, 2)
+                digest.update(data.read())
+            total += size
+        field = (f"text_field={self.text_field}; "
                  if any(f.name.endswith((".jsonl", ".jsonl.gz")) for f in files) else "")
-        return field + ";".join(f"{f}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in files)
+        return f"{field}{len(files)} files, {total} bytes, sha256:{digest.hexdigest()[:16]}"
 
 
 def _ordered_and_reread(source) -> bool:

@@ -56,8 +56,9 @@ from .graphs import Replayed
 from .lean import feed_trace, lean_pass, points
 from .reader import prefetched
 
-STATE_VERSION = 4  # 2: batches within segments, named (segment, index); 3: stats by spec, lens kl_sq;
-# 4: batches by length (config "order"), growth's first-token sums, the lens's open texts
+STATE_VERSION = 5  # 2: batches within segments, named (segment, index); 3: stats by spec, lens kl_sq;
+# 4: batches by length (config "order"), growth's first-token sums, the lens's open texts;
+# 5: a corpus of files fingerprinted by names, sizes and ends, not path and mtime
 
 
 @dataclass
