@@ -37,6 +37,7 @@ from pathlib import Path
 
 from ..errors import EmptyTextError, InputError
 from ..inputs import Batch, pack
+from .progress import ReadProgress
 from .sources import corpus_files, file_texts
 from .tokenize import token_chunks
 
@@ -78,27 +79,49 @@ class Corpus:
     def _files(self) -> list[Path]:
         return corpus_files(Path(self.source))
 
-    def texts(self) -> Iterator[str]:
+    def texts(self, progress: ReadProgress | None = None) -> Iterator[str]:
         """Every text, in order, read lazily: a text file's lines stripped, others as given.
 
         A list's blank strings, a file's blank lines and a JSON Lines file's blank texts are
         skipped: text ``i`` of a scan (``Batch.text_index``, a massive activation's ``text``)
-        is the ``i``-th non-blank text given.
+        is the ``i``-th non-blank text given. ``progress`` counts what is read (``units``).
         """
-        if not isinstance(self.source, (str, Path)):
-            for i, t in enumerate(self.source):
+        if self._in_memory():
+            units = 0
+            for i, t in enumerate(self._listed()):
                 if not isinstance(t, str):
                     raise InputError(f"corpus item {i} is a {type(t).__name__}, not a text")
                 if t.strip():
+                    units += len(t)
+                    if progress is not None:
+                        progress.read(len(t), units)
                     yield t
             return
-        if self.source == "builtin":
-            yield from builtin_corpus()
-            return
+        base, position = 0, [0]
         for f in self._files():
-            yield from file_texts(f, self.text_field)
+            for text in file_texts(f, self.text_field, at=lambda pos: position.__setitem__(0, pos)):
+                if progress is not None:
+                    progress.read(len(text), base + position[0])
+                yield text
+            base += f.stat().st_size
 
-    def segments(self) -> Iterator[tuple[int, list[str]]]:
+    def _in_memory(self) -> bool:
+        return not isinstance(self.source, (str, Path)) or self.source == "builtin"
+
+    def _listed(self) -> Iterable:
+        """An in-memory corpus's items: the built-in texts, or the collection given."""
+        return builtin_corpus() if isinstance(self.source, str) else self.source
+
+    def units(self) -> int:
+        """The corpus's size in ``progress`` units: its files' bytes, or a list's characters.
+
+        Known before reading it: files by their sizes, a list by one pass over its texts.
+        """
+        if not self._in_memory():
+            return sum(f.stat().st_size for f in self._files())
+        return sum(len(t) for t in self._listed() if isinstance(t, str) and t.strip())
+
+    def segments(self, progress: ReadProgress | None = None) -> Iterator[tuple[int, list[str]]]:
         """``(index of its first text, its texts)`` per segment, in order.
 
         A segment is the consecutive texts that first reach ``segment_chars`` characters (the
@@ -106,7 +129,7 @@ class Corpus:
         of others without tokenizing them (``row_batches``).
         """
         first = 0
-        for texts in _chunks(self.texts(), self.segment_chars):
+        for texts in _chunks(self.texts(progress), self.segment_chars):
             yield first, texts
             first += len(texts)
 
@@ -193,14 +216,18 @@ class RowBatch:
         return pack(model, self.rows, self.text_index, self.text_start, names="lazy")
 
 
-def _rows(model, first: int, texts: list[str], seq_len: int) -> Iterator[tuple[list[int], int, int]]:
+def _rows(model, first: int, texts: list[str], seq_len: int,
+          progress: ReadProgress | None = None) -> Iterator[tuple[list[int], int, int]]:
     """``(ids, text index, start)`` of each row of ``texts`` (the first is text ``first``).
 
     A text's ids may come in several chunks (a long text's pieces, ``tokenize``); its rows
     are cut from their concatenation, ``seq_len`` ids each, the last possibly shorter.
+    ``progress`` counts the characters tokenized and the tokens they made.
     """
     current, buf, start = None, [], 0
-    for t, chunk in token_chunks(model.tokenizer, texts):
+    for t, chunk, chars in token_chunks(model.tokenizer, texts):
+        if progress is not None:
+            progress.tokenized(chars, len(chunk))
         if t != current:
             if buf:
                 yield buf, first + current, start
@@ -254,11 +281,12 @@ def _windows(rows: Iterator[tuple[list[int], int, int]], size: int,
 
 
 def _segment_batches(model, segment: int, first: int, texts: list[str], seq_len: int,
-                     batch_size: int, budget: _Budget, order: str) -> Iterator[RowBatch]:
+                     batch_size: int, budget: _Budget, order: str,
+                     progress: ReadProgress | None) -> Iterator[RowBatch]:
     key = ORDERS[order]
     size = batch_size if key is None else batch_size * SORT_BATCHES
     index = 0
-    for part in _windows(_rows(model, first, texts, seq_len), size, budget):
+    for part in _windows(_rows(model, first, texts, seq_len, progress), size, budget):
         part = part if key is None else sorted(part, key=key)
         for i in range(0, len(part), batch_size):
             yield _batch(part[i:i + batch_size], segment, index)
@@ -281,6 +309,7 @@ def _check_sizes(model, batch_size: int, seq_len: int, max_tokens: int | None,
 def row_batches(
     model, corpus: Corpus, *, batch_size: int, seq_len: int, max_tokens: int | None = None,
     own: Callable[[int], bool] | None = None, order: str = "length",
+    progress: ReadProgress | None = None,
 ) -> Iterator[RowBatch]:
     """The corpus's batches in order (``corpus_batches`` unpacked), at most ``max_tokens`` tokens.
 
@@ -291,12 +320,14 @@ def row_batches(
     ``own(segment)``: only the batches of the segments it accepts
     (a process's share). The others are skipped untokenized, unless ``max_tokens`` is given:
     then every segment up to the budget is tokenized, to count where the budget ends.
+    ``progress`` (``progress.ReadProgress``) counts what is read and tokenized.
     """
     _check_sizes(model, batch_size, seq_len, max_tokens, order)
     budget, empty = _Budget(max_tokens), True
-    for segment, (first, texts) in enumerate(corpus.segments()):
+    for segment, (first, texts) in enumerate(corpus.segments(progress)):
         empty = False
-        batches = _segment_batches(model, segment, first, texts, seq_len, batch_size, budget, order)
+        batches = _segment_batches(model, segment, first, texts, seq_len, batch_size, budget, order,
+                                   progress)
         if own is None or own(segment):
             yield from batches
         elif max_tokens is not None:

@@ -46,7 +46,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from ..errors import EmptyTextError, InputError
 from ..trace import trace_batch
@@ -54,6 +53,7 @@ from .accumulators import Accumulator, make_accumulators
 from .corpus import Corpus, row_batches
 from .graphs import Replayed
 from .lean import feed_trace, lean_pass, points
+from .progress import ReadProgress, ScanBar
 from .reader import prefetched
 
 STATE_VERSION = 5  # 2: batches within segments, named (segment, index); 3: stats by spec, lens kl_sq;
@@ -187,7 +187,8 @@ def _gather(accs: dict[str, Accumulator], tokens: int, batches: int,
 
 
 def _read_batches(model, corpus: Corpus, batch_size: int, seq_len: int, max_tokens: int | None,
-                  order: str, done: tuple[int, int], rank: int, world_size: int):
+                  order: str, done: tuple[int, int], rank: int, world_size: int,
+                  progress: ReadProgress | None = None):
     """``(key, batch)`` of this process's batches not yet in the saved sums, packed.
 
     Process ``rank`` takes the segments ``s ≡ rank (mod world_size)``; segments of others and
@@ -198,7 +199,7 @@ def _read_batches(model, corpus: Corpus, batch_size: int, seq_len: int, max_toke
         return segment % world_size == rank and segment >= done[0]
 
     for rows in row_batches(model, corpus, batch_size=batch_size, seq_len=seq_len,
-                            max_tokens=max_tokens, own=own, order=order):
+                            max_tokens=max_tokens, own=own, order=order, progress=progress):
         if rows.key >= done:
             yield rows.key, rows.pack(model)
 
@@ -308,7 +309,9 @@ def scan(
         save_seconds: Without ``save_every``, save the state after the first batch that ends
             this long after the last save (``0``: after every batch). A resumed scan redoes
             the batches after the last save; the state is saved at the end in any case.
-        progress: Show a progress bar with tokens/s.
+        progress: Show a progress bar with tokens/s, and with a time left: out of
+            ``max_tokens``, or else of the corpus's tokens as estimated while it is read
+            (``streaming.progress``).
         rank: This process's index among ``world_size`` (set by ``torchrun``; see
             ``python -m residual_stream.scan``).
         world_size: Number of processes sharing the batches; results are merged across them.
@@ -333,11 +336,9 @@ def scan(
         acc.load_state_dict(saved["stats"][name])
     _prepare(model, corpus, accs, batch_size, seq_len, max_tokens, order)
     add = batch_adder(model, accs, graphs, seq_len)
+    bar = ScanBar(model.name, corpus.units, max_tokens, tokens, progress, rank, world_size)
     batches = prefetched(_read_batches(model, corpus, batch_size, seq_len, max_tokens, order, done,
-                                       rank, world_size))
-    share = None if max_tokens is None else -(-max_tokens // world_size)  # about this rank's part
-    bar = tqdm(total=share, initial=tokens, unit="tok", unit_scale=True, disable=not progress,
-               desc=f"scan {model.name}" + (f" [{rank}/{world_size}]" if world_size > 1 else ""))
+                                       rank, world_size, bar.reading))
     start, run, segment = time.perf_counter(), 0, done[0]
     for key, batch in batches:
         if key[0] != segment:  # the segment before ended: texts never span two
@@ -347,7 +348,7 @@ def scan(
         add(batch)
         n = int(batch.attention_mask.sum())
         tokens, done, run, added = tokens + n, (key[0], key[1] + 1), run + 1, added + 1
-        bar.update(n)
+        bar.update(n, tokens)
         if path is not None and save_due(run):
             _save_state(path, config, done, tokens, added, accs)
         if on_batch is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..errors import InputError
@@ -40,20 +40,26 @@ def _open(path: Path) -> io.TextIOBase:
     return path.open(encoding="utf-8", errors="replace")
 
 
-def file_texts(path: Path, text_field: str = "text") -> Iterator[str]:
-    """The non-blank texts of one file (see the module docstring), in order."""
+def file_texts(path: Path, text_field: str = "text",
+               at: Callable[[int], None] | None = None) -> Iterator[str]:
+    """The non-blank texts of one file (see the module docstring), in order.
+
+    ``at(position)``, before each text is given: how many bytes of the file (of the
+    compressed file for ``.gz``) have been read so far, in blocks, for a progress estimate.
+    """
     jsonl = path.name.endswith((".jsonl", ".jsonl.gz"))
     try:
         with _open(path) as handle:
+            raw = getattr(handle.buffer, "fileobj", handle.buffer)  # gzip: the compressed file
             for number, line in enumerate(handle, start=1):
                 if not line.strip():
                     continue
-                if not jsonl:
-                    yield line.strip()
+                text = line.strip() if not jsonl else _json_text(line, text_field, f"{path}:{number}")
+                if not text.strip():
                     continue
-                text = _json_text(line, text_field, f"{path}:{number}")
-                if text.strip():
-                    yield text
+                if at is not None:
+                    at(raw.tell())
+                yield text
     except (gzip.BadGzipFile, EOFError) as e:
         raise InputError(f"{path} is not a complete gzip file ({e}); unpack it or fix the "
                          "name") from None

@@ -112,11 +112,12 @@ class Splitter:
         return splitter
 
 
-def token_chunks(tokenizer, texts: Iterable[str]) -> Iterator[tuple[int, list[int]]]:
-    """``(text number, ids)``: each text's ids in order, a long text's in several chunks.
+def token_chunks(tokenizer, texts: Iterable[str]) -> Iterator[tuple[int, list[int], int]]:
+    """``(text number, ids, characters)``: each text's ids in order, a long text's in chunks.
 
     A text's chunks are consecutive and join to its ids (``token_ids``); a short text is one
-    chunk. Long texts are cut only when the tokenizer's ``Splitter`` is exact.
+    chunk. Long texts are cut only when the tokenizer's ``Splitter`` is exact. ``characters``:
+    how much of the text the chunk's ids stand for (``progress``).
     """
     encode, group, size = encoder(tokenizer), [], 0
     splitter: Splitter | None | bool = False  # found at the first long text
@@ -136,27 +137,28 @@ def token_chunks(tokenizer, texts: Iterable[str]) -> Iterator[tuple[int, list[in
     yield from _group(encode, group)
 
 
-def _group(encode, group: list[tuple[int, str]]) -> Iterator[tuple[int, list[int]]]:
+def _group(encode, group: list[tuple[int, str]]) -> Iterator[tuple[int, list[int], int]]:
     if group:
-        yield from zip((t for t, _ in group), _locked(encode, [text for _, text in group]),
-                       strict=True)
+        ids = _locked(encode, [text for _, text in group])
+        yield from ((t, i, len(text)) for (t, text), i in zip(group, ids, strict=True))
 
 
-def _long(t: int, text: str, splitter: Splitter) -> Iterator[tuple[int, list[int]]]:
+def _long(t: int, text: str, splitter: Splitter) -> Iterator[tuple[int, list[int], int]]:
     """Text ``t``'s ids, ``TOKENIZE_CHARS`` of its pieces per call, framed by special tokens."""
     parts = pieces(text, PIECE_CHARS)
     per_call = max(1, TOKENIZE_CHARS // PIECE_CHARS)
-    yield t, list(splitter.prefix)
+    yield t, list(splitter.prefix), 0
     for i in range(0, len(parts), per_call):
-        for ids in _locked(splitter.plain, parts[i:i + per_call]):
-            yield t, ids
-    yield t, list(splitter.suffix)
+        call = parts[i:i + per_call]
+        for part, ids in zip(call, _locked(splitter.plain, call), strict=True):
+            yield t, ids, len(part)
+    yield t, list(splitter.suffix), 0
 
 
 def token_ids(tokenizer, texts: Iterable[str]) -> Iterator[list[int]]:
     """Each text's token ids (special tokens added), joined from ``token_chunks``."""
     current, ids = None, []
-    for t, chunk in token_chunks(tokenizer, texts):
+    for t, chunk, _ in token_chunks(tokenizer, texts):
         if t != current and current is not None:
             yield ids
             ids = []
