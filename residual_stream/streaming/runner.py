@@ -24,8 +24,9 @@ SmolLM2 at 32×512 about 31 ms, so saving after every batch, as before, would co
 up to three times its forward. A rerun with the same arguments skips the segments and
 batches already in the saved sums (without tokenizing them, unless ``max_tokens`` needs
 them counted) and continues: an interruption loses no batch and counts none twice (a batch
-whose update was not saved yet is simply done again). A state saved for other arguments is
-refused with a message, never mixed in.
+whose update was not saved yet is simply done again). Ctrl-C or SIGTERM during such a scan
+finishes the batch under way and saves the state before it stops (``signals``). A state
+saved for other arguments is refused with a message, never mixed in.
 
 **Several processes.** Process ``rank`` of ``world_size`` takes the segments ``s`` with
 ``s % world_size == rank`` and tokenizes no other (with ``max_tokens``, every process counts
@@ -41,6 +42,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +57,7 @@ from .graphs import Replayed
 from .lean import feed_trace, lean_pass, points
 from .progress import ReadProgress, ScanBar
 from .reader import prefetched
+from .signals import Deferred
 
 STATE_VERSION = 5  # 2: batches within segments, named (segment, index); 3: stats by spec, lens kl_sq;
 # 4: batches by length (config "order"), growth's first-token sums, the lens's open texts;
@@ -340,19 +343,21 @@ def scan(
     batches = prefetched(_read_batches(model, corpus, batch_size, seq_len, max_tokens, order, done,
                                        rank, world_size, bar.reading))
     start, run, segment = time.perf_counter(), 0, done[0]
-    for key, batch in batches:
-        if key[0] != segment:  # the segment before ended: texts never span two
-            segment = key[0]
-            for acc in accs.values():
-                acc.segment_done()
-        add(batch)
-        n = int(batch.attention_mask.sum())
-        tokens, done, run, added = tokens + n, (key[0], key[1] + 1), run + 1, added + 1
-        bar.update(n, tokens)
-        if path is not None and save_due(run):
-            _save_state(path, config, done, tokens, added, accs)
-        if on_batch is not None:
-            on_batch(key, tokens)
+    with Deferred(path is not None) as signals:  # Ctrl-C, SIGTERM: the batch ends, is saved
+        for key, batch in batches:
+            if key[0] != segment:  # the segment before ended: texts never span two
+                segment = key[0]
+                for acc in accs.values():
+                    acc.segment_done()
+            add(batch)
+            n = int(batch.attention_mask.sum())
+            tokens, done, run, added = tokens + n, (key[0], key[1] + 1), run + 1, added + 1
+            bar.update(n, tokens)
+            if path is not None and save_due(run):
+                _save_state(path, config, done, tokens, added, accs)
+            if on_batch is not None:
+                on_batch(key, tokens)
+            signals.stop_if_asked(partial(_save_state, path, config, done, tokens, added, accs))
     bar.close()
     for acc in accs.values():  # the scan's last segment ended (or the token budget did)
         acc.segment_done()
