@@ -32,8 +32,7 @@ import random
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
-from corpus_speed import plain_forward, save, timed  # noqa: E402  (this folder's; run as a script)
+from corpus_speed import plain_forward, save, setting, timed  # noqa: E402  (this folder's; run as a script)
 
 import residual_stream as rs  # noqa: E402
 from residual_stream.streaming import Corpus, corpus_batches, row_batches  # noqa: E402
@@ -129,7 +128,7 @@ def main() -> None:
             f"{r['replay_fill_length']:.2f} | {r['forward_s']:.2f} | {r['scan_text_s']:.2f} "
             f"(×{r['x_text']:.2f}) | {r['scan_length_s']:.2f} (×{r['x_length']:.2f}) | "
             f"×{r['speedup']:.2f} |" for r in rows]
-    text = (f"{args.model} on {model.device} ({args.dtype}), {torch.get_num_threads()} threads, "
+    text = (f"{setting(args, model)}, "
             f"stats {stats}, batches {args.batch_size}×{args.seq_len}, {args.rounds} rounds "
             f"(median)\n\n" + "\n".join(out))
     save(text, rows, args.out)

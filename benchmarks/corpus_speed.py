@@ -171,10 +171,15 @@ def main() -> None:
                   f"{r['s']:.3f} | {r['tokens_per_s']:,.0f} | ×{r['x_per_text']:.2f} | "
                   f"{r['device_alone_s']:.3f} |" for r in rows]
     text = "\n".join(lines_out)
-    text = (f"{args.model} on {model.device} ({args.dtype}), {torch.get_num_threads()} threads, "
+    text = (f"{setting(args, model)}, "
             f"TOKENIZERS_PARALLELISM={os.environ.get('TOKENIZERS_PARALLELISM', 'unset')}, "
             f"device_* rate {args.rate:,.0f} tokens/s, batches {BATCH}×{SEQ}\n\n{text}")
     save(text, rows, args.out)
+
+
+def setting(args: argparse.Namespace, model) -> str:
+    """The table's first words: the model, its device and dtype, the threads."""
+    return f"{args.model} on {model.device} ({args.dtype}), {torch.get_num_threads()} threads"
 
 
 def save(text: str, rows: list[dict], out: str | None) -> None:

@@ -25,8 +25,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
-from corpus_speed import save, timed  # noqa: E402  (this folder's; run as a script)
+from corpus_speed import save, setting, timed  # noqa: E402  (this folder's; run as a script)
 
 import residual_stream as rs  # noqa: E402
 from residual_stream.streaming.corpus import builtin_corpus  # noqa: E402
@@ -87,7 +86,7 @@ def main() -> None:
     out += ["", f"| scan of {timed_stats} | s | ×no state |", "|---|---|---|"]
     out += [f"| {v} | {s:.2f} | ×{s / median['no_state']:.3f} |" for v, s in median.items()]
     rows.append({"timed_stats": timed_stats, "seconds": seconds, "median": median})
-    text = (f"{args.model} on {model.device} ({args.dtype}), {torch.get_num_threads()} threads, "
+    text = (f"{setting(args, model)}, "
             f"{args.batches} batches of {args.batch_size}×{args.seq_len}, {args.saves} saves "
             f"(median), {args.rounds} rounds (median)\n\n" + "\n".join(out))
     save(text, rows, args.out)
