@@ -39,7 +39,7 @@ def _estimate(model, corpus: Corpus, **kw) -> tuple[list[int | None], int]:
     """The estimate after each batch, and the tokens read in all."""
     progress = ReadProgress(corpus.units())
     estimates, tokens = [], 0
-    for batch in row_batches(model, corpus, progress=progress, order="text", **kw):
+    for batch in row_batches(model, corpus, reading=progress, order="text", **kw):
         tokens += sum(map(len, batch.rows))
         estimates.append(progress.estimate())
     return estimates, tokens

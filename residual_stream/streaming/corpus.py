@@ -39,7 +39,7 @@ from ..errors import EmptyTextError, InputError
 from ..inputs import Batch, pack
 from .progress import ReadProgress
 from .sources import corpus_files, file_texts
-from .tokenize import token_chunks
+from .tokenize import groups, token_chunks
 
 SEGMENT_CHARS = 1 << 22  # characters per segment (~1M tokens of English), at least a text
 SORT_BATCHES = 32  # order="length": batches whose rows are sorted together
@@ -79,12 +79,12 @@ class Corpus:
     def _files(self) -> list[Path]:
         return corpus_files(Path(self.source))
 
-    def texts(self, progress: ReadProgress | None = None) -> Iterator[str]:
+    def texts(self, reading: ReadProgress | None = None) -> Iterator[str]:
         """Every text, in order, read lazily: a text file's lines stripped, others as given.
 
         A list's blank strings, a file's blank lines and a JSON Lines file's blank texts are
         skipped: text ``i`` of a scan (``Batch.text_index``, a massive activation's ``text``)
-        is the ``i``-th non-blank text given. ``progress`` counts what is read (``units``).
+        is the ``i``-th non-blank text given. ``reading`` counts what is read (``units``).
         """
         if self._in_memory():
             units = 0
@@ -93,15 +93,15 @@ class Corpus:
                     raise InputError(f"corpus item {i} is a {type(t).__name__}, not a text")
                 if t.strip():
                     units += len(t)
-                    if progress is not None:
-                        progress.read(len(t), units)
+                    if reading is not None:
+                        reading.read(len(t), units)
                     yield t
             return
-        base, position = 0, [0]
+        base = 0
         for f in self._files():
-            for text in file_texts(f, self.text_field, at=lambda pos: position.__setitem__(0, pos)):
-                if progress is not None:
-                    progress.read(len(text), base + position[0])
+            for text, position in file_texts(f, self.text_field):
+                if reading is not None:
+                    reading.read(len(text), base + position)
                 yield text
             base += f.stat().st_size
 
@@ -121,7 +121,7 @@ class Corpus:
             return sum(f.stat().st_size for f in self._files())
         return sum(len(t) for t in self._listed() if isinstance(t, str) and t.strip())
 
-    def segments(self, progress: ReadProgress | None = None) -> Iterator[tuple[int, list[str]]]:
+    def segments(self, reading: ReadProgress | None = None) -> Iterator[tuple[int, list[str]]]:
         """``(index of its first text, its texts)`` per segment, in order.
 
         A segment is the consecutive texts that first reach ``segment_chars`` characters (the
@@ -129,7 +129,7 @@ class Corpus:
         of others without tokenizing them (``row_batches``).
         """
         first = 0
-        for texts in _chunks(self.texts(progress), self.segment_chars):
+        for texts in groups(self.texts(reading), self.segment_chars):
             yield first, texts
             first += len(texts)
 
@@ -178,19 +178,6 @@ def _ordered_and_reread(source) -> bool:
             and not isinstance(source, Iterator | AbstractSet | Mapping))
 
 
-def _chunks(texts: Iterable[str], chars: int) -> Iterator[list[str]]:
-    """Consecutive texts, each list ending with the text that brings it to ``chars`` characters."""
-    group, size = [], 0
-    for text in texts:
-        group.append(text)
-        size += len(text)
-        if size >= chars:
-            yield group
-            group, size = [], 0
-    if group:
-        yield group
-
-
 @dataclass(frozen=True)
 class RowBatch:
     """One batch's rows of token ids before packing, and where they are in the corpus.
@@ -217,17 +204,17 @@ class RowBatch:
 
 
 def _rows(model, first: int, texts: list[str], seq_len: int,
-          progress: ReadProgress | None = None) -> Iterator[tuple[list[int], int, int]]:
+          reading: ReadProgress | None = None) -> Iterator[tuple[list[int], int, int]]:
     """``(ids, text index, start)`` of each row of ``texts`` (the first is text ``first``).
 
     A text's ids may come in several chunks (a long text's pieces, ``tokenize``); its rows
     are cut from their concatenation, ``seq_len`` ids each, the last possibly shorter.
-    ``progress`` counts the characters tokenized and the tokens they made.
+    ``reading`` counts the characters tokenized and the tokens they made.
     """
     current, buf, start = None, [], 0
     for t, chunk, chars in token_chunks(model.tokenizer, texts):
-        if progress is not None:
-            progress.tokenized(chars, len(chunk))
+        if reading is not None:
+            reading.tokenized(chars, len(chunk))
         if t != current:
             if buf:
                 yield buf, first + current, start
@@ -282,11 +269,11 @@ def _windows(rows: Iterator[tuple[list[int], int, int]], size: int,
 
 def _segment_batches(model, segment: int, first: int, texts: list[str], seq_len: int,
                      batch_size: int, budget: _Budget, order: str,
-                     progress: ReadProgress | None) -> Iterator[RowBatch]:
+                     reading: ReadProgress | None) -> Iterator[RowBatch]:
     key = ORDERS[order]
     size = batch_size if key is None else batch_size * SORT_BATCHES
     index = 0
-    for part in _windows(_rows(model, first, texts, seq_len, progress), size, budget):
+    for part in _windows(_rows(model, first, texts, seq_len, reading), size, budget):
         part = part if key is None else sorted(part, key=key)
         for i in range(0, len(part), batch_size):
             yield _batch(part[i:i + batch_size], segment, index)
@@ -309,7 +296,7 @@ def _check_sizes(model, batch_size: int, seq_len: int, max_tokens: int | None,
 def row_batches(
     model, corpus: Corpus, *, batch_size: int, seq_len: int, max_tokens: int | None = None,
     own: Callable[[int], bool] | None = None, order: str = "length",
-    progress: ReadProgress | None = None,
+    reading: ReadProgress | None = None,
 ) -> Iterator[RowBatch]:
     """The corpus's batches in order (``corpus_batches`` unpacked), at most ``max_tokens`` tokens.
 
@@ -320,14 +307,14 @@ def row_batches(
     ``own(segment)``: only the batches of the segments it accepts
     (a process's share). The others are skipped untokenized, unless ``max_tokens`` is given:
     then every segment up to the budget is tokenized, to count where the budget ends.
-    ``progress`` (``progress.ReadProgress``) counts what is read and tokenized.
+    ``reading`` (``progress.ReadProgress``) counts what is read and tokenized.
     """
     _check_sizes(model, batch_size, seq_len, max_tokens, order)
     budget, empty = _Budget(max_tokens), True
-    for segment, (first, texts) in enumerate(corpus.segments(progress)):
+    for segment, (first, texts) in enumerate(corpus.segments(reading)):
         empty = False
         batches = _segment_batches(model, segment, first, texts, seq_len, batch_size, budget, order,
-                                   progress)
+                                   reading)
         if own is None or own(segment):
             yield from batches
         elif max_tokens is not None:

@@ -158,13 +158,14 @@ def _save_due(save_every: int | None, save_seconds: float) -> Callable[[int], bo
         raise InputError(f"save_seconds must be a finite number of seconds ≥ 0, not {save_seconds!r}")
     if save_every is not None:
         return lambda run: run % save_every == 0
-    last = [_clock()]
+    last = _clock()
 
     def due(run: int) -> bool:
+        nonlocal last
         now = _clock()
-        if now - last[0] < save_seconds:
+        if now - last < save_seconds:
             return False
-        last[0] = now
+        last = now
         return True
     return due
 
@@ -191,7 +192,7 @@ def _gather(accs: dict[str, Accumulator], tokens: int, batches: int,
 
 def _read_batches(model, corpus: Corpus, batch_size: int, seq_len: int, max_tokens: int | None,
                   order: str, done: tuple[int, int], rank: int, world_size: int,
-                  progress: ReadProgress | None = None):
+                  reading: ReadProgress | None = None):
     """``(key, batch)`` of this process's batches not yet in the saved sums, packed.
 
     Process ``rank`` takes the segments ``s ≡ rank (mod world_size)``; segments of others and
@@ -202,7 +203,7 @@ def _read_batches(model, corpus: Corpus, batch_size: int, seq_len: int, max_toke
         return segment % world_size == rank and segment >= done[0]
 
     for rows in row_batches(model, corpus, batch_size=batch_size, seq_len=seq_len,
-                            max_tokens=max_tokens, own=own, order=order, progress=progress):
+                            max_tokens=max_tokens, own=own, order=order, reading=reading):
         if rows.key >= done:
             yield rows.key, rows.pack(model)
 

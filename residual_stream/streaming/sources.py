@@ -16,7 +16,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import InputError
@@ -40,12 +40,11 @@ def _open(path: Path) -> io.TextIOBase:
     return path.open(encoding="utf-8", errors="replace")
 
 
-def file_texts(path: Path, text_field: str = "text",
-               at: Callable[[int], None] | None = None) -> Iterator[str]:
+def file_texts(path: Path, text_field: str = "text") -> Iterator[tuple[str, int]]:
     """The non-blank texts of one file (see the module docstring), in order.
 
-    ``at(position)``, before each text is given: how many bytes of the file (of the
-    compressed file for ``.gz``) have been read so far, in blocks, for a progress estimate.
+    Each with how many bytes of the file (of the compressed file for ``.gz``) have been read
+    so far, in blocks: the position a progress estimate reads (``progress``).
     """
     jsonl = path.name.endswith((".jsonl", ".jsonl.gz"))
     try:
@@ -57,9 +56,7 @@ def file_texts(path: Path, text_field: str = "text",
                 text = line.strip() if not jsonl else _json_text(line, text_field, f"{path}:{number}")
                 if not text.strip():
                     continue
-                if at is not None:
-                    at(raw.tell())
-                yield text
+                yield text, raw.tell()
     except (gzip.BadGzipFile, EOFError) as e:
         raise InputError(f"{path} is not a complete gzip file ({e}); unpack it or fix the "
                          "name") from None

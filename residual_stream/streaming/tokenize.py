@@ -1,8 +1,8 @@
 """A corpus's token ids: texts grouped per tokenizer call, long texts cut into pieces.
 
 Each text gets the ids ``rs.trace`` gives it (``tokenizer(text, add_special_tokens=True)``).
-Short texts go ``TOKENIZE_CHARS`` characters' worth per call (the fast tokenizers' batch
-path). A text over ``LONG_CHARS`` characters (a book, or a corpus shipped as one line, like
+Short texts go ``TOKENIZE_CHARS`` characters' worth per call (``groups``; the fast tokenizers'
+batch path). A text over ``LONG_CHARS`` characters (a book, or a corpus shipped as one line, like
 text8) is cut into pieces of about ``PIECE_CHARS`` characters, each cut before a space that
 follows a letter or digit and precedes a letter (``cuts``). The pieces are encoded without
 special tokens, ``TOKENIZE_CHARS`` of them per call, and the text's special tokens are put
@@ -71,10 +71,28 @@ def cuts(text: str, every: int) -> list[int]:
     return out
 
 
+def spans(text: str, every: int) -> list[tuple[int, int]]:
+    """``(start, end)`` of each piece of ``text`` cut at ``cuts(text, every)``, in order."""
+    bounds = [0, *cuts(text, every), len(text)]
+    return list(zip(bounds, bounds[1:], strict=False))
+
+
 def pieces(text: str, every: int) -> list[str]:
     """``text`` cut at ``cuts(text, every)``; they join to ``text``."""
-    bounds = [0, *cuts(text, every), len(text)]
-    return [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [text[a:b] for a, b in spans(text, every)]
+
+
+def groups(texts: Iterable[str], chars: int) -> Iterator[list[str]]:
+    """Consecutive texts, each list ending with the text that brings it to ``chars`` characters."""
+    group, size = [], 0
+    for text in texts:
+        group.append(text)
+        size += len(text)
+        if size >= chars:
+            yield group
+            group, size = [], 0
+    if group:
+        yield group
 
 
 @dataclass(frozen=True)
@@ -118,40 +136,30 @@ def token_chunks(tokenizer, texts: Iterable[str]) -> Iterator[tuple[int, list[in
 
     A text's chunks are consecutive and join to its ids (``token_ids``); a short text is one
     chunk. Long texts are cut only when the tokenizer's ``Splitter`` is exact. ``characters``:
-    how much of the text the chunk's ids stand for (``progress``).
+    how much of the text the chunk's ids stand for (``progress``). Texts go ``TOKENIZE_CHARS``
+    a call (``groups``); a long text is longer than that, so it always ends its group.
     """
-    encode, group, size = encoder(tokenizer), [], 0
-    splitter: Splitter | None | bool = False  # found at the first long text
-    for t, text in enumerate(texts):
-        if len(text) > LONG_CHARS and splitter is False:
-            splitter = Splitter.of(tokenizer)
-        if len(text) > LONG_CHARS and splitter:
-            yield from _group(encode, group)
-            group, size = [], 0
-            yield from _long(t, text, splitter)
-            continue
-        group.append((t, text))
-        size += len(text)
-        if size >= TOKENIZE_CHARS:
-            yield from _group(encode, group)
-            group, size = [], 0
-    yield from _group(encode, group)
-
-
-def _group(encode, group: list[tuple[int, str]]) -> Iterator[tuple[int, list[int], int]]:
-    if group:
-        ids = _locked(encode, [text for _, text in group])
-        yield from ((t, i, len(text)) for (t, text), i in zip(group, ids, strict=True))
+    encode, first = encoder(tokenizer), 0
+    for group in groups(texts, TOKENIZE_CHARS):
+        last = len(group) - 1
+        splitter = Splitter.of(tokenizer) if len(group[last]) > LONG_CHARS else None
+        short = group[:last] if splitter else group
+        if short:
+            ids = _locked(encode, short)
+            yield from ((first + t, i, len(text))
+                        for t, (text, i) in enumerate(zip(short, ids, strict=True)))
+        if splitter:
+            yield from _long(first + last, group[last], splitter)
+        first += len(group)
 
 
 def _long(t: int, text: str, splitter: Splitter) -> Iterator[tuple[int, list[int], int]]:
     """Text ``t``'s ids, ``TOKENIZE_CHARS`` of its pieces per call, framed by special tokens."""
-    bounds = [0, *cuts(text, PIECE_CHARS), len(text)]  # each piece is copied when its call comes
+    parts = spans(text, PIECE_CHARS)  # each piece is copied when its call comes
     per_call = max(1, TOKENIZE_CHARS // PIECE_CHARS)
     yield t, list(splitter.prefix), 0
-    for i in range(0, len(bounds) - 1, per_call):
-        ends = bounds[i:i + per_call + 1]
-        call = [text[a:b] for a, b in zip(ends, ends[1:], strict=False)]
+    for i in range(0, len(parts), per_call):
+        call = [text[a:b] for a, b in parts[i:i + per_call]]
         for part, ids in zip(call, _locked(splitter.plain, call), strict=True):
             yield t, ids, len(part)
     yield t, list(splitter.suffix), 0
