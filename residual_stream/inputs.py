@@ -31,7 +31,9 @@ class Batch:
     """Token ids ``[batch, pos]``, the mask, token strings, and where each row came from.
 
     Row ``r`` is text ``text_index[r]`` from its token ``text_start[r]`` on (a long text cut
-    into several rows has one start per row; a scan's ``text_index`` counts the corpus's texts).
+    into several rows has one start per row; a scan's ``text_index`` counts the corpus's texts),
+    its tokens counted from the text's character ``text_char[r]`` (0 but in a part of a text
+    that a scan cut into parts: ``streaming.corpus.Segment``).
     """
 
     tokens: Int[Tensor, "batch pos"]
@@ -39,11 +41,13 @@ class Batch:
     str_tokens: Sequence[list[str]]
     text_index: tuple[int, ...]
     text_start: tuple[int, ...] = ()
+    text_char: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         """Rows start at their texts' first token unless told otherwise."""
-        if not self.text_start:
-            object.__setattr__(self, "text_start", (0,) * len(self.text_index))
+        for name in ("text_start", "text_char"):
+            if not getattr(self, name):
+                object.__setattr__(self, name, (0,) * len(self.text_index))
 
 
 class TokenStrings(Sequence):
@@ -177,11 +181,12 @@ def encode(
 
 
 def pack(model: Model, rows: list[list[int]], text_index: tuple[int, ...] | None = None,
-         text_start: tuple[int, ...] | None = None, *, names: Literal["now", "lazy"] = "now") -> Batch:
+         text_start: tuple[int, ...] | None = None, *, names: Literal["now", "lazy"] = "now",
+         text_char: tuple[int, ...] = ()) -> Batch:
     """Right-pad token-id ``rows`` into a ``Batch``, checked against the model's vocabulary.
 
-    ``text_index``, ``text_start``: where each row came from (default: row ``r`` is text
-    ``r`` from its start). ``names="lazy"``: token strings are converted per row when first
+    ``text_index``, ``text_start``, ``text_char``: where each row came from (default: row
+    ``r`` is text ``r`` from its start). ``names="lazy"``: token strings are converted per row when first
     read (``TokenStrings``; what a scan wants, which names a few tokens of its batches at most).
     """
     if not rows or not all(rows):
@@ -195,4 +200,4 @@ def pack(model: Model, rows: list[list[int]], text_index: tuple[int, ...] | None
     index = tuple(range(len(rows))) if text_index is None else text_index
     strings = (TokenStrings(model.tokenizer, rows) if names == "lazy"
                else [_names(model.tokenizer, r) for r in rows])
-    return Batch(tokens, mask, strings, index, text_start or ())
+    return Batch(tokens, mask, strings, index, text_start or (), text_char)

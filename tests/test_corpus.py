@@ -17,7 +17,7 @@ from residual_stream.inputs import TokenStrings, pack
 from residual_stream.streaming import Corpus, corpus_batches, row_batches
 from residual_stream.streaming import corpus as corpus_module
 from residual_stream.streaming import tokenize as tokenize_module
-from residual_stream.streaming.corpus import RowBatch, builtin_corpus
+from residual_stream.streaming.corpus import RowBatch, Segment, builtin_corpus
 from residual_stream.streaming.reader import prefetched
 from residual_stream.streaming.tokenize import token_ids
 
@@ -255,7 +255,8 @@ def test_segments_are_cut_by_characters_and_batches_stay_inside_them():
     model = _counting_twin()
     texts = ["abcdef", "ghij", "k", "lmnopqrstu", "vw"]  # segments of ≥ 10 characters
     corpus = Corpus(texts, segment_chars=10)
-    assert list(corpus.segments()) == [(0, texts[0:2]), (2, texts[2:4]), (4, texts[4:])]
+    assert list(corpus.segments()) == [Segment(0, texts[0:2]), Segment(2, texts[2:4]),
+                                      Segment(4, texts[4:])]
     got = list(row_batches(model, corpus, batch_size=3, seq_len=4, order="text"))
     assert [b.key for b in got] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0)]
     assert [b.text_index for b in got] == [(0, 0, 1), (1,), (2, 3, 3), (3,), (4,)]
@@ -267,24 +268,38 @@ def test_segments_are_cut_by_characters_and_batches_stay_inside_them():
         Corpus(texts, segment_chars=0)
 
 
+TEXTS_12 = [f"text number {i} " * (1 + i % 3) for i in range(12)]
+LONG = [*TEXTS_12[:3], " ".join(TEXTS_12 * 2), *TEXTS_12[3:5]]  # one text of 575 characters
+
+
+def _inputs(segment: Segment) -> list[str]:
+    """What the tokenizer is given for a segment: its texts, or its part of a long text."""
+    return segment.texts if segment.span is None else [segment.texts[0][slice(*segment.span)]]
+
+
 @pytest.mark.parametrize("max_tokens", [None, 150])  # 150: the budget ends in segment 3
-def test_each_share_tokenizes_its_own_segments_and_the_shares_make_the_whole(max_tokens):
+@pytest.mark.parametrize("texts", [TEXTS_12, LONG], ids=["texts", "a-long-text-in-parts"])
+def test_each_share_tokenizes_its_own_segments_and_the_shares_make_the_whole(texts, max_tokens):
     model = _counting_twin()
-    texts = [f"text number {i} " * (1 + i % 3) for i in range(12)]
     corpus = Corpus(texts, segment_chars=40)
     kw = dict(batch_size=2, seq_len=8, max_tokens=max_tokens)
     whole = list(row_batches(model, corpus, **kw))
-    segments = list(corpus.segments())
+    segments = list(corpus.segments(cut=lambda: True))  # the twins' bytes can be cut anywhere
     assert len(segments) > 3
+    if texts is LONG:  # the long text's parts are segments 2, 3, … (the texts before it: 0 and 1)
+        spans = [s.span for s in segments if s.span is not None]
+        assert len(spans) > 10 and [s.first for s in segments[2:2 + len(spans)]] == [3] * len(spans)
+        assert "".join(LONG[3][a:b] for a, b in spans) == LONG[3]
+    everything = [t for s in segments for t in _inputs(s)]
     shares = []
     for rank in range(2):
         model.tokenizer.seen = []
         shares += list(row_batches(model, corpus, own=lambda s, r=rank: s % 2 == r, **kw))
-        mine = [t for s, (_, seg) in enumerate(segments) if s % 2 == rank for t in seg]
+        mine = [t for s, seg in enumerate(segments) if s % 2 == rank for t in _inputs(seg)]
         if max_tokens is None:  # the others' segments are never tokenized
             assert model.tokenizer.seen == mine
         else:  # the budget needs every segment before it counted: up to where it ends
-            assert model.tokenizer.seen == texts[:len(model.tokenizer.seen)] != mine
+            assert model.tokenizer.seen == everything[:len(model.tokenizer.seen)] != mine
     assert {b.segment % 2 for b in shares} == {0, 1}  # both shares have batches
     assert sorted(shares, key=lambda b: b.key) == whole
     if max_tokens is not None:

@@ -14,7 +14,15 @@ from residual_stream.inputs import ByteTokenizer
 from residual_stream.streaming import Corpus, row_batches
 from residual_stream.streaming import tokenize as tokenize_module
 from residual_stream.streaming.corpus import RowBatch, builtin_corpus
-from residual_stream.streaming.tokenize import Splitter, cuts, pieces, token_chunks, token_ids
+from residual_stream.streaming.tokenize import (
+    Splitter,
+    cuts,
+    part_chunks,
+    pieces,
+    spans,
+    token_chunks,
+    token_ids,
+)
 
 
 def _twin():
@@ -54,6 +62,11 @@ def test_long_texts_in_pieces_give_the_ids_of_one_call(name, request, monkeypatc
     assert list(token_ids(tokenizer, texts)) == _one_call(tokenizer, texts)
     chunks = [t for t, _, _ in token_chunks(tokenizer, texts)]
     assert chunks.count(1) > 5 and chunks.count(3) > 5 and chunks == sorted(chunks)
+    for text in (long_a, long_b):  # a text cut into parts (segments), each in pieces
+        parts = spans(text, 3 * tokenize_module.PIECE_CHARS)
+        assert len(parts) > 3
+        joined = [i for span in parts for _, ids, _ in part_chunks(tokenizer, text, span) for i in ids]
+        assert joined == _one_call(tokenizer, [text])[0]  # special tokens at the ends only
 
 
 def test_a_long_text_at_the_default_sizes_gives_the_ids_of_one_call_in_bounded_calls(
@@ -87,6 +100,11 @@ def test_a_tokenizer_that_pieces_would_change_gets_each_long_text_whole(monkeypa
     assert Splitter.of(tokenizer) is None
     whole = _one_call(tokenizer, ["x", text])
     assert list(token_chunks(tokenizer, ["x", text])) == [(0, whole[0], 1), (1, whole[1], len(text))]
+    corpus = Corpus(["x", text], segment_chars=100)  # nor is it cut into parts
+    assert [(s.first, s.span) for s in corpus.segments(cut=lambda: Splitter.of(tokenizer) is not None)
+            ] == [(0, None)]
+    with pytest.raises(ValueError, match="Splitter"):
+        next(part_chunks(tokenizer, text, (0, 100)))
 
 
 def test_rows_are_cut_across_a_long_texts_pieces(monkeypatch):

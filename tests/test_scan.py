@@ -27,6 +27,8 @@ from residual_stream.errors import EmptyTextError, InputError
 from residual_stream.inputs import Batch, ByteTokenizer, pack
 from residual_stream.streaming import Corpus, ScanResult, corpus_batches, row_batches
 from residual_stream.streaming.accumulators import BIN_WIDTH, histogram_quantile, log_histogram
+from residual_stream.streaming.corpus import builtin_corpus
+from residual_stream.streaming.tokenize import Splitter
 from residual_stream.trace import trace_batch
 
 REL_MEAN = 1e-5
@@ -63,7 +65,8 @@ def _whole(model, corpus, **kw):
     parts = list(row_batches(model, corpus, **kw))
     return trace_batch(model, pack(model, [r for b in parts for r in b.rows],
                                    tuple(t for b in parts for t in b.text_index),
-                                   tuple(s for b in parts for s in b.text_start)))
+                                   tuple(s for b in parts for s in b.text_start),
+                                   text_char=tuple(c for b in parts for c in b.text_char)))
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, rel: float = REL_MEAN, atol: float = 0.0) -> None:
@@ -106,9 +109,10 @@ def _assert_growth_equal(result, whole) -> None:
                torch.tensor(ref.norm_inputs[col].to_numpy(float)))
     named = ref.massive.assign(  # the trace's row and position → the corpus's text and position
         text=[whole.batch.text_index[b] for b in ref.massive.batch],
+        char=[whole.batch.text_char[b] for b in ref.massive.batch],
         pos=[whole.batch.text_start[b] + t for b, t in zip(ref.massive.batch, ref.massive.pos,
                                                            strict=True)])
-    key = ["point", "text", "pos", "dim"]
+    key = ["point", "text", "char", "pos", "dim"]
     a = got.massive.sort_values(key).reset_index(drop=True)
     b = named.sort_values(key).reset_index(drop=True)
     assert a[key + ["token"]].to_dict("records") == b[key + ["token"]].to_dict("records")
@@ -253,7 +257,7 @@ def _assert_text_clustered_se(lens, whole, every: int, corpus=None, **kw) -> Non
         for t in b.text_index:
             batches_of.setdefault(t, set()).add(i)
     assert max(map(len, batches_of.values())) > 1
-    rows = list(whole.batch.text_index)
+    rows = list(zip(whole.batch.text_index, whole.batch.text_char, strict=True))  # a text's part
     ids = {key: i for i, key in enumerate(dict.fromkeys(rows))}
     chosen = _chosen(whole.batch, every)
     kl = rs.logit_lens(whole).kl.double()                                      # [point, row, pos]
@@ -611,13 +615,71 @@ def test_a_scan_over_segments_equals_the_single_trace_and_resumes_past_them(mode
     tokenize = model.tokenizer
     monkeypatch.setattr(model, "tokenizer", lambda texts, **k: tokenized.extend(texts) or
                         tokenize(texts, **k))
+    assert Splitter.of(model.tokenizer) is not None  # its probe, before the count starts
+    tokenized.clear()
     resumed = rs.scan(model, corpus, ["growth"], state=state, progress=False, **kw)
-    segments = [texts for _, texts in corpus.segments()]
+    segments = [[s.texts[0][slice(*s.span)]] if s.span else s.texts  # a text over 70 is cut
+                for s in corpus.segments(cut=lambda: True)]
     first_group = segments[0][:len(tokenized) - sum(map(len, segments[3:]))]
     assert tokenized == first_group + [t for seg in segments[3:] for t in seg]  # first batch, 3 on
     assert len(first_group) <= len(segments[0])
     assert resumed.tokens == result.tokens and resumed.batches == result.batches
     _close(resumed.stats["growth"].mean, result.stats["growth"].mean, rel=1e-12)
+
+
+def test_a_text_longer_than_a_segment_is_cut_into_parts_scanned_and_resumed_apart(
+        model, tmp_path, monkeypatch):
+    """A text over ``segment_chars`` is cut between words into parts, each a segment: their
+    rows hold the text's ids in order (one call's), each part's counted from its first token;
+    the scan equals the single trace of those rows (a massive activation named by its part's
+    first character, the lens clustered by part); a resumed scan tokenizes no part it did."""
+    long = " ".join(TEXTS * 4)  # 1,303 characters, three "Z"s in every part but the last
+    corpus = Corpus([TEXTS[0], long, TEXTS[2]], segment_chars=300)
+    kw = dict(batch_size=3, seq_len=24)
+    segments = list(corpus.segments(cut=lambda: True))
+    spans = [s.span for s in segments[1:-1]]
+    assert [(s.first, s.span is None) for s in segments] == [(0, True), *[(1, False)] * len(spans),
+                                                             (2, True)]
+    assert len(spans) == 5 and "".join(long[a:b] for a, b in spans) == long
+    assert all(b - a >= 300 and long[b:b + 1] in ("", " ") for a, b in spans[:-1])  # between words
+    batches = list(row_batches(model, corpus, order="text", **kw))
+    ids = [i for b in batches for r, t in zip(b.rows, b.text_index, strict=True) if t == 1 for i in r]
+    assert ids == model.tokenizer(long)["input_ids"]  # BOS in the first part only
+    assert {(b.segment, c) for b in batches for c in b.text_char} == {
+        (0, 0), *((k + 1, a) for k, (a, _) in enumerate(spans)), (len(spans) + 1, 0)}
+    assert [s for b in batches if b.segment == 2 for s in b.text_start] == list(
+        range(0, spans[1][1] - spans[1][0], 24))  # one byte a character, no BOS
+
+    stats = ["growth", "survival", "read_attribution", "lens"]
+    result = rs.scan(model, corpus, stats, progress=False, **kw)
+    whole = _whole(model, corpus, **kw)
+    _assert_growth_equal(result, whole)
+    assert set(result.stats["growth"].massive["char"]) == {0, *(a for a, _ in spans[:-1])}
+    _assert_flow_equal(result, whole)
+    _assert_lens_equal(result, whole)
+    _assert_text_clustered_se(result.stats["lens"], whole, 1, corpus=corpus, **kw)
+
+    state = tmp_path / "scan.pt"
+
+    def stop_in_segment_3(key: tuple[int, int], tokens: int) -> None:
+        if key[0] == 3:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        rs.scan(model, corpus, stats, state=state, on_batch=stop_in_segment_3, save_every=1,
+                progress=False, **kw)
+    tokenized: list[str] = []
+    tokenize = model.tokenizer
+    monkeypatch.setattr(model, "tokenizer", lambda texts, **k: tokenized.extend(texts) or
+                        tokenize(texts, **k))
+    assert Splitter.of(model.tokenizer) is not None  # its probe, before the count starts
+    tokenized.clear()
+    resumed = rs.scan(model, corpus, stats, state=state, progress=False, **kw)
+    assert tokenized == [TEXTS[0], *(long[a:b] for a, b in spans[2:]), TEXTS[2]]  # first row, 3 on
+    assert (resumed.tokens, resumed.batches) == (result.tokens, result.batches)
+    _close(resumed.stats["growth"].mean, result.stats["growth"].mean, rel=1e-12)
+    _close(torch.tensor(resumed.stats["lens"].kl_se_texts.values),
+           torch.tensor(result.stats["lens"].kl_se_texts.values), rel=1e-9)
 
 
 def test_a_scan_resumed_inside_a_segment_keeps_its_open_texts(model, tmp_path):
@@ -887,6 +949,26 @@ def _run(*args: str) -> subprocess.CompletedProcess:
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
 
 
+def _assert_same_scan(one: Path, two: Path) -> None:
+    """Two scans' JSON: the same tokens and batches, counts and ranks, floats to 1e-6."""
+    a, b = json.loads(one.read_text()), json.loads(two.read_text())
+    assert (a["tokens"], a["batches"]) == (b["tokens"], b["batches"])
+    assert a["tokens"] == 2000 and a["batches"] > 2
+    sampled = a["stats"]["lens:every=4"]["summary"]
+    assert 300 < sampled[0]["tokens"] < 700  # about 2000 / 4: the same tokens in either run
+    for name, frames in a["stats"].items():
+        for key, records in frames.items():
+            other = b["stats"][name][key]
+            assert len(records) == len(other), (name, key)
+            for ra, rb in zip(records, other, strict=True):
+                assert ra.keys() == rb.keys()
+                for k, va in ra.items():
+                    if isinstance(va, float):
+                        assert va == pytest.approx(rb[k], rel=1e-6, abs=1e-9), (name, key, k)
+                    else:
+                        assert va == rb[k], (name, key, k)
+
+
 @pytest.mark.slow
 def test_cli_scan_resumes_and_two_processes_give_the_single_process_result(tmp_path: Path):
     args = ["twin-pre-ln", "builtin", "--stats",
@@ -909,23 +991,16 @@ def test_cli_scan_resumes_and_two_processes_give_the_single_process_result(tmp_p
     two = _run("-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533",
                "-m", "residual_stream.scan", *args, "--out", str(tmp_path / "two.json"))
     assert two.returncode == 0, two.stderr
-    a = json.loads((tmp_path / "one.json").read_text())
-    b = json.loads((tmp_path / "two.json").read_text())
-    assert (a["tokens"], a["batches"]) == (b["tokens"], b["batches"])
-    assert a["tokens"] == 2000 and a["batches"] > 2
-    sampled = a["stats"]["lens:every=4"]["summary"]
-    assert 300 < sampled[0]["tokens"] < 700  # about 2000 / 4: the same tokens in either run
-    for name, frames in a["stats"].items():
-        for key, records in frames.items():
-            other = b["stats"][name][key]
-            assert len(records) == len(other), (name, key)
-            for ra, rb in zip(records, other, strict=True):
-                assert ra.keys() == rb.keys()
-                for k, va in ra.items():
-                    if isinstance(va, float):
-                        assert va == pytest.approx(rb[k], rel=1e-6, abs=1e-9), (name, key, k)
-                    else:
-                        assert va == rb[k], (name, key, k)
+    _assert_same_scan(tmp_path / "one.json", tmp_path / "two.json")
+    line = tmp_path / "line.txt"  # the corpus on one line: its parts are shared
+    line.write_text(" ".join(builtin_corpus()) + "\n")
+    args[1] = str(line)
+    for out, runner in (("line1.json", ["-m", "residual_stream.cli", "scan"]),
+                        ("line2.json", ["-m", "torch.distributed.run", "--nproc-per-node", "2",
+                                        "--master-port", "29534", "-m", "residual_stream.scan"])):
+        done = _run(*runner, *args, "--out", str(tmp_path / out))
+        assert done.returncode == 0, done.stderr
+    _assert_same_scan(tmp_path / "line1.json", tmp_path / "line2.json")
     bad = _run("-m", "residual_stream.cli", "scan", "twin-pre-ln", "builtin", "--stats", "nope",
                "--out", str(tmp_path / "x.json"))
     assert bad.returncode == 1 and "unknown statistics" in bad.stderr

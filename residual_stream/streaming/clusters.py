@@ -4,7 +4,8 @@
 text are correlated). A text's rows may lie in several batches (a long text's last row, in
 a length-sorted scan, usually does), so a batch's sums per text are only parts: ``OpenTexts``
 adds them up per text until the text's segment ends (``close``; texts never span two
-segments, ``corpus.Corpus.segments``), then folds each whole text into four sums:
+segments, ``corpus.Corpus.segments``, but for a text longer than a segment, cut into parts:
+each part is then a cluster of its own), then folds each whole text into four sums:
 ``Σ_t S_t²``, ``Σ_t S_t n_t``, ``Σ_t n_t²`` and the number of texts ``T`` with a reduced token
 (``S_t`` a text's KL sum per point, ``n_t`` its reduced tokens). So the open texts are at
 most one segment's, and the result is the same for every batching, order and process count.

@@ -34,12 +34,13 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import NamedTuple
 
 from ..errors import EmptyTextError, InputError
 from ..inputs import Batch, pack
 from .progress import ReadProgress
 from .sources import corpus_files, file_texts
-from .tokenize import groups, token_chunks
+from .tokenize import Splitter, groups, part_chunks, spans, token_chunks
 
 SEGMENT_CHARS = 1 << 22  # characters per segment (~1M tokens of English), at least a text
 SORT_BATCHES = 32  # order="length": batches whose rows are sorted together
@@ -54,6 +55,18 @@ def builtin_corpus() -> list[str]:
     """The shipped corpus: 220 English sentences and 100 lines of Python, one per line."""
     text = resources.files("residual_stream").joinpath("data/builtin_corpus.txt").read_text("utf-8")
     return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+
+class Segment(NamedTuple):
+    """Texts ``first``, ``first + 1``, … of a corpus (``Corpus.segments``), or a part of one.
+
+    ``span``: the characters ``[start, end)`` of ``texts[0]`` (its only text) that the
+    segment holds, when a long text is cut into parts; None for whole texts.
+    """
+
+    first: int
+    texts: list[str]
+    span: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -121,17 +134,34 @@ class Corpus:
             return sum(f.stat().st_size for f in self._files())
         return sum(len(t) for t in self._listed() if isinstance(t, str) and t.strip())
 
-    def segments(self, reading: ReadProgress | None = None) -> Iterator[tuple[int, list[str]]]:
-        """``(index of its first text, its texts)`` per segment, in order.
+    def segments(self, reading: ReadProgress | None = None,
+                 cut: Callable[[], bool] | None = None) -> Iterator[Segment]:
+        """Each ``Segment`` in order.
 
         A segment is the consecutive texts that first reach ``segment_chars`` characters (the
         last one may hold fewer). Batches never span two, so a process can skip the segments
-        of others without tokenizing them (``row_batches``).
+        of others without tokenizing them (``row_batches``). When ``cut()`` says yes (asked
+        once a text is longer than ``segment_chars``: whether the tokenizer's ids are kept
+        by a cut between words, ``tokenize.Splitter``), a text longer than
+        ``segment_chars`` is cut between words into parts of about that many characters, each
+        a segment of its own (the texts before it, one more), so a corpus on one line is shared
+        by the processes and a resumed scan skips the parts done untokenized.
         """
         first = 0
         for texts in groups(self.texts(reading), self.segment_chars):
-            yield first, texts
-            first += len(texts)
+            long = texts[-1]
+            parts = (spans(long, self.segment_chars)
+                     if len(long) > self.segment_chars and cut is not None and cut() else [])
+            if len(parts) < 2:  # no text to cut, or one with no place to cut it
+                yield Segment(first, texts)
+                first += len(texts)
+                continue
+            if len(texts) > 1:
+                yield Segment(first, texts[:-1])
+            first += len(texts) - 1
+            for span in parts:
+                yield Segment(first, [long], span)
+            first += 1
 
     def fingerprint(self) -> str:
         """Identifies the corpus in a saved scan state, wherever its files lie.
@@ -182,9 +212,10 @@ def _ordered_and_reread(source) -> bool:
 class RowBatch:
     """One batch's rows of token ids before packing, and where they are in the corpus.
 
-    Row ``r`` is text ``text_index[r]`` of the corpus from its token ``text_start[r]`` on;
-    the batch is number ``index`` of segment ``segment`` (``key``: the batch's identity in a
-    saved scan state and in ``rs.scan``'s ``on_batch``).
+    Row ``r`` is text ``text_index[r]`` of the corpus from its token ``text_start[r]`` on,
+    tokens counted from its character ``text_char[r]`` (0 unless the text was cut into
+    parts, ``Segment``); the batch is number ``index`` of segment ``segment`` (``key``: the
+    batch's identity in a saved scan state and in ``rs.scan``'s ``on_batch``).
     """
 
     rows: list[list[int]]
@@ -192,6 +223,12 @@ class RowBatch:
     text_start: tuple[int, ...]
     segment: int
     index: int
+    text_char: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        """Rows count their tokens from their texts' first character unless told otherwise."""
+        if not self.text_char:
+            object.__setattr__(self, "text_char", (0,) * len(self.rows))
 
     @property
     def key(self) -> tuple[int, int]:
@@ -200,19 +237,24 @@ class RowBatch:
 
     def pack(self, model) -> Batch:
         """The padded ``Batch``, its rows' places kept and token strings converted on demand."""
-        return pack(model, self.rows, self.text_index, self.text_start, names="lazy")
+        return pack(model, self.rows, self.text_index, self.text_start, names="lazy",
+                    text_char=self.text_char)
 
 
-def _rows(model, first: int, texts: list[str], seq_len: int,
+def _rows(model, segment: Segment, seq_len: int,
           reading: ReadProgress | None = None) -> Iterator[tuple[list[int], int, int]]:
-    """``(ids, text index, start)`` of each row of ``texts`` (the first is text ``first``).
+    """``(ids, text index, start)`` of each row of ``segment``'s texts (or of its part).
 
     A text's ids may come in several chunks (a long text's pieces, ``tokenize``); its rows
-    are cut from their concatenation, ``seq_len`` ids each, the last possibly shorter.
-    ``reading`` counts the characters tokenized and the tokens they made.
+    are cut from their concatenation, ``seq_len`` ids each, the last possibly shorter. A
+    part's rows start at its first token. ``reading`` counts the characters tokenized and
+    the tokens they made.
     """
+    first, texts, span = segment
+    chunks = (token_chunks(model.tokenizer, texts) if span is None
+              else part_chunks(model.tokenizer, texts[0], span))
     current, buf, start = None, [], 0
-    for t, chunk, chars in token_chunks(model.tokenizer, texts):
+    for t, chunk, chars in chunks:
         if reading is not None:
             reading.tokenized(chars, len(chunk))
         if t != current:
@@ -229,9 +271,10 @@ def _rows(model, first: int, texts: list[str], seq_len: int,
         yield buf, first + current, start
 
 
-def _batch(part: list[tuple[list[int], int, int]], segment: int, index: int) -> RowBatch:
+def _batch(part: list[tuple[list[int], int, int]], segment: int, index: int,
+           char: int) -> RowBatch:
     rows, texts, starts = zip(*part, strict=True)
-    return RowBatch(list(rows), texts, starts, segment, index)
+    return RowBatch(list(rows), texts, starts, segment, index, (char,) * len(rows))
 
 
 class _Budget:
@@ -267,16 +310,17 @@ def _windows(rows: Iterator[tuple[list[int], int, int]], size: int,
         yield part
 
 
-def _segment_batches(model, segment: int, first: int, texts: list[str], seq_len: int,
+def _segment_batches(model, number: int, segment: Segment, seq_len: int,
                      batch_size: int, budget: _Budget, order: str,
                      reading: ReadProgress | None) -> Iterator[RowBatch]:
     key = ORDERS[order]
     size = batch_size if key is None else batch_size * SORT_BATCHES
+    char = 0 if segment.span is None else segment.span[0]
     index = 0
-    for part in _windows(_rows(model, first, texts, seq_len, reading), size, budget):
+    for part in _windows(_rows(model, segment, seq_len, reading), size, budget):
         part = part if key is None else sorted(part, key=key)
         for i in range(0, len(part), batch_size):
-            yield _batch(part[i:i + batch_size], segment, index)
+            yield _batch(part[i:i + batch_size], number, index, char)
             index += 1
 
 
@@ -311,11 +355,14 @@ def row_batches(
     """
     _check_sizes(model, batch_size, seq_len, max_tokens, order)
     budget, empty = _Budget(max_tokens), True
-    for segment, (first, texts) in enumerate(corpus.segments(reading)):
+    def cut() -> bool:
+        return Splitter.of(model.tokenizer) is not None
+
+    for number, segment in enumerate(corpus.segments(reading, cut)):
         empty = False
-        batches = _segment_batches(model, segment, first, texts, seq_len, batch_size, budget, order,
+        batches = _segment_batches(model, number, segment, seq_len, batch_size, budget, order,
                                    reading)
-        if own is None or own(segment):
+        if own is None or own(number):
             yield from batches
         elif max_tokens is not None:
             for _ in batches:  # counted, not kept

@@ -234,6 +234,7 @@ class GrowthSums:
                 for i in range(min(count[j], len(dim[j]))):  # the hits lead the top-k
                     row, pos = b[j][i], t[j][i]
                     rows.append({"point": p, "text": self.batch.text_index[row],
+                                 "char": self.batch.text_char[row],
                                  "pos": self.batch.text_start[row] + pos, "dim": dim[j][i],
                                  "token": self.batch.str_tokens[row][pos],
                                  "value": value[j][i],
@@ -316,7 +317,7 @@ class GrowthStats(Accumulator):
     def keep_massive(self, rows: list[dict]) -> None:
         """Keep the ``top_k`` largest by magnitude of what was kept and ``rows``."""
         kept = list(self.meta.get("massive", [])) + rows
-        kept.sort(key=lambda r: (-abs(r["value"]), r["text"], r["pos"], r["point"], r["dim"]))
+        kept.sort(key=lambda r: (-abs(r["value"]), r["text"], r["char"], r["pos"], r["point"], r["dim"]))
         self.meta["massive"] = kept[: self.top_k]
 
     def merge(self, other: Accumulator) -> None:
@@ -331,7 +332,8 @@ class GrowthStats(Accumulator):
 
         Its ``massive`` rows name each hit by the corpus's ``text`` (its index among the
         corpus's texts, ``Corpus.texts``: blank lines and empty strings are not texts) and
-        ``pos`` (the token's position in that text), where the
+        ``pos`` (the token's position in that text, counted from its character ``char``: 0
+        unless the scan cut the text into parts, ``corpus.Segment``), where the
         single-trace analysis names the trace's ``batch`` row and the position in the row.
         """
         total, _, hist, n = self._counted()
@@ -339,7 +341,7 @@ class GrowthStats(Accumulator):
         per_pos = self.mean("per_position", "position_count")
         rate, r2 = _fit(mean)
         massive = pd.DataFrame(self.meta.get("massive", []),
-                               columns=["point", "text", "pos", "dim", "token", "value",
+                               columns=["point", "text", "char", "pos", "dim", "token", "value",
                                         "ratio_to_median"])
         norm_inputs = pd.DataFrame({"norm": self.meta.get("norms", []),
                                     "input_norm": self.mean("norm_input").numpy(),

@@ -11,9 +11,10 @@ dtype), the reducers are fed from it and it is dropped. Memory is one batch's wo
 accumulators, whatever the corpus length.
 
 A batch is named ``(segment, index)``: the corpus is cut into segments of texts by their
-characters alone (``Corpus.segments``, 4 Mi characters by default), and batches never span
-two. So batch ``(s, i)`` is the same batch in every run and in every process, and a segment
-can be skipped without tokenizing it.
+characters alone (``Corpus.segments``, 4 Mi characters by default; a longer text cut into
+parts of about that size between words, each a segment), and batches never span two. So
+batch ``(s, i)`` is the same batch in every run and in every process, and a segment can be
+skipped without tokenizing it.
 
 **Resuming.** With ``state=PATH`` the accumulators and the name of the next batch are saved
 atomically (temporary file, flushed to disk, then renamed) after the first batch that ends
@@ -59,9 +60,10 @@ from .progress import ReadProgress, ScanBar
 from .reader import prefetched
 from .signals import Deferred
 
-STATE_VERSION = 5  # 2: batches within segments, named (segment, index); 3: stats by spec, lens kl_sq;
+STATE_VERSION = 6  # 2: batches within segments, named (segment, index); 3: stats by spec, lens kl_sq;
 # 4: batches by length (config "order"), growth's first-token sums, the lens's open texts;
-# 5: a corpus of files fingerprinted by names, sizes and ends, not path and mtime
+# 5: a corpus of files fingerprinted by names, sizes and ends, not path and mtime;
+# 6: a text longer than a segment cut into parts, each a segment (growth's massive "char")
 
 
 @dataclass

@@ -58,8 +58,9 @@ def sampled(batch, every: int) -> Tensor:
     """The real tokens of ``batch`` a statistic with ``every`` reduces: about one in ``every``.
 
     ``[batch, pos]`` bool on the CPU. Token ``j`` of row ``r`` is position ``text_start[r] + j``
-    of text ``text_index[r]`` (rows are right-padded); it is chosen when ``splitmix64(text ·
-    2³² + position)`` is a multiple of ``every``.
+    of text ``text_index[r]`` (rows are right-padded; in a part of a text, counted from the
+    part's start: ``Batch.text_char``); it is chosen when ``splitmix64(text · 2³² + position)``
+    is a multiple of ``every``.
     """
     return _chooser(batch)(every)
 
@@ -245,7 +246,7 @@ class StaticBatch(Batch):
     def on(cls, batch: Batch, device) -> StaticBatch:
         """``batch``'s static copy on ``device``."""
         return cls(batch.tokens.to(device).clone(), batch.attention_mask.to(device).clone(),
-                   batch.str_tokens, batch.text_index, batch.text_start,
+                   batch.str_tokens, batch.text_index, batch.text_start, batch.text_char,
                    text_ids=torch.tensor(batch.text_index, dtype=torch.long, device=device))
 
     def refill(self, batch: Batch) -> bool:

@@ -59,11 +59,12 @@ def _locked(encode: Callable[[list[str]], list[list[int]]], texts: list[str]) ->
         return encode(texts)  # lists already (each backend's ids, or the call's input_ids)
 
 
-def cuts(text: str, every: int) -> list[int]:
-    """Where to cut ``text``: the first cut place (``_CUT``) at or after each ``every`` characters."""
-    out, pos = [], every
-    while pos < len(text):
-        found = _CUT.search(text, pos)
+def cuts(text: str, every: int, start: int = 0, end: int | None = None) -> list[int]:
+    """Where to cut ``text[start:end]``: the first cut place (``_CUT``) at or after each ``every``."""
+    end = len(text) if end is None else end
+    out, pos = [], start + every
+    while pos < end:
+        found = _CUT.search(text, pos, end)
         if found is None:
             break
         out.append(found.start())
@@ -71,9 +72,10 @@ def cuts(text: str, every: int) -> list[int]:
     return out
 
 
-def spans(text: str, every: int) -> list[tuple[int, int]]:
-    """``(start, end)`` of each piece of ``text`` cut at ``cuts(text, every)``, in order."""
-    bounds = [0, *cuts(text, every), len(text)]
+def spans(text: str, every: int, start: int = 0, end: int | None = None) -> list[tuple[int, int]]:
+    """``(start, end)`` of each piece of ``text[start:end]`` cut at ``cuts``, in order."""
+    end = len(text) if end is None else end
+    bounds = [start, *cuts(text, every, start, end), end]
     return list(zip(bounds, bounds[1:], strict=False))
 
 
@@ -153,16 +155,35 @@ def token_chunks(tokenizer, texts: Iterable[str]) -> Iterator[tuple[int, list[in
         first += len(group)
 
 
-def _long(t: int, text: str, splitter: Splitter) -> Iterator[tuple[int, list[int], int]]:
-    """Text ``t``'s ids, ``TOKENIZE_CHARS`` of its pieces per call, framed by special tokens."""
-    parts = spans(text, PIECE_CHARS)  # each piece is copied when its call comes
+def _long(t: int, text: str, splitter: Splitter, start: int = 0,
+          end: int | None = None) -> Iterator[tuple[int, list[int], int]]:
+    """Text ``t``'s ids from ``text[start:end]``, ``TOKENIZE_CHARS`` of its pieces per call.
+
+    The text's special tokens frame them where the span holds its start or its end.
+    """
+    end = len(text) if end is None else end
+    parts = spans(text, PIECE_CHARS, start, end)  # each piece is copied when its call comes
     per_call = max(1, TOKENIZE_CHARS // PIECE_CHARS)
-    yield t, list(splitter.prefix), 0
+    if start == 0:
+        yield t, list(splitter.prefix), 0
     for i in range(0, len(parts), per_call):
         call = [text[a:b] for a, b in parts[i:i + per_call]]
         for part, ids in zip(call, _locked(splitter.plain, call), strict=True):
             yield t, ids, len(part)
-    yield t, list(splitter.suffix), 0
+    if end == len(text):
+        yield t, list(splitter.suffix), 0
+
+
+def part_chunks(tokenizer, text: str, span: tuple[int, int]) -> Iterator[tuple[int, list[int], int]]:
+    """``token_chunks`` of the part ``text[span[0]:span[1]]`` of a text cut at ``cuts`` places.
+
+    The parts' ids, in order, join to the text's (the tokenizer's ``Splitter`` must exist):
+    the first holds its leading special tokens, the last its trailing ones.
+    """
+    splitter = Splitter.of(tokenizer)
+    if splitter is None:
+        raise ValueError("a text can be cut into parts only for a tokenizer with a Splitter")
+    yield from _long(0, text, splitter, *span)
 
 
 def token_ids(tokenizer, texts: Iterable[str]) -> Iterator[list[int]]:
