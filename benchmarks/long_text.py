@@ -35,7 +35,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from corpus_speed import save  # noqa: E402  (this folder's; run as a script)
 
 import residual_stream as rs  # noqa: E402
-from residual_stream.streaming.corpus import _rows, builtin_corpus  # noqa: E402
+from residual_stream.streaming.corpus import Segment, _rows, builtin_corpus  # noqa: E402
 from residual_stream.streaming.tokenize import encoder  # noqa: E402
 
 
@@ -54,7 +54,7 @@ def whole(model, text: str, seq_len: int):
 
 def pieces(model, text: str, seq_len: int):
     """Rows as the corpus reader cuts them now."""
-    for row, _, _ in _rows(model, 0, [text], seq_len):
+    for row, _, _ in _rows(model, Segment(0, [text]), seq_len):
         yield row
 
 

@@ -2,7 +2,7 @@
 
 The reference is the token count of every batch ``row_batches`` reads; the estimate
 ``progress.ReadProgress`` makes while reading (``tokens per character × characters per
-unit × units``) must reach it exactly for a list (a unit is a character) and to the byte
+unit × units``) must reach it exactly for a list (a unit is an item) and to the byte
 position's block for files, and be close once a part of a uniform corpus is read.
 """
 
@@ -46,8 +46,10 @@ def _estimate(model, corpus: Corpus, **kw) -> tuple[list[int | None], int]:
 
 
 def test_a_list_corpus_is_estimated_exactly_once_read_and_closely_before(model):
-    texts = builtin_corpus()[:120] + ["", "  "]  # blank texts count for nothing
-    estimates, tokens = _estimate(model, Corpus(texts, segment_chars=1500), batch_size=4, seq_len=16)
+    texts = builtin_corpus()[:120] + ["", "  "]  # blank texts: units without characters
+    corpus = Corpus(texts, segment_chars=1500)
+    assert corpus.units() == 122
+    estimates, tokens = _estimate(model, corpus, batch_size=4, seq_len=16)
     assert estimates[-1] == tokens
     assert abs(estimates[len(estimates) // 4] - tokens) < 0.1 * tokens  # a quarter of the way
 

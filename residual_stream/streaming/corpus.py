@@ -11,7 +11,9 @@ lines) and 1.7× (documents) the batches per second of one call a text, on one c
 SmolLM2's tokenizer. Texts are cut into rows of at most ``seq_len`` tokens.
 
 The texts are grouped into *segments* by their characters alone (``Corpus.segments``:
-``SEGMENT_CHARS``, 4 Mi, by default), and each segment's rows into batches of
+``SEGMENT_CHARS``, 4 Mi, by default; a longer text is cut between words into parts of
+about that size, each a segment, whose ids join to the text's), and each segment's rows
+into batches of
 ``batch_size``, its last batch possibly smaller. With ``order="length"`` (the default) the
 rows of each window of ``SORT_BATCHES`` batches are sorted longest first before they are
 cut into batches, so a batch pads its rows to about their own length: on the built-in
@@ -21,7 +23,8 @@ batch ``(segment, index)`` is the same batch in every run and every process, whi
 resuming and sharding exact, and a process can skip a segment without tokenizing it
 (``row_batches(own=...)``): the reading of a corpus is shared by the processes that scan
 it. Each row keeps its text's index in the corpus and its first token's position in that
-text, so no statistic depends on the order (sampled tokens are chosen by those two).
+text (in a part, counted from the part's first character, ``text_char``), so no statistic
+depends on the order (sampled tokens are chosen by those two).
 ``row_batches`` gives each batch's rows unpacked (``RowBatch``); ``corpus_batches`` packs
 them.
 """
@@ -100,15 +103,16 @@ class Corpus:
         is the ``i``-th non-blank text given. ``reading`` counts what is read (``units``).
         """
         if self._in_memory():
-            units = 0
-            for i, t in enumerate(self._listed()):
+            items = 0
+            for items, t in enumerate(self._listed(), start=1):
                 if not isinstance(t, str):
-                    raise InputError(f"corpus item {i} is a {type(t).__name__}, not a text")
+                    raise InputError(f"corpus item {items - 1} is a {type(t).__name__}, not a text")
                 if t.strip():
-                    units += len(t)
                     if reading is not None:
-                        reading.read(len(t), units)
+                        reading.read(len(t), items)
                     yield t
+            if reading is not None:
+                reading.read(0, items)  # blank items at the end
             return
         base = 0
         for f in self._files():
@@ -126,13 +130,14 @@ class Corpus:
         return builtin_corpus() if isinstance(self.source, str) else self.source
 
     def units(self) -> int:
-        """The corpus's size in ``progress`` units: its files' bytes, or a list's characters.
+        """The corpus's size in ``progress`` units: its files' bytes, or a list's items.
 
-        Known before reading it: files by their sizes, a list by one pass over its texts.
+        Known before reading it, without a pass over the texts: files by their sizes, a list
+        (a dataset's column) by its length, blank items included (``texts`` counts them too).
         """
         if not self._in_memory():
             return sum(f.stat().st_size for f in self._files())
-        return sum(len(t) for t in self._listed() if isinstance(t, str) and t.strip())
+        return len(self._listed())
 
     def segments(self, reading: ReadProgress | None = None,
                  cut: Callable[[], bool] | None = None) -> Iterator[Segment]:

@@ -4,8 +4,9 @@ Without ``max_tokens`` a scan does not know its corpus's token count until it ha
 all. ``ReadProgress`` estimates it as it goes, from two ratios each measured where it is
 exact: tokens per character where texts are tokenized (``corpus._rows``), and characters
 per *unit* where texts are read (``Corpus.texts``). A unit is a byte of the corpus's files
-(compressed bytes for ``.gz``), or a character for a list of texts, and ``total`` is their
-count for the whole corpus, known before reading (``Corpus.units``). So::
+(compressed bytes for ``.gz``), or an item of a list of texts (before session 15 a character,
+which took a pass over the list to count), and ``total`` is their count for the whole corpus,
+known before reading (``Corpus.units``). So::
 
     tokens ≈ tokens per character × characters per unit × total
 

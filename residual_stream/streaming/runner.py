@@ -348,7 +348,7 @@ def scan(
     start, run, segment = time.perf_counter(), 0, done[0]
     with Deferred(path is not None) as signals:  # Ctrl-C, SIGTERM: the batch ends, is saved
         for key, batch in batches:
-            if key[0] != segment:  # the segment before ended: texts never span two
+            if key[0] != segment:  # the segment before ended, and its texts (or part of one)
                 segment = key[0]
                 for acc in accs.values():
                     acc.segment_done()
