@@ -586,6 +586,25 @@ def test_the_scans_first_check_reads_one_tokenizer_call_unless_it_calibrates(mod
     assert len(read) > 5 and rows >= 32 * 2  # the texts read hold the window's 64 rows
 
 
+def _stop_in_segment(segment: int):
+    """An ``on_batch`` that interrupts the scan in ``segment``."""
+    def stop(key: tuple[int, int], tokens: int) -> None:
+        if key[0] == segment:
+            raise Interrupt
+    return stop
+
+
+def _recording(model, monkeypatch) -> list[str]:
+    """The texts ``model``'s tokenizer is given from now on (its splitter probe made first)."""
+    tokenized: list[str] = []
+    tokenize = model.tokenizer
+    monkeypatch.setattr(model, "tokenizer", lambda texts, **k: tokenized.extend(texts) or
+                        tokenize(texts, **k))
+    assert Splitter.of(model.tokenizer) is not None
+    tokenized.clear()
+    return tokenized
+
+
 def test_a_scan_over_segments_equals_the_single_trace_and_resumes_past_them(model, tmp_path,
                                                                             monkeypatch):
     """Batches end with their segment; a resumed scan tokenizes no segment it has done."""
@@ -601,22 +620,10 @@ def test_a_scan_over_segments_equals_the_single_trace_and_resumes_past_them(mode
     assert result.batches == len(list(row_batches(model, corpus, **kw)))
 
     state = tmp_path / "scan.pt"
-    keys: list[tuple[int, int]] = []
-
-    def stop_in_segment_3(key: tuple[int, int], tokens: int) -> None:
-        keys.append(key)
-        if key[0] == 3:
-            raise Interrupt
-
     with pytest.raises(Interrupt):
-        rs.scan(model, corpus, ["growth"], state=state, on_batch=stop_in_segment_3, **kw,
+        rs.scan(model, corpus, ["growth"], state=state, on_batch=_stop_in_segment(3), **kw,
                 save_every=1, progress=False)
-    tokenized: list[str] = []
-    tokenize = model.tokenizer
-    monkeypatch.setattr(model, "tokenizer", lambda texts, **k: tokenized.extend(texts) or
-                        tokenize(texts, **k))
-    assert Splitter.of(model.tokenizer) is not None  # its probe, before the count starts
-    tokenized.clear()
+    tokenized = _recording(model, monkeypatch)
     resumed = rs.scan(model, corpus, ["growth"], state=state, progress=False, **kw)
     segments = [[s.texts[0][slice(*s.span)]] if s.span else s.texts  # a text over 70 is cut
                 for s in corpus.segments(cut=lambda: True)]
@@ -661,19 +668,10 @@ def test_a_text_longer_than_a_segment_is_cut_into_parts_scanned_and_resumed_apar
 
     state = tmp_path / "scan.pt"
 
-    def stop_in_segment_3(key: tuple[int, int], tokens: int) -> None:
-        if key[0] == 3:
-            raise Interrupt
-
     with pytest.raises(Interrupt):
-        rs.scan(model, corpus, stats, state=state, on_batch=stop_in_segment_3, save_every=1,
+        rs.scan(model, corpus, stats, state=state, on_batch=_stop_in_segment(3), save_every=1,
                 progress=False, **kw)
-    tokenized: list[str] = []
-    tokenize = model.tokenizer
-    monkeypatch.setattr(model, "tokenizer", lambda texts, **k: tokenized.extend(texts) or
-                        tokenize(texts, **k))
-    assert Splitter.of(model.tokenizer) is not None  # its probe, before the count starts
-    tokenized.clear()
+    tokenized = _recording(model, monkeypatch)
     resumed = rs.scan(model, corpus, stats, state=state, progress=False, **kw)
     assert tokenized == [TEXTS[0], *(long[a:b] for a, b in spans[2:]), TEXTS[2]]  # first row, 3 on
     assert (resumed.tokens, resumed.batches) == (result.tokens, result.batches)
