@@ -42,12 +42,12 @@ from typing import NamedTuple
 from ..errors import EmptyTextError, InputError
 from ..inputs import Batch, pack
 from .progress import ReadProgress
-from .sources import corpus_files, file_texts
+from .sources import corpus_files, file_texts, files_fingerprint, kind, probes, sizes
 from .tokenize import Splitter, groups, part_chunks, spans, token_chunks
 
 SEGMENT_CHARS = 1 << 22  # characters per segment (~1M tokens of English), at least a text
 SORT_BATCHES = 32  # order="length": batches whose rows are sorted together
-FINGERPRINT_ENDS = 1 << 12  # bytes read from each end of a corpus file for its fingerprint
+ITEMS = "items"  # the progress unit of an in-memory corpus: one of its items
 ORDERS = {  # a batch order: how the rows of a window are sorted (None: kept in corpus order)
     "length": lambda row: -len(row[0]),  # longest first; sorted() keeps ties in corpus order
     "text": None,
@@ -102,25 +102,28 @@ class Corpus:
         skipped: text ``i`` of a scan (``Batch.text_index``, a massive activation's ``text``)
         is the ``i``-th non-blank text given. ``reading`` counts what is read (``units``).
         """
-        if self._in_memory():
-            items = 0
-            for items, t in enumerate(self._listed(), start=1):
-                if not isinstance(t, str):
-                    raise InputError(f"corpus item {items - 1} is a {type(t).__name__}, not a text")
-                if t.strip():
-                    if reading is not None:
-                        reading.read(len(t), items)
-                    yield t
-            if reading is not None:
-                reading.read(0, items)  # blank items at the end
-            return
-        base = 0
+        count = reading if reading is not None else ReadProgress({})  # counted, not read
+        yield from self._listed_texts(count) if self._in_memory() else self._file_texts(count)
+
+    def _listed_texts(self, reading: ReadProgress) -> Iterator[str]:
+        items = 0
+        for items, t in enumerate(self._listed(), start=1):
+            if not isinstance(t, str):
+                raise InputError(f"corpus item {items - 1} is a {type(t).__name__}, not a text")
+            if t.strip():
+                reading.read(ITEMS, len(t), items)
+                yield t
+        reading.file_ended(ITEMS, items)  # blank items at the end too
+
+    def _file_texts(self, reading: ReadProgress) -> Iterator[str]:
+        base: dict[str, int] = {}  # bytes of the files read before, per kind
         for f in self._files():
+            k = kind(f)
             for text, position in file_texts(f, self.text_field):
-                if reading is not None:
-                    reading.read(len(text), base + position)
+                reading.read(k, len(text), base.get(k, 0) + position)
                 yield text
-            base += f.stat().st_size
+            base[k] = base.get(k, 0) + f.stat().st_size
+            reading.file_ended(k, base[k])
 
     def _in_memory(self) -> bool:
         return not isinstance(self.source, (str, Path)) or self.source == "builtin"
@@ -129,15 +132,23 @@ class Corpus:
         """An in-memory corpus's items: the built-in texts, or the collection given."""
         return builtin_corpus() if isinstance(self.source, str) else self.source
 
-    def units(self) -> int:
-        """The corpus's size in ``progress`` units: its files' bytes, or a list's items.
+    def units(self) -> dict[str, int]:
+        """The corpus's size in ``progress`` units, per kind: its files' bytes, or a list's items.
 
-        Known before reading it, without a pass over the texts: files by their sizes, a list
-        (a dataset's column) by its length, blank items included (``texts`` counts them too).
+        Known before reading it, without a pass over the texts: files by their sizes, per
+        ``sources.kind``; a list (a dataset's column) by its length, blank items included
+        (``texts`` counts them too), as ``ITEMS``.
         """
-        if not self._in_memory():
-            return sum(f.stat().st_size for f in self._files())
-        return len(self._listed())
+        return {ITEMS: len(self._listed())} if self._in_memory() else sizes(self._files())
+
+    def progress(self) -> ReadProgress:
+        """Counters for reading this corpus (``progress.ReadProgress``).
+
+        With its ``units``, and for files each kind's probe (``sources.probes``: characters
+        per byte at the start of its first file).
+        """
+        probed = {} if self._in_memory() else probes(self._files(), self.text_field)
+        return ReadProgress(self.units(), probed)
 
     def segments(self, reading: ReadProgress | None = None,
                  cut: Callable[[], bool] | None = None) -> Iterator[Segment]:
@@ -172,7 +183,7 @@ class Corpus:
         """Identifies the corpus in a saved scan state, wherever its files lie.
 
         A list: its length and a hash of its texts. Files: their names within the corpus (not
-        its path), sizes, and the first and last ``FINGERPRINT_ENDS`` bytes of each, hashed,
+        its path), sizes, and the first and last ``sources.FINGERPRINT_ENDS`` bytes of each, hashed,
         so the same files copied or downloaded elsewhere resume a scan (before, a new path
         or modification time refused it); with any JSON Lines file, the field its texts come
         from too. An edit inside a file that keeps its size and both ends is not seen.
@@ -184,21 +195,7 @@ class Corpus:
             return f"list of {len(self.source)} texts sha256:{digest.hexdigest()[:16]}"
         if self.source == "builtin":
             return "builtin"
-        root, files = Path(self.source), self._files()
-        digest, total = hashlib.sha256(), 0
-        for f in files:
-            size = f.stat().st_size
-            name = f.relative_to(root).as_posix() if root.is_dir() else f.name
-            digest.update(f"{name}:{size}\0".encode())
-            with open(f, "rb") as data:
-                digest.update(data.read(FINGERPRINT_ENDS))
-                if size > 2 * FINGERPRINT_ENDS:
-                    data.seek(-FINGERPRINT_ENDS, 2)
-                digest.update(data.read())
-            total += size
-        field = (f"text_field={self.text_field}; "
-                 if any(f.name.endswith((".jsonl", ".jsonl.gz")) for f in files) else "")
-        return f"{field}{len(files)} files, {total} bytes, sha256:{digest.hexdigest()[:16]}"
+        return files_fingerprint(Path(self.source), self._files(), self.text_field)
 
 
 def _ordered_and_reread(source) -> bool:

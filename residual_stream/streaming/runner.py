@@ -342,7 +342,7 @@ def scan(
         acc.load_state_dict(saved["stats"][name])
     _prepare(model, corpus, accs, batch_size, seq_len, max_tokens, order)
     add = batch_adder(model, accs, graphs, seq_len)
-    bar = ScanBar(model.name, corpus.units, max_tokens, tokens, progress, rank, world_size)
+    bar = ScanBar(model.name, corpus.progress, max_tokens, tokens, progress, rank, world_size)
     batches = prefetched(_read_batches(model, corpus, batch_size, seq_len, max_tokens, order, done,
                                        rank, world_size, bar.reading))
     start, run, segment = time.perf_counter(), 0, done[0]

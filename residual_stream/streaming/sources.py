@@ -14,14 +14,18 @@ naming the file and line; the texts before it have been yielded.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import InputError
 
 SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")  # what a folder's files may end with
+PROBE_BYTES = 1 << 18  # bytes of a file's start read to estimate its characters per byte
+FINGERPRINT_ENDS = 1 << 12  # bytes read from each end of a corpus file for its fingerprint
 
 
 def corpus_files(path: Path) -> list[Path]:
@@ -32,6 +36,44 @@ def corpus_files(path: Path) -> list[Path]:
         return [path]
     raise InputError(f"corpus {str(path)!r} is not 'builtin', a file or a folder of "
                      f"{', '.join(SUFFIXES)} files")
+
+
+def files_fingerprint(root: Path, files: list[Path], text_field: str) -> str:
+    """Identifies the files of a corpus at ``root`` wherever they lie (``Corpus.fingerprint``).
+
+    Their names within ``root``, sizes, and the first and last ``FINGERPRINT_ENDS`` bytes of
+    each, hashed; with any JSON Lines file, the field its texts come from too.
+    """
+    digest, total = hashlib.sha256(), 0
+    for f in files:
+        size = f.stat().st_size
+        name = f.relative_to(root).as_posix() if root.is_dir() else f.name
+        digest.update(f"{name}:{size}\0".encode())
+        with open(f, "rb") as data:
+            digest.update(data.read(FINGERPRINT_ENDS))
+            if size > 2 * FINGERPRINT_ENDS:
+                data.seek(-FINGERPRINT_ENDS, 2)
+            digest.update(data.read())
+        total += size
+    field = f"text_field={text_field}; " if any(kind(f).startswith(".jsonl") for f in files) else ""
+    return f"{field}{len(files)} files, {total} bytes, sha256:{digest.hexdigest()[:16]}"
+
+
+def sizes(files: list[Path]) -> dict[str, int]:
+    """The files' bytes, summed per ``kind``."""
+    totals: dict[str, int] = {}
+    for f in files:
+        totals[kind(f)] = totals.get(kind(f), 0) + f.stat().st_size
+    return totals
+
+
+def probes(files: list[Path], text_field: str) -> dict[str, float]:
+    """``chars_per_byte`` at the start of the first file of each ``kind`` (where it has a line)."""
+    first: dict[str, Path] = {}
+    for f in files:
+        first.setdefault(kind(f), f)
+    ratios = {k: chars_per_byte(f, text_field) for k, f in first.items()}
+    return {k: r for k, r in ratios.items() if r}
 
 
 def _open(path: Path) -> io.TextIOBase:
@@ -51,15 +93,60 @@ def file_texts(path: Path, text_field: str = "text") -> Iterator[tuple[str, int]
         with _open(path) as handle:
             raw = getattr(handle.buffer, "fileobj", handle.buffer)  # gzip: the compressed file
             for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                text = line.strip() if not jsonl else _json_text(line, text_field, f"{path}:{number}")
-                if not text.strip():
-                    continue
-                yield text, raw.tell()
+                text = _line_text(line, jsonl, text_field, f"{path}:{number}")
+                if text:
+                    yield text, raw.tell()
     except (gzip.BadGzipFile, EOFError) as e:
         raise InputError(f"{path} is not a complete gzip file ({e}); unpack it or fix the "
                          "name") from None
+
+
+def kind(path: Path) -> str:
+    """How ``path`` is read: ``".txt"`` or ``".jsonl"``, with ``".gz"`` after it when gzipped."""
+    gz = ".gz" if path.name.endswith(".gz") else ""
+    return (".jsonl" if path.name.endswith((".jsonl", ".jsonl.gz")) else ".txt") + gz
+
+
+def chars_per_byte(path: Path, text_field: str = "text") -> float | None:
+    """Characters of text per byte of ``path`` (compressed bytes for ``.gz``) at its start.
+
+    From its first ``PROBE_BYTES`` bytes: the texts of the whole lines there, as
+    ``file_texts`` reads them, over the bytes those lines take (for ``.gz``, their share of
+    the compressed bytes read). None when those bytes hold no line, or cannot be read (the
+    file's own reading says why). What a progress estimate assumes for a kind of file it
+    has not read yet (``progress.ReadProgress``).
+    """
+    with open(path, "rb") as f:
+        head = f.read(PROBE_BYTES)
+    data, units, whole = head, len(head), len(head) < PROBE_BYTES
+    if kind(path).endswith(".gz"):
+        unpack = zlib.decompressobj(wbits=31)  # a gzip header
+        try:
+            data = unpack.decompress(head, 1 << 23)
+        except zlib.error:
+            return None
+        units = len(head) - len(unpack.unconsumed_tail)
+        whole = whole and not unpack.unconsumed_tail
+    lines = data.split(b"\n") if whole else data.split(b"\n")[:-1]  # the last may be cut
+    used = sum(len(line) + 1 for line in lines)
+    if not lines or not data:
+        return None
+    jsonl, chars = kind(path).startswith(".jsonl"), 0
+    for line in lines:
+        try:
+            chars += len(_line_text(line.decode("utf-8", errors="replace"), jsonl, text_field,
+                                    str(path)))
+        except InputError:  # a malformed record: the reading names it
+            continue
+    return chars / (units * min(1.0, used / len(data)))
+
+
+def _line_text(line: str, jsonl: bool, field: str, where: str) -> str:
+    """The text of one line of a file: the line stripped, or a record's ``field``; "" if blank."""
+    if not line.strip():
+        return ""
+    text = _json_text(line, field, where) if jsonl else line.strip()
+    return text if text.strip() else ""
 
 
 def _json_text(line: str, field: str, where: str) -> str:
