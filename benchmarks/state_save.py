@@ -1,6 +1,6 @@
 """What saving a scan's state costs: per statistic, and against a scan that saves by time.
 
-A scan with ``state=`` saves its accumulators (``runner._save_state``: sums copied to the
+A scan with ``state=`` saves its accumulators (``state.save_state``: sums copied to the
 host, written, flushed to disk, renamed). Until session 14 it saved after every batch; now
 after the first batch ending ``save_seconds`` (60) after the last save.
 
@@ -29,15 +29,16 @@ from corpus_speed import save, setting, timed  # noqa: E402  (this folder's; run
 
 import residual_stream as rs  # noqa: E402
 from residual_stream.streaming.corpus import builtin_corpus  # noqa: E402
-from residual_stream.streaming.runner import _save_state  # noqa: E402
+from residual_stream.streaming.ledger import Ledger  # noqa: E402
+from residual_stream.streaming.state import save_state  # noqa: E402
 
 
 def save_cost(model, stat: str, texts: list[str], folder: Path, saves: int, **kw) -> dict:
     """Size and median save time of ``stat``'s state after a scan of ``texts``."""
     result = rs.scan(model, texts, [stat], progress=False, **kw)
     path = folder / f"{stat}.pt"
-    times = [timed(lambda: _save_state(path, {"benchmark": True}, (0, 1), result.tokens,
-                                       result.batches, result.accumulators))
+    times = [timed(lambda: save_state(path, {"benchmark": True}, (0, 1), result.tokens,
+                                      result.batches, result.accumulators, Ledger()))
              for _ in range(saves)]
     save_s = statistics.median(times)
     batch_s = result.seconds / max(result.batches, 1)

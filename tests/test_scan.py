@@ -634,6 +634,33 @@ def test_a_scan_over_segments_equals_the_single_trace_and_resumes_past_them(mode
     _close(resumed.stats["growth"].mean, result.stats["growth"].mean, rel=1e-12)
 
 
+def test_a_scan_with_a_budget_resumes_without_tokenizing_the_segments_it_did(model, tmp_path,
+                                                                             monkeypatch):
+    """The saved state holds each segment's token count (``ledger``), so the budget left at a
+    skipped segment is known: before, a resumed scan with ``max_tokens`` tokenized every
+    segment it had done, to count them."""
+    corpus = Corpus(TEXTS * 4, segment_chars=70)
+    kw = dict(batch_size=3, seq_len=24, max_tokens=500)
+    whole = rs.scan(model, corpus, ["growth"], progress=False, **kw)
+    state = tmp_path / "scan.pt"
+    with pytest.raises(Interrupt):
+        rs.scan(model, corpus, ["growth"], state=state, on_batch=_stop_in_segment(4),
+                save_every=1, progress=False, **kw)
+    saved = torch.load(state, weights_only=True)
+    segments = list(corpus.segments(cut=lambda: True))
+    counts = [sum(len(model.tokenizer(t)["input_ids"]) for t in s.texts) if s.span is None
+              else len(s.texts[0][slice(*s.span)].encode()) + (s.span[0] == 0) for s in segments]
+    assert saved["next"][0] == 4 and saved["ledger"][:4] == counts[:4]  # counted by hand
+    tokenized = _recording(model, monkeypatch)
+    resumed = rs.scan(model, corpus, ["growth"], state=state, progress=False, **kw)
+    last = next(i for i in range(len(counts)) if sum(counts[:i + 1]) >= 500)
+    inputs = [[s.texts[0][slice(*s.span)]] if s.span else s.texts for s in segments]
+    first_row = inputs[0]  # the empty-corpus check: its segment's texts, in one call
+    assert last > 5 and tokenized == first_row + [t for seg in inputs[4:last + 1] for t in seg]
+    assert (resumed.tokens, resumed.batches) == (whole.tokens, whole.batches) and whole.tokens == 500
+    _close(resumed.stats["growth"].mean, whole.stats["growth"].mean, rel=1e-12)
+
+
 def test_a_text_longer_than_a_segment_is_cut_into_parts_scanned_and_resumed_apart(
         model, tmp_path, monkeypatch):
     """A text over ``segment_chars`` is cut between words into parts, each a segment: their

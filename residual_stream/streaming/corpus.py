@@ -32,17 +32,24 @@ them.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from collections.abc import Set as AbstractSet
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import EmptyTextError, InputError
 from ..inputs import Batch, pack
 from .progress import ReadProgress
-from .sources import corpus_files, file_texts, files_fingerprint, kind, probes, sizes
+from .sources import (
+    builtin_corpus,
+    corpus_files,
+    file_texts,
+    files_fingerprint,
+    kind,
+    ordered_and_reread,
+    probes,
+    sizes,
+)
 from .tokenize import Splitter, groups, part_chunks, spans, token_chunks
 
 SEGMENT_CHARS = 1 << 22  # characters per segment (~1M tokens of English), at least a text
@@ -52,12 +59,6 @@ ORDERS = {  # a batch order: how the rows of a window are sorted (None: kept in 
     "length": lambda row: -len(row[0]),  # longest first; sorted() keeps ties in corpus order
     "text": None,
 }
-
-
-def builtin_corpus() -> list[str]:
-    """The shipped corpus: 220 English sentences and 100 lines of Python, one per line."""
-    text = resources.files("residual_stream").joinpath("data/builtin_corpus.txt").read_text("utf-8")
-    return [line for line in text.splitlines() if line and not line.startswith("#")]
 
 
 class Segment(NamedTuple):
@@ -87,7 +88,7 @@ class Corpus:
                              f"{self.segment_chars!r}")
         if not isinstance(self.text_field, str) or not self.text_field:
             raise InputError(f"text_field must name a JSON field, got {self.text_field!r}")
-        if not _ordered_and_reread(self.source):
+        if not ordered_and_reread(self.source):
             raise InputError(f"a corpus is read more than once, in one order (its first batch, "
                              f"a resumed scan), so it cannot be a {type(self.source).__name__}: "
                              "pass a list of texts, a file or a folder")
@@ -198,18 +199,6 @@ class Corpus:
         return files_fingerprint(Path(self.source), self._files(), self.text_field)
 
 
-def _ordered_and_reread(source) -> bool:
-    """Whether ``source`` is a path or a collection of texts that reads the same every time.
-
-    A list, a tuple, a dataset's column: sized and ordered. Not an iterator (read once), a
-    set (its order changes between runs) or a dict.
-    """
-    if isinstance(source, str | Path):
-        return True
-    return (hasattr(source, "__len__") and hasattr(source, "__iter__")
-            and not isinstance(source, Iterator | AbstractSet | Mapping))
-
-
 @dataclass(frozen=True)
 class RowBatch:
     """One batch's rows of token ids before packing, and where they are in the corpus.
@@ -252,11 +241,9 @@ def _rows(model, segment: Segment, seq_len: int,
     part's rows start at its first token. ``reading`` counts the characters tokenized and
     the tokens they made.
     """
-    first, texts, span = segment
-    chunks = (token_chunks(model.tokenizer, texts) if span is None
-              else part_chunks(model.tokenizer, texts[0], span))
+    first = segment.first
     current, buf, start = None, [], 0
-    for t, chunk, chars in chunks:
+    for t, chunk, chars in segment_chunks(model, segment):
         if reading is not None:
             reading.tokenized(chars, len(chunk))
         if t != current:
@@ -271,6 +258,18 @@ def _rows(model, segment: Segment, seq_len: int,
         buf = buf[cut:]
     if buf:
         yield buf, first + current, start
+
+
+def segment_chunks(model, segment: Segment) -> Iterator[tuple[int, list[int], int]]:
+    """``tokenize.token_chunks`` of ``segment``'s texts, or ``part_chunks`` of its part."""
+    if segment.span is None:
+        return token_chunks(model.tokenizer, segment.texts)
+    return part_chunks(model.tokenizer, segment.texts[0], segment.span)
+
+
+def can_cut(model) -> bool:
+    """Whether ``model``'s tokenizer keeps its ids when a text is cut between words (``cut``)."""
+    return Splitter.of(model.tokenizer) is not None
 
 
 def _batch(part: list[tuple[list[int], int, int]], segment: int, index: int,
@@ -290,6 +289,10 @@ class _Budget:
         ids = ids[:int(min(len(ids), self.left))]
         self.left -= len(ids)
         return ids
+
+    def skip(self, tokens: int) -> None:
+        """A segment of ``tokens`` is passed over: as many taken (up to what is left)."""
+        self.left -= min(tokens, self.left)
 
     @property
     def spent(self) -> bool:
@@ -342,7 +345,7 @@ def _check_sizes(model, batch_size: int, seq_len: int, max_tokens: int | None,
 def row_batches(
     model, corpus: Corpus, *, batch_size: int, seq_len: int, max_tokens: int | None = None,
     own: Callable[[int], bool] | None = None, order: str = "length",
-    reading: ReadProgress | None = None,
+    reading: ReadProgress | None = None, ledger=None,
 ) -> Iterator[RowBatch]:
     """The corpus's batches in order (``corpus_batches`` unpacked), at most ``max_tokens`` tokens.
 
@@ -351,24 +354,28 @@ def row_batches(
     ``SORT_BATCHES`` batches longest first, ``"text"`` keeps the corpus order. The budget
     takes tokens in corpus order, so both orders read the same tokens.
     ``own(segment)``: only the batches of the segments it accepts
-    (a process's share). The others are skipped untokenized, unless ``max_tokens`` is given:
-    then every segment up to the budget is tokenized, to count where the budget ends.
-    ``reading`` (``progress.ReadProgress``) counts what is read and tokenized.
+    (a process's share). The others are skipped untokenized, unless ``max_tokens`` is given
+    and ``ledger`` (``ledger.Ledger``) has not counted them: then they are tokenized, to
+    count where the budget ends, and recorded in it. ``reading``
+    (``progress.ReadProgress``) counts what is read and tokenized.
     """
     _check_sizes(model, batch_size, seq_len, max_tokens, order)
     budget, empty = _Budget(max_tokens), True
-    def cut() -> bool:
-        return Splitter.of(model.tokenizer) is not None
-
-    for number, segment in enumerate(corpus.segments(reading, cut)):
+    for number, segment in enumerate(corpus.segments(reading, lambda: can_cut(model))):
         empty = False
-        batches = _segment_batches(model, number, segment, seq_len, batch_size, budget, order,
-                                   reading)
-        if own is None or own(number):
-            yield from batches
-        elif max_tokens is not None:
-            for _ in batches:  # counted, not kept
+        mine = own is None or own(number)
+        known = None if ledger is None or mine else ledger.known(number)
+        if max_tokens is not None and known is not None:
+            budget.skip(known)  # counted before: passed over untokenized
+        elif mine or max_tokens is not None:
+            left = budget.left
+            batches = _segment_batches(model, number, segment, seq_len, batch_size, budget,
+                                       order, reading)
+            yield from (batches if mine else ())
+            for _ in batches:  # another's: counted, not kept
                 pass
+            if ledger is not None and max_tokens is not None:
+                ledger.record(number, left - budget.left)
         if budget.spent:
             return
     if empty:

@@ -48,7 +48,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
 from ..errors import EmptyTextError, InputError
 from ..trace import trace_batch
@@ -56,14 +55,11 @@ from .accumulators import Accumulator, make_accumulators
 from .corpus import Corpus, row_batches
 from .graphs import Replayed
 from .lean import feed_trace, lean_pass, points
+from .ledger import Ledger, count_shares
 from .progress import ReadProgress, ScanBar
 from .reader import prefetched
 from .signals import Deferred
-
-STATE_VERSION = 6  # 2: batches within segments, named (segment, index); 3: stats by spec, lens kl_sq;
-# 4: batches by length (config "order"), growth's first-token sums, the lens's open texts;
-# 5: a corpus of files fingerprinted by names, sizes and ends, not path and mtime;
-# 6: a text longer than a segment cut into parts, each a segment (growth's massive "char")
+from .state import resume, save_state, scan_config
 
 
 @dataclass
@@ -105,46 +101,6 @@ class ScanResult:
         return path
 
 
-def _config(model, corpus: Corpus, stats: list[str], batch_size: int, seq_len: int,
-            max_tokens: int | None, order: str, rank: int, world_size: int) -> dict:
-    return {"version": STATE_VERSION, "model": model.name, "stats": stats, "batch_size": batch_size,
-            "seq_len": seq_len, "max_tokens": max_tokens, "order": order,
-            "corpus": corpus.fingerprint(), "segment_chars": corpus.segment_chars,
-            "rank": rank, "world_size": world_size}
-
-
-def _load_state(path: Path, config: dict) -> dict | None:
-    if not path.exists():
-        return None
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same advice
-        raise InputError(f"the scan state {path} is unreadable ({type(e).__name__}); delete it to "
-                         "start the scan again") from None
-    saved_version = state.get("config", {}).get("version") if isinstance(state, dict) else None
-    if saved_version != config["version"]:
-        raise InputError(f"the scan state {path} was saved by another version of residual-stream "
-                         f"(state version {saved_version}, this one reads {config['version']}); "
-                         "delete it to start the scan again, or use another --state path")
-    if state.get("config") != config:
-        diff = {k: (state.get("config", {}).get(k), v) for k, v in config.items()
-                if state.get("config", {}).get(k) != v}
-        raise InputError(f"the scan state {path} was saved for other arguments {diff} (saved, now); "
-                         "use the same arguments to resume, or another --state path")
-    return state
-
-
-def _save_state(path: Path, config: dict, done: tuple[int, int], tokens: int, batches: int,
-                accs: dict[str, Accumulator]) -> None:
-    tmp = path.with_name(f".{path.name}.partial")
-    with open(tmp, "wb") as f:
-        torch.save({"config": config, "next": list(done), "tokens": tokens, "batches": batches,
-                    "stats": {n: a.state_dict() for n, a in accs.items()}}, f)
-        f.flush()
-        os.fsync(f.fileno())  # on disk before the rename makes it the state
-    os.replace(tmp, path)
-
-
 def _save_due(save_every: int | None, save_seconds: float) -> Callable[[int], bool]:
     """``due(run)``: whether the state is to be saved after this run's ``run``-th batch.
 
@@ -175,14 +131,19 @@ def _save_due(save_every: int | None, save_seconds: float) -> Callable[[int], bo
 _clock = time.monotonic  # a test steps it by hand
 
 
-def _gather(accs: dict[str, Accumulator], tokens: int, batches: int,
-            world_size: int) -> tuple[dict, int, int]:
-    """Merge every process's accumulators, in rank order, on every process."""
+def _all_gather(value) -> list:
+    """Every process's ``value``, in rank order (``torch.distributed``'s default group)."""
     import torch.distributed as dist
 
-    states: list = [None] * world_size
-    dist.all_gather_object(states, {"tokens": tokens, "batches": batches,
-                                    "stats": {n: a.state_dict() for n, a in accs.items()}})
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
+
+
+def _gather(accs: dict[str, Accumulator], tokens: int, batches: int) -> tuple[dict, int, int]:
+    """Merge every process's accumulators, in rank order, on every process."""
+    states = _all_gather({"tokens": tokens, "batches": batches,
+                          "stats": {n: a.state_dict() for n, a in accs.items()}})
     merged = {n: a.empty_like() for n, a in accs.items()}  # same settings, no sums
     for name, acc in merged.items():
         for s in states:
@@ -194,18 +155,19 @@ def _gather(accs: dict[str, Accumulator], tokens: int, batches: int,
 
 def _read_batches(model, corpus: Corpus, batch_size: int, seq_len: int, max_tokens: int | None,
                   order: str, done: tuple[int, int], rank: int, world_size: int,
-                  reading: ReadProgress | None = None):
+                  reading: ReadProgress | None = None, ledger: Ledger | None = None):
     """``(key, batch)`` of this process's batches not yet in the saved sums, packed.
 
     Process ``rank`` takes the segments ``s ≡ rank (mod world_size)``; segments of others and
-    segments already done are skipped untokenized (``row_batches``). Run by the reader thread
-    (``reader.prefetched``).
+    segments already done are skipped untokenized (``row_batches``; with ``max_tokens``, once
+    ``ledger`` has counted them). Run by the reader thread (``reader.prefetched``).
     """
     def own(segment: int) -> bool:
         return segment % world_size == rank and segment >= done[0]
 
     for rows in row_batches(model, corpus, batch_size=batch_size, seq_len=seq_len,
-                            max_tokens=max_tokens, own=own, order=order, reading=reading):
+                            max_tokens=max_tokens, own=own, order=order, reading=reading,
+                            ledger=ledger):
         if rows.key >= done:
             yield rows.key, rows.pack(model)
 
@@ -331,20 +293,17 @@ def scan(
     corpus = corpus if isinstance(corpus, Corpus) else Corpus(corpus)
     accs = make_accumulators(stats)
     seq_len = int(seq_len or min(model.anatomy.n_ctx, 128))
-    config = _config(model, corpus, list(accs), batch_size, seq_len, max_tokens, order, rank,
+    config = scan_config(model, corpus, list(accs), batch_size, seq_len, max_tokens, order, rank,
                      world_size)
     path = Path(state) if state is not None else None
     save_due = _save_due(save_every, save_seconds)
-    saved = _load_state(path, config) if path is not None else None
-    done, tokens, added = ((tuple(saved["next"]), saved["tokens"], saved["batches"]) if saved
-                           else ((0, 0), 0, 0))
-    for name, acc in (accs.items() if saved else ()):
-        acc.load_state_dict(saved["stats"][name])
+    done, tokens, added, ledger = resume(path, config, accs)
+    count_shares(model, corpus, max_tokens, rank, world_size, ledger, _all_gather)
     _prepare(model, corpus, accs, batch_size, seq_len, max_tokens, order)
     add = batch_adder(model, accs, graphs, seq_len)
     bar = ScanBar(model.name, corpus.progress, max_tokens, tokens, progress, rank, world_size)
     batches = prefetched(_read_batches(model, corpus, batch_size, seq_len, max_tokens, order, done,
-                                       rank, world_size, bar.reading))
+                                       rank, world_size, bar.reading, ledger))
     start, run, segment = time.perf_counter(), 0, done[0]
     with Deferred(path is not None) as signals:  # Ctrl-C, SIGTERM: the batch ends, is saved
         for key, batch in batches:
@@ -357,17 +316,18 @@ def scan(
             tokens, done, run, added = tokens + n, (key[0], key[1] + 1), run + 1, added + 1
             bar.update(n, tokens)
             if path is not None and save_due(run):
-                _save_state(path, config, done, tokens, added, accs)
+                save_state(path, config, done, tokens, added, accs, ledger)
             if on_batch is not None:
                 on_batch(key, tokens)
-            signals.stop_if_asked(partial(_save_state, path, config, done, tokens, added, accs))
+            signals.stop_if_asked(partial(save_state, path, config, done, tokens, added, accs,
+                                          ledger))
     bar.close()
     for acc in accs.values():  # the scan's last segment ended (or the token budget did)
         acc.segment_done()
     if path is not None:
-        _save_state(path, config, done, tokens, added, accs)
+        save_state(path, config, done, tokens, added, accs, ledger)
     if world_size > 1:
-        accs, tokens, added = _gather(accs, tokens, added, world_size)
+        accs, tokens, added = _gather(accs, tokens, added)
     seconds = time.perf_counter() - start
     return ScanResult({n: a.result() for n, a in accs.items()}, tokens, added, seconds,
                       model.name, accs)

@@ -18,7 +18,9 @@ import hashlib
 import io
 import json
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from collections.abc import Set as AbstractSet
+from importlib import resources
 from pathlib import Path
 
 from ..errors import InputError
@@ -26,6 +28,24 @@ from ..errors import InputError
 SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")  # what a folder's files may end with
 PROBE_BYTES = 1 << 18  # bytes of a file's start read to estimate its characters per byte
 FINGERPRINT_ENDS = 1 << 12  # bytes read from each end of a corpus file for its fingerprint
+
+
+def builtin_corpus() -> list[str]:
+    """The shipped corpus: 220 English sentences and 100 lines of Python, one per line."""
+    text = resources.files("residual_stream").joinpath("data/builtin_corpus.txt").read_text("utf-8")
+    return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+
+def ordered_and_reread(source) -> bool:
+    """Whether ``source`` is a path or a collection of texts that reads the same every time.
+
+    A list, a tuple, a dataset's column: sized and ordered. Not an iterator (read once), a
+    set (its order changes between runs) or a dict.
+    """
+    if isinstance(source, str | Path):
+        return True
+    return (hasattr(source, "__len__") and hasattr(source, "__iter__")
+            and not isinstance(source, Iterator | AbstractSet | Mapping))
 
 
 def corpus_files(path: Path) -> list[Path]:

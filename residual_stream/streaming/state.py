@@ -1,0 +1,82 @@
+"""A scan's saved state: what it was run with, the sums so far and where to go on.
+
+``save_state`` writes it atomically (a temporary file, flushed to disk, then renamed over the
+last one); ``resume`` reads it back for a scan run with the same arguments (``scan_config``:
+the model, statistics, batch shape, budget, order, the corpus's fingerprint and segment
+size, the process's rank among how many) and refuses one saved for others, by another
+version or unreadable, with what to do. It holds the name of the next batch ``(segment,
+index)``, the tokens and batches so far, every accumulator's ``state_dict`` and the token
+counts of the segments counted (``ledger.Ledger``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from ..errors import InputError
+from .accumulators import Accumulator
+from .corpus import Corpus
+from .ledger import Ledger
+
+STATE_VERSION = 6  # 2: batches within segments, named (segment, index); 3: stats by spec, lens kl_sq;
+# 4: batches by length (config "order"), growth's first-token sums, the lens's open texts;
+# 5: a corpus of files fingerprinted by names, sizes and ends, not path and mtime;
+# 6: a text longer than a segment cut into parts, each a segment (growth's massive "char");
+#    the segments' token counts ("ledger")
+
+
+def scan_config(model, corpus: Corpus, stats: list[str], batch_size: int, seq_len: int,
+                max_tokens: int | None, order: str, rank: int, world_size: int) -> dict:
+    """What a saved state must have been run with to be resumed (compared key by key)."""
+    return {"version": STATE_VERSION, "model": model.name, "stats": stats, "batch_size": batch_size,
+            "seq_len": seq_len, "max_tokens": max_tokens, "order": order,
+            "corpus": corpus.fingerprint(), "segment_chars": corpus.segment_chars,
+            "rank": rank, "world_size": world_size}
+
+
+def _load_state(path: Path, config: dict) -> dict | None:
+    if not path.exists():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same advice
+        raise InputError(f"the scan state {path} is unreadable ({type(e).__name__}); delete it to "
+                         "start the scan again") from None
+    saved_version = state.get("config", {}).get("version") if isinstance(state, dict) else None
+    if saved_version != config["version"]:
+        raise InputError(f"the scan state {path} was saved by another version of residual-stream "
+                         f"(state version {saved_version}, this one reads {config['version']}); "
+                         "delete it to start the scan again, or use another --state path")
+    if state.get("config") != config:
+        diff = {k: (state.get("config", {}).get(k), v) for k, v in config.items()
+                if state.get("config", {}).get(k) != v}
+        raise InputError(f"the scan state {path} was saved for other arguments {diff} (saved, now); "
+                         "use the same arguments to resume, or another --state path")
+    return state
+
+
+def resume(path: Path | None, config: dict,
+           accs: dict[str, Accumulator]) -> tuple[tuple[int, int], int, int, Ledger]:
+    """The next batch, tokens, batches and ledger a saved state holds; its sums put in ``accs``."""
+    saved = _load_state(path, config) if path is not None else None
+    if saved is None:
+        return (0, 0), 0, 0, Ledger()
+    for name, acc in accs.items():
+        acc.load_state_dict(saved["stats"][name])
+    return tuple(saved["next"]), saved["tokens"], saved["batches"], Ledger(saved["ledger"])
+
+
+def save_state(path: Path, config: dict, done: tuple[int, int], tokens: int, batches: int,
+               accs: dict[str, Accumulator], ledger: Ledger) -> None:
+    """Write the state atomically: ``done`` is the next batch, ``tokens`` and ``batches`` so far."""
+    tmp = path.with_name(f".{path.name}.partial")
+    with open(tmp, "wb") as f:
+        torch.save({"config": config, "next": list(done), "tokens": tokens, "batches": batches,
+                    "stats": {n: a.state_dict() for n, a in accs.items()},
+                    "ledger": list(ledger.counts)}, f)
+        f.flush()
+        os.fsync(f.fileno())  # on disk before the rename makes it the state
+    os.replace(tmp, path)
