@@ -995,7 +995,7 @@ def _assert_same_scan(one: Path, two: Path) -> None:
 
 
 @pytest.mark.slow
-def test_cli_scan_resumes_and_two_processes_give_the_single_process_result(tmp_path: Path):
+def test_cli_scan_resumes_and_several_processes_give_the_single_process_result(tmp_path: Path):
     args = ["twin-pre-ln", "builtin", "--stats",
             "growth,survival,read_attribution,subspaces,lens,lens:every=4",
             "--batch-size", "4", "--seq-len", "64", "--max-tokens", "2000", "--quiet",
@@ -1017,11 +1017,11 @@ def test_cli_scan_resumes_and_two_processes_give_the_single_process_result(tmp_p
                "-m", "residual_stream.scan", *args, "--out", str(tmp_path / "two.json"))
     assert two.returncode == 0, two.stderr
     _assert_same_scan(tmp_path / "one.json", tmp_path / "two.json")
-    line = tmp_path / "line.txt"  # the corpus on one line: its parts are shared
-    line.write_text(" ".join(builtin_corpus()) + "\n")
+    line = tmp_path / "line.txt"  # the corpus on one line: its parts are shared by 3, which
+    line.write_text(" ".join(builtin_corpus()) + "\n")  # count their shares of the budget first
     args[1] = str(line)
     for out, runner in (("line1.json", ["-m", "residual_stream.cli", "scan"]),
-                        ("line2.json", ["-m", "torch.distributed.run", "--nproc-per-node", "2",
+                        ("line2.json", ["-m", "torch.distributed.run", "--nproc-per-node", "3",
                                         "--master-port", "29534", "-m", "residual_stream.scan"])):
         done = _run(*runner, *args, "--out", str(tmp_path / out))
         assert done.returncode == 0, done.stderr

@@ -8,10 +8,12 @@ resumed scan every segment it had done. A ``Ledger`` holds the counts once known
 
 * ``row_batches`` records each segment it tokenizes and skips a known one untokenized;
 * a scan's saved state keeps the ledger, so a resumed scan tokenizes nothing it has done;
-* ``count_shares``: before a scan of several processes with a budget, each process counts its
-  own segments, a round of ``world_size`` segments at a time, and the counts are gathered
-  (``all_gather_object``) until the budget is reached: each process tokenizes its own share
-  twice (counted, then scanned) and no other's.
+* ``count_shares``: before a scan of ``COUNT_FROM`` (3) or more processes with a budget, each
+  process counts its own segments, a round of ``world_size`` segments at a time, and the
+  counts are gathered (``all_gather_object``) until the budget is reached: each process
+  tokenizes its own share twice (counted, then scanned) and no other's, ``2/N`` of the
+  budget's text instead of all of it. Two processes gain nothing by it (``2/2``), and
+  counting as they read lets their reading overlap the model, so they do that.
 
 A count is a fact about the corpus and the tokenizer (the segment's ids, ``Corpus.segments``),
 whoever counts it; the scan's state checks that both are the same (``state.scan_config``).
@@ -21,7 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
+from tqdm.auto import tqdm
+
 from .corpus import Corpus, Segment, can_cut, segment_chunks
+
+COUNT_FROM = 3  # processes from which a scan with a budget counts the shares first
 
 
 class Ledger:
@@ -57,24 +63,28 @@ def _rounds(segments: Iterator[Segment], size: int) -> Iterator[list[Segment]]:
 
 
 def count_shares(model, corpus: Corpus, max_tokens: int | None, rank: int, world_size: int,
-                 ledger: Ledger, gather: Callable[[int | None], list]) -> None:
+                 ledger: Ledger, gather: Callable[[int | None], list], show: bool = False) -> None:
     """Count segments into ``ledger`` until they hold ``max_tokens``, each process its own.
 
     Every process calls this with the same arguments but ``rank``; in each round of
     ``world_size`` segments process ``r`` counts segment ``r`` of the round and ``gather``
     (``torch.distributed.all_gather_object`` or a stand-in) hands every process every count.
     Rounds the ledger already holds are skipped by all without a gather. Nothing to do for
-    one process (it counts as it scans) or without a budget.
+    fewer than ``COUNT_FROM`` processes (they count as they read) or without a budget.
+    ``show``: a progress bar of the tokens counted.
     """
-    if world_size == 1 or max_tokens is None:
+    if world_size < COUNT_FROM or max_tokens is None:
         return
     segments = corpus.segments(cut=lambda: can_cut(model))
-    for number, group in enumerate(_rounds(iter(segments), world_size)):
-        if ledger.total() >= max_tokens:
-            return
-        first = number * world_size
-        if ledger.known(first + len(group) - 1) is not None:
-            continue
-        mine = segment_tokens(model, group[rank]) if rank < len(group) else None
-        for offset, tokens in enumerate(gather(mine)[:len(group)]):
-            ledger.record(first + offset, tokens)
+    with tqdm(total=max_tokens, initial=min(ledger.total(), max_tokens), unit="tok",
+              unit_scale=True, disable=not show, desc=f"count [{rank}/{world_size}]") as bar:
+        for number, group in enumerate(_rounds(iter(segments), world_size)):
+            if ledger.total() >= max_tokens:
+                return
+            first = number * world_size
+            if ledger.known(first + len(group) - 1) is not None:
+                continue
+            mine = segment_tokens(model, group[rank]) if rank < len(group) else None
+            for offset, tokens in enumerate(gather(mine)[:len(group)]):
+                ledger.record(first + offset, tokens)
+            bar.update(min(ledger.total(), max_tokens) - bar.n)

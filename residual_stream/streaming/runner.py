@@ -23,15 +23,17 @@ given, and when the scan ends. A save costs 1–51 ms per statistic (its sums co
 host and written; 85 ms for all six: ``benchmarks/state_save.py``) and a GPU batch of
 SmolLM2 at 32×512 about 31 ms, so saving after every batch, as before, would cost a GPU scan
 up to three times its forward. A rerun with the same arguments skips the segments and
-batches already in the saved sums (without tokenizing them, unless ``max_tokens`` needs
-them counted) and continues: an interruption loses no batch and counts none twice (a batch
-whose update was not saved yet is simply done again). Ctrl-C or SIGTERM during such a scan
-finishes the batch under way and saves the state before it stops (``signals``). A state
-saved for other arguments is refused with a message, never mixed in.
+batches already in the saved sums (without tokenizing them; the state keeps the segments'
+token counts a budget needs, ``ledger``) and continues: an interruption loses no batch and
+counts none twice (a batch whose update was not saved yet is simply done again). Ctrl-C or
+SIGTERM during such a scan finishes the batch under way and saves the state before it stops
+(``signals``). A state saved for other arguments is refused with a message, never mixed in
+(``state``).
 
 **Several processes.** Process ``rank`` of ``world_size`` takes the segments ``s`` with
-``s % world_size == rank`` and tokenizes no other (with ``max_tokens``, every process counts
-the segments before its own to find where the budget ends); at the end every process
+``s % world_size == rank`` and tokenizes no other (with ``max_tokens``, the token counts of
+the segments before its own come from ``ledger``: counted by their own processes and
+gathered, from 3 processes on, or as it reads); at the end every process
 gathers every accumulator state and merges them in rank order (``torch.distributed``, gloo
 on the CPU, nccl on the GPU).
 """
@@ -298,7 +300,7 @@ def scan(
     path = Path(state) if state is not None else None
     save_due = _save_due(save_every, save_seconds)
     done, tokens, added, ledger = resume(path, config, accs)
-    count_shares(model, corpus, max_tokens, rank, world_size, ledger, _all_gather)
+    count_shares(model, corpus, max_tokens, rank, world_size, ledger, _all_gather, progress)
     _prepare(model, corpus, accs, batch_size, seq_len, max_tokens, order)
     add = batch_adder(model, accs, graphs, seq_len)
     bar = ScanBar(model.name, corpus.progress, max_tokens, tokens, progress, rank, world_size)

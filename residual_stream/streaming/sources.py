@@ -9,6 +9,11 @@ A folder holds such files at any depth, read in name order. Files are read lazil
 a time, so memory does not grow with the corpus. A line that is not a JSON object with a
 string in ``text_field``, or a file that is not gzip though named so, raises ``InputError``
 naming the file and line; the texts before it have been yielded.
+
+Also here: the built-in corpus, what a list of texts must be to be a corpus
+(``ordered_and_reread``), and what is known of files without reading them through: their
+bytes per kind (``sizes``), a fingerprint (``files_fingerprint``) and the characters of text
+per byte at their start (``chars_per_byte``, ``probes``: a progress estimate's prior).
 """
 
 from __future__ import annotations
