@@ -35,7 +35,7 @@ import hashlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import EmptyTextError, InputError
 from ..inputs import Batch, pack
@@ -51,6 +51,9 @@ from .sources import (
     sizes,
 )
 from .tokenize import Splitter, groups, part_chunks, spans, token_chunks
+
+if TYPE_CHECKING:
+    from .ledger import Ledger
 
 SEGMENT_CHARS = 1 << 22  # characters per segment (~1M tokens of English), at least a text
 SORT_BATCHES = 32  # order="length": batches whose rows are sorted together
@@ -345,7 +348,7 @@ def _check_sizes(model, batch_size: int, seq_len: int, max_tokens: int | None,
 def row_batches(
     model, corpus: Corpus, *, batch_size: int, seq_len: int, max_tokens: int | None = None,
     own: Callable[[int], bool] | None = None, order: str = "length",
-    reading: ReadProgress | None = None, ledger=None,
+    reading: ReadProgress | None = None, ledger: Ledger | None = None,
 ) -> Iterator[RowBatch]:
     """The corpus's batches in order (``corpus_batches`` unpacked), at most ``max_tokens`` tokens.
 
