@@ -10,6 +10,7 @@ import threading
 
 import pytest
 import torch
+from spies import counting_twin, segment_inputs
 
 import residual_stream as rs
 from residual_stream.errors import EmptyTextError, InputError
@@ -234,25 +235,8 @@ def test_a_corpus_item_that_is_not_a_text_is_named(tmp_path):
     assert list(Corpus(Column(["one", "two"])).texts()) == ["one", "two"]
 
 
-class Counting:
-    """A byte tokenizer that records every text it is asked to tokenize."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer, self.seen = tokenizer, []
-
-    def __call__(self, texts, **kw):
-        self.seen += texts if isinstance(texts, list) else [texts]
-        return self.tokenizer(texts, **kw)
-
-
-def _counting_twin():
-    model = rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32)
-    model.tokenizer = Counting(model.tokenizer)
-    return model
-
-
 def test_segments_are_cut_by_characters_and_batches_stay_inside_them():
-    model = _counting_twin()
+    model = counting_twin()
     texts = ["abcdef", "ghij", "k", "lmnopqrstu", "vw"]  # segments of ≥ 10 characters
     corpus = Corpus(texts, segment_chars=10)
     assert list(corpus.segments()) == [Segment(0, texts[0:2]), Segment(2, texts[2:4]),
@@ -272,15 +256,10 @@ TEXTS_12 = [f"text number {i} " * (1 + i % 3) for i in range(12)]
 LONG = [*TEXTS_12[:3], " ".join(TEXTS_12 * 2), *TEXTS_12[3:5]]  # one text of 575 characters
 
 
-def _inputs(segment: Segment) -> list[str]:
-    """What the tokenizer is given for a segment: its texts, or its part of a long text."""
-    return segment.texts if segment.span is None else [segment.texts[0][slice(*segment.span)]]
-
-
 @pytest.mark.parametrize("max_tokens", [None, 150])  # 150: the budget ends in segment 3
 @pytest.mark.parametrize("texts", [TEXTS_12, LONG], ids=["texts", "a-long-text-in-parts"])
 def test_each_share_tokenizes_its_own_segments_and_the_shares_make_the_whole(texts, max_tokens):
-    model = _counting_twin()
+    model = counting_twin()
     corpus = Corpus(texts, segment_chars=40)
     kw = dict(batch_size=2, seq_len=8, max_tokens=max_tokens)
     whole = list(row_batches(model, corpus, **kw))
@@ -290,12 +269,12 @@ def test_each_share_tokenizes_its_own_segments_and_the_shares_make_the_whole(tex
         spans = [s.span for s in segments if s.span is not None]
         assert len(spans) > 10 and [s.first for s in segments[2:2 + len(spans)]] == [3] * len(spans)
         assert "".join(LONG[3][a:b] for a, b in spans) == LONG[3]
-    everything = [t for s in segments for t in _inputs(s)]
+    everything = [t for s in segments for t in segment_inputs(s)]
     shares = []
     for rank in range(2):
         model.tokenizer.seen = []
         shares += list(row_batches(model, corpus, own=lambda s, r=rank: s % 2 == r, **kw))
-        mine = [t for s, seg in enumerate(segments) if s % 2 == rank for t in _inputs(seg)]
+        mine = [t for s, seg in enumerate(segments) if s % 2 == rank for t in segment_inputs(seg)]
         if max_tokens is None:  # the others' segments are never tokenized
             assert model.tokenizer.seen == mine
         else:  # the budget needs every segment before it counted: up to where it ends

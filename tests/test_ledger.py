@@ -10,35 +10,14 @@ from __future__ import annotations
 import threading
 
 import pytest
+from spies import counting_twin, segment_inputs
 
-import residual_stream as rs
 from residual_stream.streaming import Corpus, row_batches
 from residual_stream.streaming.corpus import Segment
 from residual_stream.streaming.ledger import Ledger, count_shares
 
 TEXTS = [f"text number {i} " * (1 + i % 3) for i in range(12)]
 LONG = [*TEXTS[:3], " ".join(TEXTS * 2), *TEXTS[3:5]]  # one text cut into parts
-
-
-class Counting:
-    """A byte tokenizer that records every text it is asked to tokenize."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer, self.seen = tokenizer, []
-
-    def __call__(self, texts, **kw):
-        self.seen += texts if isinstance(texts, list) else [texts]
-        return self.tokenizer(texts, **kw)
-
-
-def _twin():
-    model = rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32)
-    model.tokenizer = Counting(model.tokenizer)
-    return model
-
-
-def _inputs(segment: Segment) -> list[str]:
-    return segment.texts if segment.span is None else [segment.texts[0][slice(*segment.span)]]
 
 
 def _by_hand(model, segments: list[Segment]) -> list[int]:
@@ -54,7 +33,7 @@ def _by_hand(model, segments: list[Segment]) -> list[int]:
 
 @pytest.mark.parametrize("texts", [TEXTS, LONG], ids=["texts", "a-long-text-in-parts"])
 def test_a_ledger_lets_each_share_skip_the_others_untokenized(texts):
-    model = _twin()
+    model = counting_twin()
     corpus = Corpus(texts, segment_chars=40)
     kw = dict(batch_size=2, seq_len=8, max_tokens=150)
     full = Ledger()
@@ -67,7 +46,7 @@ def test_a_ledger_lets_each_share_skip_the_others_untokenized(texts):
         model.tokenizer.seen = []
         shares += list(row_batches(model, corpus, own=lambda s, r=rank: s % 2 == r,
                                    ledger=Ledger(full.counts), **kw))
-        mine = [t for s, seg in enumerate(segments[:last + 1]) if s % 2 == rank for t in _inputs(seg)]
+        mine = [t for s, seg in enumerate(segments[:last + 1]) if s % 2 == rank for t in segment_inputs(seg)]
         assert model.tokenizer.seen == mine  # its own segments up to the budget, no other
     assert sorted(shares, key=lambda b: b.key) == whole
 
@@ -78,7 +57,7 @@ def test_processes_count_their_own_segments_and_share_the_counts(world):
     barrier: every ledger equals the single reader's, and each counts only its own share."""
     corpus = Corpus(LONG, segment_chars=40)
     segments = list(corpus.segments(cut=lambda: True))
-    models = [_twin() for _ in range(world)]
+    models = [counting_twin() for _ in range(world)]
     reference = Ledger()
     for _ in row_batches(models[0], corpus, batch_size=2, seq_len=8, max_tokens=200,
                          ledger=reference):
@@ -113,7 +92,7 @@ def test_processes_count_their_own_segments_and_share_the_counts(world):
     assert reference.counts[:-1] == ledgers[0].counts[:len(reference.counts) - 1]
     for rank, m in enumerate(models):
         assert m.tokenizer.seen == [t for s, seg in enumerate(segments[:counted])
-                                    if s % world == rank for t in _inputs(seg)]
+                                    if s % world == rank for t in segment_inputs(seg)]
     again = Ledger(ledgers[0].counts)  # a resumed scan's: nothing left to count, no gather
     count_shares(models[0], corpus, 200, 0, world, again, lambda value: pytest.fail("gathered"))
     assert again.counts == ledgers[0].counts
