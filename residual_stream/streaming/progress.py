@@ -61,8 +61,8 @@ class ReadProgress:
 
         A file's position is known a read block at a time (8 KiB; 128 KiB of a gzip file's
         compressed bytes) ahead of the texts read from it, so what is read measures the
-        ratio low by up to a block: it counts once ``TRUSTED_UNITS`` are read. Before, the
-        files of the kind read to their end count (exact), else its probe, else what is read.
+        ratio low by up to a block: it counts once ``TRUSTED_UNITS`` are read. Until then: the
+        files of the kind read to their end (exact), else its probe, else what is read.
         """
         units, chars = self.units.get(kind, 0), self.chars_read.get(kind, 0)
         measured = chars / units if units and chars else None
