@@ -253,7 +253,7 @@ def test_segments_are_cut_by_characters_and_batches_stay_inside_them():
 
 
 TEXTS_12 = [f"text number {i} " * (1 + i % 3) for i in range(12)]
-LONG = [*TEXTS_12[:3], " ".join(TEXTS_12 * 2), *TEXTS_12[3:5]]  # one text of 575 characters
+LONG = [*TEXTS_12[:3], " ".join(TEXTS_12 * 2), *TEXTS_12[3:5]]  # one text of 705 characters
 
 
 @pytest.mark.parametrize("max_tokens", [None, 150])  # 150: the budget ends in segment 3
