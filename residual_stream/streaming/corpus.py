@@ -50,7 +50,7 @@ from .sources import (
     probes,
     sizes,
 )
-from .tokenize import Splitter, groups, part_chunks, spans, token_chunks
+from .tokenize import can_cut, groups, part_chunks, spans, token_chunks
 
 if TYPE_CHECKING:
     from .ledger import Ledger
@@ -151,8 +151,10 @@ class Corpus:
         With its ``units``, and for files each kind's probe (``sources.probes``: characters
         per byte at the start of its first file).
         """
-        probed = {} if self._in_memory() else probes(self._files(), self.text_field)
-        return ReadProgress(self.units(), probed)
+        if self._in_memory():
+            return ReadProgress(self.units())
+        files = self._files()  # listed once for both
+        return ReadProgress(sizes(files), probes(files, self.text_field))
 
     def segments(self, reading: ReadProgress | None = None,
                  cut: Callable[[], bool] | None = None) -> Iterator[Segment]:
@@ -270,11 +272,6 @@ def segment_chunks(model, segment: Segment) -> Iterator[tuple[int, list[int], in
     return part_chunks(model.tokenizer, segment.texts[0], segment.span)
 
 
-def can_cut(model) -> bool:
-    """Whether ``model``'s tokenizer keeps its ids when a text is cut between words (``cut``)."""
-    return Splitter.of(model.tokenizer) is not None
-
-
 def _batch(part: list[tuple[list[int], int, int]], segment: int, index: int,
            char: int) -> RowBatch:
     rows, texts, starts = zip(*part, strict=True)
@@ -364,7 +361,7 @@ def row_batches(
     """
     _check_sizes(model, batch_size, seq_len, max_tokens, order)
     budget, empty = _Budget(max_tokens), True
-    for number, segment in enumerate(corpus.segments(reading, lambda: can_cut(model))):
+    for number, segment in enumerate(corpus.segments(reading, lambda: can_cut(model.tokenizer))):
         empty = False
         mine = own is None or own(number)
         known = None if ledger is None or mine else ledger.known(number)
@@ -374,9 +371,11 @@ def row_batches(
             left = budget.left
             batches = _segment_batches(model, number, segment, seq_len, batch_size, budget,
                                        order, reading)
-            yield from (batches if mine else ())
-            for _ in batches:  # another's: counted, not kept
-                pass
+            if mine:
+                yield from batches
+            else:
+                for _ in batches:  # another's: counted, not kept
+                    pass
             if ledger is not None and max_tokens is not None:
                 ledger.record(number, left - budget.left)
         if budget.spent:

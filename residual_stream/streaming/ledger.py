@@ -25,7 +25,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 from tqdm.auto import tqdm
 
-from .corpus import Corpus, Segment, can_cut, segment_chunks
+from .corpus import Corpus, Segment, segment_chunks
+from .tokenize import can_cut
 
 COUNT_FROM = 3  # processes from which a scan with a budget counts the shares first
 
@@ -75,7 +76,7 @@ def count_shares(model, corpus: Corpus, max_tokens: int | None, rank: int, world
     """
     if world_size < COUNT_FROM or max_tokens is None:
         return
-    segments = corpus.segments(cut=lambda: can_cut(model))
+    segments = corpus.segments(cut=lambda: can_cut(model.tokenizer))
     with tqdm(total=max_tokens, initial=min(ledger.total(), max_tokens), unit="tok",
               unit_scale=True, disable=not show, desc=f"count [{rank}/{world_size}]") as bar:
         for number, group in enumerate(_rounds(iter(segments), world_size)):

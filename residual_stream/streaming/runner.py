@@ -45,7 +45,6 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -307,6 +306,10 @@ def scan(
     batches = prefetched(_read_batches(model, corpus, batch_size, seq_len, max_tokens, order, done,
                                        rank, world_size, bar.reading, ledger))
     start, run, segment = time.perf_counter(), 0, done[0]
+
+    def save() -> None:  # the state as it stands when called
+        save_state(path, config, done, tokens, added, accs, ledger)
+
     with Deferred(path is not None) as signals:  # Ctrl-C, SIGTERM: the batch ends, is saved
         for key, batch in batches:
             if key[0] != segment:  # the segment before ended, and its texts (or part of one)
@@ -318,16 +321,15 @@ def scan(
             tokens, done, run, added = tokens + n, (key[0], key[1] + 1), run + 1, added + 1
             bar.update(n, tokens)
             if path is not None and save_due(run):
-                save_state(path, config, done, tokens, added, accs, ledger)
+                save()
             if on_batch is not None:
                 on_batch(key, tokens)
-            signals.stop_if_asked(partial(save_state, path, config, done, tokens, added, accs,
-                                          ledger))
+            signals.stop_if_asked(save)
     bar.close()
     for acc in accs.values():  # the scan's last segment ended (or the token budget did)
         acc.segment_done()
     if path is not None:
-        save_state(path, config, done, tokens, added, accs, ledger)
+        save()
     if world_size > 1:
         accs, tokens, added = _gather(accs, tokens, added)
     seconds = time.perf_counter() - start

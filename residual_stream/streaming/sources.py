@@ -88,7 +88,8 @@ def sizes(files: list[Path]) -> dict[str, int]:
     """The files' bytes, summed per ``kind``."""
     totals: dict[str, int] = {}
     for f in files:
-        totals[kind(f)] = totals.get(kind(f), 0) + f.stat().st_size
+        k = kind(f)
+        totals[k] = totals.get(k, 0) + f.stat().st_size
     return totals
 
 
@@ -102,7 +103,7 @@ def probes(files: list[Path], text_field: str) -> dict[str, float]:
 
 
 def _open(path: Path) -> io.TextIOBase:
-    if path.name.endswith(".gz"):
+    if kind(path).endswith(".gz"):
         return gzip.open(path, "rt", encoding="utf-8", errors="replace")
     return path.open(encoding="utf-8", errors="replace")
 
@@ -113,7 +114,7 @@ def file_texts(path: Path, text_field: str = "text") -> Iterator[tuple[str, int]
     Each with how many bytes of the file (of the compressed file for ``.gz``) have been read
     so far, in blocks: the position a progress estimate reads (``progress``).
     """
-    jsonl = path.name.endswith((".jsonl", ".jsonl.gz"))
+    jsonl = kind(path).startswith(".jsonl")
     try:
         with _open(path) as handle:
             raw = getattr(handle.buffer, "fileobj", handle.buffer)  # gzip: the compressed file
@@ -143,8 +144,9 @@ def chars_per_byte(path: Path, text_field: str = "text") -> float | None:
     """
     with open(path, "rb") as f:
         head = f.read(PROBE_BYTES)
+    how = kind(path)
     data, units, whole = head, len(head), len(head) < PROBE_BYTES
-    if kind(path).endswith(".gz"):
+    if how.endswith(".gz"):
         unpack = zlib.decompressobj(wbits=31)  # a gzip header
         try:
             data = unpack.decompress(head, 1 << 23)
@@ -153,10 +155,10 @@ def chars_per_byte(path: Path, text_field: str = "text") -> float | None:
         units = len(head) - len(unpack.unconsumed_tail)
         whole = whole and not unpack.unconsumed_tail
     lines = data.split(b"\n") if whole else data.split(b"\n")[:-1]  # the last may be cut
-    used = sum(len(line) + 1 for line in lines)
     if not lines or not data:
         return None
-    jsonl, chars = kind(path).startswith(".jsonl"), 0
+    used = sum(len(line) + 1 for line in lines)
+    jsonl, chars = how.startswith(".jsonl"), 0
     for line in lines:
         try:
             chars += len(_line_text(line.decode("utf-8", errors="replace"), jsonl, text_field,

@@ -133,6 +133,11 @@ class Splitter:
         return splitter
 
 
+def can_cut(tokenizer) -> bool:
+    """Whether ``tokenizer`` keeps its ids when a text is cut between words (``Splitter``)."""
+    return Splitter.of(tokenizer) is not None
+
+
 def token_chunks(tokenizer, texts: Iterable[str]) -> Iterator[tuple[int, list[int], int]]:
     """``(text number, ids, characters)``: each text's ids in order, a long text's in chunks.
 
