@@ -25,7 +25,23 @@ from pathlib import Path
 
 from .errors import InputError, ResidualStreamError
 
-APP = Path(__file__).resolve().parent.parent / "app" / "main.py"
+# the app's entry point: the copy a wheel carries (see setup.py), else the checkout's app/
+APPS = (Path(__file__).resolve().parent / "_app" / "main.py",
+        Path(__file__).resolve().parent.parent / "app" / "main.py")
+
+
+def app_path() -> Path:
+    """The Streamlit app's ``main.py``: the installed copy, else the source checkout's.
+
+    Raises:
+        InputError: neither is there (a package built without the app).
+    """
+    for path in APPS:
+        if path.is_file():
+            return path
+    raise InputError(f"the app is not here (looked for {' and '.join(map(str, APPS))}): install "
+                     "residual-stream from a wheel or a source checkout (`pip install .`), or clone "
+                     "the repository and run `make app` from it")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -253,13 +269,11 @@ def _trace_stats(args: argparse.Namespace) -> int:
 
 
 def _app(args: argparse.Namespace) -> int:
-    if not APP.is_file():  # an installed package without the repository's app/ folder
-        raise InputError(f"the app is not here ({APP}): it ships with the source checkout; clone "
-                         "the repository and run `make app` (or `residual-stream app`) from it")
+    app = app_path()
     env = dict(os.environ, HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))
     if args.allow:
         env["RESIDUAL_STREAM_ALLOWED_DIRS"] = os.pathsep.join(str(Path(p).resolve()) for p in args.allow)
-    cmd = [sys.executable, "-m", "streamlit", "run", str(APP), "--server.address", args.host,
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", args.host,
            "--server.port", str(args.port), "--server.headless", "true",
            "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"]
     if os.name == "posix":  # become the server: a signal sent to this process reaches it

@@ -116,11 +116,12 @@ def test_cli_errors_exit_1_and_leave_nothing(argv, message, tmp_path, capsys):
 
 
 def test_cli_app_without_the_app_folder_says_where_it_is(tmp_path, monkeypatch, capsys):
-    """An installed wheel has no ``app/``: one line saying so, not Streamlit's traceback."""
-    monkeypatch.setattr("residual_stream.cli.APP", tmp_path / "app" / "main.py")
+    """A package built without the app: one line saying so, not Streamlit's traceback."""
+    missing = (tmp_path / "_app" / "main.py", tmp_path / "app" / "main.py")
+    monkeypatch.setattr("residual_stream.cli.APPS", missing)
     assert main(["app"]) == 1
     err = capsys.readouterr().err
-    assert "source checkout" in err and "make app" in err and err.count("\n") == 1
+    assert str(tmp_path / "_app" / "main.py") in err and "make app" in err and err.count("\n") == 1
 
 
 def test_cli_usage_errors_exit_2():
