@@ -762,6 +762,28 @@ def test_a_state_for_other_arguments_or_a_corrupt_one_is_refused(model, tmp_path
         rs.scan(model, ["", "  "], ["growth"], progress=False)
 
 
+def test_a_bool_option_reads_only_true_or_false_words(monkeypatch):
+    """``bool("false")`` is True: a spec's bool is read from words, and anything else is refused."""
+    from residual_stream.streaming import accumulators
+
+    class Flagged(accumulators.LensStats):  # a statistic with a bool option (none has one yet)
+        name, OPTIONS = "flagged", ("every", "exact")
+
+        def __init__(self, every: int = 1, exact: bool = True):
+            super().__init__(every=every)
+            self.exact = exact
+
+    monkeypatch.setitem(accumulators.STATS, "flagged", Flagged)
+    read = {word: accumulators.parse_spec(f"flagged:exact={word}").exact
+            for word in ["false", "False", "no", "0", "true", "YES", "1"]}
+    assert read == {"false": False, "False": False, "no": False, "0": False,
+                    "true": True, "YES": True, "1": True}
+    assert accumulators.parse_spec("flagged:every=3").exact is True
+    for word in ["off", "", "2"]:
+        with pytest.raises(InputError, match=f"exact={word!r} does not read as bool"):
+            accumulators.parse_spec(f"flagged:exact={word}")
+
+
 def test_statistics_take_options_by_spec_and_results_are_keyed_by_it(model, tmp_path):
     from residual_stream.streaming.accumulators import LensStats, make_accumulators
 

@@ -361,11 +361,15 @@ def make_accumulators(stats) -> dict[str, Accumulator]:
     return accs
 
 
+_BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
 def parse_spec(spec: str) -> Accumulator:
     """The accumulator ``spec`` names: ``name`` or ``name:option=value[:option=value...]``.
 
     Options are the statistic's ``OPTIONS`` (its constructor's keywords), each value read as
-    the type of its default. Raises ``InputError`` naming the options a statistic takes.
+    the type of its default (a bool from true/false, yes/no or 1/0 only). Raises ``InputError``
+    naming the options a statistic takes.
     """
     name, *options = (part.strip() for part in spec.split(":"))
     if name not in STATS:
@@ -381,8 +385,8 @@ def parse_spec(spec: str) -> Accumulator:
             raise InputError(f"statistic spec {spec!r}: {name} takes {takes}")
         kind = type(defaults[key])
         try:
-            kwargs[key] = kind(value)
-        except ValueError:
+            kwargs[key] = _BOOLS[value.lower()] if kind is bool else kind(value)
+        except (ValueError, KeyError):
             raise InputError(f"statistic spec {spec!r}: {key}={value!r} does not read as "
                              f"{kind.__name__}; {name} takes {takes}") from None
     return cls(**kwargs)
