@@ -1,7 +1,7 @@
 """What sorting each batch's rows by length saves: padded positions, and a scan's time.
 
 For each corpus and each batch order (``rs.scan(order=...)``: ``text`` keeps the corpus
-order, ``length`` sorts the rows of every ``corpus.SORT_BATCHES`` batches longest first),
+order, ``length`` sorts the rows of every ``batching.SORT_BATCHES`` batches longest first),
 counted exactly from the batches the scan reads:
 
 * ``eager_fill``: real tokens / positions computed by an eager pass (each batch padded to its

@@ -35,7 +35,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from corpus_speed import save  # noqa: E402  (this folder's; run as a script)
 
 import residual_stream as rs  # noqa: E402
-from residual_stream.streaming.corpus import Segment, _rows, builtin_corpus  # noqa: E402
+from residual_stream.streaming.batching import _rows  # noqa: E402
+from residual_stream.streaming.corpus import Segment, builtin_corpus  # noqa: E402
 from residual_stream.streaming.tokenize import encoder  # noqa: E402
 
 

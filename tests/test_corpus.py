@@ -15,10 +15,11 @@ from spies import counting_twin, segment_inputs
 import residual_stream as rs
 from residual_stream.errors import EmptyTextError, InputError
 from residual_stream.inputs import TokenStrings, pack
-from residual_stream.streaming import Corpus, corpus_batches, row_batches
-from residual_stream.streaming import corpus as corpus_module
+from residual_stream.streaming import Corpus, batching, corpus_batches, row_batches
 from residual_stream.streaming import tokenize as tokenize_module
-from residual_stream.streaming.corpus import RowBatch, Segment, builtin_corpus
+from residual_stream.streaming.batching import RowBatch
+from residual_stream.streaming.corpus import Segment, builtin_corpus
+from residual_stream.streaming.ledger import Share
 from residual_stream.streaming.reader import prefetched
 from residual_stream.streaming.tokenize import token_ids
 
@@ -99,7 +100,7 @@ def test_length_order_sorts_each_window_of_the_corpus_order(max_tokens, monkeypa
     """Reference: the corpus-order rows, cut into windows of ``SORT_BATCHES`` batches within
     each segment, each window sorted by hand (longest first, ties in corpus order)."""
     model = rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=64)
-    monkeypatch.setattr(corpus_module, "SORT_BATCHES", 3)
+    monkeypatch.setattr(batching, "SORT_BATCHES", 3)
     corpus = Corpus(builtin_corpus()[:120], segment_chars=3000)  # several segments
     kw = dict(batch_size=4, seq_len=48, max_tokens=max_tokens)
     by_text = list(row_batches(model, corpus, order="text", **kw))
@@ -273,7 +274,7 @@ def test_each_share_tokenizes_its_own_segments_and_the_shares_make_the_whole(tex
     shares = []
     for rank in range(2):
         model.tokenizer.seen = []
-        shares += list(row_batches(model, corpus, own=lambda s, r=rank: s % 2 == r, **kw))
+        shares += list(row_batches(model, corpus, share=Share(rank, 2), **kw))
         mine = [t for s, seg in enumerate(segments) if s % 2 == rank for t in segment_inputs(seg)]
         if max_tokens is None:  # the others' segments are never tokenized
             assert model.tokenizer.seen == mine

@@ -1,7 +1,7 @@
-"""Segment token counts (``streaming.ledger``): a budget needs no other segment tokenized.
+"""Segment token counts and shares (``streaming.ledger``): a budget needs no other segment tokenized.
 
 References: the batches and the tokenizer calls of a single process reading the whole corpus
-in order (``row_batches`` without a ledger, which tokenizes every segment up to the budget),
+in order (``row_batches`` without a share, which tokenizes every segment up to the budget),
 and each segment's token count from tokenizing its texts by hand.
 """
 
@@ -12,9 +12,10 @@ import threading
 import pytest
 from spies import counting_twin, segment_inputs
 
+from residual_stream.errors import InputError
 from residual_stream.streaming import Corpus, row_batches
 from residual_stream.streaming.corpus import Segment
-from residual_stream.streaming.ledger import Ledger, count_shares
+from residual_stream.streaming.ledger import Ledger, Share, agreed
 
 TEXTS = [f"text number {i} " * (1 + i % 3) for i in range(12)]
 LONG = [*TEXTS[:3], " ".join(TEXTS * 2), *TEXTS[3:5]]  # one text cut into parts
@@ -44,59 +45,100 @@ def test_a_ledger_lets_each_share_skip_the_others_untokenized(texts):
     shares = []
     for rank in range(2):
         model.tokenizer.seen = []
-        shares += list(row_batches(model, corpus, own=lambda s, r=rank: s % 2 == r,
-                                   ledger=Ledger(full.counts), **kw))
+        shares += list(row_batches(model, corpus, share=Share(rank, 2), ledger=Ledger(full.counts),
+                                   **kw))
         mine = [t for s, seg in enumerate(segments[:last + 1]) if s % 2 == rank for t in segment_inputs(seg)]
         assert model.tokenizer.seen == mine  # its own segments up to the budget, no other
     assert sorted(shares, key=lambda b: b.key) == whole
 
 
-@pytest.mark.parametrize("world", [3, 4])
-def test_processes_count_their_own_segments_and_share_the_counts(world):
-    """``count_shares`` on ``world`` threads standing in for processes, gathering through a
-    barrier: every ledger equals the single reader's, and each counts only its own share."""
-    corpus = Corpus(LONG, segment_chars=40)
-    segments = list(corpus.segments(cut=lambda: True))
-    models = [counting_twin() for _ in range(world)]
-    reference = Ledger()
-    for _ in row_batches(models[0], corpus, batch_size=2, seq_len=8, max_tokens=200,
-                         ledger=reference):
-        pass
+def _barrier_exchanges(world: int) -> list:
+    """``world`` stand-ins for ``dist_exchange`` (threads standing in for processes)."""
     slots: list = [None] * world
-    barrier = threading.Barrier(world)
+    barrier = threading.Barrier(world, timeout=60)
 
-    def gather_for(rank: int):
-        def gather(value):
-            slots[rank] = value
+    def exchange_for(rank: int):
+        def exchange(count):
+            slots[rank] = count
             barrier.wait()
             out = list(slots)
             barrier.wait()  # every rank has read this round before the next is written
             return out
-        return gather
+        return exchange
+    return [exchange_for(r) for r in range(world)]
 
+
+def _shared(world: int, corpus: Corpus, ledgers: list[Ledger], start: int = 0, **kw):
+    """Every rank's batches and tokenizer inputs, the ranks on threads exchanging their counts."""
+    models = [counting_twin() for _ in range(world)]
     for m in models:
         _probed(m)
-    ledgers = [Ledger() for _ in range(world)]
-    threads = [threading.Thread(target=count_shares, args=(models[r], corpus, 200, r, world,
-                                                           ledgers[r], gather_for(r)))
-               for r in range(world)]
+    exchanges, out, errors = _barrier_exchanges(world), [None] * world, []
+
+    def run(rank: int) -> None:
+        try:
+            out[rank] = list(row_batches(models[rank], corpus, ledger=ledgers[rank],
+                                         share=Share(rank, world, start, exchanges[rank]), **kw))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
-    counted = len(ledgers[0].counts)
+    assert not errors, errors
+    return out, [m.tokenizer.seen for m in models]
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("texts", [TEXTS, LONG], ids=["texts", "a-long-text-in-parts"])
+def test_processes_tokenize_only_their_own_segments_and_exchange_the_counts(world, texts):
+    """Rounds of ``world`` segments: each rank tokenizes its own, once, and learns the others'
+    counts from the exchange; the ranks' batches together are the single reader's."""
+    corpus = Corpus(texts, segment_chars=40)
+    segments = list(corpus.segments(cut=lambda: True))
+    kw = dict(batch_size=2, seq_len=8, max_tokens=200)
+    reference = Ledger()
+    whole = list(row_batches(counting_twin(), corpus, ledger=reference, **kw))
+    ledgers = [Ledger() for _ in range(world)]
+    batches, seen = _shared(world, corpus, ledgers, **kw)
+    assert sorted((b for share in batches for b in share), key=lambda b: b.key) == whole
+    counted = len(ledgers[0].counts)  # whole rounds up to the one where the budget ends
+    assert counted == min(len(segments), (whole[-1].segment // world + 1) * world)
     assert all(ledger.counts == ledgers[0].counts for ledger in ledgers)
-    last_round = (counted - 1) // world * world  # rounds of ``world`` until the budget is in
-    assert sum(ledgers[0].counts[:last_round]) < 200 <= ledgers[0].total()
-    assert ledgers[0].counts == _by_hand(models[0], segments)[:counted]
-    assert reference.counts[:-1] == ledgers[0].counts[:len(reference.counts) - 1]
-    for rank, m in enumerate(models):
-        assert m.tokenizer.seen == [t for s, seg in enumerate(segments[:counted])
-                                    if s % world == rank for t in segment_inputs(seg)]
-    again = Ledger(ledgers[0].counts)  # a resumed scan's: nothing left to count, no gather
-    count_shares(models[0], corpus, 200, 0, world, again, lambda value: pytest.fail("gathered"))
-    assert again.counts == ledgers[0].counts
-    count_shares(models[0], corpus, 200, 0, 2, Ledger(), lambda value: pytest.fail("gathered"))
+    assert ledgers[0].counts == _by_hand(counting_twin(), segments)[:counted]
+    assert sum(ledgers[0].counts[:whole[-1].segment]) < 200 <= sum(ledgers[0].counts[:whole[-1].segment + 1])
+    for rank in range(world):  # its own segments of those rounds, each once; no other
+        assert seen[rank] == [t for s, seg in enumerate(segments[:counted])
+                              if s % world == rank for t in segment_inputs(seg)]
+
+
+def test_a_resumed_share_exchanges_only_the_rounds_not_counted():
+    """Ranks resumed from segment 4 with the counts of the first two rounds: nothing before
+    segment 4 is tokenized, no known round is exchanged, and the batches are the rest of the
+    single reader's."""
+    corpus = Corpus(LONG, segment_chars=40)
+    segments = list(corpus.segments(cut=lambda: True))
+    kw = dict(batch_size=2, seq_len=8, max_tokens=200)
+    whole = list(row_batches(counting_twin(), corpus, **kw))
+    counts = _by_hand(counting_twin(), segments)
+    batches, seen = _shared(2, corpus, [Ledger(counts[:4]), Ledger(counts[:4])], start=4, **kw)
+    assert sorted((b for share in batches for b in share), key=lambda b: b.key) == \
+        [b for b in whole if b.segment >= 4]
+    last = whole[-1].segment
+    for rank in range(2):
+        assert seen[rank] == [t for s, seg in enumerate(segments[:last // 2 * 2 + 2])
+                              if s >= 4 and s % 2 == rank for t in segment_inputs(seg)]
+    again = list(row_batches(counting_twin(), corpus, ledger=Ledger(counts), **kw,
+                             share=Share(0, 2, 0, lambda count: pytest.fail("exchanged"))))
+    assert again == [b for b in whole if b.segment % 2 == 0]  # every round known: no exchange
+
+
+def test_processes_start_from_the_longest_saved_ledger():
+    assert agreed([[5, 7], [5, 7, 9, 2], [5]]).counts == [5, 7, 9, 2]
+    with pytest.raises(InputError, match="delete the state files"):
+        agreed([[5, 7], [5, 8, 9]])
 
 
 def _probed(model) -> None:
@@ -105,3 +147,44 @@ def _probed(model) -> None:
 
     assert Splitter.of(model.tokenizer) is not None
     model.tokenizer.seen = []
+
+
+EXCHANGE_SCRIPT = """
+import os, sys, threading, time
+import torch.distributed as dist
+from residual_stream.streaming.ledger import ExchangeLeft, dist_exchange
+dist.init_process_group("gloo")
+rank, group, stop = dist.get_rank(), dist.new_group(backend="gloo"), threading.Event()
+exchange = dist_exchange(group, stop)
+print(exchange(10 + rank), exchange(None if rank else 0))
+if rank == 0:  # rank 1 will not come: the reader is told to stop after 0.5 s
+    threading.Timer(0.5, stop.set).start()
+    start = time.perf_counter()
+    try:
+        exchange(1)
+        print("exchanged")
+    except ExchangeLeft:
+        print("left after", time.perf_counter() - start)
+dist.barrier()
+sys.stdout.flush()
+os._exit(0)  # rank 0's abandoned exchange is never completed
+"""
+
+
+def test_the_gloo_exchange_hands_counts_over_and_leaves_when_told_to_stop():
+    """Two processes over gloo: counts (and None) come back in rank order; a reader waiting
+    for a process that will not come leaves when its ``stop`` is set."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT="29541", WORLD_SIZE="2")
+    procs = [subprocess.Popen([sys.executable, "-c", EXCHANGE_SCRIPT], env=dict(env, RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    exchanged, left = outs[0][0].split("\n")[:2]
+    assert exchanged == "[10, 11] [0, None]" and left.startswith("left after ")
+    assert 0.5 <= float(left.split()[-1]) < 10  # not before it was told; not stuck
+    assert outs[1][0].split("\n")[:1] == ["[10, 11] [0, None]"]

@@ -13,7 +13,8 @@ import residual_stream as rs
 from residual_stream.inputs import ByteTokenizer
 from residual_stream.streaming import Corpus, row_batches
 from residual_stream.streaming import tokenize as tokenize_module
-from residual_stream.streaming.corpus import RowBatch, builtin_corpus
+from residual_stream.streaming.batching import RowBatch
+from residual_stream.streaming.corpus import builtin_corpus
 from residual_stream.streaming.tokenize import (
     Splitter,
     cuts,

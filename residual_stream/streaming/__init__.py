@@ -8,7 +8,8 @@ and merge their accumulators at the end (``runner``).
 """
 
 from .accumulators import STATS, Accumulator, make_accumulators
-from .corpus import Corpus, corpus_batches, row_batches
+from .batching import corpus_batches, row_batches
+from .corpus import Corpus
 from .runner import ScanResult, scan
 
 __all__ = ["STATS", "Accumulator", "Corpus", "ScanResult", "corpus_batches", "make_accumulators",

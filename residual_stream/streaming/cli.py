@@ -24,7 +24,8 @@ from pathlib import Path
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The scan's arguments (shared by ``residual-stream scan`` and ``-m residual_stream.scan``)."""
     from . import STATS
-    from .corpus import ORDERS, SEGMENT_CHARS
+    from .batching import ORDERS
+    from .corpus import SEGMENT_CHARS
 
     p.add_argument("model", help="registry name, HF folder, .gguf file or cached hub id")
     p.add_argument("corpus", help="'builtin', a text file (one text per line), a JSON Lines file (a text "

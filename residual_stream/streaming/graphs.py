@@ -24,7 +24,7 @@ reducer takes ``sums_for(..., replayable=True)``) is therefore captured once per
 A scan's batches are right-padded (masked positions, which change no statistic) to the
 narrowest of ``seq_len``, its half, quarter ... (``WIDTH_HALVINGS`` of them, each rounded up
 to a multiple of 8 and at least ``MIN_WIDTH``) that holds them (``padded_width``), so
-length-sorted batches (``corpus.ORDERS``) of short texts run at about their own width while
+length-sorted batches (``batching.ORDERS``) of short texts run at about their own width while
 a scan captures a few widths. Capturing costs three eager passes of the first batch of each
 shape (two warm-ups and the capture); at most ``MAX_SHAPES`` shapes are kept: full batches
 at every width and the first short ones. Past that, a shape (a later segment's short last

@@ -1,19 +1,17 @@
-"""Each segment's token count, so that a token budget needs no segment tokenized twice.
+"""Each segment's token count, and a process's share of the segments.
 
 With ``max_tokens`` a scan takes tokens in corpus order, so the budget left at segment ``s``
 is ``max_tokens`` less the tokens of every segment before it. A process that skips a segment
-(another's share, or one a resumed scan has done) used to tokenize it all the same, only to
-count its tokens: under ``torchrun`` every process tokenized the whole budget's text, and a
-resumed scan every segment it had done. A ``Ledger`` holds the counts once known:
+(another's, or one a resumed scan has done) must know its count all the same. A ``Ledger``
+holds the counts once known, and ``row_batches`` (``batching``) takes them from it:
 
-* ``row_batches`` records each segment it tokenizes and skips a known one untokenized;
+* one process records each segment as it tokenizes it;
 * a scan's saved state keeps the ledger, so a resumed scan tokenizes nothing it has done;
-* ``count_shares``: before a scan of ``COUNT_FROM`` (3) or more processes with a budget, each
-  process counts its own segments, a round of ``world_size`` segments at a time, and the
-  counts are gathered (``all_gather_object``) until the budget is reached: each process
-  tokenizes its own share twice (counted, then scanned) and no other's, ``2/N`` of the
-  budget's text instead of all of it. Two processes gain nothing by it (``2/2``), and
-  counting as they read lets their reading overlap the model, so they do that.
+* several processes (``Share`` with an ``exchange``) tokenize their own segments only. Round
+  ``k`` is segments ``kN … kN + N - 1``, one for each of the ``N`` processes: each tokenizes
+  its own, keeps its rows, and the round's counts are exchanged (``exchange``, one integer a
+  process over a gloo group of the reader thread's own) before any of the round is batched.
+  So each process tokenizes its own share once, while the model runs, and no other's.
 
 A count is a fact about the corpus and the tokenizer (the segment's ids, ``Corpus.segments``),
 whoever counts it; the scan's state checks that both are the same (``state.scan_config``).
@@ -21,14 +19,15 @@ whoever counts it; the scan's state checks that both are the same (``state.scan_
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
-from tqdm.auto import tqdm
+from ..errors import InputError
 
-from .corpus import Corpus, Segment, segment_chunks
-from .tokenize import can_cut
-
-COUNT_FROM = 3  # processes from which a scan with a budget counts the shares first
+Exchange = Callable[[int | None], list]  # a process's count in, every process's out (rank order)
+POLL_S = 0.001  # how often a process waiting for the others' counts checks it is still wanted
 
 
 class Ledger:
@@ -52,40 +51,65 @@ class Ledger:
         return sum(self.counts)
 
 
-def segment_tokens(model, segment: Segment) -> int:
-    """How many tokens ``segment``'s texts (or part) hold: one tokenization, nothing kept."""
-    return sum(len(ids) for _, ids, _ in segment_chunks(model, segment))
+@dataclass(frozen=True)
+class Share:
+    """Process ``rank`` of ``world_size``'s segments: ``s ≡ rank (mod world_size)``, from ``start`` on.
 
-
-def _rounds(segments: Iterator[Segment], size: int) -> Iterator[list[Segment]]:
-    """``segments`` in consecutive lists of ``size``, the last possibly shorter (never empty)."""
-    while batch := [s for _, s in zip(range(size), segments, strict=False)]:
-        yield batch
-
-
-def count_shares(model, corpus: Corpus, max_tokens: int | None, rank: int, world_size: int,
-                 ledger: Ledger, gather: Callable[[int | None], list], show: bool = False) -> None:
-    """Count segments into ``ledger`` until they hold ``max_tokens``, each process its own.
-
-    Every process calls this with the same arguments but ``rank``; in each round of
-    ``world_size`` segments process ``r`` counts segment ``r`` of the round and ``gather``
-    (``torch.distributed.all_gather_object`` or a stand-in) hands every process every count.
-    Rounds the ledger already holds are skipped by all without a gather. Nothing to do for
-    fewer than ``COUNT_FROM`` processes (they count as they read) or without a budget.
-    ``show``: a progress bar of the tokens counted.
+    ``start``: the first segment not done (a resumed scan's). ``exchange``: how the
+    processes hand each other their counts (``dist_exchange``, or a stand-in); without one,
+    a scan with a budget tokenizes every segment it does not own to count it.
     """
-    if world_size < COUNT_FROM or max_tokens is None:
-        return
-    segments = corpus.segments(cut=lambda: can_cut(model.tokenizer))
-    with tqdm(total=max_tokens, initial=min(ledger.total(), max_tokens), unit="tok",
-              unit_scale=True, disable=not show, desc=f"count [{rank}/{world_size}]") as bar:
-        for number, group in enumerate(_rounds(iter(segments), world_size)):
-            if ledger.total() >= max_tokens:
-                return
-            first = number * world_size
-            if ledger.known(first + len(group) - 1) is not None:
-                continue
-            mine = segment_tokens(model, group[rank]) if rank < len(group) else None
-            for offset, tokens in enumerate(gather(mine)[:len(group)]):
-                ledger.record(first + offset, tokens)
-            bar.update(min(ledger.total(), max_tokens) - bar.n)
+
+    rank: int = 0
+    world_size: int = 1
+    start: int = 0
+    exchange: Exchange | None = None
+
+    def owns(self, segment: int) -> bool:
+        """Whether ``segment`` is this process's to batch."""
+        return segment % self.world_size == self.rank and segment >= self.start
+
+
+def dist_exchange(group, stop: threading.Event) -> Exchange:
+    """An ``Exchange`` over the ``torch.distributed`` process group ``group`` (gloo, CPU tensors).
+
+    Each call all-gathers one int64 a process (-1 for none) and waits for it polling, so that
+    a reader told to ``stop`` (its scan has ended early) leaves the wait instead of blocking
+    on processes that will not come: it raises ``ExchangeLeft``.
+    """
+    import torch
+    import torch.distributed as dist
+
+    size = dist.get_world_size(group)
+
+    def exchange(count: int | None) -> list:
+        mine = torch.tensor([-1 if count is None else int(count)], dtype=torch.int64)
+        out = [torch.empty_like(mine) for _ in range(size)]
+        work = dist.all_gather(out, mine, group=group, async_op=True)
+        while not work.is_completed():
+            if stop.is_set():
+                raise ExchangeLeft("the scan ended before the other processes' counts came")
+            time.sleep(POLL_S)
+        work.wait()
+        return [None if int(t) < 0 else int(t) for t in out]
+
+    return exchange
+
+
+class ExchangeLeft(RuntimeError):
+    """A reader left a counts exchange because its scan had ended."""
+
+
+def agreed(counts: list[list[int]]) -> Ledger:
+    """The ledger every process starts from: the longest of their saved ones.
+
+    Each process saves its state at its own times, so their ledgers are prefixes of one
+    another (every count is the same fact); the rounds of counts exchanged must start at the
+    same segment everywhere.
+    """
+    longest = max(counts, key=len)
+    for c in counts:
+        if c != longest[:len(c)]:
+            raise InputError("the processes' saved token counts disagree, so their states were "
+                             "not saved by one scan: delete the state files and scan again")
+    return Ledger(longest)

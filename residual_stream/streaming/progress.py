@@ -2,7 +2,7 @@
 
 Without ``max_tokens`` a scan does not know its corpus's token count until it has read it
 all. ``ReadProgress`` estimates it as it goes, from two ratios each measured where it is
-exact: tokens per character where texts are tokenized (``corpus._rows``), and characters
+exact: tokens per character where texts are tokenized (``batching._rows``), and characters
 per *unit* where texts are read (``Corpus.texts``). A unit is a byte of the corpus's files
 (compressed bytes for ``.gz``), or an item of a list of texts (before session 15 a character,
 which took a pass over the list to count), and ``totals`` is their count for the whole

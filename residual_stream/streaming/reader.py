@@ -29,9 +29,10 @@ POLL_S = 0.1  # how often a reader blocked on a full queue checks that it is sti
 class _Reader(threading.Thread):
     """Computes ``items`` into a queue of at most ``depth`` entries ``(item, error)``."""
 
-    def __init__(self, items: Iterator, depth: int) -> None:
+    def __init__(self, items: Iterator, depth: int, stop: threading.Event | None = None) -> None:
         super().__init__(name="residual-stream reader", daemon=True)
-        self.items, self.ready, self.stop = items, queue.Queue(maxsize=depth), threading.Event()
+        self.items, self.ready = items, queue.Queue(maxsize=depth)
+        self.stop = threading.Event() if stop is None else stop
 
     def put(self, item: object, error: BaseException | None = None) -> bool:
         """Queue one entry, waiting while the queue is full; False once the caller has left."""
@@ -54,9 +55,10 @@ class _Reader(threading.Thread):
             self.put(_END, e)
 
 
-def prefetched(items: Iterator[T], depth: int = 16) -> Iterator[T]:
+def prefetched(items: Iterator[T], depth: int = 16, stop: threading.Event | None = None) -> Iterator[T]:
     """``items``, computed by a background thread up to ``depth`` items ahead of the caller.
 
+    ``stop`` is set when the caller leaves; ``items`` may watch it too (a wait of its own).
     An exception in ``items`` is raised here, at the item where it happened; leaving the
     loop early (``break``, an exception in the caller's body) stops the thread after at most
     the item it is computing.

@@ -33,8 +33,8 @@ SIGTERM during such a scan finishes the batch under way and saves the state befo
 **Several processes.** Process ``rank`` of ``world_size`` takes the segments ``s`` with
 ``s % world_size == rank`` and tokenizes no other (with ``max_tokens``, the token counts of
 the segments before its own come from ``ledger``: counted by their own processes and
-gathered, from 3 processes on, or as it reads); at the end every process
-gathers every accumulator state and merges them in rank order (``torch.distributed``, gloo
+exchanged by the reader threads, a round of ``world_size`` segments at a time); at the end
+every process gathers every accumulator state and merges them in rank order (``torch.distributed``, gloo
 on the CPU, nccl on the GPU).
 """
 
@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -53,10 +54,11 @@ import pandas as pd
 from ..errors import EmptyTextError, InputError
 from ..trace import trace_batch
 from .accumulators import Accumulator, make_accumulators
-from .corpus import Corpus, row_batches
+from .batching import row_batches
+from .corpus import Corpus
 from .graphs import Replayed
 from .lean import feed_trace, lean_pass, points
-from .ledger import Ledger, count_shares
+from .ledger import Ledger, Share, agreed, dist_exchange
 from .progress import ReadProgress, ScanBar
 from .reader import prefetched
 from .signals import Deferred
@@ -154,20 +156,38 @@ def _gather(accs: dict[str, Accumulator], tokens: int, batches: int) -> tuple[di
     return merged, sum(s["tokens"] for s in states), sum(s["batches"] for s in states)
 
 
+def _share(rank: int, world_size: int, start: int, max_tokens: int | None,
+           ledger: Ledger) -> tuple[Share, Ledger, threading.Event, Callable[[], None]]:
+    """This process's share of the segments from ``start`` on, its ledger, the reader's stop.
+
+    With a budget over several processes, the segments' counts are exchanged a round at a
+    time by the reader threads (``ledger.dist_exchange``) over a gloo group of their own,
+    made here by every process at once, starting from the ledger the processes agree on
+    (``ledger.agreed``). The last item closes that group once the reader is done.
+    """
+    stop = threading.Event()
+    if world_size == 1 or max_tokens is None:
+        return Share(rank, world_size, start), ledger, stop, lambda: None
+    import torch.distributed as dist
+
+    ledger = agreed(_all_gather(ledger.counts))
+    group = dist.new_group(backend="gloo")
+    return (Share(rank, world_size, start, dist_exchange(group, stop)), ledger, stop,
+            lambda: dist.destroy_process_group(group))
+
+
 def _read_batches(model, corpus: Corpus, batch_size: int, seq_len: int, max_tokens: int | None,
-                  order: str, done: tuple[int, int], rank: int, world_size: int,
+                  order: str, done: tuple[int, int], share: Share,
                   reading: ReadProgress | None = None, ledger: Ledger | None = None):
     """``(key, batch)`` of this process's batches not yet in the saved sums, packed.
 
-    Process ``rank`` takes the segments ``s ≡ rank (mod world_size)``; segments of others and
-    segments already done are skipped untokenized (``row_batches``; with ``max_tokens``, once
-    ``ledger`` has counted them). Run by the reader thread (``reader.prefetched``).
+    ``share`` holds this process's segments (``s ≡ rank (mod world_size)``, from the first
+    not done); the others are skipped untokenized (``row_batches``; with ``max_tokens``,
+    their counts come from ``ledger`` and ``share.exchange``). Run by the reader thread
+    (``reader.prefetched``).
     """
-    def own(segment: int) -> bool:
-        return segment % world_size == rank and segment >= done[0]
-
     for rows in row_batches(model, corpus, batch_size=batch_size, seq_len=seq_len,
-                            max_tokens=max_tokens, own=own, order=order, reading=reading,
+                            max_tokens=max_tokens, share=share, order=order, reading=reading,
                             ledger=ledger):
         if rows.key >= done:
             yield rows.key, rows.pack(model)
@@ -270,7 +290,7 @@ def scan(
         seq_len: Tokens per row (default: the model's context, at most 128).
         max_tokens: Stop after this many tokens (the last row is cut to fit).
         order: ``"length"``: each batch takes rows of about one length (the rows of every
-            ``corpus.SORT_BATCHES`` batches sorted longest first), so little of it is
+            ``batching.SORT_BATCHES`` batches sorted longest first), so little of it is
             padding; ``"text"``: rows in corpus order. The results are the same up to the
             order of float sums (``subspaces``' PCA, fixed from the first batch, aside).
         state: File to save the scan state to and resume from.
@@ -299,12 +319,12 @@ def scan(
     path = Path(state) if state is not None else None
     save_due = _save_due(save_every, save_seconds)
     done, tokens, added, ledger = resume(path, config, accs)
-    count_shares(model, corpus, max_tokens, rank, world_size, ledger, _all_gather, progress)
+    share, ledger, stop, close = _share(rank, world_size, done[0], max_tokens, ledger)
     _prepare(model, corpus, accs, batch_size, seq_len, max_tokens, order)
     add = batch_adder(model, accs, graphs, seq_len)
     bar = ScanBar(model.name, corpus.progress, max_tokens, tokens, progress, rank, world_size)
     batches = prefetched(_read_batches(model, corpus, batch_size, seq_len, max_tokens, order, done,
-                                       rank, world_size, bar.reading, ledger))
+                                       share, bar.reading, ledger), stop=stop)
     start, run, segment = time.perf_counter(), 0, done[0]
 
     def save() -> None:  # the state as it stands when called
@@ -326,6 +346,7 @@ def scan(
                 on_batch(key, tokens)
             signals.stop_if_asked(save)
     bar.close()
+    close()  # the readers are done with their counts
     for acc in accs.values():  # the scan's last segment ended (or the token budget did)
         acc.segment_done()
     if path is not None:
