@@ -43,6 +43,7 @@ import torch  # noqa: E402
 import residual_stream as rs  # noqa: E402
 from residual_stream.streaming import Corpus, row_batches  # noqa: E402
 from residual_stream.streaming.corpus import builtin_corpus  # noqa: E402
+from residual_stream.streaming.ledger import Share  # noqa: E402
 from residual_stream.streaming.reader import prefetched  # noqa: E402
 
 BATCH, SEQ = 32, 512
@@ -76,7 +77,7 @@ SEGMENT = 1 << 17  # characters per segment here (the default, 4 Mi, would make 
 def batches(model, texts, rank: int = 0, world: int = 1):
     """The scan's reader: ``row_batches`` packed, of process ``rank``'s segments of ``world``."""
     for rows in row_batches(model, Corpus(texts, SEGMENT), batch_size=BATCH, seq_len=SEQ,
-                            own=lambda s: s % world == rank):
+                            share=Share(rank, world)):
         yield rows.pack(model)
 
 

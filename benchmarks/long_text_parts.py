@@ -32,6 +32,7 @@ from long_text import long_text  # noqa: E402
 
 import residual_stream as rs  # noqa: E402
 from residual_stream.streaming import Corpus, row_batches  # noqa: E402
+from residual_stream.streaming.ledger import Share  # noqa: E402
 
 
 class OneSegment(Corpus):
@@ -42,14 +43,14 @@ class OneSegment(Corpus):
         return super().segments(reading, None)
 
 
-def read(model, corpus: Corpus, own=None, skip: int = 0, **kw) -> tuple[float, float, int]:
+def read(model, corpus: Corpus, share=None, skip: int = 0, **kw) -> tuple[float, float, int]:
     """(seconds, seconds to the first kept batch, tokens kept) reading ``corpus``'s batches.
 
-    Kept: those of the segments ``own`` accepts, from batch ``skip`` of a segment on (those
+    Kept: those of the segments ``share`` owns, from batch ``skip`` of a segment on (those
     before it are read and dropped, as a resumed scan does).
     """
     start, first, tokens = time.perf_counter(), None, 0
-    for batch in row_batches(model, corpus, own=own, **kw):
+    for batch in row_batches(model, corpus, share=share, **kw):
         if batch.index < skip:
             continue
         first = first if first is not None else time.perf_counter() - start
@@ -79,12 +80,12 @@ def main() -> None:
     tasks = {
         ("all", "one segment"): lambda: read(model, whole, **kw),
         ("all", "parts"): lambda: read(model, parts, **kw),
-        ("share of 2", "one segment"): lambda: max((read(model, whole, own=lambda s, r=r: s % 2 == r,
-                                                         **kw) for r in (0, 1)), key=lambda t: t[0]),
-        ("share of 2", "parts"): lambda: max((read(model, parts, own=lambda s, r=r: s % 2 == r, **kw)
+        ("share of 2", "one segment"): lambda: max((read(model, whole, share=Share(r, 2), **kw)
+                                                    for r in (0, 1)), key=lambda t: t[0]),
+        ("share of 2", "parts"): lambda: max((read(model, parts, share=Share(r, 2), **kw)
                                               for r in (0, 1)), key=lambda t: t[0]),
         ("resume at 80 %", "one segment"): lambda: read(model, whole, skip=skip, **kw),
-        ("resume at 80 %", "parts"): lambda: read(model, parts, own=lambda s: s >= 4, **kw),
+        ("resume at 80 %", "parts"): lambda: read(model, parts, share=Share(start=4), **kw),
     }
     times = {key: [] for key in tasks}
     for _ in range(args.rounds):
