@@ -121,3 +121,10 @@ def split(name: str, text: str, write: str, pos: int):
 
     names, fractions = orthogonal_split(writes(name, text)[write][pos], subspaces(name, text))
     return names, fractions
+
+
+@st.cache_resource(show_spinner="Scanning the corpus, batch by batch…", max_entries=8)
+def scan(name: str, corpus: str, max_tokens: int, stats: tuple[str, ...]) -> rs.streaming.ScanResult:
+    """``rs.scan`` of ``corpus`` (``"builtin"`` or a checked path) up to ``max_tokens`` tokens."""
+    return rs.scan(model(name), corpus, list(stats), batch_size=8, seq_len=128,
+                   max_tokens=max_tokens, progress=False)

@@ -21,6 +21,7 @@ pages = [
     st.Page("views/writes.py", title="Writes"),
     st.Page("views/flow.py", title="Flow"),
     st.Page("views/compare.py", title="Compare"),
+    st.Page("views/corpus.py", title="Corpus"),
     st.Page("views/normlab.py", title="Norm lab"),
     st.Page("views/models.py", title="Models"),
 ]

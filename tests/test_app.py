@@ -136,3 +136,55 @@ def test_unavailable_analysis_is_explained():
     at.sidebar.selectbox(key="model").select("minilm-l6").run()
     assert not at.exception
     assert "without a trained masked-LM head" in at.info[0].value
+
+
+def _scan_button(at: AppTest):
+    return next(b for b in at.button if b.label == "Scan")
+
+
+def test_corpus_page_scans_and_draws_the_scan_statistics():
+    """The page draws what ``rs.scan`` measured over the built-in corpus (reference: the same
+    scan called directly), leaves out a lens the model cannot have, and offers the JSON."""
+    import residual_stream as rs
+
+    at = app("corpus")
+    at.sidebar.selectbox(key="model").select("minilm-l6").run()
+    assert "press Scan" in at.info[0].value and not at.get("plotly_chart")
+    at.multiselect(key="corpus_stats").set_value(["growth", "survival", "read_attribution",
+                                                  "lens:every=4"])
+    at.select_slider(key="corpus_tokens").set_value(1024)
+    _scan_button(at).click().run()
+    assert not at.exception, at.exception
+    assert "The scan leaves the lens out" in at.info[0].value
+    assert "1,024 tokens of the built-in corpus" in at.caption[1].value
+    titles = [chart(at, i)["layout"]["title"]["text"] for i in range(4)]
+    assert titles[0].startswith("Stream norm by depth") and titles[1] == "Relative update size"
+    assert titles[3] == "Survival of each write (retention)"
+    reference = rs.scan(rs.load("minilm-l6"), "builtin", ["growth", "survival"], batch_size=8,
+                        seq_len=128, max_tokens=1024, progress=False).stats
+    mean = next(t for t in chart(at, 0)["data"] if t["name"].endswith(" mean"))["y"]
+    assert np.allclose(_numbers(mean), reference["growth"].mean.numpy(), rtol=1e-5)
+    z = chart(at, 3)["data"][0]["z"]
+    retention = _numbers(z).reshape([int(s) for s in str(z["shape"]).split(",")]) \
+        if isinstance(z, dict) else np.array(z, dtype=float)
+    assert np.allclose(retention, reference["survival"].retention.numpy(), rtol=1e-4, equal_nan=True)
+    assert any(b.label == "Scan (JSON)" for b in at.get("download_button"))
+
+
+def test_corpus_page_refuses_paths_outside_the_allow_list_and_no_statistics(tmp_path, monkeypatch):
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    monkeypatch.setenv("RESIDUAL_STREAM_ALLOWED_DIRS", str(allowed))
+    at = app("corpus")
+    at.sidebar.selectbox(key="model").select("minilm-l6").run()
+    at.radio(key="corpus_source").set_value(at.radio(key="corpus_source").options[1])
+    at.text_input(key="corpus_path").set_value(str(tmp_path / "elsewhere.txt"))
+    _scan_button(at).click().run()
+    assert not at.exception and "outside the allowed folders" in at.error[0].value
+    at.text_input(key="corpus_path").set_value(str(allowed / "missing.txt"))
+    _scan_button(at).click().run()
+    assert not at.exception and "missing.txt" in at.error[0].value and not at.get("plotly_chart")
+    at.radio(key="corpus_source").set_value(at.radio(key="corpus_source").options[0])
+    at.multiselect(key="corpus_stats").set_value([])
+    _scan_button(at).click().run()
+    assert not at.exception and "at least one statistic" in at.error[0].value

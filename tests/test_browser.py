@@ -89,6 +89,12 @@ def test_click_through_every_page(server):
             page.wait_for_timeout(500)
             page.screenshot(path=str(ARTIFACTS / f"app-{title.lower().replace(' ', '-')}.png"),
                             full_page=True)
+        # the corpus page scans when asked, and draws what it measured
+        page.get_by_role("link", name="Corpus").first.click()
+        shows("Corpus", "press Scan", False, "corpus")
+        page.get_by_role("button", name="Scan").click()
+        shows("Corpus", "tokens/s", True, "corpus-scanned")
+        page.screenshot(path=str(ARTIFACTS / "app-corpus.png"), full_page=True)
         # user text with markup is shown as text, never executed; the page is drawn whole
         # before the text goes in (a rerun still drawing it may drop what is typed)
         page.get_by_role("link", name="Overview").first.click()

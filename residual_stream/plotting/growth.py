@@ -41,3 +41,26 @@ def update_size_figure(result, *, relative_depth: bool = False, name: str = "") 
                       xaxis_title="relative depth" if relative_depth else "layer",
                       yaxis_title="‖write‖ / ‖stream before it‖", hovermode="x unified")
     return fig
+
+
+def lens_depth_figure(summary, *, name: str = "") -> go.Figure:
+    """The logit lens against depth from its per-point summary (a scan's ``lens`` result).
+
+    KL to the final distribution with a band of ±2 standard errors clustered by text
+    (``kl_se_texts``), and top-1 agreement on the right axis.
+    """
+    x = list(summary["point"])
+    kl, se = summary["kl"].to_numpy(), summary["kl_se_texts"].to_numpy()
+    label = escape(name)
+    fig = go.Figure([
+        go.Scatter(x=x + x[::-1], y=list(kl + 2 * se) + list(kl - 2 * se)[::-1], fill="toself",
+                   line={"width": 0}, opacity=0.25, name=f"{label} KL ± 2 s.e.", hoverinfo="skip"),
+        go.Scatter(x=x, y=kl, name=f"{label} KL(final ‖ lens)", mode="lines+markers"),
+        go.Scatter(x=x, y=summary["top1_agreement"], name=f"{label} top-1 agreement", yaxis="y2",
+                   line={"dash": "dot"}),
+    ])
+    fig.update_layout(title="Logit lens over the corpus", xaxis_title="point (stream entering block L)",
+                      yaxis={"title": "KL (nats)", "type": "log"}, hovermode="x unified",
+                      yaxis2={"title": "top-1 agreement", "overlaying": "y", "side": "right",
+                              "range": [0, 1]})
+    return fig
