@@ -48,3 +48,18 @@ def test_lens_and_bars_escape_user_text(trace):
     dla = rs.direct_logit_attribution(trace).to_frame()
     top = plotting.contribution_bars(dla, "logit", title="DLA", top=5)
     assert len(top.data[0].y) == 5
+
+
+def test_lens_depth_figure_draws_a_scan_summary_with_its_band():
+    """Reference: the scan's own per-point summary (KL, clustered s.e., top-1 agreement)."""
+    model = rs.twin(norm="rmsnorm", placement="pre", n_layers=2, d_model=32, seed=0)
+    summary = rs.scan(model, TEXTS * 3, "lens", batch_size=2, seq_len=32, progress=False).stats["lens"]
+    fig = plotting.lens_depth_figure(summary, name="<b>twin</b>")
+    band, kl, top1 = fig.data
+    n = len(summary)
+    assert list(kl.y) == pytest.approx(summary["kl"].tolist())
+    assert list(band.y[:n]) == pytest.approx((summary["kl"] + 2 * summary["kl_se_texts"]).tolist())
+    low = (summary["kl"] - 2 * summary["kl_se_texts"]).clip(lower=summary["kl"] / 10)
+    assert list(band.y[n:]) == pytest.approx(low.tolist()[::-1])
+    assert list(top1.y) == pytest.approx(summary["top1_agreement"].tolist()) and top1.yaxis == "y2"
+    assert "<b>" not in kl.name and fig.layout.yaxis2.range == (0, 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import plotly.graph_objects as go
 
 from .labels import escape
@@ -47,13 +48,15 @@ def lens_depth_figure(summary, *, name: str = "") -> go.Figure:
     """The logit lens against depth from its per-point summary (a scan's ``lens`` result).
 
     KL to the final distribution with a band of ±2 standard errors clustered by text
-    (``kl_se_texts``), and top-1 agreement on the right axis.
+    (``kl_se_texts``; on the log axis its lower edge is floored at a tenth of the KL), and
+    top-1 agreement on the right axis.
     """
     x = list(summary["point"])
     kl, se = summary["kl"].to_numpy(), summary["kl_se_texts"].to_numpy()
+    low = np.maximum(kl - 2 * se, kl / 10)
     label = escape(name)
     fig = go.Figure([
-        go.Scatter(x=x + x[::-1], y=list(kl + 2 * se) + list(kl - 2 * se)[::-1], fill="toself",
+        go.Scatter(x=x + x[::-1], y=list(kl + 2 * se) + list(low)[::-1], fill="toself",
                    line={"width": 0}, opacity=0.25, name=f"{label} KL ± 2 s.e.", hoverinfo="skip"),
         go.Scatter(x=x, y=kl, name=f"{label} KL(final ‖ lens)", mode="lines+markers"),
         go.Scatter(x=x, y=summary["top1_agreement"], name=f"{label} top-1 agreement", yaxis="y2",
