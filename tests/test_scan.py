@@ -1035,10 +1035,13 @@ def test_cli_scan_resumes_and_several_processes_give_the_single_process_result(t
                "--state", str(tmp_path / "bad.pt"), "--save-seconds", "-1")
     assert bad.returncode == 1 and "save_seconds must be" in bad.stderr, bad.stderr
     assert not (tmp_path / "bad.json").exists() and not (tmp_path / "bad.pt").exists()
-    two = _run("-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533",
-               "-m", "residual_stream.scan", *args, "--out", str(tmp_path / "two.json"))
-    assert two.returncode == 0, two.stderr
-    _assert_same_scan(tmp_path / "one.json", tmp_path / "two.json")
+    for out in ("two.json", "two_again.json"):  # the second from the ranks' complete states
+        two = _run("-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533",
+                   "-m", "residual_stream.scan", *args, "--out", str(tmp_path / out),
+                   "--state", str(tmp_path / "two.pt"))
+        assert two.returncode == 0, two.stderr
+        _assert_same_scan(tmp_path / "one.json", tmp_path / out)
+    assert sorted(p.name for p in tmp_path.glob("two.pt.rank*")) == ["two.pt.rank0", "two.pt.rank1"]
     line = tmp_path / "line.txt"  # the corpus on one line: its parts are shared by 3, which
     line.write_text(" ".join(builtin_corpus()) + "\n")  # count their shares of the budget first
     args[1] = str(line)

@@ -10,7 +10,8 @@ and merge their accumulators at the end (``runner``).
 from .accumulators import STATS, Accumulator, make_accumulators
 from .batching import corpus_batches, row_batches
 from .corpus import Corpus
+from .ledger import Share
 from .runner import ScanResult, scan
 
-__all__ = ["STATS", "Accumulator", "Corpus", "ScanResult", "corpus_batches", "make_accumulators",
-           "row_batches", "scan"]
+__all__ = ["STATS", "Accumulator", "Corpus", "ScanResult", "Share", "corpus_batches",
+           "make_accumulators", "row_batches", "scan"]
