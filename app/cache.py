@@ -124,7 +124,11 @@ def split(name: str, text: str, write: str, pos: int):
 
 
 @st.cache_resource(show_spinner="Scanning the corpus, batch by batch…", max_entries=8)
-def scan(name: str, corpus: str, max_tokens: int, stats: tuple[str, ...]) -> rs.streaming.ScanResult:
-    """``rs.scan`` of ``corpus`` (``"builtin"`` or a checked path) up to ``max_tokens`` tokens."""
+def scan(name: str, corpus: str, max_tokens: int, stats: tuple[str, ...],
+         _on_batch=None) -> rs.streaming.ScanResult:
+    """``rs.scan`` of ``corpus`` (``"builtin"`` or a checked path) up to ``max_tokens`` tokens.
+
+    ``_on_batch(key, tokens)`` after each batch (not part of the cache key).
+    """
     return rs.scan(model(name), corpus, list(stats), batch_size=8, seq_len=128,
-                   max_tokens=max_tokens, progress=False)
+                   max_tokens=max_tokens, progress=False, on_batch=_on_batch)

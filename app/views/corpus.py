@@ -53,8 +53,13 @@ if "lens:every=4" in args[3] and not model.anatomy.has_lm_head:
     args = (*args[:3], tuple(s for s in args[3] if s != "lens:every=4"))
     if not args[3]:
         st.stop()
-with common.guarded():
-    result = cache.scan(*args)
+bar = st.progress(0.0, text="Scanning…")
+try:  # the bar moves only while the scan runs (not on a cached result), and then goes
+    with common.guarded():
+        result = cache.scan(*args, _on_batch=lambda key, tokens: bar.progress(
+            min(tokens / args[2], 1.0), text=f"Scanning… {tokens:,} of {args[2]:,} tokens"))
+finally:
+    bar.empty()
 where = "the built-in corpus" if args[1] == "builtin" else args[1]
 st.caption(f"{name} over {result.tokens:,} tokens of {where} in {result.batches} batches, "
            f"{result.seconds:.1f} s ({result.tokens_per_second:,.0f} tokens/s)")

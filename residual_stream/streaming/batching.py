@@ -1,22 +1,23 @@
 """Batches of a corpus: its segments tokenized, cut into rows, grouped into batches.
 
-Each segment's texts (``Corpus.segments``) get the ids ``rs.trace`` gives them (a long text in
-pieces, ``tokenize``; a group of texts per call: the fast tokenizers' batch path, and with
-packing 2.3× (short lines) and 1.7× (documents) the batches per second of one call a text,
-on one core with SmolLM2's tokenizer) and are cut into rows of at most
-``seq_len`` tokens, and each segment's rows into batches of ``batch_size``, its last batch
-possibly smaller. With ``order="length"`` (the default) the rows of each window of
-``SORT_BATCHES`` batches are sorted longest first before they are cut into batches, so a
-batch pads its rows to about their own length: on the built-in corpus of one-sentence texts
-at 32 rows a batch, 0.87 of the padded positions are real tokens against 0.44 in corpus
-order. ``order="text"`` keeps the corpus order. Either way batch ``(segment, index)`` is the
-same batch in every run and every process, which makes resuming and sharding exact, and a
-process can skip a segment without tokenizing it (``row_batches(share=...)``): the reading
-of a corpus is shared by the processes that scan it. Each row keeps its text's index in the
-corpus and its first token's position in that text (in a part, counted from the part's
-first character, ``text_char``), so no statistic depends on the order (sampled tokens are
-chosen by those two). ``row_batches`` gives each batch's rows unpacked (``RowBatch``);
-``corpus_batches`` packs them.
+Each segment's texts (``Corpus.segments``) get the ids ``rs.trace`` gives them, a group of
+texts per call (the fast tokenizers' batch path: with packing, 2.3× the batches per second
+of one call a text on short lines and 1.7× on documents, one core, SmolLM2's tokenizer) and
+a long text in pieces (``tokenize``). They are cut into rows of at most ``seq_len`` tokens,
+and each segment's rows into batches of ``batch_size``, its last batch possibly smaller.
+
+With ``order="length"`` (the default) the rows of each window of ``SORT_BATCHES`` batches
+are sorted longest first before they are cut into batches, so a batch pads its rows to about
+their own length: on the built-in corpus of one-sentence texts at 32 rows a batch, 0.87 of
+the padded positions are real tokens against 0.44 in corpus order. ``order="text"`` keeps
+the corpus order. Either way batch ``(segment, index)`` is the same batch in every run and
+every process, which makes resuming and sharding exact, and a process can skip a segment
+without tokenizing it (``row_batches(share=...)``, ``ledger``): the reading of a corpus is
+shared by the processes that scan it. Each row keeps its text's index in the corpus and its
+first token's position in that text (in a part, counted from the part's first character,
+``text_char``), so no statistic depends on the order (sampled tokens are chosen by those
+two). ``row_batches`` gives each batch's rows unpacked (``RowBatch``); ``corpus_batches``
+packs them.
 """
 
 from __future__ import annotations
