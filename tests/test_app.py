@@ -76,6 +76,28 @@ def test_compare_page_overlays_two_models():
     assert np.abs(post - 1).max() > 0.1                     # post-norm rescales it every block
 
 
+def test_compare_page_over_the_corpus_draws_two_scans():
+    """Over the built-in corpus the series are two ``rs.scan``s (reference: the same scans
+    called directly); the pre-norm twin keeps its embedding, the post-norm one rescales it."""
+    import residual_stream as rs
+
+    at = app()
+    at.sidebar.selectbox(key="model").select("twin-pre-ln").run()
+    at.switch_page("views/compare.py").run()
+    at.selectbox(key="other").select("twin-post-ln").run()
+    at.radio(key="cmp_source").set_value("corpus").run()
+    assert not at.exception, at.exception
+    for trace, model in zip(chart(at)["data"], ["twin-pre-ln", "twin-post-ln"], strict=True):
+        growth = rs.scan(rs.load(model), "builtin", "growth", batch_size=8, seq_len=128,
+                         max_tokens=4096, progress=False).stats["growth"]
+        assert trace["name"] == model
+        assert np.allclose(_numbers(trace["y"]), growth.mean.numpy(), rtol=1e-5)
+    at.selectbox(key="cmp_measure").select("retention of the embedding").run()
+    assert not at.exception, at.exception
+    pre, post = (_numbers(d["y"]) for d in chart(at)["data"])
+    assert np.abs(pre[np.isfinite(pre)] - 1).max() < 1e-4 and np.abs(post[np.isfinite(post)] - 1).max() > 0.1
+
+
 def _numbers(y) -> np.ndarray:
     """Plotly figure JSON keeps arrays either as lists or as base64 ``{"dtype", "bdata"}``."""
     if isinstance(y, dict) and "bdata" in y:

@@ -1,4 +1,4 @@
-"""Compare: two models on the same text and measure, depth aligned."""
+"""Compare: two models on the same text (or corpus) and measure, depth aligned."""
 
 import cache
 import common
@@ -7,6 +7,8 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from residual_stream.plotting.labels import escape
+
+CORPUS_TOKENS = 4096  # the Corpus page's default budget: a growth scan there is reused here
 
 name, text = common.selection()
 st.title("Compare")
@@ -17,12 +19,25 @@ other = st.selectbox("Compare with", names, index=names.index(default), key="oth
 measure = st.selectbox("Measure", ["mean stream norm", "relative update (attention)",
                                    "relative update (MLP)", "all-ones share",
                                    "retention of the embedding"], key="cmp_measure")
+SOURCES = {"text": "the sidebar's text",
+           "corpus": f"the built-in corpus ({CORPUS_TOKENS:,} tokens, rs.scan)"}
+source = st.radio("Measured over", list(SOURCES), format_func=SOURCES.get, horizontal=True,
+                  key="cmp_source")
+
+
+def results(model_name: str) -> tuple:
+    """``(norm growth, survival or None)`` over the text or the corpus."""
+    survival = measure == "retention of the embedding"
+    if source == "text":
+        return cache.norm_growth(model_name, text), cache.survival(model_name, text) if survival else None
+    stats = cache.scan(model_name, "builtin", CORPUS_TOKENS, ("growth", "survival") if survival
+                       else ("growth",)).stats
+    return stats["growth"], stats.get("survival")
 
 
 def series(model_name: str) -> pd.DataFrame:
-    g = cache.norm_growth(model_name, text)
+    g, s = results(model_name)
     if measure == "retention of the embedding":
-        s = cache.survival(model_name, text)
         values = s.retention[s.sources.index("embed")].numpy()
     else:
         values = {"mean stream norm": g.mean, "relative update (attention)": g.update_attn,
@@ -39,6 +54,8 @@ fig.update_layout(title=f"{measure}: {escape(name)} vs {escape(other)}",
                   xaxis_title="relative depth (0 = embeddings, 1 = last block)",
                   yaxis_title=measure, yaxis_type="log" if "norm" in measure else "linear")
 common.show(fig, frame, key="compare", note=(
-    "Both models on the same text. Depth is relative so models with different layer counts align. "
+    "Both models on the same text, or on the first tokens of the built-in corpus (each model's "
+    "own tokens: a byte-level twin covers fewer of its texts than a subword model). Depth is "
+    "relative so models with different layer counts align. "
     "Pre-norm streams grow and keep every contribution (retention 1); post-norm streams are "
     "renormalized every block."))
