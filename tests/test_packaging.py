@@ -24,12 +24,9 @@ def installed(tmp_path_factory) -> tuple[Path, Path]:
     """(the wheel, the folder it is installed in)."""
     tmp = tmp_path_factory.mktemp("wheel")
     source, build = tmp / "source", tmp / "installed"
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            cwd=ROOT, capture_output=True, check=True).stdout.decode().split("\0")
-    for name in filter(None, listed):
-        if (ROOT / name).is_file():  # a tracked file deleted in the working tree is left out
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, source / name)
+    for name in _git_files():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, source / name)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run(pip + ["wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp / "dist"), str(source)],
                    check=True, cwd=tmp)
@@ -39,9 +36,15 @@ def installed(tmp_path_factory) -> tuple[Path, Path]:
     return wheel, build
 
 
+def _git_files(*paths: str) -> list[str]:
+    """The files git tracks or sees (new and not ignored) under ``paths``, as in the working tree."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard",
+                             "--", *paths], cwd=ROOT, capture_output=True, check=True)
+    return [n for n in listed.stdout.decode().split("\0") if n and (ROOT / n).is_file()]
+
+
 def _tracked_app_files() -> dict[str, bytes]:
-    listed = subprocess.run(["git", "ls-files", "app"], cwd=ROOT, capture_output=True, text=True, check=True)
-    return {name[len("app/"):]: (ROOT / name).read_bytes() for name in listed.stdout.split()}
+    return {name[len("app/"):]: (ROOT / name).read_bytes() for name in _git_files("app")}
 
 
 def test_the_wheel_carries_every_app_file_and_the_built_in_corpus(installed):

@@ -9,9 +9,9 @@ import streamlit as st
 from residual_stream import plotting
 
 BUDGETS = [1024, 4096, 16384, 65536]
+LENS = "lens:every=4"
 STATS = {"growth": "norm growth and update sizes", "survival": "survival of every write",
-         "read_attribution": "read attribution (the read-write graph)",
-         "lens:every=4": "logit lens (one token in 4)"}
+         "read_attribution": "read attribution (the read-write graph)", LENS: "logit lens (one token in 4)"}
 
 name, _ = common.selection()
 st.title("Corpus")
@@ -49,9 +49,9 @@ if args is None or args[0] != name:
     st.info("Pick the statistics and press Scan.")
     st.stop()
 model = cache.model(name)
-if "lens:every=4" in args[3] and not model.anatomy.has_lm_head:
+if LENS in args[3] and not model.anatomy.has_lm_head:
     st.info(f"{model.anatomy.lm_head_note} The scan leaves the lens out.")
-    args = (*args[:3], tuple(s for s in args[3] if s != "lens:every=4"))
+    args = (*args[:3], tuple(s for s in args[3] if s != LENS))
     if not args[3]:
         st.stop()
 bar = st.progress(0.0, text="Scanning…")
@@ -66,28 +66,28 @@ st.caption(f"{name} over {result.tokens:,} tokens of {where} in {result.batches}
            f"{result.seconds:.1f} s ({result.tokens_per_second:,.0f} tokens/s)")
 st.download_button("Scan (JSON)", json.dumps(result.to_dict()), "scan.json", "application/json",
                    key="scan-json")
-stats = result.stats
-if "growth" in stats:
-    growth = stats["growth"]
+measured = result.stats
+if "growth" in measured:
+    growth = measured["growth"]
     common.show(plotting.norm_growth_figure(growth, name=name), growth.to_frame(), key="corpus-growth",
                 note="As on the Overview page, over every real token of the corpus: mean, median and "
                      "the 5–95 % band (from a log histogram, within 0.6 % of exact quantiles), the "
                      "first token of each row apart.")
     common.show(plotting.update_size_figure(growth, name=name), growth.to_frame(), key="corpus-updates",
                 note="‖write‖ / ‖stream before it‖ for each attention and MLP, averaged over the corpus.")
-if "read_attribution" in stats:
-    matrix = stats["read_attribution"].matrix("component", absolute=True)
+if "read_attribution" in measured:
+    matrix = measured["read_attribution"].matrix("component", absolute=True)
     threshold = st.slider("Edge threshold (mean |share|)", 0.0, 0.5, 0.05, 0.01, key="corpus_threshold")
     common.show(plotting.read_write_graph(matrix, threshold=threshold), matrix, key="corpus-graph",
                 note="The Flow page's read-write graph, averaged over the corpus's tokens: an edge "
                      "from A to B means A's write makes up at least the threshold of B's "
                      "normalized read.")
-if "survival" in stats:
+if "survival" in measured:
     measure = st.radio("Measure", ["retention", "share", "norm"], horizontal=True, key="corpus_surv")
-    common.show(plotting.survival_figure(stats["survival"], measure), stats["survival"].to_frame(),
+    common.show(plotting.survival_figure(measured["survival"], measure), measured["survival"].to_frame(),
                 key="corpus-survival", note="The Flow page's survival, averaged over the corpus's tokens.")
-if "lens:every=4" in stats:
-    lens = stats["lens:every=4"]
+if LENS in measured:
+    lens = measured[LENS]
     common.show(plotting.lens_depth_figure(lens, name=name), lens, key="corpus-lens",
                 note="Mean KL(final ‖ lens) per point over one token in four (chosen by a hash of "
                      "each token's text and position), with ±2 standard errors clustered by text; "

@@ -5,9 +5,9 @@
     torchrun --nproc-per-node 2 -m residual_stream.scan MODEL CORPUS ... --out scan.json
 
 Under ``torchrun`` (``WORLD_SIZE > 1``) each process scans every ``WORLD_SIZE``-th segment of
-the corpus (``--segment-chars`` of text each; with ``--max-tokens``, 3 or more processes
-first count their own segments' tokens and share the counts, 2 count the other's as they
-read: ``ledger``) and the accumulators are merged across processes (gloo on the CPU, nccl
+the corpus (``--segment-chars`` of text each; it tokenizes no other: with ``--max-tokens``
+the processes' reader threads exchange their segments' token counts, ``ledger``) and the
+accumulators are merged across processes (gloo on the CPU, nccl
 on the GPU, one GPU per process by ``LOCAL_RANK``); rank 0 writes ``--out``. ``--state`` gets
 a ``.rank{r}`` suffix per process, so an interrupted multi-process scan resumes with the same
 command.
