@@ -315,6 +315,25 @@ def test_prefetched_keeps_order_raises_in_place_and_stops_when_left():
     assert len(made) <= 6 + 2 + 1  # read ahead by at most the queue and the item in hand
 
 
+def test_prefetched_sets_the_callers_stop_so_a_waiting_reader_leaves():
+    """``items`` blocked on a wait of its own (the counts exchange) sees the ``stop`` it was
+    given set as soon as the caller leaves the loop, so the reader leaves at once."""
+    import time
+
+    stop, seen = threading.Event(), []
+
+    def waiting():
+        yield 0
+        seen.append(stop.wait(timeout=5))  # as ``ledger.dist_exchange`` polls its stop
+        yield 1
+
+    start = time.perf_counter()
+    for _ in prefetched(waiting(), stop=stop):
+        break
+    assert seen == [True] and stop.is_set()
+    assert time.perf_counter() - start < 2.5  # not the wait's 5 s timeout
+
+
 def test_the_fingerprint_follows_the_files_not_their_path_or_time(tmp_path):
     """A copy elsewhere (new path, new modification times) is the same corpus; a changed
     byte at either end, a changed size, a renamed file or another field is not."""

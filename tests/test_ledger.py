@@ -188,3 +188,37 @@ def test_the_gloo_exchange_hands_counts_over_and_leaves_when_told_to_stop():
     assert exchanged == "[10, 11] [0, None]" and left.startswith("left after ")
     assert 0.5 <= float(left.split()[-1]) < 10  # not before it was told; not stuck
     assert outs[1][0].split("\n")[:1] == ["[10, 11] [0, None]"]
+
+
+def test_a_failed_scan_stops_its_waiting_reader_before_closing_the_exchange(monkeypatch):
+    """Rank 0 of 2 fails in its first batch while its reader waits in the second round's
+    exchange: the reader is told to stop, leaves that wait, and only then is the exchange's
+    group closed (``runner._share``'s last item), not a wait's timeout later or never."""
+    import residual_stream as rs
+    from residual_stream.streaming import runner
+    from residual_stream.streaming.ledger import ExchangeLeft
+
+    events, entered = [], threading.Event()
+
+    def fake_share(rank, world_size, start, max_tokens, ledger):
+        stop = threading.Event()
+
+        def exchange(count):
+            if not events:  # round 0: rank 1's count comes at once
+                events.append("round 0")
+                return [count, count]
+            entered.set()  # round 1: rank 1 will not come
+            events.append(("left", stop.wait(timeout=10)))
+            raise ExchangeLeft("stopped")
+        return Share(rank, world_size, start, exchange), ledger, stop, lambda: events.append("closed")
+
+    def fail(key, tokens):
+        assert entered.wait(timeout=30)
+        raise RuntimeError("a batch failed")
+
+    monkeypatch.setattr(runner, "_share", fake_share)
+    model = rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32)
+    with pytest.raises(RuntimeError, match="a batch failed"):
+        rs.scan(model, Corpus(TEXTS, segment_chars=40), "growth", batch_size=2, seq_len=8,
+                max_tokens=10_000, rank=0, world_size=2, progress=False, on_batch=fail)
+    assert events == ["round 0", ("left", True), "closed"]

@@ -63,7 +63,7 @@ def prefetched(items: Iterator[T], depth: int = 16, stop: threading.Event | None
     loop early (``break``, an exception in the caller's body) stops the thread after at most
     the item it is computing.
     """
-    reader = _Reader(items, depth)
+    reader = _Reader(items, depth, stop)
     reader.start()
     try:
         while True:

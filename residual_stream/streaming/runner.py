@@ -45,6 +45,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -320,33 +321,36 @@ def scan(
     save_due = _save_due(save_every, save_seconds)
     done, tokens, added, ledger = resume(path, config, accs)
     share, ledger, stop, close = _share(rank, world_size, done[0], max_tokens, ledger)
-    _prepare(model, corpus, accs, batch_size, seq_len, max_tokens, order)
-    add = batch_adder(model, accs, graphs, seq_len)
-    bar = ScanBar(model.name, corpus.progress, max_tokens, tokens, progress, rank, world_size)
-    batches = prefetched(_read_batches(model, corpus, batch_size, seq_len, max_tokens, order, done,
-                                       share, bar.reading, ledger), stop=stop)
-    start, run, segment = time.perf_counter(), 0, done[0]
+    try:  # the exchange's group is closed however the scan ends
+        _prepare(model, corpus, accs, batch_size, seq_len, max_tokens, order)
+        add = batch_adder(model, accs, graphs, seq_len)
+        bar = ScanBar(model.name, corpus.progress, max_tokens, tokens, progress, rank, world_size)
+        reading = prefetched(_read_batches(model, corpus, batch_size, seq_len, max_tokens, order, done,
+                                           share, bar.reading, ledger), stop=stop)
+        start, run, segment = time.perf_counter(), 0, done[0]
 
-    def save() -> None:  # the state as it stands when called
-        save_state(path, config, done, tokens, added, accs, ledger)
+        def save() -> None:  # the state as it stands when called
+            save_state(path, config, done, tokens, added, accs, ledger)
 
-    with Deferred(path is not None) as signals:  # Ctrl-C, SIGTERM: the batch ends, is saved
-        for key, batch in batches:
-            if key[0] != segment:  # the segment before ended, and its texts (or part of one)
-                segment = key[0]
-                for acc in accs.values():
-                    acc.segment_done()
-            add(batch)
-            n = int(batch.attention_mask.sum())
-            tokens, done, run, added = tokens + n, (key[0], key[1] + 1), run + 1, added + 1
-            bar.update(n, tokens)
-            if path is not None and save_due(run):
-                save()
-            if on_batch is not None:
-                on_batch(key, tokens)
-            signals.stop_if_asked(save)
-    bar.close()
-    close()  # the readers are done with their counts
+        # Ctrl-C, SIGTERM: the batch ends, is saved; leaving stops the reader, its exchange too
+        with closing(reading) as batches, Deferred(path is not None) as signals:
+            for key, batch in batches:
+                if key[0] != segment:  # the segment before ended, and its texts (or part of one)
+                    segment = key[0]
+                    for acc in accs.values():
+                        acc.segment_done()
+                add(batch)
+                n = int(batch.attention_mask.sum())
+                tokens, done, run, added = tokens + n, (key[0], key[1] + 1), run + 1, added + 1
+                bar.update(n, tokens)
+                if path is not None and save_due(run):
+                    save()
+                if on_batch is not None:
+                    on_batch(key, tokens)
+                signals.stop_if_asked(save)
+        bar.close()
+    finally:
+        close()  # after the reader has left
     for acc in accs.values():  # the scan's last segment ended (or the token budget did)
         acc.segment_done()
     if path is not None:
