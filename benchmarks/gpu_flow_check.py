@@ -15,6 +15,9 @@ choices refilled per batch, ``sampling.StaticBatch``) with ``subspaces`` on one 
 12: picked among the buffer's one in 16), replayed against eager.
 
     python benchmarks/gpu_flow_check.py --model /tmp/smollm2-random
+
+(``tests/test_benchmarks.py`` runs it on the CPU in float32 on a tiny model, as a check of
+the script itself.)
 """
 
 from __future__ import annotations
@@ -73,9 +76,13 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="/tmp/smollm2-random")
     p.add_argument("--device", default="cuda", help="cpu checks the script itself (no replay)")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--batches", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=128)
     args = p.parse_args()
-    model = rs.load(args.model, device=args.device, dtype="bfloat16", progress=False)
-    batches = _batches(model, 3, 8, 128)
+    model = rs.load(args.model, device=args.device, dtype=args.dtype, progress=False)
+    batches = _batches(model, args.batches, args.batch_size, args.seq_len)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         graphs = model.device.type == "cuda"

@@ -35,6 +35,9 @@
 # Session 14 added: to reader, state_save.py at 32x512: each statistic's state save against
 #     a batch, and growth scanned with its state saved by time and after every batch (~1 min).
 # NCCL=1 adds the one-rank nccl merge (gpu_nccl.py) after the check step.
+# Session 17: tests/test_benchmarks.py runs every script of these steps on the CPU (a tiny
+#     SmolLM2-shaped model, float32, this file's variant lists), so a script broken by a change
+#     in the library fails CI rather than the device call.
 set -uo pipefail
 STEPS=${STEPS:-check big small reader}
 source benchmarks/gpu_setup.sh || exit 1
