@@ -123,6 +123,15 @@ def split(name: str, text: str, write: str, pos: int):
     return names, fractions
 
 
+@st.cache_data(show_spinner=False)
+def builtin_tokens(name: str) -> int:
+    """How many tokens model ``name`` reads in the built-in corpus (its texts as a scan reads them)."""
+    from residual_stream.streaming import Corpus
+    from residual_stream.streaming.batching import segment_tokens
+
+    return sum(segment_tokens(model(name), s) for s in Corpus("builtin").segments())
+
+
 @st.cache_resource(show_spinner="Scanning the corpus, batch by batch…", max_entries=8)
 def scan(name: str, corpus: str, max_tokens: int, stats: tuple[str, ...],
          _on_batch=None) -> rs.streaming.ScanResult:

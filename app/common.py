@@ -67,6 +67,19 @@ def selection() -> tuple[str, str]:
     return name, text
 
 
+def scan_progress(tokens: int, target: int, seconds: float) -> tuple[float, str]:
+    """The progress bar of a scan ``seconds`` into it: its fraction and its words.
+
+    ``target``: the tokens it will reach (its budget, or fewer when the corpus holds fewer);
+    the time left assumes the rate so far holds.
+    """
+    rate = tokens / seconds if seconds > 0 else 0.0
+    text = f"Scanning… {tokens:,} of {target:,} tokens"
+    if rate > 0:
+        text += f" · {rate:,.0f} tokens/s · about {max(target - tokens, 0) / rate:,.0f} s left"
+    return min(tokens / target, 1.0), text
+
+
 @contextmanager
 def guarded():
     """Show library errors (bad input, unavailable analyses) in the page instead of crashing."""

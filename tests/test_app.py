@@ -210,3 +210,20 @@ def test_corpus_page_refuses_paths_outside_the_allow_list_and_no_statistics(tmp_
     at.multiselect(key="corpus_stats").set_value([])
     _scan_button(at).click().run()
     assert not at.exception and "at least one statistic" in at.error[0].value
+
+
+def test_the_scan_progress_gives_the_rate_and_the_time_left(monkeypatch):
+    """The Corpus page's bar, by hand: 1,024 of 4,096 tokens in 4 s is 256 tokens/s, 12 s left;
+    its target for the built-in corpus is what a scan of all of it reads."""
+    import residual_stream as rs
+
+    monkeypatch.syspath_prepend(str(Path(APP).parent))
+    import cache
+    import common
+
+    assert common.scan_progress(1024, 4096, 4.0) == (
+        0.25, "Scanning… 1,024 of 4,096 tokens · 256 tokens/s · about 12 s left")
+    assert common.scan_progress(0, 4096, 0.0) == (0.0, "Scanning… 0 of 4,096 tokens")
+    assert common.scan_progress(4100, 4096, 1.0)[0] == 1.0  # never past the end
+    whole = rs.scan(rs.load("twin-pre-ln"), "builtin", "growth", progress=False)
+    assert cache.builtin_tokens("twin-pre-ln") == whole.tokens

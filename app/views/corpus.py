@@ -1,6 +1,7 @@
 """Corpus: the statistics of the other pages over a corpus, from ``rs.scan``'s accumulators."""
 
 import json
+import time
 
 import cache
 import common
@@ -54,11 +55,12 @@ if LENS in args[3] and not model.anatomy.has_lm_head:
     args = (*args[:3], tuple(s for s in args[3] if s != LENS))
     if not args[3]:
         st.stop()
-bar = st.progress(0.0, text="Scanning…")
+target = min(args[2], cache.builtin_tokens(name)) if args[1] == "builtin" else args[2]
+bar, started = st.progress(0.0, text="Scanning…"), time.perf_counter()
 try:  # the bar moves only while the scan runs (not on a cached result), and then goes
     with common.guarded():
         result = cache.scan(*args, _on_batch=lambda key, tokens: bar.progress(
-            min(tokens / args[2], 1.0), text=f"Scanning… {tokens:,} of {args[2]:,} tokens"))
+            *common.scan_progress(tokens, target, time.perf_counter() - started)))
 finally:
     bar.empty()
 where = "the built-in corpus" if args[1] == "builtin" else args[1]
