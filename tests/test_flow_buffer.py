@@ -79,3 +79,27 @@ def test_the_compiled_form_of_survival_dots_equals_the_chunked_product(dtype):
     for got in (carry._dots(c, x), carry._dots_chunked(c, x), carry.token_dots(c, x)):
         assert got.dtype == torch.float32 and got.shape == (37, 9)
         assert float((got.double() - ref).abs().max()) <= 1e-6 * float(ref.abs().max())
+
+
+def test_a_sampled_batch_that_chooses_no_token_adds_nothing_to_a_bf16_buffer(monkeypatch):
+    """One short text a batch, one token in 64: some batches choose none. The bf16 buffer's
+    products over no token are empty (they raised before), and the sums equal the float32
+    buffer's."""
+    from residual_stream.streaming import Corpus, corpus_batches
+    from residual_stream.streaming.sampling import sampled
+
+    m = _bf16("llama")
+    texts = ["ab", "cd", "ef", "gh", *TEXTS]
+    stats = ["survival:every=64", "read_attribution:every=64"]
+    kw = dict(batch_size=1, seq_len=8, order="text")
+    chosen = [int(sampled(b, 64).sum()) for b in corpus_batches(m, Corpus(texts), **kw)]
+    assert 0 in chosen and sum(chosen) > 0
+    got = rs.scan(m, texts, stats, progress=False, **kw)
+    monkeypatch.setattr(flow, "carry_dtype", lambda model: torch.float32)
+    ref = rs.scan(m, texts, stats, progress=False, **kw)
+    for stat in stats:
+        assert int(got.accumulators[stat].sums["n"].sum()) > 0
+        for key, x in ref.accumulators[stat].sums.items():
+            y = got.accumulators[stat].sums[key]
+            scale = float(x.nan_to_num().abs().max().clamp_min(1e-30))
+            assert float((x - y).nan_to_num().abs().max()) <= REL * scale, (stat, key)

@@ -48,8 +48,8 @@ def token_bmm(c: Tensor, y: Tensor) -> Tensor:
     of the 16-bit buffer's size in float32, and a fixed number of launches however large the
     batch.
     """
-    if c.dtype == y.dtype:
-        return torch.bmm(c, y)
+    if c.dtype == y.dtype or len(c) == 0:  # no token (a sampled batch may choose none)
+        return torch.bmm(c.to(y.dtype), y)
     step = -(-len(c) // UPCAST_CHUNKS)
     return torch.cat([torch.bmm(c[t: t + step].to(y.dtype), y[t: t + step])
                       for t in range(0, len(c), step)])

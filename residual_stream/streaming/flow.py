@@ -205,7 +205,7 @@ class FlowSums:
         if not self.tail:
             slot = self.buf[:, len(self.labels)]
             slot.copy_(value)
-            if slot.dtype != value.dtype:  # a float32 value in a 16-bit buffer: was it exact?
+            if slot.dtype != value.dtype and value.numel():  # float32 in a 16-bit buffer: exact?
                 self.rounding.append((slot.float() - value.float()).abs().amax())
             self.total += value
         counted = self.born_tokens
