@@ -1149,3 +1149,22 @@ def test_a_lean_pass_computes_only_the_norm_scales_it_reads(name, monkeypatch):
     computed.clear()
     rs.scan(m, TEXTS[:4], ["read_attribution"], **kw)
     assert computed == set(m.anatomy.norms)
+
+
+def test_an_accumulator_that_holds_a_scan_is_refused_and_left_as_it_was(model):
+    """Passed again, a filled accumulator would add a second corpus to the first (and keep its
+    PCA basis) while the result counts one: refused with what to do, its sums untouched; its
+    ``empty_like()`` scans as the spec does."""
+    from residual_stream.streaming.accumulators import LensStats
+
+    lens = LensStats(every=2)
+    first = rs.scan(model, TEXTS[:3], [lens, "growth"], batch_size=2, seq_len=16, progress=False)
+    assert first.accumulators["lens:every=2"] is lens and lens.tokens > 0
+    held = {k: v.clone() for k, v in lens.sums.items()}
+    with pytest.raises(InputError, match=r"'lens:every=2' \(\d+ tokens\) already hold.*empty_like"):
+        rs.scan(model, TEXTS[3:], [lens], batch_size=2, seq_len=16, progress=False)
+    assert held.keys() == lens.sums.keys() and all(torch.equal(v, lens.sums[k]) for k, v in held.items())
+    again = rs.scan(model, TEXTS[3:], [lens.empty_like()], batch_size=2, seq_len=16, progress=False)
+    fresh = rs.scan(model, TEXTS[3:], ["lens:every=2"], batch_size=2, seq_len=16, progress=False)
+    for key, x in fresh.accumulators["lens:every=2"].sums.items():
+        assert torch.allclose(again.accumulators["lens:every=2"].sums[key], x, rtol=1e-6), key

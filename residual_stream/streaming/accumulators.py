@@ -340,7 +340,8 @@ def make_accumulators(stats) -> dict[str, Accumulator]:
 
     ``stats``: one or a list of statistic names from ``STATS``, specs with options
     (``"lens:every=16"``, ``"survival:granularity=head"``, ``"subspaces:pca_k=8:unembed_k=16"``;
-    ``parse_spec``) or accumulators already made. A spec asked for twice is kept once.
+    ``parse_spec``) or accumulators already made, with no sums yet. A spec asked for twice
+    is kept once.
     """
     items = [stats] if isinstance(stats, str | Accumulator) else list(stats)
     if not items:
@@ -348,6 +349,11 @@ def make_accumulators(stats) -> dict[str, Accumulator]:
     unknown = [s for s in items if isinstance(s, str) and s.split(":")[0].strip() not in STATS]
     if unknown:
         raise InputError(f"unknown statistics {unknown}: choose from {sorted(STATS)}")
+    held = [f"{s.spec!r} ({s.tokens:,} tokens)" for s in items if isinstance(s, Accumulator) and s.sums]
+    if held:
+        raise InputError(f"the accumulators {', '.join(held)} already hold an earlier scan's sums, "
+                         "which this scan would add to: pass acc.empty_like() (or the spec) to "
+                         "start afresh; to combine two scans, merge their accumulators (acc.merge)")
     accs: dict[str, Accumulator] = {}
     for item in items:
         acc = item if isinstance(item, Accumulator) else parse_spec(item)
