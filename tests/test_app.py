@@ -206,6 +206,13 @@ def test_corpus_page_refuses_paths_outside_the_allow_list_and_no_statistics(tmp_
     at.text_input(key="corpus_path").set_value(str(allowed / "missing.txt"))
     _scan_button(at).click().run()
     assert not at.exception and "missing.txt" in at.error[0].value and not at.get("plotly_chart")
+    (allowed / "bad.txt.gz").write_bytes(b"not gzip")
+    at.text_input(key="corpus_path").set_value(str(allowed / "bad.txt.gz"))
+    _scan_button(at).click().run()
+    assert not at.exception and "bad.txt.gz is not a complete gzip file" in at.error[0].value
+    at.run()  # any rerun: the failed scan is not run again
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert "press Scan" in at.info[0].value
     at.radio(key="corpus_source").set_value(at.radio(key="corpus_source").options[0])
     at.multiselect(key="corpus_stats").set_value([])
     _scan_button(at).click().run()

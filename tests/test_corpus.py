@@ -181,6 +181,16 @@ def test_malformed_corpus_files_are_refused_naming_file_and_line(tmp_path):
     (tmp_path / "fake.txt.gz").write_text("plain text, not gzip\n")
     with pytest.raises(InputError, match="fake.txt.gz is not a complete gzip file"):
         list(Corpus(tmp_path / "fake.txt.gz").texts())
+    import gzip
+
+    words = ["alpha", "beta", "gamma", "delta"]
+    damaged = bytearray(gzip.compress("".join(f"line {i} {words[i % 4]} {words[i * 7 % 3]}\n"
+                                              for i in range(3000)).encode()))
+    for i in range(200, 260):  # the deflate stream damaged after a valid header: zlib.error
+        damaged[i] ^= 0x55
+    (tmp_path / "damaged.txt.gz").write_bytes(bytes(damaged))
+    with pytest.raises(InputError, match="damaged.txt.gz is not a complete gzip file"):
+        list(Corpus(tmp_path / "damaged.txt.gz").texts())
     with pytest.raises(InputError, match="text_field must name a JSON field"):
         Corpus(tmp_path / "bad.jsonl", text_field="")
     with pytest.raises(InputError, match="is not 'builtin', a file or a folder"):

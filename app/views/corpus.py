@@ -44,12 +44,13 @@ if submitted:
     if not stats:
         st.error("Pick at least one statistic to scan.")
         st.stop()
-    st.session_state["scan_args"] = (name, corpus, int(budget), tuple(stats))
-args = st.session_state.get("scan_args")
+    args = (name, corpus, int(budget), tuple(stats))
+else:  # the last scan that succeeded (a failed one is not run again on every rerun)
+    args = st.session_state.get("scan_args")
 if args is None or args[0] != name:
     st.info("Pick the statistics and press Scan.")
     st.stop()
-model = cache.model(name)
+asked, model = args, cache.model(name)
 if LENS in args[3] and not model.anatomy.has_lm_head:
     st.info(f"{model.anatomy.lm_head_note} The scan leaves the lens out.")
     args = (*args[:3], tuple(s for s in args[3] if s != LENS))
@@ -63,6 +64,7 @@ try:  # the bar moves only while the scan runs (not on a cached result), and the
             *common.scan_progress(tokens, target, time.perf_counter() - started)))
 finally:
     bar.empty()
+st.session_state["scan_args"] = asked
 where = "the built-in corpus" if args[1] == "builtin" else args[1]
 st.caption(f"{name} over {result.tokens:,} tokens of {where} in {result.batches} batches, "
            f"{result.seconds:.1f} s ({result.tokens_per_second:,.0f} tokens/s)")

@@ -122,7 +122,7 @@ def file_texts(path: Path, text_field: str = "text") -> Iterator[tuple[str, int]
                 text = _line_text(line, jsonl, text_field, f"{path}:{number}")
                 if text:
                     yield text, raw.tell()
-    except (gzip.BadGzipFile, EOFError) as e:
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:  # zlib: damaged data after the header
         raise InputError(f"{path} is not a complete gzip file ({e}); unpack it or fix the "
                          "name") from None
 
