@@ -9,6 +9,9 @@ disk) for the duration of each forward pass. The package works with both:
   so a trace lives on one device whatever the split;
 * weights are read through ``parameter``, which fetches an offloaded tensor from the hook's
   map, and ``Model.weights`` / ``Model.unembed`` move them to the home device.
+
+``resolve_device`` and ``resolve_dtype`` read a ``load``'s ``device`` and ``dtype``, and
+refuse a device this machine lacks or a dtype no model runs in.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .errors import NotAvailableError
+from .errors import InputError, NotAvailableError
 
 
 def parameter(module: nn.Module, name: str = "weight") -> Tensor | None:
@@ -44,3 +47,46 @@ def home_device(module: nn.Module) -> torch.device:
             return torch.device(hook_device)
     return next((p.device for p in module.parameters() if p.device.type != "meta"),
                 torch.device("cpu"))
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "float64": torch.float64}
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``"auto"`` picks cuda, then mps, then cpu; a named device must exist on this machine."""
+    if str(device) != "auto":
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError):
+            raise InputError(f"device {device!r} is not a device name: use auto, cpu, cuda, "
+                             "cuda:N or mps") from None
+        _check_present(dev)
+        return dev
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def _check_present(dev: torch.device) -> None:
+    """``InputError`` unless ``dev`` is the CPU or an accelerator this machine has."""
+    count = {"cpu": 1, "cuda": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+             "mps": int(bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()))}
+    if dev.type not in count:
+        raise InputError(f"device {str(dev)!r} is not supported: use auto, cpu, cuda, cuda:N or mps")
+    if (dev.index or 0) >= count[dev.type]:
+        have = f"{count[dev.type]} {dev.type} device(s)" if count[dev.type] else f"no {dev.type} device"
+        raise InputError(f"device {str(dev)!r} is not on this machine ({have}): use auto or cpu")
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """``"auto"`` is bfloat16 on cuda and float32 otherwise; else one of ``DTYPES``."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype in DTYPES.values():
+        return dtype
+    if dtype not in DTYPES:
+        raise InputError(f"dtype {dtype!r} is not a model dtype: use auto or one of {list(DTYPES)}")
+    return DTYPES[dtype]

@@ -26,7 +26,7 @@ from torch import nn
 
 from .anatomy import Anatomy
 from .architectures import describe
-from .devices import home_device
+from .devices import home_device, resolve_device, resolve_dtype
 from .errors import (
     CorruptModelFileError,
     InputError,
@@ -89,24 +89,6 @@ class Model:
         a = self.anatomy
         return (f"Model({self.name!r}: {a.architecture}, {a.placement}-{a.norm_kind}, "
                 f"{a.n_layers} layers, d_model {a.d_model}, {self.device}, {self.dtype})")
-
-
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """``"auto"`` picks cuda, then mps, then cpu."""
-    if str(device) != "auto":
-        return torch.device(device)
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
-
-
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """``"auto"`` is bfloat16 on cuda and float32 otherwise."""
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
 
 
 def wrap(module: nn.Module, tokenizer: object, *, name: str, source: str = "object") -> Model:
@@ -245,7 +227,7 @@ def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, placement: di
             folder, config=config, dtype=dt, local_files_only=True, use_safetensors=True,
             **(placement or {}), **kw)
         tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kw)
-    except (OSError, ValueError, RuntimeError, KeyError) as e:
+    except Exception as e:  # noqa: BLE001 - a config's own validation errors are plain Exceptions
         if isinstance(e, ResidualStreamError):
             raise
         raise CorruptModelFileError(
@@ -305,7 +287,13 @@ def _gguf_cache(path: Path, progress: bool) -> Path:
             raise CorruptModelFileError(f"{str(path)!r} is not a GGUF file (bad magic bytes)")
     target = _cache_root() / "gguf" / _sha256(path)[:24]
     if (target / "config.json").exists():
-        return target
+        try:
+            _validate_safetensors(target)
+            return target
+        except CorruptModelFileError as e:  # the cache is ours: made again, not a dead end
+            print(f"residual-stream: the cached copy is damaged ({e}); making it again",
+                  file=sys.stderr, flush=True)
+            shutil.rmtree(target, ignore_errors=True)
     if progress:
         print(f"residual-stream: first load of {path.name}: dequantizing (about 20 s); the float "
               f"copy is cached in {target}", file=sys.stderr, flush=True)
@@ -315,10 +303,10 @@ def _gguf_cache(path: Path, progress: bool) -> Path:
     try:
         _save_float_copy(model, tok, tmp)
         os.replace(tmp, target)
-    except OSError:
+    except BaseException as e:  # interrupted or failed: no partial copy is left behind
         shutil.rmtree(tmp, ignore_errors=True)
-        if not (target / "config.json").exists():
-            raise
+        if not isinstance(e, OSError) or not (target / "config.json").exists():
+            raise  # (an OSError with the target there: another process made it first)
     if progress:
         print("residual-stream: cached.", file=sys.stderr, flush=True)
     return target

@@ -190,3 +190,67 @@ def test_device_and_dtype_auto():
     assert dev.type == ("cuda" if torch.cuda.is_available() else dev.type)
     assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
     assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+
+
+def test_a_device_or_dtype_this_machine_cannot_run_is_refused_with_the_choices():
+    from residual_stream.errors import InputError
+
+    absent = f"cuda:{torch.cuda.device_count()}"  # one past the last GPU (cuda:0 on this CPU)
+    for kw, message in [({"device": "bogus"}, "not a device name: use auto, cpu"),
+                        ({"device": "meta"}, "not supported: use auto, cpu"),
+                        ({"device": absent}, "is not on this machine"),
+                        ({"dtype": "float33"}, r"not a model dtype: use auto or one of \['float32'"),
+                        ({"dtype": "int8"}, "not a model dtype")]:
+        with pytest.raises(InputError, match=message):
+            rs.load("twin-pre-rms", **kw)
+    assert rs.load("twin-pre-rms", device="cpu", dtype="float64").dtype == torch.float64
+
+
+def test_a_config_field_of_the_wrong_type_is_a_corrupt_model_file(tmp_path):
+    """transformers' own config validation raises a plain ``Exception`` subclass."""
+    import json
+
+    folder = save_tiny_bert(tmp_path / "bert")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": "two"}))
+    before = (folder / "config.json").read_bytes()
+    with pytest.raises(CorruptModelFileError, match="could not load the model in .*Re-download"):
+        rs.load(folder)
+    assert (folder / "config.json").read_bytes() == before
+
+
+def test_an_interrupted_gguf_copy_leaves_no_partial_folder(tmp_path, cache, monkeypatch):
+    from residual_stream import loading
+
+    fake = tmp_path / "m.gguf"
+    fake.write_bytes(b"GGUF" + bytes(64))
+    monkeypatch.setattr(loading, "_from_gguf", lambda path: (None, None))
+
+    def interrupted(model, tok, folder):
+        (folder / "config.json").write_text("{}")
+        raise KeyboardInterrupt  # Ctrl-C while the copy is written
+
+    monkeypatch.setattr(loading, "_save_float_copy", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        loading._gguf_cache(fake, progress=False)
+    assert list((cache / "gguf").iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_damaged_gguf_cache_is_made_again(smollm2, tmp_path, monkeypatch, capsys):
+    """The float copy of a GGUF file is the package's own cache: a truncated one is found on
+    the next load and made again (it is keyed by the GGUF's hash, so nothing else repairs it)."""
+    from residual_stream import loading
+
+    real = registry.REGISTRY["smollm2-135m"].location()
+    made = loading._gguf_cache(real, progress=False)  # the session's copy (``smollm2`` made it)
+    monkeypatch.setenv("RESIDUAL_STREAM_CACHE", str(tmp_path / "cache"))
+    target = loading._cache_root() / "gguf" / made.name
+    shutil.copytree(made, target)
+    weights = target / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:2_000_000])
+    again = rs.load("smollm2-135m", dtype="float32", progress=False)
+    assert "the cached copy is damaged" in capsys.readouterr().err
+    assert weights.stat().st_size == (made / "model.safetensors").stat().st_size
+    name = "model.embed_tokens.weight"
+    assert torch.equal(again.module.state_dict()[name], smollm2.module.state_dict()[name])
