@@ -198,8 +198,11 @@ def _read_texts(args: argparse.Namespace) -> list[str]:
     return list(Corpus(args.text or args.corpus or "builtin").texts())
 
 
-def _writable(path: Path) -> None:
+def writable(path: Path) -> None:
+    """``InputError`` unless ``path`` can be written as a file: checked before any work."""
     parent = path.resolve().parent
+    if path.is_dir():
+        raise InputError(f"cannot write {path}: it is a folder; give a file name")
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         raise InputError(f"cannot write {path}: {parent} is not a writable folder")
 
@@ -220,7 +223,11 @@ def _report(args: argparse.Namespace) -> int:
     from .report import build_report
 
     for path in filter(None, (args.out, args.data)):
-        _writable(path)
+        writable(path)
+    if args.data and args.data.resolve() == args.out.resolve():
+        raise InputError(f"--data and --out are both {args.out}: give the JSON another name")
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise InputError(f"--max-tokens must be positive, got {args.max_tokens}")
     texts = _read_texts(args)
     if not texts:
         raise EmptyTextError("the corpus is empty: give a file or folder with some text")
@@ -243,7 +250,7 @@ def _trace_stats(args: argparse.Namespace) -> int:
     from .loading import load
     from .trace import trace
 
-    _writable(args.out)
+    writable(args.out)
     model = load(args.model, device=args.device)
     tr = trace(model, args.text)
     n = model.anatomy.n_layers

@@ -103,16 +103,26 @@ def test_cli_report_on_real_and_folder_models(tmp_path):
     (["report", "--model", "minilm-l6", "--corpus", "EMPTY"], "corpus is empty"),
     (["report", "--model", "minilm-l6", "--builtin", "--out", "/nonexistent/dir/r.html"],
      "not a writable folder"),
+    (["report", "--model", "minilm-l6", "--builtin", "--out", "EMPTY"], "it is a folder"),
+    (["report", "--model", "minilm-l6", "--builtin", "--out", "SAME", "--data", "SAME"],
+     "--data and --out are both"),
+    (["report", "--model", "minilm-l6", "--builtin", "--max-tokens", "0"],
+     "--max-tokens must be positive, got 0"),
+    (["scan", "twin-pre-rms", "builtin", "--out", "EMPTY"], "it is a folder"),
+    (["scan", "twin-pre-rms", "builtin", "--state", "/nonexistent/dir/s.pt"], "not a writable folder"),
+    (["scan", "twin-pre-rms", "builtin", "--seq-len", "0"], "seq_len must be positive"),
+    (["check", "twin-pre-rms", "--text", "a text", "--device", "bogus"], "not a device name"),
 ])
 def test_cli_errors_exit_1_and_leave_nothing(argv, message, tmp_path, capsys):
     (tmp_path / "EMPTY").mkdir()
-    argv = [a.replace("EMPTY", str(tmp_path / "EMPTY")) for a in argv]
-    if "--out" not in argv:
-        argv += ["--out", str(tmp_path / "r.html")]
+    argv = [a.replace("EMPTY", str(tmp_path / "EMPTY")).replace("SAME", str(tmp_path / "r.html"))
+            for a in argv]
+    if "--out" not in argv and argv[0] != "check":
+        argv += ["--out", str(tmp_path / ("r.html" if argv[0] == "report" else "r.json"))]
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
-    assert not list(tmp_path.glob("*.html")) and not list(tmp_path.glob(".*partial"))
+    assert not list(tmp_path.glob("*.*")) and not list(tmp_path.glob(".*partial"))
 
 
 def test_cli_app_without_the_app_folder_says_where_it_is(tmp_path, monkeypatch, capsys):

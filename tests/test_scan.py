@@ -750,14 +750,20 @@ def test_a_state_for_other_arguments_or_a_corrupt_one_is_refused(model, tmp_path
         rs.scan(model, TEXTS, ["growth"], batch_size=2, seq_len=16, state=tmp_path / "old.pt",
                 progress=False)
     bad = tmp_path / "bad.pt"
-    bad.write_bytes(b"not a torch file")
-    with pytest.raises(InputError, match="unreadable.*delete it"):
+    bad.write_bytes(b"not a torch file")  # a file given by mistake (the corpus, say): kept
+    with pytest.raises(InputError, match="bad.pt is not a scan state.*give --state a new file"):
         rs.scan(model, TEXTS, ["growth"], state=bad, progress=False)
     assert bad.read_bytes() == b"not a torch file"
+    (tmp_path / "cut.pt").write_bytes(before[:len(before) // 2])  # a state cut short
+    with pytest.raises(InputError, match="cut.pt is damaged.*delete it"):
+        rs.scan(model, TEXTS, ["growth"], batch_size=2, seq_len=16, state=tmp_path / "cut.pt",
+                progress=False)
     with pytest.raises(InputError, match="unknown statistics.*choose from"):
         rs.scan(model, TEXTS, ["growth", "nope"], progress=False)
     with pytest.raises(InputError, match="context"):
         rs.scan(model, TEXTS, ["growth"], seq_len=1000, progress=False)
+    with pytest.raises(InputError, match="seq_len must be positive, got 8 and 0"):
+        rs.scan(model, TEXTS, ["growth"], seq_len=0, progress=False)
     with pytest.raises(rs.errors.EmptyTextError):
         rs.scan(model, ["", "  "], ["growth"], progress=False)
 

@@ -176,8 +176,9 @@ def segment_tokens(model, segment: Segment) -> int:
     return sum(len(ids) for _, ids, _ in segment_chunks(model, segment))
 
 
-def _check_sizes(model, batch_size: int, seq_len: int, max_tokens: int | None,
-                 order: str) -> None:
+def check_sizes(model, batch_size: int, seq_len: int, max_tokens: int | None,
+                order: str) -> None:
+    """``InputError`` for a batch shape, budget or order that no scan can run."""
     if order not in ORDERS:
         raise InputError(f"order must be one of {sorted(ORDERS)}, not {order!r}")
     if batch_size < 1 or seq_len < 1:
@@ -207,7 +208,7 @@ def row_batches(
     them; either way they are recorded in ``ledger``. ``reading``
     (``progress.ReadProgress``) counts what is read and tokenized.
     """
-    _check_sizes(model, batch_size, seq_len, max_tokens, order)
+    check_sizes(model, batch_size, seq_len, max_tokens, order)
     share, ledger = share or Share(), Ledger() if ledger is None else ledger
     exchanging = max_tokens is not None and share.exchange is not None
     segments = corpus.segments(reading, lambda: can_cut(model.tokenizer))

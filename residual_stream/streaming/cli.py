@@ -89,12 +89,12 @@ def run(args: argparse.Namespace) -> int:
 
     rank, world, device = _distributed()
     try:
-        if rank == 0:
-            parent = args.out.resolve().parent
-            if not parent.is_dir() or not os.access(parent, os.W_OK):
-                from ..errors import InputError
+        from ..cli import writable
 
-                raise InputError(f"cannot write {args.out}: {parent} is not a writable folder")
+        if rank == 0:
+            writable(args.out)  # before the scan, not after it
+        if args.state is not None:
+            writable(args.state)
         corpus = Corpus(args.corpus, args.segment_chars, args.text_field)  # refused before loading
         # so is an unknown statistic or a bad option; the scan takes these accumulators
         accs = make_accumulators([s.strip() for s in args.stats.split(",") if s.strip()])

@@ -55,7 +55,7 @@ import pandas as pd
 from ..errors import EmptyTextError, InputError
 from ..trace import trace_batch
 from .accumulators import Accumulator, make_accumulators
-from .batching import row_batches
+from .batching import check_sizes, row_batches
 from .corpus import Corpus
 from .graphs import Replayed
 from .lean import feed_trace, lean_pass, points
@@ -100,8 +100,11 @@ class ScanResult:
         """Write ``to_dict()`` as JSON, atomically."""
         path = Path(path)
         tmp = path.with_name(f".{path.name}.partial")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1), encoding="utf-8")
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(json.dumps(self.to_dict(), indent=1), encoding="utf-8")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
         return path
 
 
@@ -314,7 +317,8 @@ def scan(
     """
     corpus = corpus if isinstance(corpus, Corpus) else Corpus(corpus)
     accs = make_accumulators(stats)
-    seq_len = int(seq_len or min(model.anatomy.n_ctx, 128))
+    seq_len = int(min(model.anatomy.n_ctx, 128) if seq_len is None else seq_len)
+    check_sizes(model, batch_size, seq_len, max_tokens, order)  # as asked, before any reading
     config = scan_config(model, corpus, list(accs), batch_size, seq_len, max_tokens, order, rank,
                      world_size)
     path = Path(state) if state is not None else None

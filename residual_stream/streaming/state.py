@@ -40,10 +40,14 @@ def scan_config(model, corpus: Corpus, stats: list[str], batch_size: int, seq_le
 def _load_state(path: Path, config: dict) -> dict | None:
     if not path.exists():
         return None
+    with open(path, "rb") as f:
+        if f.read(4) != b"PK\x03\x04":  # not what torch.save writes: maybe a file given by mistake
+            raise InputError(f"{path} is not a scan state (not a file torch.save wrote); give "
+                             "--state a new file name or a state a scan saved")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same advice
-        raise InputError(f"the scan state {path} is unreadable ({type(e).__name__}); delete it to "
+    except Exception as e:  # noqa: BLE001 - any damaged state gets the same advice
+        raise InputError(f"the scan state {path} is damaged ({type(e).__name__}); delete it to "
                          "start the scan again") from None
     saved_version = state.get("config", {}).get("version") if isinstance(state, dict) else None
     if saved_version != config["version"]:
@@ -73,10 +77,13 @@ def save_state(path: Path, config: dict, done: tuple[int, int], tokens: int, bat
                accs: dict[str, Accumulator], ledger: Ledger) -> None:
     """Write the state atomically: ``done`` is the next batch, ``tokens`` and ``batches`` so far."""
     tmp = path.with_name(f".{path.name}.partial")
-    with open(tmp, "wb") as f:
-        torch.save({"config": config, "next": list(done), "tokens": tokens, "batches": batches,
-                    "stats": {n: a.state_dict() for n, a in accs.items()},
-                    "ledger": list(ledger.counts)}, f)
-        f.flush()
-        os.fsync(f.fileno())  # on disk before the rename makes it the state
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save({"config": config, "next": list(done), "tokens": tokens, "batches": batches,
+                        "stats": {n: a.state_dict() for n, a in accs.items()},
+                        "ledger": list(ledger.counts)}, f)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename makes it the state
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
