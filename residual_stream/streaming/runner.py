@@ -352,6 +352,7 @@ def scan(
                 if on_batch is not None:
                     on_batch(key, tokens)
                 signals.stop_if_asked(save)
+            signals.stop_if_asked(save)  # one that came while the reader had no batch left
         bar.close()
     finally:
         close()  # after the reader has left

@@ -5,8 +5,11 @@ much. ``Deferred`` catches SIGINT (Ctrl-C, a notebook's interrupt) and SIGTERM (
 preemption notice) while such a scan runs: the batch under way is finished and added, the
 state saved, and the signal then takes its course (``KeyboardInterrupt`` for SIGINT, the
 previous handler or termination for SIGTERM). A second signal before that stops at once.
-Handlers can only be set from the main thread; elsewhere, and without a state, the signals
-are left alone.
+A signal is acted on once: if the previous handler returns (a framework's checkpoint flag),
+the scan goes on under it. A signal that comes after the last batch is acted on when the
+loop ends (``runner.scan`` asks once more). Handlers can only be set from the main thread;
+elsewhere, without a state, and for a signal that is ignored (``SIG_IGN``: a job started
+in the background) or whose handler Python cannot restore, the signals are left alone.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ class Deferred:
         self.previous: dict[int, object] = {}
         if active and threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
-                self.previous[sig] = signal.signal(sig, self._handle)
+                if signal.getsignal(sig) not in (signal.SIG_IGN, None):  # None: set outside Python
+                    self.previous[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.received is not None:  # asked twice: stop now
@@ -44,11 +48,12 @@ class Deferred:
 
     def stop_if_asked(self, save: Callable[[], None]) -> None:
         """If a signal came: ``save()``, restore the handlers and let the signal act."""
-        if self.received is None:
+        received, self.received = self.received, None
+        if received is None:
             return
         save()
         self.restore()
-        signal.raise_signal(self.received)
+        signal.raise_signal(received)
 
     def __enter__(self) -> Deferred:
         """The handlers are set; the block runs."""
