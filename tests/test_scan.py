@@ -736,6 +736,23 @@ def test_a_scan_resumed_inside_a_segment_keeps_its_open_texts(model, tmp_path):
     _assert_text_clustered_se(whole.stats["lens"], _whole(model, corpus, **kw), 1, corpus=corpus, **kw)
 
 
+def test_a_state_saved_with_another_model_of_the_same_name_is_refused(tmp_path):
+    """Twins of one shape share a name: their weights (and a dtype, a shape) tell them apart."""
+    kw = dict(batch_size=2, seq_len=16, progress=False, state=tmp_path / "scan.pt")
+    a, b = (rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32,
+                    seed=seed) for seed in (0, 1))
+    assert a.name == b.name
+    rs.scan(a, TEXTS, ["growth"], **kw)
+    with pytest.raises(InputError, match="other arguments.*'weights'"):
+        rs.scan(b, TEXTS, ["growth"], **kw)
+    wider = rs.twin(norm="rmsnorm", placement="pre", n_layers=2, d_model=32, n_heads=2, n_ctx=32)
+    with pytest.raises(InputError, match="other arguments.*'shape': \\(\\[1, 16, 32\\], \\[2, 32, 32\\]\\)"):
+        rs.scan(wider, TEXTS, ["growth"], **kw)
+    a.module.double()  # the same weights, in float64
+    with pytest.raises(InputError, match="other arguments {'dtype': \\('torch.float32', 'torch.float64'\\)}"):
+        rs.scan(a, TEXTS, ["growth"], **kw)
+
+
 def test_a_state_for_other_arguments_or_a_corrupt_one_is_refused(model, tmp_path):
     state = tmp_path / "scan.pt"
     rs.scan(model, TEXTS, ["growth"], batch_size=2, seq_len=16, state=state, progress=False)

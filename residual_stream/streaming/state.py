@@ -2,15 +2,17 @@
 
 ``save_state`` writes it atomically (a temporary file, flushed to disk, then renamed over the
 last one); ``resume`` reads it back for a scan run with the same arguments (``scan_config``:
-the model, statistics, batch shape, budget, order, the corpus's fingerprint and segment
-size, the process's rank among how many) and refuses one saved for others, by another
-version or unreadable, with what to do. It holds the name of the next batch ``(segment,
-index)``, the tokens and batches so far, every accumulator's ``state_dict`` and the token
+the model's name, shape, dtype and a fingerprint of its weights, the statistics, batch
+shape, budget, order, the corpus's fingerprint and segment size, the process's rank among
+how many) and refuses one saved for others, by another version or unreadable, with what to
+do. It holds the name of the next batch ``(segment, index)``, the tokens and batches so
+far, every accumulator's ``state_dict`` and the token
 counts of the segments counted (``ledger.Ledger``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -21,20 +23,37 @@ from .accumulators import Accumulator
 from .corpus import Corpus
 from .ledger import Ledger
 
-STATE_VERSION = 6  # 2: batches within segments, named (segment, index); 3: stats by spec, lens kl_sq;
+STATE_VERSION = 7  # 2: batches within segments, named (segment, index); 3: stats by spec, lens kl_sq;
 # 4: batches by length (config "order"), growth's first-token sums, the lens's open texts;
 # 5: a corpus of files fingerprinted by names, sizes and ends, not path and mtime;
 # 6: a text longer than a segment cut into parts, each a segment (growth's massive "char");
-#    the segments' token counts ("ledger")
+#    the segments' token counts ("ledger"); 7: the model's shape, dtype and weights ("weights")
 
 
 def scan_config(model, corpus: Corpus, stats: list[str], batch_size: int, seq_len: int,
                 max_tokens: int | None, order: str, rank: int, world_size: int) -> dict:
     """What a saved state must have been run with to be resumed (compared key by key)."""
+    a = model.anatomy
     return {"version": STATE_VERSION, "model": model.name, "stats": stats, "batch_size": batch_size,
+            "shape": [a.n_layers, a.d_model, a.n_ctx], "dtype": str(model.dtype),
+            "weights": weights_fingerprint(model),
             "seq_len": seq_len, "max_tokens": max_tokens, "order": order,
             "corpus": corpus.fingerprint(), "segment_chars": corpus.segment_chars,
             "rank": rank, "world_size": world_size}
+
+
+def weights_fingerprint(model, values: int = 4096) -> str:
+    """A hash of the model's weights, read cheaply.
+
+    The first ``values`` of about 16 parameters spread over the model, its last included:
+    models that share a name (twins of one shape, two fine-tunes of one base, one of them
+    with its embedding frozen) differ there. Offloaded parameters (``meta``) are skipped.
+    """
+    params = [p for p in model.module.parameters() if p.device.type != "meta"]
+    h = hashlib.sha256()
+    for p in params[::max(1, len(params) // 16)] + params[-1:]:
+        h.update(p.detach().flatten()[:values].float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def _load_state(path: Path, config: dict) -> dict | None:
