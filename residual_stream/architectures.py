@@ -184,6 +184,9 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
         return f"{prefix}.{path}" if prefix else path
 
     n_layers = len(base.get_submodule(spec.layers))
+    if n_layers == 0:
+        raise UnsupportedArchitectureError(f"{config.model_type} model with no layers: the stream "
+                                           "has no reads or writes to study; load one with 1 or more")
     placement = spec.placement(config) if callable(spec.placement) else spec.placement
 
     norms: dict[str, NormSpec] = {}

@@ -153,6 +153,23 @@ def test_local_paths_need_the_allow_list(tmp_path, monkeypatch):
     assert not at.exception and "could not load" in at.error[0].value
 
 
+def test_a_one_layer_model_from_a_local_path_shows_its_writes(tmp_path, monkeypatch):
+    """One layer leaves the Writes page no layer to choose (a slider from 0 to 0 raised)."""
+    from residual_stream.cli import main
+
+    allowed = tmp_path / "allowed"
+    monkeypatch.setenv("RESIDUAL_STREAM_ALLOWED_DIRS", str(allowed))
+    assert main(["train", "--norm", "rmsnorm", "--placement", "pre", "--layers", "1", "--d-model", "32",
+                 "--heads", "2", "--d-mlp", "64", "--n-ctx", "128", "--steps", "2", "--batch", "2",
+                 "--warmup", "1", "--out", str(allowed / "one"), "--quiet"]) == 0
+    at = app()
+    at.sidebar.selectbox(key="model").select("local path…").run()
+    at.sidebar.text_input(key="path").set_value(str(allowed / "one")).run()
+    at.switch_page("views/writes.py").run()
+    assert not at.exception, at.exception
+    assert at.selectbox(key="write").options[0] == "L0.attn" and at.get("plotly_chart")
+
+
 def test_unavailable_analysis_is_explained():
     at = app("flow")
     at.sidebar.selectbox(key="model").select("minilm-l6").run()

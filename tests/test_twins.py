@@ -78,3 +78,32 @@ def test_bundled_twin_loads_reproduces_its_loss_and_conserves(name):
         meta["evaluation"]["second_occurrence_loss"], abs=VAL_LOSS_ATOL)
     if name in INDUCTION_TWINS:
         assert ev["second_occurrence_loss"] < IN_CONTEXT_RATIO * ev["first_occurrence_loss"], ev
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--layers", "0"], r"at least 1 of each of n_layers.*\{'n_layers': 0\}"),
+    (["--heads", "3"], "d_model 128 is not divisible by n_heads 3: choose heads that divide it"),
+    (["--steps", "0"], "training needs steps and batch of at least 1.*steps=0"),
+    (["--lr", "0"], "lr above 0"),
+])
+def test_cli_train_refuses_numbers_no_twin_can_have(args, message, tmp_path, capsys):
+    out = tmp_path / "twin"
+    import re
+
+    assert main(["train", "--norm", "rmsnorm", "--placement", "pre", "--d-model", "128",
+                 "--out", str(out), "--quiet", *args]) == 1
+    err = capsys.readouterr().err
+    assert re.search(message, err) and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_a_model_with_no_layers_is_refused_by_name():
+    import transformers as tf
+
+    from residual_stream.errors import UnsupportedArchitectureError
+    from residual_stream.inputs import ByteTokenizer
+
+    empty = tf.LlamaForCausalLM(tf.LlamaConfig(vocab_size=257, hidden_size=32, num_hidden_layers=0,
+                                               num_attention_heads=2, intermediate_size=64))
+    with pytest.raises(UnsupportedArchitectureError, match="llama model with no layers.*1 or more"):
+        rs.load(empty, tokenizer=ByteTokenizer())

@@ -13,7 +13,7 @@ with common.guarded():
     model, tr = cache.model(name), cache.trace(name, text)
 a = model.anatomy
 left, mid, right = st.columns(3)
-layer = left.slider("Layer", 0, a.n_layers - 1, 0, key="layer")
+layer = left.slider("Layer", 0, a.n_layers - 1, 0, key="layer") if a.n_layers > 1 else 0
 options = [f"L{layer}.attn", *(f"L{layer}H{h}" for h in range(a.n_heads))]
 if any(c.name == f"L{layer}.mlp" for c in a.components):
     options.append(f"L{layer}.mlp")

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import InputError
 from ..tl_compat import hook_classes
 
 HookPoint, HookedRootModule = hook_classes()
@@ -46,8 +47,15 @@ class TwinConfig:
     model_type: str = "rs-twin"
 
     def __post_init__(self) -> None:
+        """Refuse sizes no twin can have (``InputError``); ``d_mlp`` 0 becomes 4 × ``d_model``."""
+        small = {k: getattr(self, k) for k in ("n_layers", "d_model", "n_heads", "n_ctx", "d_vocab")
+                 if getattr(self, k) < 1}
+        if small or self.d_mlp < 0:
+            raise InputError(f"a twin needs at least 1 of each of n_layers, d_model, n_heads, "
+                             f"n_ctx and d_vocab (d_mlp 0 or more), got {small or {'d_mlp': self.d_mlp}}")
         if self.d_model % self.n_heads:
-            raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
+            raise InputError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}: "
+                             "choose heads that divide it")
         self.d_mlp = self.d_mlp or 4 * self.d_model
 
     # aliases read by architectures.describe (Hugging Face names)

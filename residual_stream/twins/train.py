@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from ..errors import InputError
 from .data import BOS, Mix, repeat_batch, text_batch, train_batch
 from .model import TwinConfig, TwinTransformer
 
@@ -39,6 +40,13 @@ class Recipe:
     clip: float = 1.0
     seed: int = 0
     mix: Mix = field(default_factory=Mix)
+
+    def __post_init__(self) -> None:
+        """Refuse a recipe that cannot train (``InputError``)."""
+        if self.steps < 1 or self.batch < 1 or not self.lr > 0 or self.warmup < 0:
+            raise InputError(f"training needs steps and batch of at least 1, lr above 0 and "
+                             f"warmup of 0 or more, got steps={self.steps}, batch={self.batch}, "
+                             f"lr={self.lr}, warmup={self.warmup}")
 
     def lr_at(self, step: int) -> float:
         """Linear warm-up to ``lr``, then cosine decay to ``lr / 10``."""
