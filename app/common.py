@@ -27,7 +27,10 @@ def allowed_dirs() -> list[Path]:
 
 def check_local_path(raw: str) -> str:
     """The resolved path if it lies inside an allowed folder; ``ValueError`` otherwise."""
-    path = Path(raw).expanduser().resolve()
+    try:
+        path = Path(raw).expanduser().resolve()
+    except (RuntimeError, OSError) as e:  # "~nobody/x": no such home folder
+        raise ValueError(f"{raw!r} is not a usable path ({e})") from None
     if not any(path == d or d in path.parents for d in allowed_dirs()):
         raise ValueError(f"{raw!r} is outside the allowed folders; start the app with "
                          "`residual-stream app --allow DIR` to allow one")

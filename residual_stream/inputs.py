@@ -157,27 +157,41 @@ def encode(
         raise EmptyTextError("no texts given: pass a string or a non-empty list of strings")
     if overflow not in ("error", "chunk"):
         raise InputError(f"overflow must be 'error' or 'chunk', got {overflow!r}")
+    if max_length is not None and not 1 <= max_length <= model.anatomy.n_ctx:
+        raise InputError(f"max_length must be between 1 and the model's context of "
+                         f"{model.anatomy.n_ctx}, got {max_length}")
     limit = int(max_length or model.anatomy.n_ctx)
     rows: list[list[int]] = []
     index: list[int] = []
     starts: list[int] = []
     for i, text in enumerate(texts):
-        if not isinstance(text, str) or not text.strip():
-            raise EmptyTextError(f"text {i} is empty: give it some words to analyse")
-        ids = list(model.tokenizer(text, add_special_tokens=True)["input_ids"])
-        if not ids:
-            raise EmptyTextError(f"text {i} tokenizes to nothing: give it some words to analyse")
-        if len(ids) > limit and overflow == "error":
-            raise ContextLengthError(
-                f"text {i} is {len(ids)} tokens, longer than the limit of {limit} tokens "
-                f"(the model's context is {model.anatomy.n_ctx}); shorten it, or pass "
-                "overflow='chunk' to split it into several rows"
-            )
+        ids = _ids(model, i, text, limit, overflow)
         cuts = range(0, len(ids), limit)
         starts.extend(cuts)
         rows.extend(ids[s:s + limit] for s in cuts)
         index.extend([i] * len(cuts))
     return pack(model, rows, tuple(index), tuple(starts))
+
+
+def _ids(model: Model, i: int, text: object, limit: int, overflow: Overflow) -> list[int]:
+    """Text ``i``'s token ids, refused when empty, not Unicode, or over ``limit`` unchunked."""
+    if not isinstance(text, str) or not text.strip():
+        raise EmptyTextError(f"text {i} is empty: give it some words to analyse")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # lone surrogates: bytes a shell could not decode
+        raise InputError(f"text {i} is not valid Unicode at character {e.start} (bytes that "
+                         "are not UTF-8?): give the text as UTF-8") from None
+    ids = list(model.tokenizer(text, add_special_tokens=True)["input_ids"])
+    if not ids:
+        raise EmptyTextError(f"text {i} tokenizes to nothing: give it some words to analyse")
+    if len(ids) > limit and overflow == "error":
+        raise ContextLengthError(
+            f"text {i} is {len(ids)} tokens, longer than the limit of {limit} tokens "
+            f"(the model's context is {model.anatomy.n_ctx}); shorten it, or pass "
+            "overflow='chunk' to split it into several rows"
+        )
+    return ids
 
 
 def pack(model: Model, rows: list[list[int]], text_index: tuple[int, ...] | None = None,

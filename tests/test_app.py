@@ -147,6 +147,8 @@ def test_local_paths_need_the_allow_list(tmp_path, monkeypatch):
     at.sidebar.selectbox(key="model").select("local path…").run()
     at.sidebar.text_input(key="path").set_value(str(tmp_path / "elsewhere")).run()
     assert "outside the allowed folders" in at.error[0].value
+    at.sidebar.text_input(key="path").set_value("~no_such_user_here/model").run()
+    assert not at.exception and "is not a usable path" in at.error[0].value
     (allowed / "broken").mkdir()
     (allowed / "broken" / "config.json").write_text("{not json")
     at.sidebar.text_input(key="path").set_value(str(allowed / "broken")).run()

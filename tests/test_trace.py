@@ -6,7 +6,7 @@ from conftest import REL_F32, TEXTS, max_rel_error
 from tiny_hf import build
 
 import residual_stream as rs
-from residual_stream.errors import ContextLengthError, EmptyTextError, NonFiniteError
+from residual_stream.errors import ContextLengthError, EmptyTextError, InputError, NonFiniteError
 from residual_stream.inputs import ByteTokenizer
 from residual_stream.twins import twin
 
@@ -66,11 +66,22 @@ def test_hooks_removed_even_when_forward_raises():
         return sum(len(m._forward_hooks) + len(m._forward_pre_hooks)
                    for m in model.module.modules())
 
+    def fails(*args, **kwargs):
+        raise RuntimeError("block 1 failed")
+
     before = count()
-    with pytest.raises(ValueError, match="exceeds n_ctx=256"):
-        # raise our own limit past the model's, so that the model itself fails mid-capture
-        rs.trace(model, "y" * 300, max_length=400)
+    model.module.blocks[1].forward = fails  # the model itself fails mid-capture
+    with pytest.raises(RuntimeError, match="block 1 failed"):
+        rs.trace(model, "y" * 30)
     assert count() == before
+    del model.module.blocks[1].forward
+    context = "max_length must be between 1 and the model's context of 256, got 400"
+    with pytest.raises(InputError, match=context):
+        rs.trace(model, "y" * 300, max_length=400)  # past the context: refused before the model
+    with pytest.raises(InputError, match="got 0"):
+        rs.trace(model, "y", max_length=0)
+    with pytest.raises(InputError, match="text 0 is not valid Unicode at character 3"):
+        rs.trace(model, "caf\udce9 latte")  # a byte the shell could not decode
 
 
 def test_nan_in_the_stream_names_layer_and_component():
