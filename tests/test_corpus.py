@@ -394,3 +394,14 @@ def test_a_scan_resumes_from_a_copy_of_its_corpus_elsewhere(tmp_path):
                       on_batch=lambda key, t: seen.append(key), **kw)
     assert seen[0] == (0, 4) and resumed.tokens == whole.tokens
     assert torch.allclose(resumed.stats["growth"].mean, whole.stats["growth"].mean, rtol=1e-12, atol=0)
+
+
+def test_the_builtin_corpus_is_fingerprinted_by_its_texts(monkeypatch):
+    """A release that changes the built-in corpus must not resume a state saved over the old one."""
+    from residual_stream.streaming import corpus as corpus_module
+
+    before = Corpus("builtin").fingerprint()
+    assert before.startswith("builtin sha256:") and Corpus("builtin").fingerprint() == before
+    assert before.split()[1] == Corpus(corpus_module.builtin_corpus()).fingerprint().split()[-1]
+    monkeypatch.setattr(corpus_module, "builtin_corpus", lambda: ["another built-in corpus"])
+    assert Corpus("builtin").fingerprint() != before

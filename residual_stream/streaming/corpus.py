@@ -169,11 +169,16 @@ class Corpus:
         or modification time refused it); with any JSON Lines file, the field its texts come
         from too. An edit inside a file that keeps its size and both ends is not seen.
         """
+        if self.source == "builtin":  # hashed too: a new release may change it
+            return f"builtin {_texts_hash(builtin_corpus())}"
         if not isinstance(self.source, (str, Path)):
-            digest = hashlib.sha256()
-            for text in self.source:  # text by text: a dataset's column is never joined whole
-                digest.update(str(text).encode() + b"\0")
-            return f"list of {len(self.source)} texts sha256:{digest.hexdigest()[:16]}"
-        if self.source == "builtin":
-            return "builtin"
+            return f"list of {len(self.source)} texts {_texts_hash(self.source)}"
         return files_fingerprint(Path(self.source), self._files(), self.text_field)
+
+
+def _texts_hash(texts: Iterable) -> str:
+    """``sha256:`` and 16 hex digits over the texts, hashed text by text (never joined whole)."""
+    digest = hashlib.sha256()
+    for text in texts:
+        digest.update(str(text).encode() + b"\0")
+    return f"sha256:{digest.hexdigest()[:16]}"

@@ -315,7 +315,13 @@ class GrowthStats(Accumulator):
         reduce_trace(self, trace)
 
     def keep_massive(self, rows: list[dict]) -> None:
-        """Keep the ``top_k`` largest by magnitude of what was kept and ``rows``."""
+        """Keep the ``top_k`` largest by magnitude of what was kept and ``rows``.
+
+        Equal magnitudes are ordered by text, character, position, point and dimension. A
+        batch hands over its own ``top_k`` per point, so if more than ``top_k`` equal values
+        tie at one point of one batch (a small ``top_k``), which of them are kept can depend
+        on the batching; the values kept and the count found do not.
+        """
         kept = list(self.meta.get("massive", [])) + rows
         kept.sort(key=lambda r: (-abs(r["value"]), r["text"], r["char"], r["pos"], r["point"], r["dim"]))
         self.meta["massive"] = kept[: self.top_k]
