@@ -14,6 +14,8 @@ the model's own parameters, buffers and settings are never touched.
 from __future__ import annotations
 
 import inspect
+import threading
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
@@ -64,16 +66,17 @@ def hooked(
     ``scales``: the norms whose scale to keep (None: every norm).
     """
     handles: list[torch.utils.hooks.RemovableHandle] = []
-    try:
-        named = dict(model.named_modules())  # one walk; get_submodule per hook costs ~4x more
-        for path, fn, is_pre in _hook_plan(anatomy, out, shape, verify, home, heads, dtype, scales):
-            module = named[path] if path in named else model.get_submodule(path)
-            handles.append(module.register_forward_pre_hook(fn, with_kwargs=True) if is_pre
-                           else module.register_forward_hook(fn))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+    with model_lock(model):  # one pass's hooks at a time (``model_lock``)
+        try:
+            named = dict(model.named_modules())  # one walk; get_submodule per hook costs ~4x more
+            for path, fn, is_pre in _hook_plan(anatomy, out, shape, verify, home, heads, dtype, scales):
+                module = named[path] if path in named else model.get_submodule(path)
+                handles.append(module.register_forward_pre_hook(fn, with_kwargs=True) if is_pre
+                               else module.register_forward_hook(fn))
+            yield
+        finally:
+            for h in handles:
+                h.remove()
 
 
 def _hook_plan(anatomy: Anatomy, out: Captured, shape: torch.Size, verify: bool,
@@ -129,6 +132,25 @@ def _norm_hook(anatomy: Anatomy, names: list[str], out: Captured, verify: bool, 
     return hook
 
 
+_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def model_lock(model: nn.Module) -> threading.RLock:
+    """The lock that one forward pass with hooks holds on ``model``, per module object.
+
+    A model shared by threads (the app's sessions; a rerun of a page starts while the run
+    it replaces still computes) would otherwise see one pass's hooks, or ``untouched``'s
+    undoing of them, land in another's pass. Re-entrant: a pass may nest ``untouched`` and
+    ``hooked``.
+    """
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(model)
+        if lock is None:
+            lock = _LOCKS[model] = threading.RLock()
+        return lock
+
+
 @contextmanager
 def untouched(model: nn.Module, *, hooks: bool = True) -> Iterator[None]:
     """Leave ``model`` as it was: restore train/eval modes and drop hooks others add meanwhile.
@@ -137,8 +159,13 @@ def untouched(model: nn.Module, *, hooks: bool = True) -> Iterator[None]:
     ``transformers``' ``output_hidden_states`` / ``output_attentions`` install capture hooks
     of their own, once and for good; both are undone on exit. ``hooks=False`` skips the hook
     bookkeeping (a snapshot of every module's hook dicts, ~3 ms of host time per call on
-    SmolLM2) for a forward pass that asks for neither output.
+    SmolLM2) for a forward pass that asks for neither output. The pass holds ``model_lock``.
     """
+    with model_lock(model):
+        yield from _untouched(model, hooks)
+
+
+def _untouched(model: nn.Module, hooks: bool) -> Iterator[None]:
     modules = list(model.modules())
     modes = [m.training for m in modules]
     hook_dicts = ("_forward_hooks", "_forward_pre_hooks")

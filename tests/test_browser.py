@@ -79,7 +79,8 @@ def test_click_through_every_page(server):
                     page.locator(".js-plotly-plot").first.wait_for(timeout=180_000)
             except Exception as error:  # keep evidence: what the page showed instead
                 page.screenshot(path=str(ARTIFACTS / f"failure-{step}.png"), full_page=True)
-                shown = page.locator("[data-testid='stAlert']").all_inner_texts()
+                shown = page.locator("[data-testid='stAlert']").all_inner_texts() + [
+                    t[-2500:] for t in page.locator("[data-testid='stException']").all_inner_texts()]
                 raise AssertionError(f"{step}: page {title!r} did not show {content!r}; "
                                      f"alerts: {shown}") from error
 
@@ -93,7 +94,7 @@ def test_click_through_every_page(server):
         page.get_by_role("link", name="Corpus").first.click()
         shows("Corpus", "press Scan", False, "corpus")
         page.get_by_role("button", name="Scan").click()
-        shows("Corpus", "tokens/s", True, "corpus-scanned")
+        shows("Corpus", "tokens of the built-in corpus in", True, "corpus-scanned")  # done
         page.screenshot(path=str(ARTIFACTS / "app-corpus.png"), full_page=True)
         # user text with markup is shown as text, never executed; the page is drawn whole
         # before the text goes in (a rerun still drawing it may drop what is typed)

@@ -1191,3 +1191,36 @@ def test_an_accumulator_that_holds_a_scan_is_refused_and_left_as_it_was(model):
     fresh = rs.scan(model, TEXTS[3:], ["lens:every=2"], batch_size=2, seq_len=16, progress=False)
     for key, x in fresh.accumulators["lens:every=2"].sums.items():
         assert torch.allclose(again.accumulators["lens:every=2"].sums[key], x, rtol=1e-6), key
+
+
+def test_a_model_shared_by_two_threads_gives_each_its_own_results():
+    """The app's reruns can overlap: one thread traces while another scans the same model.
+    Each pass holds the model's lock (``capture.model_lock``), so neither sees the other's
+    hooks (before, the scan lost its last block's hook to the trace's clean-up: a KeyError)."""
+    import threading
+
+    m = rs.twin(norm="rmsnorm", placement="pre", n_layers=4, d_model=32, n_heads=2, n_ctx=64)
+    texts = [f"text number {i} about the residual stream" for i in range(200)]
+    kw = dict(batch_size=2, seq_len=16, progress=False)
+    reference, traced = rs.scan(m, texts, ["growth"], **kw), rs.trace(m, "a short text", patterns=True)
+    errors, stop, traces = [], threading.Event(), []
+
+    def tracer() -> None:
+        while not stop.is_set():
+            try:
+                traces.append(rs.trace(m, "a short text", patterns=True).stream(4))
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+                return
+
+    thread = threading.Thread(target=tracer)
+    thread.start()
+    try:
+        got = rs.scan(m, texts, ["growth"], **kw)
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors and traces, errors
+    assert all(torch.equal(t, traced.stream(4)) for t in traces)
+    for key, value in reference.accumulators["growth"].sums.items():
+        assert torch.allclose(got.accumulators["growth"].sums[key], value, rtol=1e-12), key
