@@ -168,6 +168,8 @@ def _train(args: argparse.Namespace) -> int:
     from .twins.model import TwinConfig
     from .twins.train import Recipe, save, train
 
+    if args.out.exists() and not args.out.is_dir():
+        raise InputError(f"--out {args.out} is a file: give a folder for the twin")
     if args.out.exists() and any(args.out.iterdir()) and not (args.out / "twin.json").exists():
         raise InputError(f"--out {args.out} exists and is not a twin folder: choose an empty one")
     config = TwinConfig(norm=args.norm, placement=args.placement, n_layers=args.layers,
@@ -277,6 +279,9 @@ def _trace_stats(args: argparse.Namespace) -> int:
 
 def _app(args: argparse.Namespace) -> int:
     app = app_path()
+    missing = [p for p in args.allow if not Path(p).is_dir()]
+    if missing:
+        raise InputError(f"--allow {missing[0]}: no such folder; give a folder that exists")
     env = dict(os.environ, HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))
     if args.allow:
         env["RESIDUAL_STREAM_ALLOWED_DIRS"] = os.pathsep.join(str(Path(p).resolve()) for p in args.allow)

@@ -112,17 +112,33 @@ def test_cli_report_on_real_and_folder_models(tmp_path):
     (["scan", "twin-pre-rms", "builtin", "--state", "/nonexistent/dir/s.pt"], "not a writable folder"),
     (["scan", "twin-pre-rms", "builtin", "--seq-len", "0"], "seq_len must be positive"),
     (["check", "twin-pre-rms", "--text", "a text", "--device", "bogus"], "not a device name"),
+    (["train", "--norm", "rmsnorm", "--placement", "pre", "--out", "FILE"], "is a file: give a folder"),
 ])
 def test_cli_errors_exit_1_and_leave_nothing(argv, message, tmp_path, capsys):
     (tmp_path / "EMPTY").mkdir()
+    (tmp_path / "FILE").write_text("not a folder")
     argv = [a.replace("EMPTY", str(tmp_path / "EMPTY")).replace("SAME", str(tmp_path / "r.html"))
-            for a in argv]
+            .replace("FILE", str(tmp_path / "FILE")) for a in argv]
     if "--out" not in argv and argv[0] != "check":
         argv += ["--out", str(tmp_path / ("r.html" if argv[0] == "report" else "r.json"))]
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not list(tmp_path.glob("*.*")) and not list(tmp_path.glob(".*partial"))
+    assert (tmp_path / "FILE").read_text() == "not a folder"
+
+
+def test_cli_app_refuses_an_allowed_folder_that_does_not_exist(monkeypatch, capsys):
+    import os
+    import subprocess
+
+    def started(*args, **kwargs):
+        raise AssertionError("the app was started")
+
+    monkeypatch.setattr(os, "execve", started)
+    monkeypatch.setattr(subprocess, "call", started)
+    assert main(["app", "--allow", "/nonexistent/models"]) == 1
+    assert "--allow /nonexistent/models: no such folder" in capsys.readouterr().err
 
 
 def test_cli_app_without_the_app_folder_says_where_it_is(tmp_path, monkeypatch, capsys):
