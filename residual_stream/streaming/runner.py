@@ -319,9 +319,9 @@ def scan(
     accs = make_accumulators(stats)
     seq_len = int(min(model.anatomy.n_ctx, 128) if seq_len is None else seq_len)
     check_sizes(model, batch_size, seq_len, max_tokens, order)  # as asked, before any reading
-    config = scan_config(model, corpus, list(accs), batch_size, seq_len, max_tokens, order, rank,
-                     world_size)
     path = Path(state) if state is not None else None
+    config = None if path is None else scan_config(  # a state's only: it hashes weights and corpus
+        model, corpus, list(accs), batch_size, seq_len, max_tokens, order, rank, world_size)
     save_due = _save_due(save_every, save_seconds)
     done, tokens, added, ledger = resume(path, config, accs)
     share, ledger, stop, close = _share(rank, world_size, done[0], max_tokens, ledger)

@@ -81,7 +81,7 @@ def _load_state(path: Path, config: dict) -> dict | None:
     return state
 
 
-def resume(path: Path | None, config: dict,
+def resume(path: Path | None, config: dict | None,
            accs: dict[str, Accumulator]) -> tuple[tuple[int, int], int, int, Ledger]:
     """The next batch, tokens, batches and ledger a saved state holds; its sums put in ``accs``."""
     saved = _load_state(path, config) if path is not None else None
