@@ -963,6 +963,24 @@ def test_samples_nest_and_a_fixed_choice_is_never_made_inside_a_capture(model, m
     assert static.samples == {(4, 2): choice} and TokenChoice.of(static, mask, 4, among=2) is choice
 
 
+def test_one_text_or_one_token_gives_no_standard_error(model):
+    """A standard error needs two draws: over one text ``kl_se_texts`` is NaN (it was 0, a
+    claim of no error at all) while ``kl_se`` is the tokens' ``std / √n``; over one token both
+    are NaN. The figure then draws no band (zero width) around the KL."""
+    from residual_stream import plotting
+
+    whole = _whole(model, TEXTS[:1], batch_size=3, seq_len=24)
+    lens = rs.scan(model, TEXTS[:1], "lens", batch_size=3, seq_len=24, progress=False).stats["lens"]
+    kl = rs.logit_lens(whole).kl[:, whole.attention_mask.bool()].double()  # [point, token]
+    assert set(lens.texts) == {1} and lens.kl_se_texts.isna().all()
+    _close(torch.tensor(lens.kl_se.values), kl.std(-1) / kl.shape[1] ** 0.5, rel=1e-4, atol=KL_ATOL)
+    band = plotting.lens_depth_figure(lens).data[0]
+    assert list(band.y) == pytest.approx(list(lens.kl) + list(lens.kl)[::-1])
+    one = rs.scan(model, TEXTS, "lens", max_tokens=1, progress=False).stats["lens"]
+    assert set(one.tokens) == {1} and one.kl_se.isna().all() and one.kl_se_texts.isna().all()
+    assert not one.kl.isna().any()
+
+
 def test_the_sampled_lens_chooses_tokens_by_their_place_in_the_corpus_in_one_pass(model, monkeypatch):
     """``sampling.sampled`` is SplitMix64 (its published first output for seed 0) of (text, position
     in text): the same tokens whatever the batching, about one in ``every``; a sampled lens

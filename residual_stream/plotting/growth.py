@@ -49,10 +49,12 @@ def lens_depth_figure(summary, *, name: str = "") -> go.Figure:
 
     KL to the final distribution with a band of ±2 standard errors clustered by text
     (``kl_se_texts``; on the log axis its lower edge is floored at a tenth of the KL), and
-    top-1 agreement on the right axis.
+    top-1 agreement on the right axis. Over one text the error is unknown and the band is
+    left out (zero width).
     """
     x = list(summary["point"])
-    kl, se = summary["kl"].to_numpy(), summary["kl_se_texts"].to_numpy()
+    kl = summary["kl"].to_numpy()
+    se = np.nan_to_num(summary["kl_se_texts"].to_numpy())  # NaN over one text: no band
     low = np.maximum(kl - 2 * se, kl / 10)
     label = escape(name)
     fig = go.Figure([

@@ -264,8 +264,8 @@ class LensStats(Accumulator):
         independent draws. ``kl_se_texts``: the same clustered by text (tokens of one text are
         correlated): ``√(T/(T−1) Σ_t (S_t − m n_t)²) / tokens`` over the ``texts`` T that
         have a reduced token, ``S_t`` a text's KL sum, ``n_t`` its tokens, ``m`` the mean, over
-        all its rows in every batch (``clusters``). ``tokens``: how many tokens the means are
-        over (all real ones when ``every`` is 1).
+        all its rows in every batch (``clusters``); NaN over one text, as ``kl_se`` over one
+        token. ``tokens``: how many tokens the means are over (all real ones when ``every`` is 1).
         """
         n = int(self.sums["n"])
         k = (n - 1) // 2  # torch.median's order statistic
@@ -273,11 +273,12 @@ class LensStats(Accumulator):
         median = [float(torch.searchsorted(c, torch.tensor(k), right=True)) if n else float("nan")
                   for c in cum]
         kl = self.sums["kl"].cpu() / n if n else torch.full_like(self.sums["kl"].cpu(), float("nan"))
-        var = (self.sums["kl_sq"].cpu() / max(n, 1) - kl.square()).clamp_min(0) * n / max(n - 1, 1)
+        var = ((self.sums["kl_sq"].cpu() / n - kl.square()).clamp_min(0) * n / (n - 1) if n > 1
+               else kl * float("nan"))  # one token: no spread to see
         t = self.open_texts.totals(self.sums)  # closed texts and the open ones
         texts = int(t["texts"])  # Σ_t (S_t − m n_t)², the texts' residual sums, expanded
         spread = (t["text_kl_sq"] - 2 * kl * t["text_kl_n"] + kl.square() * t["text_n_sq"]).clamp_min(0)
-        var_texts = spread * texts / max(texts - 1, 1) / max(n, 1) ** 2
+        var_texts = spread * texts / (texts - 1) / n ** 2 if texts > 1 else kl * float("nan")
         return pd.DataFrame({"point": range(cum.shape[0]), "kl": kl.float().numpy(),
                              "top1_agreement": self.mean("top1").numpy(), "median_rank": median,
                              "kl_se": (var / max(n, 1)).sqrt().float().numpy(),
