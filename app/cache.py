@@ -7,16 +7,22 @@ All keys are plain strings, so any page asking for the same (model, text) reuses
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+
 import pandas as pd
 import streamlit as st
 
 import residual_stream as rs
 import residual_stream.experiments as ex
 
+TEXTS = 64  # (model, text) results each cache keeps: a served app meets many texts
 
-@st.cache_resource(show_spinner="Loading the model (the first SmolLM2 load dequantizes, ~20 s)…")
+
+@st.cache_resource(show_spinner="Loading the model (the first SmolLM2 load dequantizes, ~20 s)…",
+                   max_entries=4)
 def model(name: str) -> rs.Model:
-    """A loaded model, shared by every session (read-only)."""
+    """A loaded model, shared by every session (read-only); the 4 last used stay loaded."""
     return rs.load(name, progress=False)
 
 
@@ -32,25 +38,25 @@ def registry() -> pd.DataFrame:
     return rs.list_models()
 
 
-@st.cache_data(show_spinner="Checking conservation…")
+@st.cache_data(show_spinner="Checking conservation…", max_entries=TEXTS)
 def conservation(name: str, text: str) -> pd.DataFrame:
     """The conservation report as a table."""
     return trace(name, text).check().to_frame()
 
 
-@st.cache_data(show_spinner="Measuring norm growth…")
+@st.cache_data(show_spinner="Measuring norm growth…", max_entries=TEXTS)
 def norm_growth(name: str, text: str):
     """``rs.norm_growth``."""
     return rs.norm_growth(trace(name, text))
 
 
-@st.cache_data(show_spinner="Splitting every write into subspaces…")
+@st.cache_data(show_spinner="Splitting every write into subspaces…", max_entries=TEXTS)
 def write_subspaces(name: str, text: str):
     """``rs.write_subspaces`` for every attention total and MLP."""
     return rs.write_subspaces(trace(name, text))
 
 
-@st.cache_data(show_spinner="Attributing every read…")
+@st.cache_data(show_spinner="Attributing every read…", max_entries=TEXTS)
 def read_matrix(name: str, text: str, level: str) -> pd.DataFrame:
     """Mean |share| read-attribution matrix at ``level``."""
     return rs.read_attribution(trace(name, text)).matrix(level, absolute=True)
@@ -64,13 +70,13 @@ def composition_matrix(name: str, kind: str) -> pd.DataFrame:
     return pd.DataFrame(c.head_to_head[k].numpy(), index=list(c.heads), columns=list(c.heads)).T
 
 
-@st.cache_data(show_spinner="Following every write…")
+@st.cache_data(show_spinner="Following every write…", max_entries=TEXTS)
 def survival(name: str, text: str):
     """``rs.survival`` at component granularity."""
     return rs.survival(trace(name, text))
 
 
-@st.cache_data(show_spinner="Running the logit lens…")
+@st.cache_data(show_spinner="Running the logit lens…", max_entries=TEXTS)
 def logit_lens(name: str, text: str):
     """``rs.logit_lens``."""
     return rs.logit_lens(trace(name, text))
@@ -132,12 +138,42 @@ def builtin_tokens(name: str) -> int:
     return sum(segment_tokens(model(name), s) for s in Corpus("builtin").segments())
 
 
-@st.cache_resource(show_spinner="Scanning the corpus, batch by batch…", max_entries=8)
-def scan(name: str, corpus: str, max_tokens: int, stats: tuple[str, ...],
-         _on_batch=None) -> rs.streaming.ScanResult:
+SCANS = 8  # finished scans kept
+
+
+@st.cache_resource
+def _scans() -> tuple[OrderedDict, threading.Lock]:
+    """The scans every session shares (oldest first) and the lock that guards the dict."""
+    return OrderedDict(), threading.Lock()
+
+
+def scan(name: str, corpus: str, max_tokens: int, stats: tuple[str, ...], version: str = "",
+         on_batch=None) -> rs.streaming.ScanResult:
     """``rs.scan`` of ``corpus`` (``"builtin"`` or a checked path) up to ``max_tokens`` tokens.
 
-    ``_on_batch(key, tokens)`` after each batch (not part of the cache key).
+    ``version``: a path's ``Corpus.fingerprint()`` (only a key: files edited or replaced at
+    the same path are scanned again). ``on_batch(key, tokens)`` after each batch of a scan
+    that runs (not on a kept one). Kept by hand, not by ``st.cache_resource``: that replays
+    the elements a call drew on the next hit, and a progress bar drawn outside the call
+    cannot be replayed (``CacheReplayClosureError`` on every rerun after a scan). Two
+    sessions asking for one scan at once wait for a single run.
     """
-    return rs.scan(model(name), corpus, list(stats), batch_size=8, seq_len=128,
-                   max_tokens=max_tokens, progress=False, on_batch=_on_batch)
+    key = (name, corpus, max_tokens, stats, version)
+    kept, lock = _scans()
+    with lock:
+        entry = kept.setdefault(key, [threading.Lock(), None])  # [its run's lock, its result]
+        kept.move_to_end(key)
+    with entry[0], st.spinner("Scanning the corpus, batch by batch…"):
+        try:  # the first to ask runs it
+            if entry[1] is None:
+                entry[1] = rs.scan(model(name), corpus, list(stats), batch_size=8, seq_len=128,
+                                   max_tokens=max_tokens, progress=False, on_batch=on_batch)
+        except BaseException:  # nothing kept: the next to ask runs it again
+            with lock:
+                if kept.get(key) is entry:
+                    del kept[key]
+            raise
+    with lock:
+        while len(kept) > SCANS:
+            kept.popitem(last=False)
+    return entry[1]

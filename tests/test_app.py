@@ -210,6 +210,10 @@ def test_corpus_page_scans_and_draws_the_scan_statistics():
         if isinstance(z, dict) else np.array(z, dtype=float)
     assert np.allclose(retention, reference["survival"].retention.numpy(), rtol=1e-4, equal_nan=True)
     assert any(b.label == "Scan (JSON)" for b in at.get("download_button"))
+    at.radio(key="corpus_surv").set_value("share").run()  # a rerun shows the kept scan
+    assert not at.exception, at.exception  # was CacheReplayClosureError (the bar, replayed)
+    assert chart(at, 3)["layout"]["title"]["text"] == "Survival of each write (share)"
+    assert "1,024 tokens of the built-in corpus" in at.caption[1].value
 
 
 def test_corpus_page_refuses_paths_outside_the_allow_list_and_no_statistics(tmp_path, monkeypatch):
@@ -236,6 +240,35 @@ def test_corpus_page_refuses_paths_outside_the_allow_list_and_no_statistics(tmp_
     at.multiselect(key="corpus_stats").set_value([])
     _scan_button(at).click().run()
     assert not at.exception and "at least one statistic" in at.error[0].value
+
+
+def test_corpus_page_scans_a_file_again_once_it_changes(tmp_path, monkeypatch):
+    """A scan's cache key holds the corpus's fingerprint, not only its path: the same file
+    rewritten is scanned again (before, the first result was shown), an unchanged one is not.
+    Reference: the tokens ``rs.scan`` reads from each version of the file."""
+    import residual_stream as rs
+
+    monkeypatch.setenv("RESIDUAL_STREAM_ALLOWED_DIRS", str(tmp_path))
+    corpus = tmp_path / "notes.txt"
+    model = rs.load("minilm-l6")
+
+    def tokens() -> int:
+        return rs.scan(model, str(corpus), "growth", batch_size=8, seq_len=128,
+                       progress=False).tokens
+
+    at = app("corpus")
+    at.sidebar.selectbox(key="model").select("minilm-l6").run()
+    at.radio(key="corpus_source").set_value(at.radio(key="corpus_source").options[1])
+    at.text_input(key="corpus_path").set_value(str(corpus))
+    for text in ("A short first note.\nAnd a second.\n", "Now the file holds a much longer "
+                 "line than before, so the scan reads more tokens.\n" * 3):
+        corpus.write_text(text)
+        _scan_button(at).click().run()
+        assert not at.exception, at.exception
+        assert f"over {tokens():,} tokens of {corpus}" in at.caption[1].value
+    shown = at.caption[1].value
+    _scan_button(at).click().run()  # unchanged: the cached scan (same seconds and rate)
+    assert at.caption[1].value == shown
 
 
 def test_the_scan_progress_gives_the_rate_and_the_time_left(monkeypatch):

@@ -8,6 +8,7 @@ import common
 import streamlit as st
 
 from residual_stream import plotting
+from residual_stream.streaming import Corpus
 
 BUDGETS = [1024, 4096, 16384, 65536]
 LENS = "lens:every=4"
@@ -60,7 +61,8 @@ target = min(args[2], cache.builtin_tokens(name)) if args[1] == "builtin" else a
 bar, started = st.progress(0.0, text="Scanning…"), time.perf_counter()
 try:  # the bar moves only while the scan runs (not on a cached result), and then goes
     with common.guarded():
-        result = cache.scan(*args, _on_batch=lambda key, tokens: bar.progress(
+        version = "" if args[1] == "builtin" else Corpus(args[1]).fingerprint()  # files as they are now
+        result = cache.scan(*args, version, on_batch=lambda key, tokens: bar.progress(
             *common.scan_progress(tokens, target, time.perf_counter() - started)))
 finally:
     bar.empty()
