@@ -15,11 +15,13 @@ so shared code (capture, replay, checks) has no ``if arch == ...`` branches.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 import pandas as pd
+import torch
+from torch import Tensor
 
 from .norms import NormSpec
 from .program import PLACEMENTS, Add, Op, Read
@@ -120,6 +122,18 @@ class Anatomy:
             for name, via in vias.items()
         )
         object.__setattr__(self, "components", comps)
+
+    def sees(self, writers: Sequence[str], readers: Sequence[str]) -> Tensor:
+        """``[writer, reader]``: whether each reader reads the stream after each writer's add.
+
+        Program order. A block sees every write of the blocks before it. Within a block the MLP sees its own
+        attention's write in sequential blocks (pre, post, sandwich, DeepNorm) and not in
+        parallel ones, where both read the block's input; no component sees its own write.
+        """
+        read = {op.component: i for i, op in enumerate(self.program) if isinstance(op, Read)}
+        add = {op.component: i for i, op in enumerate(self.program) if isinstance(op, Add)}
+        return torch.tensor([[read.get(r, -1) > add[w] for r in readers] for w in writers],
+                            dtype=torch.bool).reshape(len(writers), len(readers))
 
     def describe_program(self) -> str:
         """The stream program as text, one operation per line."""

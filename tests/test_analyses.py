@@ -249,7 +249,39 @@ def test_composition_against_explicit_matrices():
     assert k.item() == pytest.approx(float(expected), rel=1e-4)
     assert comp.head_to_head[:, comp.heads.index("L2H3"), comp.heads.index("L0H1")].eq(0).all()
     assert 0 < comp.baseline["k"] < 1
-    assert len(comp.to_frame().query("kind == 'in'")) == 4 * (1 + 2)  # L0→L1,L2; L1→L2; L2→-
+    assert len(comp.to_frame().query("kind == 'in'")) == 4 * (3 + 2 + 1)  # L0→L0,L1,L2 …
+    mlp = model.weights(1).W_in.double()  # an MLP reads its own block's heads (sequential)
+    C1G = C @ torch.diag(model.anatomy.norms["L1.ln_mlp_in"].gain(
+        model.anatomy.norms["L1.ln_mlp_in"].weight).double())
+    OV1 = model.weights(1).W_V[2].double() @ model.weights(1).W_O[2].double()
+    expected = torch.linalg.matrix_norm(OV1 @ C1G @ mlp) / (
+        torch.linalg.matrix_norm(OV1) * torch.linalg.matrix_norm(C1G @ mlp))
+    got = comp.head_to_mlp[comp.heads.index("L1H2"), comp.mlps.index("L1.mlp")]
+    assert got.item() == pytest.approx(float(expected), rel=1e-4)
+    frame = comp.to_frame().query("writer == 'L1H2' and reader == 'L1.mlp'")
+    assert frame.score.tolist() == pytest.approx([float(expected)], rel=1e-4)
+
+
+def test_in_a_parallel_block_neither_composition_nor_ablation_pairs_an_mlp_with_its_own_heads():
+    """GPT-NeoX with ``use_parallel_residual``: the MLP reads the block's input, before its
+    attention's write is added, so that pair scores 0 and is no pair of the frame or the
+    ablation's correlation; the same weights without parallel residual pair them (reference:
+    the program's order of ``Read`` and ``Add``)."""
+    from tiny_hf import build
+
+    for name, paired in (("gpt_neox_parallel", False), ("gpt_neox_sequential", True)):
+        model = rs.load(build(name), tokenizer=ByteTokenizer())
+        comp = rs.composition(model)
+        same = comp.head_to_mlp[[comp.heads.index(f"L1H{h}") for h in range(model.anatomy.n_heads)],
+                                comp.mlps.index("L1.mlp")]
+        assert bool((same > 0).all()) == paired and bool((same == 0).all()) != paired
+        pairs = set(zip(*comp.to_frame().query("kind == 'in'")[["writer", "reader"]].values.T,
+                        strict=True))
+        assert (("L1H0", "L1.mlp") in pairs) == paired and ("L0H0", "L1.mlp") in pairs
+        check = rs.ablation_check(rs.trace(model, TEXTS[:2]), writes=["L0.attn", "L1.attn"])
+        frame = check.to_frame()
+        assert (("L1.attn", "L1.mlp") in set(zip(frame.write, frame.reader, strict=True))) == paired
+        assert ("L0.attn", "L1.attn") in set(zip(frame.write, frame.reader, strict=True))
 
 
 QK_NORM_COS_TOL = 1e-5  # 1 − cosine between float32 vectors of 16 entries computed two ways

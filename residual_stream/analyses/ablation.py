@@ -12,7 +12,8 @@ and we measure
   clean top token's logit (when the model has an LM head);
 
 then correlate the read changes with the linear attribution ``mean |share|`` of ``i`` in ``j``
-(Pearson and Spearman over all pairs ``i`` before ``j``). A high correlation says the linear
+(Pearson and Spearman over all pairs where ``j`` reads after ``i`` is added, ``Anatomy.sees``:
+in a parallel block the MLP does not read its own attention's write). A high correlation says the linear
 picture ranks influence the way interventions do; where they disagree, indirect paths or
 norm-scale changes matter.
 """
@@ -53,7 +54,7 @@ class AblationCheck:
     mode: str
 
     def to_frame(self) -> pd.DataFrame:
-        """Long frame: ``write, reader, effect, linear`` for pairs where the reader is later."""
+        """Long frame: ``write, reader, effect, linear`` for pairs where the reader sees the write."""
         f = pd.DataFrame({
             "write": np.repeat(self.writes, len(self.readers)),
             "reader": list(self.readers) * len(self.writes),
@@ -93,7 +94,7 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
     mask = trace.attention_mask
     clean = read_inputs(trace)
     tokens, dev_mask = trace.tokens.to(trace.model.device), mask.to(trace.model.device)
-    order = {c: i for i, c in enumerate(readers)}
+    later = a.sees(writes, readers)  # the pairs that count: the reader reads after the write
     effect = torch.full((len(writes), len(readers)), float("nan"))
     kl, dtop = torch.zeros(len(writes)), torch.zeros(len(writes))
     for i, write in enumerate(writes):
@@ -102,7 +103,7 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
         ablated = Trace(trace.model, trace.batch, cap)
         inputs = read_inputs(ablated, cap)
         for j, reader in enumerate(readers):
-            if order[reader] > order[write]:
+            if later[i, j]:
                 change = (inputs[reader] - clean[reader]).norm(dim=-1) / clean[reader].norm(dim=-1)
                 effect[i, j] = float(masked_mean(change, mask))
         if a.has_lm_head:
@@ -112,11 +113,12 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
             change = cap.logits.gather(-1, top) - trace.logits.gather(-1, top)
             dtop[i] = float(masked_mean(change[..., 0], mask))
     attribution = read_attribution(trace).matrix("component", absolute=True)
-    def linear_share(w: str, r: str) -> float:
-        known = r in attribution.index and w in attribution.columns and order[r] > order[w]
+    def linear_share(i: int, j: int) -> float:
+        w, r = writes[i], readers[j]
+        known = r in attribution.index and w in attribution.columns and later[i, j]
         return float(attribution.at[r, w]) if known else float("nan")
 
-    linear = torch.tensor([[linear_share(w, r) for r in readers] for w in writes])
+    linear = torch.tensor([[linear_share(i, j) for j in range(len(readers))] for i in range(len(writes))])
     both = ~(effect.isnan() | linear.isnan())
     e, lin = effect[both].numpy(), linear[both].numpy()
     pearson = float(np.corrcoef(e, lin)[0, 1]) if len(e) > 2 else float("nan")

@@ -41,11 +41,14 @@ KINDS = ("q", "k", "v")
 
 @dataclass(frozen=True, eq=False)
 class Composition:
-    """Scores ``[kind, writer head, reader head]`` (0 where the reader is not later), plus MLP analogues.
+    """Scores ``[kind, writer head, reader head]`` and MLP analogues; 0 for unseen writes.
 
+    A reader sees a write if it reads the stream after the write is added (``Anatomy.sees``).
     ``heads`` labels both head axes (``L3H5``); ``mlps`` labels MLPs (``L3.mlp``).
     ``head_to_mlp`` is ``[writer head, reader mlp]``; ``mlp_to_head`` is ``[kind, writer mlp,
-    reader head]``. ``baseline`` holds the random-matrix score for each kind.
+    reader head]``. ``baseline`` holds the random-matrix score for each kind. ``sees`` holds the
+    pairs that count, ``[writer, reader]`` booleans keyed by ``head_to_head``,
+    ``head_to_mlp`` and ``mlp_to_head``.
     """
 
     heads: tuple[str, ...]
@@ -54,18 +57,20 @@ class Composition:
     head_to_mlp: Float[Tensor, "head mlp"]
     mlp_to_head: Float[Tensor, "kind mlp head"]
     baseline: dict[str, float]
+    sees: dict[str, Tensor]
 
     def to_frame(self) -> pd.DataFrame:
-        """Long frame: ``kind, writer, reader, score, baseline`` for every later-reader pair."""
-        head_layer = np.array([int(h[1:].split("H")[0]) for h in self.heads])
-        mlp_layer = np.array([int(m[1:].split(".")[0]) for m in self.mlps], dtype=int)
-        blocks = [(KINDS, self.heads, head_layer, self.heads, head_layer, self.head_to_head, ""),
-                  (KINDS, self.mlps, mlp_layer, self.heads, head_layer, self.mlp_to_head, "mlp_"),
-                  (("in",), self.heads, head_layer, self.mlps, mlp_layer, self.head_to_mlp[None], "")]
+        """Long frame: ``kind, writer, reader, score, baseline`` for every pair that counts.
+
+        Those whose reader sees the writer's write: in a sequential block an MLP sees its own
+        layer's heads, in a parallel one it does not.
+        """
+        blocks = [(KINDS, self.heads, self.heads, self.head_to_head, "head_to_head", ""),
+                  (KINDS, self.mlps, self.heads, self.mlp_to_head, "mlp_to_head", "mlp_"),
+                  (("in",), self.heads, self.mlps, self.head_to_mlp[None], "head_to_mlp", "")]
         frames = []
-        for kinds, writers, wl, readers, rl, scores, prefix in blocks:
-            k, i, j = np.nonzero(np.broadcast_to(rl[None, None, :] > wl[None, :, None],
-                                                 scores.shape))
+        for kinds, writers, readers, scores, key, prefix in blocks:
+            k, i, j = np.nonzero(np.broadcast_to(self.sees[key].numpy(), scores.shape))
             names = [prefix + kinds[x] for x in k]
             frames.append(pd.DataFrame({
                 "kind": names, "writer": np.array(writers)[i], "reader": np.array(readers)[j],
@@ -161,15 +166,15 @@ def composition(model) -> Composition:
         if mlp_layers else torch.zeros(0, d, d)                    # W_outᵀ W_out
     w_in = [_fold(model, L, "mlp", per_layer[L].W_in) for L in mlp_layers]
     mlp_r = torch.stack([W @ W.T for W in w_in]) if w_in else torch.zeros(0, d, d)  # W_in W_inᵀ
-    layer = torch.tensor([L for L in range(a.n_layers) for _ in range(a.n_heads)])
-    mlp_layer = torch.tensor(mlp_layers, dtype=torch.long)
+    attn = [f"L{L}.attn" for L in range(a.n_layers) for _ in range(a.n_heads)]  # each head's
+    mlps = [f"L{L}.mlp" for L in mlp_layers]
+    sees = {"head_to_head": a.sees(attn, attn), "head_to_mlp": a.sees(attn, mlps),
+            "mlp_to_head": a.sees(mlps, attn)}
     return Composition(
         heads=tuple(f"L{L}H{h}" for L in range(a.n_layers) for h in range(a.n_heads)),
-        mlps=tuple(f"L{L}.mlp" for L in mlp_layers),
-        head_to_head=torch.stack([_scores(head_w, readers[kd]) for kd in KINDS])
-        * (layer[None] > layer[:, None]),
-        head_to_mlp=_scores(head_w, mlp_r) * (mlp_layer[None] > layer[:, None]),
-        mlp_to_head=torch.stack([_scores(mlp_w, readers[kd]) for kd in KINDS])
-        * (layer[None] > mlp_layer[:, None]),
-        baseline=_baselines(a.d_model, a.d_head, a.d_mlp or a.d_model),
+        mlps=tuple(mlps),
+        head_to_head=torch.stack([_scores(head_w, readers[kd]) for kd in KINDS]) * sees["head_to_head"],
+        head_to_mlp=_scores(head_w, mlp_r) * sees["head_to_mlp"],
+        mlp_to_head=torch.stack([_scores(mlp_w, readers[kd]) for kd in KINDS]) * sees["mlp_to_head"],
+        baseline=_baselines(a.d_model, a.d_head, a.d_mlp or a.d_model), sees=sees,
     )
