@@ -402,6 +402,10 @@ def test_dla_sums_to_the_logit_and_refuses_nonlinear_heads():
     dla = rs.direct_logit_attribution(tr, target="next")
     got = tr.logits.gather(-1, dla.targets[..., None])[..., 0]
     assert (dla.total() - got)[tr.attention_mask.bool()].abs().max() < 1e-4
+    for r, n in enumerate(tr.attention_mask.sum(-1).tolist()):  # reference: each row by hand
+        want = tr.tokens[r, 1:n].tolist() + [int(tr.logits[r, n - 1].argmax())]  # never a pad
+        assert dla.targets[r, :n].tolist() == want
+    assert len(set(tr.attention_mask.sum(-1).tolist())) > 1  # rows of several lengths
     bert = rs.load(build("bert_mlm"), tokenizer=ByteTokenizer())
     with pytest.raises(NotAvailableError, match="linear unembedding"):
         rs.direct_logit_attribution(rs.trace(bert, "hello"))

@@ -141,10 +141,10 @@ def _targets(trace, target: Target | Tensor) -> Tensor:
         return target.to(trace.logits.device)
     if target == "top":
         return trace.logits.argmax(-1)
-    if target == "next":  # the next input token; the last position keeps the model's top
-        nxt = trace.logits.argmax(-1).clone()
-        nxt[:, :-1] = trace.tokens[:, 1:].to(nxt.device)
-        return nxt
+    if target == "next":  # the next input token; a row's last real position keeps the model's top
+        top = trace.logits.argmax(-1)
+        nxt, real = (t[:, 1:].to(top.device) for t in (trace.tokens, trace.attention_mask.bool()))
+        return torch.cat([torch.where(real, nxt, top[:, :-1]), top[:, -1:]], 1)  # never a pad
     raise ValueError(f"target must be 'top', 'next' or a [batch, pos] tensor, got {target!r}")
 
 
