@@ -66,6 +66,29 @@ def test_write_subspaces_fractions_are_fractions():
     torch.testing.assert_close(f.sum(-1), torch.ones(f.shape[:-1]))
 
 
+def test_pca_of_fewer_tokens_than_k_keeps_only_directions_the_stream_spans():
+    """``n`` tokens, centred, span at most ``n − 1`` directions: the PCA keeps those (its
+    columns orthonormal and spanning the centred stream; reference: float64 projections),
+    not an arbitrary rounding-noise direction that would count as held energy (a random
+    write's fraction was 0.154 for 5 tokens in 32 dimensions, against 4/32 = 0.125)."""
+    from residual_stream.analyses.subspaces import pca_subspace
+    from residual_stream.analyses.tokens import real
+
+    model = perturbed()
+    for text, n in (("abcd", 5), ("a", 2)):  # BOS + the text's bytes
+        tr = rs.trace(model, text)
+        basis = pca_subspace(tr, k=16).basis.double()
+        assert basis.shape == (32, n - 1)
+        torch.testing.assert_close(basis.T @ basis, torch.eye(n - 1, dtype=torch.float64),
+                                   atol=1e-6, rtol=0)
+        x = real(tr.stream(3), tr.attention_mask).double()
+        x = x - x.mean(0)
+        assert (x - x @ basis @ basis.T).norm() <= 1e-5 * x.norm()  # it spans the stream
+        w = torch.randn(20000, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        held = float(((w @ basis).square().sum(-1) / w.square().sum(-1)).mean())
+        assert held == pytest.approx((n - 1) / 32, rel=0.03)  # Monte Carlo: ±1 % at 20k draws
+
+
 @pytest.mark.parametrize("k", [5, 40])  # a tall map (d > k) and a wide one (d < k)
 def test_read_measures_against_a_float64_svd(k):
     """One product with the left singular vectors gives both read measures: checked against

@@ -89,12 +89,18 @@ def unembed_subspace(model, k: int = 32) -> Subspace:
 
 
 def pca_subspace(trace, point: int | None = None, k: int = 16) -> Subspace:
-    """Top-k principal components of the stream at ``point`` (default: after the last block)."""
+    """Top-k principal components of the stream at ``point`` (default: after the last block).
+
+    Fewer than ``k`` when the centred stream has a lower rank (``n`` tokens span at most
+    ``n − 1`` directions): a component whose singular value is below ``RANK_TOL`` of the
+    largest is rounding noise, an arbitrary direction, and is left out. In float64.
+    """
     point = trace.anatomy.n_layers if point is None else point
-    x = real(trace.stream(point), trace.attention_mask)
+    x = real(trace.stream(point), trace.attention_mask).double()
     x = x - x.mean(0, keepdim=True)
-    _, _, Vh = torch.linalg.svd(x, full_matrices=False)
-    return Subspace(f"pca{k}@{point}", Vh[:k].T)
+    _, S, Vh = torch.linalg.svd(x, full_matrices=False)
+    keep = S[:k] > RANK_TOL * S.max().clamp_min(1e-300) if len(S) else S[:0].bool()
+    return Subspace(f"pca{k}@{point}", Vh[:k][keep].T.float())
 
 
 def orthogonal_split(w: Float[Tensor, "*lead d_model"], subspaces: Sequence[Subspace]
