@@ -83,6 +83,7 @@ class LayerWeights:
     W_in: Float[Tensor, "d_model d_mlp"] | None
     b_in: Float[Tensor, " d_mlp"] | None
     W_gate: Float[Tensor, "d_model d_mlp"] | None
+    b_gate: Float[Tensor, " d_mlp"] | None
     W_out: Float[Tensor, "d_mlp d_model"] | None
     b_out: Float[Tensor, " d_model"] | None
     g_Q: Float[Tensor, "head d_head"] | None = None
@@ -178,7 +179,8 @@ def layer_weights(model: nn.Module, anatomy, layer: int) -> LayerWeights:
     return LayerWeights(
         W_Q=W_Q, W_K=W_K, W_V=W_V, b_Q=b_Q, b_K=b_K, b_V=b_V,
         W_O=attn_W_O(o, H), b_O=bias_of(o), W_in=maybe(as_in_out, up), b_in=maybe(bias_of, up),
-        W_gate=maybe(as_in_out, gate), W_out=maybe(as_in_out, down), b_out=maybe(bias_of, down),
+        W_gate=maybe(as_in_out, gate), b_gate=maybe(bias_of, gate),
+        W_out=maybe(as_in_out, down), b_out=maybe(bias_of, down),
         g_Q=g_Q, g_K=g_K,
     )
 

@@ -39,11 +39,24 @@ def act(model, name):
     return ACT2FN[next(getattr(cfg, k) for k in keys if getattr(cfg, k, None))]
 
 
-@pytest.mark.parametrize("name", ["llama", "gpt2", "gpt_neox_parallel", "bert", "gemma2",
-                                  "twin"])
+TWINS = {"twin": dict(norm="layernorm", placement="post", bias=True),
+         "twin_swiglu": dict(norm="rmsnorm", placement="pre", bias=True, mlp="swiglu")}
+
+
+def llama_with_mlp_bias() -> rs.Model:
+    """Llama with ``mlp_bias``: its gate projection has a bias too (perturbed away from 0)."""
+    hf = build("llama_mlp_bias")
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.mlp.gate_proj.bias.normal_()
+    return rs.load(hf, tokenizer=ByteTokenizer())
+
+
+@pytest.mark.parametrize("name", ["llama", "llama_mlp_bias", "gpt2", "gpt_neox_parallel", "bert",
+                                  "gemma2", "twin", "twin_swiglu"])
 def test_weights_rebuild_attention_and_mlp(name):
-    model = (twin(norm="layernorm", placement="post", bias=True) if name == "twin"
-             else rs.load(build(name), tokenizer=ByteTokenizer()))
+    model = (twin(**TWINS[name]) if name in TWINS else llama_with_mlp_bias()
+             if name == "llama_mlp_bias" else rs.load(build(name), tokenizer=ByteTokenizer()))
     trace = rs.trace(model, TEXTS)
     pats = patterns(model, trace)
     mask = trace.attention_mask
@@ -74,8 +87,9 @@ def test_weights_rebuild_attention_and_mlp(name):
         assert max_rel_error(z, trace.captured.z[L], mask) <= REL, f"z, layer {L}"
         x = trace.read_input(f"L{L}.mlp")
         pre = x @ w.W_in + (0 if w.b_in is None else w.b_in)
-        f = act(model, model.module.config.mlp if name == "twin" else "")
-        h = f(x @ w.W_gate) * pre if w.W_gate is not None else f(pre)
+        f = act(model, model.module.config.mlp if name in TWINS else "")
+        gate = None if w.W_gate is None else x @ w.W_gate + (0 if w.b_gate is None else w.b_gate)
+        h = f(gate) * pre if gate is not None else f(pre)
         out = h @ w.W_out + (0 if w.b_out is None else w.b_out)
         assert max_rel_error(out, trace.mlp_write(L), mask) <= REL, f"mlp, layer {L}"
 
@@ -91,3 +105,24 @@ def test_grouped_query_heads_share_keys():
 def test_weights_layer_out_of_range():
     with pytest.raises(IndexError, match="0..2"):
         twin(n_layers=3).weights(3)
+
+
+def test_the_gate_bias_is_a_source_of_the_gate_read():
+    """Llama with ``mlp_bias``: the gate's read ``y = u W_gate + b_gate`` (reference: the
+    framework's own ``gate_proj`` output, hooked) splits into sources whose shares sum to 1,
+    the bias's share being ``<b_gate, y> / ‖y‖²`` per token. Before, ``b_gate`` was dropped:
+    the shares were of ``u W_gate``, not the pre-activation the model gates with."""
+    model = llama_with_mlp_bias()
+    seen = []
+    hook = model.module.model.layers[1].mlp.gate_proj.register_forward_hook(
+        lambda mod, args, out: seen.append(out.detach()))
+    try:
+        tr = rs.trace(model, TEXTS)
+    finally:
+        hook.remove()
+    ra = rs.read_attribution(tr, per_token=True)
+    r, s = ra.readers.index("L1.mlp.gate"), ra.sources.index("read_map.bias")
+    y, b, m = seen[0].double(), model.weights(1).b_gate.double(), tr.attention_mask.bool()
+    want = (y @ b) / y.square().sum(-1)
+    assert (ra.per_token[r, s].double() - want)[m].abs().max() <= 1e-4 * want[m].abs().max()
+    assert (ra.per_token[r].sum(0).double() - 1)[m].abs().max() <= 1e-4

@@ -190,7 +190,7 @@ def read_channels(model, component: str, weights=None):
         return
     yield [f"L{layer}.mlp.in"], w.W_in[None], None if w.b_in is None else w.b_in[None]
     if w.W_gate is not None:
-        yield [f"L{layer}.mlp.gate"], w.W_gate[None], None
+        yield [f"L{layer}.mlp.gate"], w.W_gate[None], None if w.b_gate is None else w.b_gate[None]
 
 
 def _read_shares(trace, op: Read, pieces: list[Write], granularity: Granularity):
