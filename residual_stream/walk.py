@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .trace import Trace
 
 MAX_TERMS = 4  # a longer pending sum (a program with many writes between marks) is made then
+Reset = Literal["marks", "norms", "none"]  # where a walk goes on from the captured stream
 
 
 def summed(terms: Sequence[Tensor]) -> Tensor:
@@ -115,19 +116,27 @@ def component_of(name: str) -> tuple[int, str]:
     return int(layer[1:]), kind
 
 
-def walk_stream(trace: Trace, captured: Captured | None = None) -> Iterator[Step]:
-    """Yield a ``Step`` per program operation (see the module docstring)."""
+def walk_stream(trace: Trace, captured: Captured | None = None, *, reset: Reset = "marks"
+                ) -> Iterator[Step]:
+    """Yield a ``Step`` per program operation (see the module docstring).
+
+    ``reset="none"``: never go on from a captured stream, so the walk is the program run over
+    the captured writes alone, in float32 (what a decomposition sums to). ``"norms"``: also
+    after every whole-stream norm, from its captured input, so each step is local to one
+    operation and a 16-bit model's rounding, which a norm can magnify, never carries over.
+    """
     cap = captured or trace.captured
     yield from walk_ops(trace.anatomy.program, torch.zeros_like(cap.resid[0]), cap,
-                        trace.anatomy.norms, trace.attn_write)
+                        trace.anatomy.norms, trace.attn_write, reset=reset)
 
 
-def walk_ops(ops, x: Tensor, cap: Captured, norms: dict, attn_write: Callable[[int], Tensor]
-             ) -> Iterator[Step]:
+def walk_ops(ops, x: Tensor, cap: Captured, norms: dict, attn_write: Callable[[int], Tensor],
+             *, reset: Reset = "marks") -> Iterator[Step]:
     """Walk ``ops`` (a whole program or one block's segment) from the stream ``x``.
 
     ``attn_write(layer)`` gives an attention's output (from per-head writes, or captured
-    whole); everything else comes from ``cap``.
+    whole); everything else comes from ``cap``. ``reset``: where to go on from the captured
+    stream (``walk_stream``).
     """
     stream = Pending((x,))
     for op in ops:
@@ -144,10 +153,11 @@ def walk_ops(ops, x: Tensor, cap: Captured, norms: dict, attn_write: Callable[[i
             continue
         yield Step(op, stream)
         if isinstance(op, Norm):
-            stream = Pending((norms[op.norm].apply_frozen(wide(stream.value()), cap.norm_scale[op.norm]),))
+            before = cap.norm_in[op.norm] if reset == "norms" else stream.value()
+            stream = Pending((norms[op.norm].apply_frozen(wide(before), cap.norm_scale[op.norm]),))
         elif isinstance(op, Scale):
             stream = Pending((wide(stream.value()) * op.alpha,))
-        elif isinstance(op, Mark) and op.point != "final":
+        elif isinstance(op, Mark) and op.point != "final" and reset != "none":
             stream = Pending((cap.resid[op.point],))
 
 

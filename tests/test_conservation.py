@@ -95,3 +95,38 @@ def test_pre_norm_contributions_pass_unchanged_and_post_norm_rescales():
     gamma = post.anatomy.norms["L2.ln_resid_mlp"].gain(carried)
     assert (carried / gamma).mean(-1).abs().max() < 1e-5
     assert carried.mean(-1).abs().max() > 1e-3  # (γ ≠ 1, so without dividing it is not)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_check_passes_a_16_bit_model_and_fails_a_wrong_hook_in_every_dtype(dtype):
+    """A correct 16-bit model passes (before, bfloat16 SmolLM2 and MiniLM failed: the model
+    rounds its stream at every addition, a float32 decomposition does not, and one rounding of
+    an outlier is many times the stream's RMS); the same model with two layers' MLP hooks
+    swapped fails, at a hook, by over 5× the tolerance (small writes: HF's initialization).
+    Reference for the passing side: the framework's own hidden states; 16-bit rows are RMS
+    errors within 2 ε of the dtype."""
+    import dataclasses
+
+    from residual_stream.conservation import HALF_EPS
+
+    minilm = rs.load("minilm-l6", dtype=dtype)  # post-norm: LayerNorms magnify the rounding
+    assert rs.trace(minilm, TEXTS).check().ok, str(rs.trace(minilm, TEXTS).check())
+    model = rs.load(build("llama").to(dtype), tokenizer=ByteTokenizer())
+    report = rs.trace(model, TEXTS).check()
+    assert report.ok, str(report)
+    wide = dtype == torch.float32
+    assert report.tolerance == (REL_F32 if wide else HALF_EPS * torch.finfo(dtype).eps)
+    frame = report.to_frame()
+    assert set(frame.measure) == {"max" if wide else "rms"}
+    n = model.anatomy.n_layers  # 16 bits: the final decomposition is a row of its own
+    assert (frame.check == "decomposition").sum() == n + 1 + (not wide)
+    assert frame[frame.check == "decomposition"].relative_error.max() <= REL_F32
+    paths = model.anatomy.modules
+    swapped = dataclasses.replace(paths, mlp_out=(paths.mlp_out[0], paths.mlp_out[2],
+                                                  paths.mlp_out[1]))
+    wrong = dataclasses.replace(model, anatomy=dataclasses.replace(model.anatomy, modules=swapped))
+    bad = rs.trace(wrong, TEXTS).check()
+    assert not bad.ok and bad.worst.check == "hook"
+    assert bad.worst.relative_error > 5 * bad.tolerance  # bf16: 0.14 against 0.016
+    with pytest.raises(rs.errors.ConservationError, match="relative"):
+        bad.raise_if_failed()
