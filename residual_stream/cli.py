@@ -194,9 +194,11 @@ def _read_texts(args: argparse.Namespace) -> list[str]:
     from .streaming.corpus import Corpus
 
     if args.text is not None and not args.text.is_file():
-        raise InputError(f"--text {args.text}: no such file")
+        hint = ": it is a folder, give it as --corpus" if args.text.is_dir() else ": no such file"
+        raise InputError(f"--text {args.text}{hint}")
     if args.corpus is not None and not args.corpus.is_dir():
-        raise InputError(f"--corpus {args.corpus}: no such folder")
+        hint = ": it is a file, give it as --text" if args.corpus.is_file() else ": no such folder"
+        raise InputError(f"--corpus {args.corpus}{hint}")
     return list(Corpus(args.text or args.corpus or "builtin").texts())
 
 
@@ -230,6 +232,9 @@ def _report(args: argparse.Namespace) -> int:
         raise InputError(f"--data and --out are both {args.out}: give the JSON another name")
     if args.max_tokens is not None and args.max_tokens < 1:
         raise InputError(f"--max-tokens must be positive, got {args.max_tokens}")
+    twice = sorted({m for m in args.model if args.model.count(m) > 1})
+    if twice:
+        raise InputError(f"--model {twice[0]} is given twice: give each model once")
     texts = _read_texts(args)
     if not texts:
         raise EmptyTextError("the corpus is empty: give a file or folder with some text")

@@ -47,17 +47,39 @@ METHODS = [
 
 
 def select_texts(model, texts: list[str], max_tokens: int) -> list[str]:
-    """The leading texts whose tokens fit in ``max_tokens`` (at least one)."""
+    """The leading texts whose tokens fit in ``max_tokens``.
+
+    At least one: a first text longer than the budget is cut to its longest prefix that fits
+    (special tokens included), so the budget holds whatever the corpus.
+    """
     kept, used = [], 0
     for t in texts:
-        n = len(model.tokenizer(t, add_special_tokens=True)["input_ids"])
-        if kept and used + n > max_tokens:
+        n = _count(model, t)
+        if n > max_tokens - used:
+            if not kept:
+                kept.append(_prefix(model, t, max_tokens))
             break
         kept.append(t)
         used += n
     if not kept:
         raise EmptyTextError("the corpus has no texts: give --text, --corpus or --builtin")
     return kept
+
+
+def _count(model, text: str) -> int:
+    return len(model.tokenizer(text, add_special_tokens=True)["input_ids"])
+
+
+def _prefix(model, text: str, max_tokens: int) -> str:
+    """The longest prefix of ``text`` of at most ``max_tokens`` tokens (at least one character).
+
+    By characters, in a binary search: a few tokenizations of the text, never a decode.
+    """
+    lo, hi = 1, len(text)  # _count(text[:lo]) fits or lo is 1; text[:hi + 1] does not
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if _count(model, text[:mid]) <= max_tokens else (lo, mid - 1)
+    return text[:lo]
 
 
 @dataclass
@@ -76,8 +98,12 @@ def _layer_curve(values, name: str) -> go.Scatter:
                       mode="lines+markers")
 
 
-def analyse(model, texts: list[str]) -> ModelSection:
-    """All measures of one model on ``texts`` (batched into one trace)."""
+def analyse(model, texts: list[str], label: str | None = None) -> ModelSection:
+    """All measures of one model on ``texts`` (batched into one trace).
+
+    ``label`` names its section (default: the model's name; ``labels``).
+    """
+    label = model.name if label is None else label
     tr = run_trace(model, texts, patterns=True, overflow="chunk")
     n, a = model.anatomy.n_layers, model.anatomy
     growth = analyses.norm_growth(tr)
@@ -106,12 +132,12 @@ def analyse(model, texts: list[str]) -> ModelSection:
         numbers["lens_note"] = str(e)
     figures = {
         "program": plotting.program_figure(a),
-        "reads": plotting.heatmap(reads, title=f"Read attribution by layer: {html.escape(model.name)}",
+        "reads": plotting.heatmap(reads, title=f"Read attribution by layer: {html.escape(label)}",
                                   x_title="source", y_title="reader", colorbar="mean |share|"),
     }
     tables = {"conservation": check.to_frame().groupby("check").relative_error.max().to_frame(),
               "anatomy": pd.DataFrame([a.summary()])}
-    return ModelSection(model.name, numbers, figures, tables)
+    return ModelSection(label, numbers, figures, tables)
 
 
 def _overlay(sections: list[ModelSection], key: str, title: str, y: str, log: bool = False):
@@ -167,6 +193,17 @@ def metadata(models, texts: list[str], seconds: float, seed: int) -> dict:
             "seconds": round(seconds, 2)}
 
 
+def labels(models) -> list[str]:
+    """A distinct label per model; the report's JSON is keyed by these.
+
+    Its name; with its source where names repeat (two folders called ``ckpt``), then a
+    number where that repeats too.
+    """
+    names = [m.name for m in models]
+    out = [n if names.count(n) == 1 else f"{n} ({m.source})" for n, m in zip(names, models, strict=True)]
+    return [f"{x} #{out[:i].count(x) + 1}" if out.count(x) > 1 else x for i, x in enumerate(out)]
+
+
 def build_report(models, texts: list[str], *, max_tokens: int = 1024, seed: int = 0,
                  title: str = "Residual-stream geometry", progress=None) -> tuple[str, dict]:
     """``(html, data)`` comparing ``models`` on ``texts`` (each cut to ``max_tokens`` tokens)."""
@@ -175,12 +212,12 @@ def build_report(models, texts: list[str], *, max_tokens: int = 1024, seed: int 
     start = time.perf_counter()
     torch.manual_seed(seed)
     sections, used = [], []
-    for m in models:
+    for m, label in zip(models, labels(models), strict=True):
         if progress:
-            progress(f"analysing {m.name}")
+            progress(f"analysing {label}")
         chosen = select_texts(m, texts, max_tokens)
         used = chosen if len(chosen) > len(used) else used
-        sections.append(analyse(m, chosen))
+        sections.append(analyse(m, chosen, label))
     twins = all(m.anatomy.architecture == "rs-twin" for m in models)
     if twins and progress:
         progress("running the norm-lab experiments")

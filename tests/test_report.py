@@ -72,6 +72,40 @@ def test_report_numbers_are_the_apis(report):
     assert data["models"][model.name]["norm_mean"] == pytest.approx(api.mean.tolist(), rel=1e-6)
 
 
+def test_the_token_budget_holds_for_a_first_text_longer_than_it():
+    """``--max-tokens 64`` on one line of 3,000 words: the text is cut to its longest prefix
+    of at most 64 tokens (before, the whole line, 15,000 tokens, was traced in chunks).
+    Reference: the tokenizer's own count of the prefix and of one more character."""
+    model, long = twins()[0], "words " * 3000
+    for budget in (64, 1):
+        (cut,) = select_texts(model, [long, "a second text"], budget)
+        count = lambda t: len(model.tokenizer(t, add_special_tokens=True)["input_ids"])  # noqa: E731
+        assert long.startswith(cut) and len(cut) >= 1
+        assert count(cut) <= max(budget, count(long[:1])) < count(long[:len(cut) + 1])
+    assert select_texts(model, ["short", long], 64) == ["short"]  # a later text is never cut
+    _, data = build_report(twins()[:1], [long], max_tokens=64)
+    assert data["metadata"]["tokens"] == {model.name: 64}
+
+
+def test_models_of_one_name_keep_one_section_each():
+    """Two models called alike (two folders named ``ckpt``) get distinct labels, their source
+    added, so the JSON keeps both (before, the second replaced the first); the same source
+    twice gets a number. Reference: each model's own report alone."""
+    from dataclasses import replace
+
+    from residual_stream.report import labels
+
+    a, b = (replace(m, name="ckpt", source=f"/runs/{i}/ckpt") for i, m in enumerate(twins()))
+    assert labels([a, b]) == ["ckpt (/runs/0/ckpt)", "ckpt (/runs/1/ckpt)"]
+    assert labels([a, a, b]) == ["ckpt (/runs/0/ckpt) #1", "ckpt (/runs/0/ckpt) #2",
+                                 "ckpt (/runs/1/ckpt)"]
+    page, data = build_report([a, b], ["one text", "another text"])
+    for label, model in zip(labels([a, b]), (a, b), strict=True):
+        alone = build_report([model], ["one text", "another text"])[1]["models"]["ckpt"]
+        assert data["models"][label]["norm_mean"] == alone["norm_mean"]
+        assert f"<h3>{label}" in page or f">{label}<" in page, label  # a section of its own
+
+
 def test_same_seed_same_report():
     a = build_report(twins()[:1], ["one text", "another text"], seed=3)
     b = build_report(twins()[:1], ["one text", "another text"], seed=3)
@@ -108,6 +142,10 @@ def test_cli_report_on_real_and_folder_models(tmp_path):
      "--data and --out are both"),
     (["report", "--model", "minilm-l6", "--builtin", "--max-tokens", "0"],
      "--max-tokens must be positive, got 0"),
+    (["report", "--model", "twin-pre-ln", "--model", "twin-pre-ln", "--builtin"],
+     "--model twin-pre-ln is given twice"),
+    (["report", "--model", "twin-pre-ln", "--corpus", "FILE"], "it is a file, give it as --text"),
+    (["report", "--model", "twin-pre-ln", "--text", "EMPTY"], "it is a folder, give it as --corpus"),
     (["scan", "twin-pre-rms", "builtin", "--out", "EMPTY"], "it is a folder"),
     (["scan", "twin-pre-rms", "builtin", "--state", "/nonexistent/dir/s.pt"], "not a writable folder"),
     (["scan", "twin-pre-rms", "builtin", "--seq-len", "0"], "seq_len must be positive"),
