@@ -10,6 +10,7 @@ from pathlib import Path
 import cache
 import pandas as pd
 import streamlit as st
+import torch
 
 from residual_stream.errors import ResidualStreamError
 
@@ -91,6 +92,17 @@ def guarded():
     except ResidualStreamError as e:
         st.error(str(e))
         st.stop()
+
+
+def head_max(fraction, readers) -> torch.Tensor:
+    """``[write]``: a write's largest read fraction over heads' Q, K and V readers.
+
+    MLP inputs are left out (they read almost every direction); NaN where no head reads.
+    """
+    heads = torch.tensor([r.endswith((".q", ".k", ".v")) for r in readers], dtype=torch.bool)
+    f = fraction[:, heads]
+    best = f.nan_to_num(nan=float("-inf")).max(1).values if f.shape[1] else f.sum(1)
+    return torch.where(f.isnan().all(1), torch.tensor(float("nan")), best)
 
 
 def show(fig, frame: pd.DataFrame | None, *, key: str, note: str, **chart) -> object:

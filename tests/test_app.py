@@ -50,6 +50,31 @@ def test_writes_page_reacts_to_layer_write_and_measure():
     assert chart(at, 1)["layout"]["title"]["text"] != before
 
 
+def test_writes_page_head_read_measure_is_over_heads_only():
+    """"max fraction read by a later head" takes the max over heads' Q, K, V readers only
+    (before: MLP inputs too, so every cell was ≈ 1), and is NaN, not -inf, where no head reads
+    after the write (the last block). Reference: ``rs.write_subspaces`` of the page's text."""
+    import residual_stream as rs
+
+    at = app("writes")
+    at.sidebar.selectbox(key="model").select("twin-pre-ln").run()
+    at.selectbox(key="measure").select("max fraction read by a later head (Q, K or V)").run()
+    assert not at.exception, at.exception
+    z = chart(at, 1)["data"][0]["z"]  # [component (attn, mlp), layer]
+    z = _numbers(z).reshape([int(s) for s in str(z["shape"]).split(",")]) \
+        if isinstance(z, dict) else np.array(z, dtype=float)
+    model = rs.load("twin-pre-ln")
+    ws = rs.write_subspaces(rs.trace(model, at.sidebar.text_area(key="text").value, patterns=True))
+    heads = [i for i, r in enumerate(ws.readers) if r.endswith((".q", ".k", ".v"))]
+    for (layer, kind), row in zip(((int(w[1]), w.split(".")[1]) for w in ws.writes),
+                                  ws.read_fraction[:, heads], strict=True):
+        want = float("nan") if row.isnan().all() else float(row.nan_to_num(nan=-1).max())
+        got = z["attn mlp".split().index(kind), layer]
+        assert (np.isnan(got) and np.isnan(want)) or got == pytest.approx(want, rel=1e-5)
+    n = model.anatomy.n_layers
+    assert np.isnan(z[:, n - 1]).all() and np.nanmax(z) < 0.99  # MLP inputs read ≈ everything
+
+
 def test_flow_page_threshold_and_node():
     at = app("flow")
     def edges(a):

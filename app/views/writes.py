@@ -41,7 +41,7 @@ measures["mean read strength of later readers"] = ("read_strength", None)
 choice = st.selectbox("Measure", list(measures), key="measure")
 field, index = measures[choice]
 values = ws.named[:, index] if field == "named" else (
-    getattr(ws, field).nan_to_num(nan=float("-inf")).max(1).values if field == "read_fraction"
+    common.head_max(ws.read_fraction, ws.readers) if field == "read_fraction"
     else getattr(ws, field).nanmean(1))
 grid = pd.DataFrame({"write": ws.writes, "value": values.numpy()})
 grid["layer"] = grid.write.str.extract(r"L(\d+)").astype(int)
