@@ -13,6 +13,7 @@ device, dtype and hooks are left alone.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -148,10 +149,26 @@ def load(
     dt = resolve_dtype(dtype, dev)
     name = str(source)
     placement = {} if device_map is None else {"device_map": device_map, "offload_folder": offload_folder}
-    module, tok, label = _load_path_or_name(name, dev, dt, progress, placement)
+    with _bars(progress):
+        module, tok, label = _load_path_or_name(name, dev, dt, progress, placement)
     module.eval()
     _refuse_non_finite(module, name)
     return wrap(module, tokenizer or tok, name=label, source=name)
+
+
+@contextlib.contextmanager
+def _bars(shown: bool):
+    """Hide the progress bars of transformers (loading weights) unless ``shown``."""
+    from transformers.utils import logging as hf_logging
+
+    hide = not shown and hf_logging.is_progress_bar_enabled()
+    if hide:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if hide:
+            hf_logging.enable_progress_bar()
 
 
 def _load_path_or_name(name: str, dev: torch.device, dt: torch.dtype, progress: bool, placement: dict):

@@ -254,3 +254,16 @@ def test_a_damaged_gguf_cache_is_made_again(smollm2, tmp_path, monkeypatch, caps
     assert weights.stat().st_size == (made / "model.safetensors").stat().st_size
     name = "model.embed_tokens.weight"
     assert torch.equal(again.module.state_dict()[name], smollm2.module.state_dict()[name])
+
+
+def test_progress_false_hides_the_frameworks_loading_bar(capsys):
+    """``load(..., progress=False)`` (``report --quiet``, the app) prints no bar on stderr;
+    with ``progress=True`` transformers' own "Loading weights" bar is the reference that
+    there is one to hide. The bars' global switch is left as it was."""
+    from transformers.utils import logging as hf_logging
+
+    rs.load("minilm-l6", progress=True)
+    assert "Loading weights" in capsys.readouterr().err
+    rs.load("minilm-l6", progress=False)
+    assert "Loading weights" not in capsys.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()
