@@ -99,6 +99,12 @@ def test_compare_page_overlays_two_models():
     pre, post = pre[np.isfinite(pre)], post[np.isfinite(post)]
     assert len(pre) > 1 and np.abs(pre - 1).max() < 1e-4  # pre-norm: the embedding passes unchanged
     assert np.abs(post - 1).max() > 0.1                     # post-norm rescales it every block
+    assert "smollm2-135m" not in at.selectbox(key="other").options  # never the model itself
+    at.sidebar.selectbox(key="model").select("minilm-l6").run()  # the one compared with
+    assert not at.exception, at.exception
+    assert "minilm-l6" not in at.selectbox(key="other").options
+    names = [d["name"] for d in chart(at)["data"]]
+    assert names[0] == "minilm-l6" and len(names) == 2 and names[1] != "minilm-l6"
 
 
 def test_compare_page_over_the_corpus_draws_two_scans():

@@ -13,8 +13,13 @@ CORPUS_TOKENS = 4096  # the Corpus page's default budget: a growth scan there is
 name, text = common.selection()
 st.title("Compare")
 table = cache.registry()
-names = table[table.installed].name.tolist()
-default = next((n for n in ("twin-post-ln", "minilm-l6") if n in names and n != name), names[0])
+names = [n for n in table[table.installed].name.tolist() if n != name]  # never itself
+if not names:
+    st.info("Install a second model to compare with (`residual-stream models` lists them).")
+    st.stop()
+if st.session_state.get("other") not in names:  # it was the model now in the sidebar
+    st.session_state.pop("other", None)
+default = next((n for n in ("twin-post-ln", "minilm-l6") if n in names), names[0])
 other = st.selectbox("Compare with", names, index=names.index(default), key="other")
 measure = st.selectbox("Measure", ["mean stream norm", "relative update (attention)",
                                    "relative update (MLP)", "all-ones share",
