@@ -244,6 +244,11 @@ def test_a_corpus_item_that_is_not_a_text_is_named(tmp_path):
     assert not list(tmp_path.iterdir())
     assert list(Corpus(("one", " ", "two")).texts()) == ["one", "two"]  # a tuple reads as a list
     assert list(Corpus(Column(["one", "two"])).texts()) == ["one", "two"]
+    bad = "a text \udc80 from bytes decoded with surrogateescape"  # not UTF-8 on disk
+    for m in (model, rs.load("minilm-l6", progress=False)):  # bytes, and a fast tokenizer's TypeError
+        with pytest.raises(InputError, match="corpus item 2 is not valid Unicode at character 7"):
+            rs.scan(m, ["a text", "another", bad], state=tmp_path / "s.pt", progress=False)
+        assert not list(tmp_path.iterdir())
 
 
 def test_segments_are_cut_by_characters_and_batches_stay_inside_them():

@@ -89,6 +89,11 @@ class Corpus:
         for items, t in enumerate(self._listed(), start=1):
             if not isinstance(t, str):
                 raise InputError(f"corpus item {items - 1} is a {type(t).__name__}, not a text")
+            try:
+                t.encode("utf-8")
+            except UnicodeEncodeError as e:  # lone surrogates: bytes decoded with surrogateescape
+                raise InputError(f"corpus item {items - 1} is not valid Unicode at character "
+                                 f"{e.start} (bytes that are not UTF-8?): give it as UTF-8") from None
             if t.strip():
                 reading.read(ITEMS, len(t), items)
                 yield t
@@ -180,5 +185,5 @@ def _texts_hash(texts: Iterable) -> str:
     """``sha256:`` and 16 hex digits over the texts, hashed text by text (never joined whole)."""
     digest = hashlib.sha256()
     for text in texts:
-        digest.update(str(text).encode() + b"\0")
+        digest.update(str(text).encode("utf-8", "surrogatepass") + b"\0")  # bad items: refused later
     return f"sha256:{digest.hexdigest()[:16]}"
