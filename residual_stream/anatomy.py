@@ -126,9 +126,10 @@ class Anatomy:
     def sees(self, writers: Sequence[str], readers: Sequence[str]) -> Tensor:
         """``[writer, reader]``: whether each reader reads the stream after each writer's add.
 
-        Program order. A block sees every write of the blocks before it. Within a block the MLP sees its own
-        attention's write in sequential blocks (pre, post, sandwich, DeepNorm) and not in
-        parallel ones, where both read the block's input; no component sees its own write.
+        Program order: a block sees every write of the blocks before it. Within a block the
+        MLP sees its own attention's write in sequential blocks (pre, post, sandwich,
+        DeepNorm) and not in parallel ones, where both read the block's input; no component
+        sees its own write.
         """
         read = {op.component: i for i, op in enumerate(self.program) if isinstance(op, Read)}
         add = {op.component: i for i, op in enumerate(self.program) if isinstance(op, Add)}

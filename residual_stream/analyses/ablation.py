@@ -13,9 +13,9 @@ and we measure
 
 then correlate the read changes with the linear attribution ``mean |share|`` of ``i`` in ``j``
 (Pearson and Spearman over all pairs where ``j`` reads after ``i`` is added, ``Anatomy.sees``:
-in a parallel block the MLP does not read its own attention's write). A high correlation says the linear
-picture ranks influence the way interventions do; where they disagree, indirect paths or
-norm-scale changes matter.
+in a parallel block the MLP does not read its own attention's write). A high correlation says
+the linear picture ranks influence the way interventions do; where they disagree, indirect
+paths or norm-scale changes matter.
 """
 
 from __future__ import annotations
