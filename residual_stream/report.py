@@ -7,7 +7,6 @@ names, file names) is HTML-escaped; figures escape their own labels.
 
 from __future__ import annotations
 
-import html
 import platform
 import time
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import torch
 
 from . import analyses, plotting
 from .errors import EmptyTextError, NotAvailableError
+from .plotting.labels import escape
 from .trace import trace as run_trace
 
 METHODS = [
@@ -94,7 +94,7 @@ class ModelSection:
 
 def _layer_curve(values, name: str) -> go.Scatter:
     n = len(values)
-    return go.Scatter(x=[i / max(n - 1, 1) for i in range(n)], y=list(values), name=html.escape(name),
+    return go.Scatter(x=[i / max(n - 1, 1) for i in range(n)], y=list(values), name=escape(name),
                       mode="lines+markers")
 
 
@@ -132,7 +132,7 @@ def analyse(model, texts: list[str], label: str | None = None) -> ModelSection:
         numbers["lens_note"] = str(e)
     figures = {
         "program": plotting.program_figure(a),
-        "reads": plotting.heatmap(reads, title=f"Read attribution by layer: {html.escape(label)}",
+        "reads": plotting.heatmap(reads, title=f"Read attribution by layer: {escape(label)}",
                                   x_title="source", y_title="reader", colorbar="mean |share|"),
     }
     tables = {"conservation": check.to_frame().groupby("check").relative_error.max().to_frame(),

@@ -15,6 +15,36 @@ def trace():
     return rs.trace(model, TEXTS + ["<script>alert(1)</script>"], patterns=True)
 
 
+def test_labels_escape_tags_and_keep_quotes():
+    """Plotly's label markup decodes ``&lt; &gt; &amp;`` but not ``&quot;`` (before, a token
+    ``say "hi"`` showed as ``say &quot;hi&quot;``); by hand."""
+    from residual_stream.plotting.labels import escape, token_labels
+
+    assert escape('say "hi" <b>it\'s</b> & co') == 'say "hi" &lt;b&gt;it\'s&lt;/b&gt; &amp; co'
+    assert token_labels(['"q"', "<s>"]) == ['0 "q"', "1 &lt;s&gt;"]
+
+
+def test_program_figure_shows_the_blocks_it_says_and_names_each_write():
+    """A 6-block DeepNorm twin drawn with ``max_blocks=1``: the embedding, block 0's own
+    operations (its two α-scalings among them; before, all twelve were drawn) and the end;
+    each read and write marker is labelled with its component (before, every write was "x").
+    Reference: the program's own operations between ``Mark(0)`` and ``Mark(1)``."""
+    from residual_stream.program import Mark, Scale
+
+    model = rs.twin(norm="layernorm", placement="deepnorm", n_layers=6, d_model=16, seed=0)
+    program = model.anatomy.program
+    first, second = program.index(Mark(0)), program.index(Mark(1))
+    block0 = list(program[first + 1:second])
+    ends = [op for op in program[:first] + program[program.index(Mark(6)):] if not isinstance(op, Mark)]
+    fig = plotting.program_figure(model.anatomy, max_blocks=1)
+    marks = {d.name: list(d.text) for d in fig.data[1:]}
+    assert sum(len(t) for t in marks.values()) == len(block0) + len(ends)
+    assert len(marks["stream scaled (α)"]) == sum(isinstance(op, Scale) for op in block0) == 2
+    assert marks["write added (through its norm)"] == ["L0.attn", "L0.mlp"]
+    assert marks["component reads (through its norm)"] == ["L0.attn", "L0.mlp"]
+    assert "first 1 of 6 blocks" in fig.layout.title.text
+
+
 def test_growth_figures(trace):
     g = rs.norm_growth(trace)
     fig = plotting.norm_growth_figure(g)

@@ -1,6 +1,8 @@
 """Token labels for axes: escaped, and unique (plotly merges categories with equal names).
 
-Escaping means no user text reaches a page as HTML.
+Escaping means no user text reaches a page as HTML: ``<``, ``>`` and ``&`` become entities.
+Quotes stay as they are: plotly's label markup decodes only a few named entities, so
+``&quot;`` would show as such, and without ``<`` no tag (nor attribute) can be written.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ def token_labels(tokens: list[str]) -> list[str]:
     out = []
     for i, tok in enumerate(tokens):
         shown = tok.replace("Ġ", "␣").replace("Ċ", "↵").replace("\n", "↵").replace(" ", "␣")
-        out.append(f"{i} {html.escape(shown)}")
+        out.append(f"{i} {html.escape(shown, quote=False)}")
     return out
 
 
 def escape(text: object) -> str:
     """Escape any user-supplied text for a figure title or hover."""
-    return html.escape(str(text))
+    return html.escape(str(text), quote=False)

@@ -29,9 +29,13 @@ def _text(op) -> str:
 
 
 def program_figure(anatomy, *, max_blocks: int = 3) -> go.Figure:
-    """The first ``max_blocks`` blocks (and the end) of ``anatomy``'s stream program."""
-    ops = [op for op in anatomy.program
-           if not isinstance(op, Mark) and _block(op) < max_blocks or _block(op) == -1]
+    """The first ``max_blocks`` blocks (and the end) of ``anatomy``'s stream program.
+
+    An operation's block is where it stands, between ``Mark(L)`` and ``Mark(L + 1)`` (a
+    DeepNorm ``Scale`` names none); before ``Mark(0)`` and after the last block is shown.
+    """
+    ops = [op for op, block in zip(anatomy.program, _blocks(anatomy.program), strict=True)
+           if not isinstance(op, Mark) and (block < max_blocks or block == anatomy.n_layers)]
     fig = go.Figure(go.Scatter(x=[0, len(ops) + 1], y=[0, 0], mode="lines", hoverinfo="skip",
                                line={"color": "black", "width": 3}, name="residual stream"))
     for kind, (symbol, color, y, name) in STYLE.items():
@@ -41,7 +45,8 @@ def program_figure(anatomy, *, max_blocks: int = 3) -> go.Figure:
         texts = [escape(_text(ops[i - 1])) for i in xs]
         fig.add_trace(go.Scatter(x=xs, y=[y] * len(xs), mode="markers+text", name=name,
                                  marker={"symbol": symbol, "size": 16, "color": color},
-                                 text=[t.split(" ")[0] if kind in (Read, Add) else t for t in texts],
+                                 text=[escape(ops[i - 1].component) if kind in (Read, Add) else t
+                                       for i, t in zip(xs, texts, strict=True)],
                                  textposition="top center" if y >= 0 else "bottom center",
                                  hovertext=texts, hoverinfo="text"))
         for x in xs:
@@ -54,6 +59,11 @@ def program_figure(anatomy, *, max_blocks: int = 3) -> go.Figure:
     return fig
 
 
-def _block(op) -> int:
-    name = getattr(op, "component", None) or getattr(op, "norm", None) or ""
-    return int(name[1:].split(".")[0]) if name.startswith("L") else -1
+def _blocks(program) -> list[int]:
+    """Each operation's block by position: ``L`` after ``Mark(L)``; -1 before the first."""
+    out, block = [], -1
+    for op in program:
+        if isinstance(op, Mark) and isinstance(op.point, int):
+            block = op.point
+        out.append(block)
+    return out
