@@ -67,6 +67,18 @@ def test_heatmaps_and_graph(trace):
     assert hm.layout.xaxis.title.text == "source" and hm.data[0].z.shape == ra.shape
 
 
+def test_graph_nodes_never_share_a_point():
+    """A post-LN twin with biases: each norm's bias is a source of its own (before, it sat on
+    its block's attention node, and ``pos_embed`` on ``embed``), so every node has its own
+    point and an edge's ends say which node it joins. Reference: the matrix's own labels."""
+    m = rs.twin(norm="layernorm", placement="post", n_layers=2, d_model=32, seed=0, bias=True)
+    ra = rs.read_attribution(rs.trace(m, TEXTS)).matrix("component", absolute=True)
+    nodes = plotting.read_write_graph(ra, threshold=0.0).data[-1]
+    assert {"L0.ln_resid_attn.bias", "pos_embed", "L0.attn"} <= set(nodes.customdata)
+    points = list(zip(nodes.x, nodes.y, strict=True))
+    assert len(set(points)) == len(points) == len(nodes.customdata)
+
+
 def test_lens_and_bars_escape_user_text(trace):
     lens = plotting.lens_figure(rs.logit_lens(trace), 2, trace.str_tokens[2])
     labels = list(lens.data[0].x)

@@ -7,19 +7,26 @@ import plotly.graph_objects as go
 
 from .labels import escape
 
+EMBED_Y = {"embed": 0.5, "pos_embed": 0.0, "type_embed": 1.0}  # at x = -1, one point each
+BIAS_Y = -0.5  # a block's norm biases (post-norm, sandwich): a row of their own
+
 
 def _position(node: str, n_layers: int) -> tuple[float, float]:
+    """Attention at (L, 0), MLP at (L + ½, 1), a norm's bias below, after its sublayer."""
     if not node.startswith("L"):
-        return -1.0, 0.5
+        return -1.0, EMBED_Y.get(node, 0.5)
     layer, _, kind = node.partition(".")
-    return int(layer[1:]) + (0.5 if kind == "mlp" else 0.0), 1.0 if kind == "mlp" else 0.0
+    if kind in ("attn", "mlp"):
+        return int(layer[1:]) + (0.5 if kind == "mlp" else 0.0), 1.0 if kind == "mlp" else 0.0
+    return int(layer[1:]) + (0.75 if "mlp" in kind else 0.25), BIAS_Y
 
 
 def read_write_graph(matrix: pd.DataFrame, *, threshold: float = 0.05,
                      highlight: str | None = None, title: str = "Read-write graph") -> go.Figure:
     """Components by layer, with an edge ``source → reader`` wherever ``|share| ≥ threshold``.
 
-    Nodes sit at x = layer (attention below, MLPs above, embeddings at -1); edge width follows
+    Nodes sit at x = layer (attention below, MLPs above, norm biases under both, embeddings
+    at -1, each at its own height); edge width follows
     the mean |share| of ``source`` in ``reader``'s read. ``highlight`` colors the edges into and
     out of one node (whom it reads from, who reads it).
     """
@@ -49,6 +56,7 @@ def read_write_graph(matrix: pd.DataFrame, *, threshold: float = 0.05,
         customdata=nodes, hovertemplate="%{customdata}<extra></extra>"))
     fig = go.Figure(traces)
     fig.update_layout(title=f"{title} (edges with mean |share| ≥ {threshold:g})",
-                      xaxis_title="layer", yaxis={"tickvals": [0, 0.5, 1],
-                                                  "ticktext": ["attention", "embeddings", "MLP"]})
+                      xaxis_title="layer", yaxis={"tickvals": [BIAS_Y, 0, 0.5, 1],
+                                                  "ticktext": ["norm biases", "attention",
+                                                               "embeddings", "MLP"]})
     return fig
