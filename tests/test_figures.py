@@ -98,10 +98,13 @@ def test_lens_depth_figure_draws_a_scan_summary_with_its_band():
     summary = rs.scan(model, TEXTS * 3, "lens", batch_size=2, seq_len=32, progress=False).stats["lens"]
     fig = plotting.lens_depth_figure(summary, name="<b>twin</b>")
     band, kl, top1 = fig.data
-    n = len(summary)
-    assert list(kl.y) == pytest.approx(summary["kl"].tolist())
-    assert list(band.y[:n]) == pytest.approx((summary["kl"] + 2 * summary["kl_se_texts"]).tolist())
-    low = (summary["kl"] - 2 * summary["kl_se_texts"]).clip(lower=summary["kl"] / 10)
+    assert (summary.kl >= 0).all() and summary.kl.iloc[-1] <= plotting.growth.KL_ROUNDING
+    drawn = summary[summary.kl > plotting.growth.KL_ROUNDING]  # the final point is left off
+    n = len(drawn)
+    assert n == len(summary) - 1 and list(kl.x) == list(drawn.point)
+    assert list(kl.y) == pytest.approx(drawn["kl"].tolist())
+    assert list(band.y[:n]) == pytest.approx((drawn["kl"] + 2 * drawn["kl_se_texts"]).tolist())
+    low = (drawn["kl"] - 2 * drawn["kl_se_texts"]).clip(lower=drawn["kl"] / 10)
     assert list(band.y[n:]) == pytest.approx(low.tolist()[::-1])
     assert list(top1.y) == pytest.approx(summary["top1_agreement"].tolist()) and top1.yaxis == "y2"
     assert "<b>" not in kl.name and fig.layout.yaxis2.range == (0, 1)

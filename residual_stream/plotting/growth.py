@@ -44,25 +44,30 @@ def update_size_figure(result, *, relative_depth: bool = False, name: str = "") 
     return fig
 
 
+KL_ROUNDING = 1e-6  # nats: a scan's KL below this is float32 rounding (the model's own output)
+
+
 def lens_depth_figure(summary, *, name: str = "") -> go.Figure:
     """The logit lens against depth from its per-point summary (a scan's ``lens`` result).
 
     KL to the final distribution with a band of ±2 standard errors clustered by text
     (``kl_se_texts``; on the log axis its lower edge is floored at a tenth of the KL), and
     top-1 agreement on the right axis. Over one text the error is unknown and the band is
-    left out (zero width).
+    left out (zero width). Points whose KL is 0 but for rounding (``KL_ROUNDING``; the final
+    one, the model's own output) are left off the log axis, where 0 cannot be drawn.
     """
-    x = list(summary["point"])
-    kl = summary["kl"].to_numpy()
-    se = np.nan_to_num(summary["kl_se_texts"].to_numpy())  # NaN over one text: no band
+    shown = summary["kl"].to_numpy() > KL_ROUNDING  # the final point's is 0 but for rounding
+    x = list(summary["point"][shown])
+    kl = summary["kl"].to_numpy()[shown]
+    se = np.nan_to_num(summary["kl_se_texts"].to_numpy()[shown])  # NaN over one text: no band
     low = np.maximum(kl - 2 * se, kl / 10)
     label = escape(name)
     fig = go.Figure([
         go.Scatter(x=x + x[::-1], y=list(kl + 2 * se) + list(low)[::-1], fill="toself",
                    line={"width": 0}, opacity=0.25, name=f"{label} KL ± 2 s.e.", hoverinfo="skip"),
         go.Scatter(x=x, y=kl, name=f"{label} KL(final ‖ lens)", mode="lines+markers"),
-        go.Scatter(x=x, y=summary["top1_agreement"], name=f"{label} top-1 agreement", yaxis="y2",
-                   line={"dash": "dot"}),
+        go.Scatter(x=list(summary["point"]), y=summary["top1_agreement"],
+                   name=f"{label} top-1 agreement", yaxis="y2", line={"dash": "dot"}),
     ])
     fig.update_layout(title="Logit lens over the corpus", xaxis_title="point (stream entering block L)",
                       yaxis={"title": "KL (nats)", "type": "log"}, hovermode="x unified",

@@ -279,7 +279,7 @@ class LensStats(Accumulator):
         texts = int(t["texts"])  # Σ_t (S_t − m n_t)², the texts' residual sums, expanded
         spread = (t["text_kl_sq"] - 2 * kl * t["text_kl_n"] + kl.square() * t["text_n_sq"]).clamp_min(0)
         var_texts = spread * texts / (texts - 1) / n ** 2 if texts > 1 else kl * float("nan")
-        return pd.DataFrame({"point": range(cum.shape[0]), "kl": kl.float().numpy(),
+        return pd.DataFrame({"point": range(cum.shape[0]), "kl": kl.clamp_min(0).float().numpy(),
                              "top1_agreement": self.mean("top1").numpy(), "median_rank": median,
                              "kl_se": (var / max(n, 1)).sqrt().float().numpy(),
                              "kl_se_texts": var_texts.sqrt().float().numpy(), "tokens": n,
