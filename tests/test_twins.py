@@ -40,9 +40,23 @@ def test_training_is_deterministic_for_a_seed():
     cfg = TwinConfig(norm="layernorm", placement="post", n_layers=1, d_model=32, n_heads=2,
                      n_ctx=32)
     recipe = Recipe(steps=30, batch=4, warmup=5, lr=3e-3)
+    state = torch.get_rng_state()
     first, second = (train(cfg, recipe, progress=False) for _ in range(2))
     assert first.losses == second.losses and not first.diverged
     assert sum(first.losses[-5:]) < sum(first.losses[:5])  # and it learns
+    assert torch.equal(torch.get_rng_state(), state)  # the caller's random state is left alone
+
+
+def test_the_recorded_training_loss_is_the_mean_of_the_last_losses_there_are():
+    """By hand: a 3-step run's loss is the mean of its 3 (it was their sum over 50); a
+    diverged run's NaN is left out; a run with no finite loss records none (not NaN, which
+    is not JSON)."""
+    from residual_stream.twins.train import last_losses
+
+    assert last_losses([3.0, 2.0, 1.0]) == pytest.approx(2.0)
+    assert last_losses([float(x) for x in range(100)], 50) == pytest.approx(sum(range(50, 100)) / 50)
+    assert last_losses([4.0, 2.0, float("nan")]) == pytest.approx(3.0)
+    assert last_losses([float("nan")]) is None
 
 
 def test_cli_trains_a_twin_that_loads(tmp_path, capsys):

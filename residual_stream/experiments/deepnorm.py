@@ -63,7 +63,7 @@ class DeepNormUpdate:
         """Update size against step, log scale."""
         fig = go.Figure([go.Scatter(y=u, name=p) for p, u in self.updates.items()])
         fig.update_layout(title=f"Model update over the first steps ({self.n_layers} layers)",
-                          xaxis_title="step", yaxis_title="‖F(x, θ_t) − F(x, θ_0)‖ (RMS)",
+                          xaxis_title="step", yaxis_title="‖F(x, θ_t) − F(x, θ_0)‖ (RMS over tokens)",
                           yaxis_type="log")
         return fig
 
@@ -81,10 +81,11 @@ def deepnorm_update(*, n_layers: int = 48, d_model: int = 32, steps: int = 30, l
     mix = Mix(seq_len=32)
     probe = train_batch(batch, torch.Generator().manual_seed(seed + 1), mix)[0]
     for placement in placements:
-        torch.manual_seed(seed)
-        module = TwinTransformer(TwinConfig(norm="layernorm", placement=placement,
-                                            n_layers=n_layers, d_model=d_model, n_heads=4,
-                                            n_ctx=32, init="xavier")).train()  # as in the paper
+        with torch.random.fork_rng(devices=[]):  # the caller's random state is left alone
+            torch.manual_seed(seed)
+            module = TwinTransformer(TwinConfig(norm="layernorm", placement=placement,
+                                                n_layers=n_layers, d_model=d_model, n_heads=4,
+                                                n_ctx=32, init="xavier")).train()  # as in the paper
         opt = torch.optim.Adam(module.parameters(), lr=lr)
         g = torch.Generator().manual_seed(seed)
         start = _final_states(module, probe)
@@ -95,6 +96,7 @@ def deepnorm_update(*, n_layers: int = 48, d_model: int = 32, steps: int = 30, l
             loss.backward()
             opt.step()
             ls.append(loss.item())
-            u.append(float((_final_states(module, probe) - start).pow(2).mean().sqrt()))
+            moved = (_final_states(module, probe) - start).norm(dim=-1)  # ‖ΔF‖ per token
+            u.append(float(moved.pow(2).mean().sqrt()))  # RMS over tokens
         updates[placement], losses[placement] = np.array(u), np.array(ls)
     return DeepNormUpdate(updates, losses, n_layers)

@@ -1,10 +1,13 @@
 """Experiments 1 and 2: forward norms and gradient norms at initialization (Xiong et al. 2020).
 
 The paper's simplified setting (``simplified=True``): ``W_Q = W_K = 0`` (uniform attention),
-every other weight ``N(0, 1/d)``, ReLU FFN, no biases, inputs with ``E‖x‖²/d = 1``. Lemma 2: in
+every other weight ``N(0, 1/d)`` (DeepNorm's value, output and FFN maps times its β, as its
+own initialization scales them), a ReLU FFN as wide as the stream (``d_mlp = d``), no
+biases, inputs with ``E‖x‖²/d = 1``. Lemma 2: in
 post-LN the sum entering each LayerNorm has ``E‖x‖²/d`` constant across layers (1.5 in their
 setting); in pre-LN the stream's ``E‖x‖²/d`` grows linearly with depth (``≥ 1 + l/2``).
-Measured with this package's own tracing on random token inputs.
+Measured with this package's own tracing on random token inputs. Every run draws from its
+own generator (``torch.random.fork_rng``): the caller's random state is left as it was.
 """
 
 from __future__ import annotations
@@ -24,18 +27,20 @@ from ..twins.model import TwinConfig, TwinTransformer
 
 def _init_model(placement: str, n_layers: int, d_model: int, *, simplified: bool, seed: int,
                 n_ctx: int = 64) -> TwinTransformer:
-    torch.manual_seed(seed)
+    """A twin at initialization (module docstring), made with its own random generator."""
     cfg = TwinConfig(norm="layernorm", placement=placement, n_layers=n_layers, d_model=d_model,
-                     n_heads=4, n_ctx=n_ctx, mlp="relu" if simplified else "gelu")
-    module = TwinTransformer(cfg)
-    with torch.no_grad():
+                     n_heads=4, n_ctx=n_ctx, mlp="relu" if simplified else "gelu",
+                     d_mlp=d_model if simplified else 0)
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        module = TwinTransformer(cfg)
         module.embed.weight.normal_(0, 1)   # inputs with E‖x‖²/d = 1
         module.pos_embed.weight.zero_()
         if simplified:
             for name, p in module.named_parameters():
                 if p.ndim == 2 and name.startswith("blocks"):
                     zero = ".q_proj" in name or ".k_proj" in name
-                    p.zero_() if zero else p.normal_(0, d_model ** -0.5)
+                    p.zero_() if zero else p.normal_(0, cfg.deepnorm_beta * d_model ** -0.5)
     return module.eval()
 
 
@@ -120,10 +125,11 @@ def _grad_norms(placement: str, n_layers: int, d_model: int, tokens, seed: int,
         module = _init_model(placement, n_layers, d_model, simplified=True, seed=seed,
                              n_ctx=tokens.shape[1]).train()
     else:
-        torch.manual_seed(seed)
-        module = TwinTransformer(TwinConfig(norm="layernorm", placement=placement,
-                                            n_layers=n_layers, d_model=d_model, n_heads=4,
-                                            n_ctx=tokens.shape[1])).train()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            module = TwinTransformer(TwinConfig(norm="layernorm", placement=placement,
+                                                n_layers=n_layers, d_model=d_model, n_heads=4,
+                                                n_ctx=tokens.shape[1])).train()
     logits = module(tokens).logits[:, :-1]
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                              tokens[:, 1:].reshape(-1))

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..errors import InputError
 from ..twins.data import Mix
 from ..twins.model import TwinConfig
 from ..twins.train import Recipe, train
@@ -56,7 +57,10 @@ def warmup_sensitivity(*, lrs: tuple[float, ...] = (1e-3, 1e-2), steps: int = 30
     Gradients are not clipped by default (``clip``): clipping is itself a stabilizer that
     hides the effect warm-up compensates for. ``models/build_twins.py --warmup-experiment``
     runs it at the bundled twins' shape and recipe (clip 1.0, 50 % synthetic rows).
+    ``warmup`` (steps, at least 1) is compared with none.
     """
+    if not isinstance(warmup, int) or not 1 <= warmup <= steps:
+        raise InputError(f"warmup must be 1 to steps ({steps}) steps, compared with none; got {warmup!r}")
     rows, curves = [], {}
     for placement in placements:
         cfg = TwinConfig(norm="layernorm", placement=placement, n_layers=n_layers,

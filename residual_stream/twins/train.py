@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -108,8 +109,10 @@ def train(
     """
     if recipe.mix.seq_len > config.n_ctx:
         recipe = replace(recipe, mix=replace(recipe.mix, seq_len=config.n_ctx))
-    torch.manual_seed(recipe.seed)
-    module = TwinTransformer(config).to(device).train()
+    with torch.random.fork_rng(devices=[]):  # the caller's random state is left alone
+        torch.manual_seed(recipe.seed)
+        module = TwinTransformer(config)
+    module = module.to(device).train()
     decay = [p for n, p in module.named_parameters() if p.ndim >= 2]
     other = [p for n, p in module.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
@@ -143,6 +146,12 @@ def train(
     return TrainResult(module, losses, evaluation, time.perf_counter() - start, diverged)
 
 
+def last_losses(losses: list[float], n: int = 50) -> float | None:
+    """The mean of the last ``n`` finite training losses (fewer in a short run); None if none."""
+    finite = [x for x in losses[-n:] if math.isfinite(x)]
+    return statistics.fmean(finite) if finite else None
+
+
 def save(result: TrainResult, recipe: Recipe, out: Path) -> Path:
     """Write ``model.safetensors`` (fp16) and ``twin.json`` into ``out``; returns the weights path."""
     out.mkdir(parents=True, exist_ok=True)
@@ -150,7 +159,7 @@ def save(result: TrainResult, recipe: Recipe, out: Path) -> Path:
     save_file({k: v.detach().half().contiguous().cpu() for k, v in result.module.state_dict().items()},
               str(weights))
     meta = {"config": result.module.config.to_dict(), "recipe": asdict(recipe),
-            "evaluation": result.evaluation, "train_loss_last_50": sum(result.losses[-50:]) / 50,
+            "evaluation": result.evaluation, "train_loss_last_50": last_losses(result.losses),
             "seconds": result.seconds, "bos": BOS}
     (out / "twin.json").write_text(json.dumps(meta, indent=1))
     return weights
