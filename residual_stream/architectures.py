@@ -144,14 +144,20 @@ def _spec_for(config: object) -> ArchSpec:
 
 
 def _norm_spec(name: str, module: nn.Module, path: str, offset: float) -> NormSpec:
-    cls = type(module).__name__
-    if isinstance(module, nn.LayerNorm) or cls.endswith("LayerNorm") and hasattr(module, "bias"):
+    """What the norm at ``path`` computes, read from its class.
+
+    A TransformerLens bridge's wrapper (``NormalizationBridge``) by the module it wraps; the
+    hooks stay on the wrapper, which is what the model runs.
+    """
+    inner = getattr(module, "_original_component", None) or module
+    cls = type(inner).__name__
+    if isinstance(inner, nn.LayerNorm) or cls.endswith("LayerNorm") and hasattr(inner, "bias"):
         kind = "layernorm"
-    elif "RMSNorm" in cls or isinstance(module, nn.RMSNorm):
+    elif "RMSNorm" in cls or isinstance(inner, nn.RMSNorm):
         kind = "rmsnorm"
     else:
         raise UnsupportedArchitectureError(f"norm module {path!r} of type {cls} is not recognised")
-    eps = next((getattr(module, a) for a in ("eps", "variance_epsilon") if hasattr(module, a)), None)
+    eps = next((getattr(inner, a) for a in ("eps", "variance_epsilon") if hasattr(inner, a)), None)
     if eps is None:
         raise UnsupportedArchitectureError(f"norm module {path!r} ({cls}) exposes no epsilon")
 
