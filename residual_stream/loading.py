@@ -34,6 +34,7 @@ from .errors import (
     ModelNotFoundError,
     ModelNotInstalledError,
     ResidualStreamError,
+    UnsupportedArchitectureError,
 )
 from .registry import REGISTRY
 from .tl_compat import is_bridge, unwrap_bridge
@@ -93,7 +94,15 @@ class Model:
 
 
 def wrap(module: nn.Module, tokenizer: object, *, name: str, source: str = "object") -> Model:
-    """Wrap a framework model without changing it."""
+    """Wrap a framework model without changing it.
+
+    ``UnsupportedArchitectureError`` for a module that is not one: no ``config`` or
+    ``base_model`` to read its anatomy from.
+    """
+    if getattr(module, "config", None) is None or not hasattr(module, "base_model"):
+        raise UnsupportedArchitectureError(
+            f"a {type(module).__name__} is not a transformers model: load a Hugging Face model "
+            "(PreTrainedModel), a TransformerLens bridge, a twin, a path or a registry name")
     arch = getattr(module.config, "architectures", None) or [type(module).__name__]
     has_head = module.get_output_embeddings() is not None if hasattr(
         module, "get_output_embeddings") else False

@@ -210,6 +210,15 @@ def test_a_booted_bridge_of_every_norm_kind_loads_and_traces_as_its_model(family
         assert tr.check().ok, str(tr.check())  # blocks), which the check's reference misreads
 
 
+def test_a_module_that_is_no_transformers_model_is_refused_by_name():
+    """A bare ``nn.Module`` (no config to read an anatomy from): an error of the library's
+    that says what it loads (it was ``AttributeError: 'Linear' object has no attribute 'config'``)."""
+    from residual_stream.errors import UnsupportedArchitectureError
+
+    with pytest.raises(UnsupportedArchitectureError, match="a Linear is not a transformers model"):
+        rs.load(torch.nn.Linear(4, 4), tokenizer=ByteTokenizer())
+
+
 def test_device_and_dtype_auto():
     from residual_stream.loading import resolve_device, resolve_dtype
 
