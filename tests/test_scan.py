@@ -509,6 +509,12 @@ def test_an_interrupted_scan_resumes_without_losing_or_double_counting(model, tm
                rel=1e-12)
     again = rs.scan(model, TEXTS, STATS_RESUMED, state=state, **kw)  # already complete
     assert again.tokens == whole.tokens and again.batches == whole.batches
+    # the rate is this run's: none scanned (it was the total over this run's instant)
+    assert again.resumed_tokens == whole.tokens and again.tokens_per_second == 0.0
+    ran = sum(1 for _ in seen)  # the resumed run's batches, its tokens counted by hand
+    assert ran == whole.batches - saved["next"][1] and resumed.resumed_tokens == saved["tokens"]
+    assert resumed.tokens_per_second == pytest.approx(
+        (whole.tokens - saved["tokens"]) / resumed.seconds)
 
 
 @pytest.mark.parametrize(("seconds", "every"), [(60.0, 3), (0.0, 1)])

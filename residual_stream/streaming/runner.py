@@ -76,11 +76,13 @@ class ScanResult:
     seconds: float
     model_name: str
     accumulators: dict[str, Accumulator] = field(repr=False, default_factory=dict)
+    resumed_tokens: int = 0  # of ``tokens``, those a saved state held when this run began
 
     @property
     def tokens_per_second(self) -> float:
-        """Scanned tokens per second of this run (0 when nothing was left to scan)."""
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+        """Tokens this run scanned per second (0 when nothing was left to scan)."""
+        run = self.tokens - self.resumed_tokens
+        return run / self.seconds if self.seconds > 0 and run > 0 else 0.0
 
     def to_dict(self) -> dict:
         """JSON-ready: metadata, each statistic's token count and its frames as records.
@@ -147,9 +149,10 @@ def _all_gather(value) -> list:
     return out
 
 
-def _gather(accs: dict[str, Accumulator], tokens: int, batches: int) -> tuple[dict, int, int]:
-    """Merge every process's accumulators, in rank order, on every process."""
-    states = _all_gather({"tokens": tokens, "batches": batches,
+def _gather(accs: dict[str, Accumulator], tokens: int, batches: int,
+            resumed: int) -> tuple[dict, int, int, int]:
+    """Merge every process's accumulators, in rank order, on every process; sum the counts."""
+    states = _all_gather({"tokens": tokens, "batches": batches, "resumed": resumed,
                           "stats": {n: a.state_dict() for n, a in accs.items()}})
     merged = {n: a.empty_like() for n, a in accs.items()}  # same settings, no sums
     for name, acc in merged.items():
@@ -157,7 +160,7 @@ def _gather(accs: dict[str, Accumulator], tokens: int, batches: int) -> tuple[di
             part = acc.empty_like()
             part.load_state_dict(s["stats"][name])
             acc.merge(part)
-    return merged, sum(s["tokens"] for s in states), sum(s["batches"] for s in states)
+    return merged, *(sum(s[k] for s in states) for k in ("tokens", "batches", "resumed"))
 
 
 def _share(rank: int, world_size: int, start: int, max_tokens: int | None,
@@ -324,6 +327,7 @@ def scan(
         model, corpus, list(accs), batch_size, seq_len, max_tokens, order, rank, world_size)
     save_due = _save_due(save_every, save_seconds)
     done, tokens, added, ledger = resume(path, config, accs)
+    resumed = tokens
     share, ledger, stop, close = _share(rank, world_size, done[0], max_tokens, ledger)
     try:  # the exchange's group is closed however the scan ends
         _prepare(model, corpus, accs, batch_size, seq_len, max_tokens, order)
@@ -361,10 +365,10 @@ def scan(
     if path is not None:
         save()
     if world_size > 1:
-        accs, tokens, added = _gather(accs, tokens, added)
+        accs, tokens, added, resumed = _gather(accs, tokens, added, resumed)
     seconds = time.perf_counter() - start
     return ScanResult({n: a.result() for n, a in accs.items()}, tokens, added, seconds,
-                      model.name, accs)
+                      model.name, accs, resumed)
 
 
 def frames(result) -> dict[str, pd.DataFrame]:
