@@ -99,6 +99,10 @@ def test_bundled_twin_loads_reproduces_its_loss_and_conserves(name):
     (["--heads", "3"], "d_model 128 is not divisible by n_heads 3: choose heads that divide it"),
     (["--steps", "0"], "training needs steps and batch of at least 1.*steps=0"),
     (["--lr", "0"], "lr above 0"),
+    (["--synthetic-fraction", "2"], "synthetic_fraction is a fraction of the rows, 0 to 1; got 2"),
+    (["--synthetic-fraction", "-1"], "0 to 1; got -1"),
+    (["--positions", "rotary", "--d-model", "30", "--heads", "2"],
+     "rotary positions turn pairs of a head's 15 dimensions"),
 ])
 def test_cli_train_refuses_numbers_no_twin_can_have(args, message, tmp_path, capsys):
     out = tmp_path / "twin"

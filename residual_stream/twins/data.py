@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from ..errors import InputError
+
 VAL_FRACTION = 0.05
 BOS = 256
 
@@ -64,6 +66,15 @@ class Mix:
     min_segment: int = 8
     max_segment: int = 32
     alphabet: tuple[int, int] = (32, 127)  # byte range of the synthetic segments
+
+    def __post_init__(self) -> None:
+        """Refuse a fraction of rows outside 0..1 and segments that cannot fit (``InputError``)."""
+        if not 0 <= self.synthetic_fraction <= 1:
+            raise InputError(f"synthetic_fraction is a fraction of the rows, 0 to 1; got "
+                             f"{self.synthetic_fraction}")
+        if not 1 <= self.min_segment <= self.max_segment:
+            raise InputError(f"segments need 1 <= min_segment <= max_segment, got "
+                             f"{self.min_segment} and {self.max_segment}")
 
 
 def _split(split: str) -> torch.Tensor:

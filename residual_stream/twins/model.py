@@ -56,6 +56,9 @@ class TwinConfig:
         if self.d_model % self.n_heads:
             raise InputError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}: "
                              "choose heads that divide it")
+        if self.positions == "rotary" and (self.d_model // self.n_heads) % 2:
+            raise InputError(f"rotary positions turn pairs of a head's {self.d_model // self.n_heads} "
+                             "dimensions: choose d_model and n_heads with an even head size")
         self.d_mlp = self.d_mlp or 4 * self.d_model
 
     # aliases read by architectures.describe (Hugging Face names)
