@@ -42,7 +42,7 @@ def test_the_simplified_setting_scales_deepnorm_as_its_own_initialization_does()
     scaled, zero = [], []
     for name, p in module.named_parameters():
         if p.ndim == 2 and name.startswith("blocks"):
-            (zero if ".q_proj" in name or ".k_proj" in name else scaled).append(p.flatten())
+            (zero if ".q_proj" in name or ".k_proj" in name else scaled).append(p.detach().flatten())
     assert len(scaled) == 4 * n and not torch.cat(zero).any()
     assert float(torch.cat(scaled).std()) == pytest.approx((8 * n) ** -0.25 / d ** 0.5, rel=0.02)
     assert module.blocks[0].mlp.fc_in.weight.shape == (d, d)
