@@ -16,7 +16,7 @@ import streamlit as st
 import residual_stream as rs
 import residual_stream.experiments as ex
 
-TEXTS = 64  # (model, text) results each cache keeps: a served app meets many texts
+TEXT_RESULTS = 64  # (model, text) results each cache keeps: a served app meets many texts
 
 
 @st.cache_resource(show_spinner="Loading the model (the first SmolLM2 load dequantizes, ~20 s)…",
@@ -38,25 +38,25 @@ def registry() -> pd.DataFrame:
     return rs.list_models()
 
 
-@st.cache_data(show_spinner="Checking conservation…", max_entries=TEXTS)
+@st.cache_data(show_spinner="Checking conservation…", max_entries=TEXT_RESULTS)
 def conservation(name: str, text: str) -> pd.DataFrame:
     """The conservation report as a table."""
     return trace(name, text).check().to_frame()
 
 
-@st.cache_data(show_spinner="Measuring norm growth…", max_entries=TEXTS)
+@st.cache_data(show_spinner="Measuring norm growth…", max_entries=TEXT_RESULTS)
 def norm_growth(name: str, text: str):
     """``rs.norm_growth``."""
     return rs.norm_growth(trace(name, text))
 
 
-@st.cache_data(show_spinner="Splitting every write into subspaces…", max_entries=TEXTS)
+@st.cache_data(show_spinner="Splitting every write into subspaces…", max_entries=TEXT_RESULTS)
 def write_subspaces(name: str, text: str):
     """``rs.write_subspaces`` for every attention total and MLP."""
     return rs.write_subspaces(trace(name, text))
 
 
-@st.cache_data(show_spinner="Attributing every read…", max_entries=TEXTS)
+@st.cache_data(show_spinner="Attributing every read…", max_entries=TEXT_RESULTS)
 def read_matrix(name: str, text: str, level: str) -> pd.DataFrame:
     """Mean |share| read-attribution matrix at ``level``."""
     return rs.read_attribution(trace(name, text)).matrix(level, absolute=True)
@@ -70,13 +70,13 @@ def composition_matrix(name: str, kind: str) -> pd.DataFrame:
     return pd.DataFrame(c.head_to_head[k].numpy(), index=list(c.heads), columns=list(c.heads)).T
 
 
-@st.cache_data(show_spinner="Following every write…", max_entries=TEXTS)
+@st.cache_data(show_spinner="Following every write…", max_entries=TEXT_RESULTS)
 def survival(name: str, text: str):
     """``rs.survival`` at component granularity."""
     return rs.survival(trace(name, text))
 
 
-@st.cache_data(show_spinner="Running the logit lens…", max_entries=TEXTS)
+@st.cache_data(show_spinner="Running the logit lens…", max_entries=TEXT_RESULTS)
 def logit_lens(name: str, text: str):
     """``rs.logit_lens``."""
     return rs.logit_lens(trace(name, text))

@@ -101,7 +101,7 @@ def head_max(fraction, readers) -> torch.Tensor:
     """
     heads = torch.tensor([r.endswith((".q", ".k", ".v")) for r in readers], dtype=torch.bool)
     f = fraction[:, heads]
-    best = f.nan_to_num(nan=float("-inf")).max(1).values if f.shape[1] else f.sum(1)
+    best = f.nan_to_num(nan=float("-inf")).max(1).values
     return torch.where(f.isnan().all(1), torch.tensor(float("nan")), best)
 
 

@@ -21,6 +21,7 @@ from .devices import parameter
 from .errors import UnsupportedArchitectureError
 from .norms import NormSpec
 from .program import compile_program
+from .tl_compat import wrapped
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ def _norm_spec(name: str, module: nn.Module, path: str, offset: float) -> NormSp
     A TransformerLens bridge's wrapper (``NormalizationBridge``) by the module it wraps; the
     hooks stay on the wrapper, which is what the model runs.
     """
-    inner = getattr(module, "_original_component", None) or module
+    inner = wrapped(module)
     cls = type(inner).__name__
     if isinstance(inner, nn.LayerNorm) or cls.endswith("LayerNorm") and hasattr(inner, "bias"):
         kind = "layernorm"

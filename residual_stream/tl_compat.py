@@ -18,6 +18,11 @@ def is_bridge(obj: object) -> bool:
                for c in type(obj).__mro__)
 
 
+def wrapped(module: nn.Module) -> nn.Module:
+    """The module a bridge's component wrapper (``NormalizationBridge`` …) wraps; else itself."""
+    return getattr(module, "_original_component", None) or module
+
+
 def unwrap_bridge(bridge: object) -> tuple[nn.Module, object]:
     """The Hugging Face model and tokenizer inside a bridge (not modified)."""
     return bridge.original_model, bridge.tokenizer

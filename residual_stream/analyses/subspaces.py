@@ -99,7 +99,7 @@ def pca_subspace(trace, point: int | None = None, k: int = 16) -> Subspace:
     x = real(trace.stream(point), trace.attention_mask).double()
     x = x - x.mean(0, keepdim=True)
     _, S, Vh = torch.linalg.svd(x, full_matrices=False)
-    keep = S[:k] > RANK_TOL * S.max().clamp_min(1e-300) if len(S) else S[:0].bool()
+    keep = S[:k] > RANK_TOL * S.max()  # one token: S is 0, nothing kept
     return Subspace(f"pca{k}@{point}", Vh[:k][keep].T.float())
 
 
