@@ -517,6 +517,25 @@ def test_an_interrupted_scan_resumes_without_losing_or_double_counting(model, tm
         (whole.tokens - saved["tokens"]) / resumed.seconds)
 
 
+def test_sums_restored_on_the_cpu_follow_the_next_batch_to_its_device(model):
+    """A scan resumed on a GPU adds there: its restored (CPU) sums move to the batch's device.
+
+    "meta" stands in for the accelerator: before, each batch's sums were copied to the CPU
+    (a host sync per sum per batch, and on "meta" a copy that cannot be made).
+    """
+    acc = rs.scan(model, TEXTS[:3], ["growth"], batch_size=2, seq_len=16,
+                  progress=False).accumulators["growth"]
+    resumed = acc.empty_like()
+    resumed.load_state_dict(acc.state_dict())
+    key, value = next((k, v) for k, v in resumed.sums.items() if v.is_floating_point())
+    assert value.device.type == "cpu"
+    resumed.add(key, torch.ones_like(value, device="meta"))
+    assert resumed.sums[key].device.type == "meta" and resumed.sums[key].shape == value.shape
+    resumed.add(key, value)  # a CPU value (a merged part) goes to where the sum now is
+    assert resumed.sums[key].device.type == "meta"
+    assert all(v.device.type == "cpu" for k, v in resumed.sums.items() if k != key)
+
+
 @pytest.mark.parametrize(("seconds", "every"), [(60.0, 3), (0.0, 1)])
 def test_the_state_is_saved_by_time_unless_save_every_is_given(model, tmp_path, monkeypatch,
                                                                seconds, every):

@@ -108,8 +108,10 @@ class Accumulator:
     def add(self, key: str, value: Tensor | float | int) -> None:
         """Add ``value`` to the sum ``key`` (float64, or int64 for integer values).
 
-        Sums stay on the device of their first value (no host sync per batch); ``state_dict``
-        and ``result`` read them back to the CPU.
+        Sums stay on the device of their first value (no host sync per batch); a sum on the
+        CPU (restored by ``load_state_dict``, or first added there) moves to the device of the
+        first value that is not, so a scan resumed on a GPU adds there. ``state_dict`` and
+        ``result`` read them back to the CPU.
         """
         v = torch.as_tensor(value).detach()
         v = v.to(torch.int64) if not v.is_floating_point() else v.to(torch.float64)
@@ -117,6 +119,8 @@ class Accumulator:
         if old is None:
             self.sums[key] = v.clone()
             return
+        if old.device.type == "cpu":
+            old = old.to(v.device)
         v = v.to(old.device)
         if old.shape != v.shape:  # per-position sums: pad the shorter along the last axis
             width = max(old.shape[-1], v.shape[-1])
