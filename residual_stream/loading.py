@@ -227,6 +227,8 @@ def _load_twin(folder: Path, dev: torch.device, dt: torch.dtype):
     _validate_safetensors(folder)
     try:
         module = load_twin(folder)
+    except CorruptModelFileError:
+        raise  # already says what to do
     except (OSError, ValueError, RuntimeError, KeyError, TypeError) as e:
         raise CorruptModelFileError(f"could not load the twin in {str(folder)!r}: {e}; rebuild it "
                                     "with python models/build_twins.py") from e

@@ -1,7 +1,7 @@
 """Twins: the untrained builder, the trainer, the CLI, and the bundled trained twins."""
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -70,6 +70,42 @@ def test_cli_trains_a_twin_that_loads(tmp_path, capsys):
     assert model.anatomy.n_layers == 1 and model.anatomy.norm_kind == "rmsnorm"
     assert evaluate(model.module)["val_loss"] == pytest.approx(printed["val_loss"], abs=1e-5)
     assert rs.trace(model, ["hello", "hi there"]).check().ok
+
+
+def test_a_save_interrupted_between_its_files_is_refused_not_loaded_mismatched(tmp_path,
+                                                                            monkeypatch):
+    """Retraining into a twin's folder stopped after the new weights replaced the old ones
+    (the old twin.json still there): the folder is refused by name, and no partial file is
+    left; an untouched save loads with its own weights."""
+    import os
+
+    from residual_stream.errors import CorruptModelFileError
+    from residual_stream.twins import train as training
+
+    cfg = TwinConfig(norm="rmsnorm", placement="pre", n_layers=1, d_model=32, n_heads=2, n_ctx=32)
+    recipe = Recipe(steps=2, batch=2, warmup=1)
+    first, second = (train(cfg, replace(recipe, seed=seed), progress=False) for seed in (0, 1))
+    out = tmp_path / "twin"
+    training.save(first, recipe, out)
+    assert sorted(p.name for p in out.iterdir()) == ["model.safetensors", "twin.json"]
+    loaded = rs.load(out).module.state_dict()
+    assert all(torch.equal(v, first.module.state_dict()[k].half().float()) for k, v in loaded.items())
+
+    renames = []
+
+    def stop_before_the_json(src, dst):
+        if str(dst).endswith("twin.json"):
+            raise KeyboardInterrupt
+        renames.append(dst)
+        os.rename(src, dst)
+
+    monkeypatch.setattr(training.os, "replace", stop_before_the_json)
+    with pytest.raises(KeyboardInterrupt):
+        training.save(second, recipe, out)
+    assert [p.name for p in renames] == ["model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["model.safetensors", "twin.json"]
+    with pytest.raises(CorruptModelFileError, match="inconsistent.*train it again"):
+        rs.load(out)
 
 
 @pytest.mark.parametrize("name", list(TWIN_NAMES))

@@ -9,8 +9,10 @@ loss is measured *after* the fp16 round trip, so a loaded twin reproduces it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -22,7 +24,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from ..errors import InputError
+from ..errors import CorruptModelFileError, InputError
 from .data import BOS, Mix, repeat_batch, text_batch, train_batch
 from .model import TwinConfig, TwinTransformer
 
@@ -153,21 +155,51 @@ def last_losses(losses: list[float], n: int = 50) -> float | None:
 
 
 def save(result: TrainResult, recipe: Recipe, out: Path) -> Path:
-    """Write ``model.safetensors`` (fp16) and ``twin.json`` into ``out``; returns the weights path."""
+    """Write ``model.safetensors`` (fp16) and ``twin.json`` into ``out``; returns the weights path.
+
+    Each file is written beside its place and renamed into it, weights first; ``twin.json``
+    records the weights' SHA-256, so a save interrupted between the two renames (new weights,
+    the previous twin's JSON) is refused by ``load_twin`` instead of loading mismatched.
+    """
     out.mkdir(parents=True, exist_ok=True)
     weights = out / "model.safetensors"
-    save_file({k: v.detach().half().contiguous().cpu() for k, v in result.module.state_dict().items()},
-              str(weights))
-    meta = {"config": result.module.config.to_dict(), "recipe": asdict(recipe),
-            "evaluation": result.evaluation, "train_loss_last_50": last_losses(result.losses),
-            "seconds": result.seconds, "bos": BOS}
-    (out / "twin.json").write_text(json.dumps(meta, indent=1))
+    parts = {weights: out / ".model.safetensors.partial",
+             out / "twin.json": out / ".twin.json.partial"}
+    state = {k: v.detach().half().contiguous().cpu() for k, v in result.module.state_dict().items()}
+    try:
+        save_file(state, str(parts[weights]))
+        meta = {"config": result.module.config.to_dict(), "recipe": asdict(recipe),
+                "evaluation": result.evaluation, "train_loss_last_50": last_losses(result.losses),
+                "seconds": result.seconds, "bos": BOS, "weights_sha256": _sha256(parts[weights])}
+        parts[out / "twin.json"].write_text(json.dumps(meta, indent=1))
+        for final, partial in parts.items():
+            os.replace(partial, final)
+    finally:
+        for partial in parts.values():
+            partial.unlink(missing_ok=True)
     return weights
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def load_twin(folder: Path) -> TwinTransformer:
-    """A twin saved by ``save`` (float32, eval mode)."""
+    """A twin saved by ``save`` (float32, eval mode).
+
+    ``CorruptModelFileError`` when ``twin.json`` records weights other than
+    ``model.safetensors`` (twins saved before it recorded them are not checked).
+    """
     meta = json.loads((folder / "twin.json").read_text())
+    expected = meta.get("weights_sha256")
+    if expected is not None and _sha256(folder / "model.safetensors") != expected:
+        raise CorruptModelFileError(
+            f"the twin in {str(folder)!r} is inconsistent: model.safetensors is not the file its "
+            "twin.json describes (a save was interrupted?); train it again into that folder")
     config = TwinConfig(**{k: v for k, v in meta["config"].items() if k != "model_type"})
     module = TwinTransformer(config)
     state = load_file(str(folder / "model.safetensors"))
