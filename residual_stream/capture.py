@@ -300,9 +300,21 @@ def model_logits(model: nn.Module, anatomy: Anatomy, tokens: Int[Tensor, "batch 
 
 
 def hidden_states_reference(
-    model: nn.Module, tokens: Int[Tensor, "batch pos"], attention_mask: Int[Tensor, "batch pos"]
+    model: nn.Module, tokens: Int[Tensor, "batch pos"], attention_mask: Int[Tensor, "batch pos"],
+    n_blocks: int,
 ) -> tuple[Float[Tensor, "batch pos d_model"], ...]:
-    """The framework's own ``output_hidden_states`` for the same inputs (float32)."""
+    """The framework's own ``output_hidden_states`` for the same inputs (float32), one per block.
+
+    ``n_blocks + 1`` states. ``transformers`` records them by hooks on each block module,
+    installed once per path to it; a TransformerLens bridge that reaches a block by two paths
+    (BERT's: the block wrapper and its MLP wrapper both hold the ``BertLayer``) has every
+    block's output recorded twice, as one tensor: ``2 n + 1`` states, each odd one the very
+    object after it. Those are read once each.
+    """
     with torch.inference_mode(), untouched(model):
         result = model(input_ids=tokens, attention_mask=attention_mask, output_hidden_states=True)
-    return tuple(h.detach().to(tokens.device, torch.float32) for h in result.hidden_states)
+    states = tuple(result.hidden_states)
+    if len(states) == 2 * n_blocks + 1 and all(states[i] is states[i + 1]
+                                               for i in range(1, len(states), 2)):
+        states = states[:1] + states[1::2]
+    return tuple(h.detach().to(tokens.device, torch.float32) for h in states)

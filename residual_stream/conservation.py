@@ -146,8 +146,8 @@ def check_conservation(trace: Trace, *, tolerance: float | None = None) -> Conse
     verified = bool(trace.captured.attn_out)  # traced with verify=True already
     cap = trace.captured if verified else capture(model.module, anatomy, tokens, mask, verify=True)
     rec = _Recorder(trace.attention_mask, measure)
-    refs = hidden_states_reference(model.module, tokens, mask)
     n = anatomy.n_layers
+    refs = hidden_states_reference(model.module, tokens, mask, n)
     for L in range(n):
         rec.compare("hidden_states", f"resid_pre {L}", cap.resid[L], refs[L])
     wide = model.dtype in (torch.float32, torch.float64)

@@ -188,7 +188,7 @@ def test_a_booted_bridge_of_every_norm_kind_loads_and_traces_as_its_model(family
     """A real TransformerLens bridge wraps each norm in a ``NormalizationBridge`` (LayerNorm)
     or ``RMSNormalizationBridge``: before, only the RMSNorm one was recognised (by its name),
     so GPT-2, GPT-NeoX and BERT bridges were refused. Reference: the same weights loaded as a
-    plain Hugging Face model; the check passes through the wrappers too (not BERT's: below)."""
+    plain Hugging Face model; the check passes through the wrappers too."""
     import copy
 
     from transformers import AutoTokenizer
@@ -206,8 +206,9 @@ def test_a_booted_bridge_of_every_norm_kind_loads_and_traces_as_its_model(family
     tr = rs.trace(bridged, ids)
     for L in range(bridged.anatomy.n_layers + 1):
         torch.testing.assert_close(tr.stream(L), plain.stream(L), atol=1e-5, rtol=0)
-    if family != "bert_mlm":  # its bridge returns each block's hidden state twice (7 for 3
-        assert tr.check().ok, str(tr.check())  # blocks), which the check's reference misreads
+    report = tr.check()  # BERT's bridge records each block's hidden state twice (7 for 3
+    assert report.ok, str(report)  # blocks): the reference reads each once
+    assert sum(r.check == "hidden_states" for r in report.rows) == bridged.anatomy.n_layers + 1
 
 
 def test_a_module_that_is_no_transformers_model_is_refused_by_name():

@@ -24,10 +24,11 @@ LONGER = TEXTS + [
 def test_every_layer_matches_hidden_states_and_decomposes(name, request):
     model = request.getfixturevalue(name)
     trace = rs.trace(model, LONGER)
-    refs = hidden_states_reference(model.module, trace.tokens.to(model.device),
-                                   trace.attention_mask.to(model.device))
-    mask = trace.attention_mask
     n = model.anatomy.n_layers
+    refs = hidden_states_reference(model.module, trace.tokens.to(model.device),
+                                   trace.attention_mask.to(model.device), n)
+    assert len(refs) == n + 1
+    mask = trace.attention_mask
     for L in range(n + 1):
         stream = trace.stream(L)
         expected = refs[L] if L < n or "ln_final" not in model.anatomy.norms else None
