@@ -197,6 +197,51 @@ def test_malformed_corpus_files_are_refused_naming_file_and_line(tmp_path):
         list(Corpus(tmp_path / "missing.jsonl").texts())
 
 
+def test_files_that_are_no_text_are_refused_by_name_and_a_byte_order_mark_is_dropped(tmp_path):
+    """A bzip2/xz/zip file, gzip not named .gz, a binary file and a ``.json`` file were read as
+    lines of garbage ('BZh91AY&SY…' scanned as texts); a folder of only such files was "no
+    texts". A UTF-8 BOM stayed in a .txt file's first text and made a .jsonl's first record
+    "not JSON". Reference: the texts written."""
+    import bz2
+    import gzip
+    import json
+    import lzma
+    import zipfile
+
+    lines = ["Hello world", "second text"]
+    records = "".join(json.dumps({"text": t}) + "\n" for t in lines)
+    (tmp_path / "web.jsonl.bz2").write_bytes(bz2.compress(records.encode()))
+    (tmp_path / "web.txt.xz").write_bytes(lzma.compress(records.encode()))
+    (tmp_path / "gz.txt").write_bytes(gzip.compress(records.encode()))
+    with zipfile.ZipFile(tmp_path / "web.txt", "w") as z:
+        z.writestr("web.txt", records)
+    (tmp_path / "utf16.txt").write_text("\n".join(lines), encoding="utf-16")
+    (tmp_path / "export.json").write_text(records)
+    refused = {"web.jsonl.bz2": "is bzip2-compressed", "web.txt.xz": "is xz-compressed",
+               "gz.txt": "is gzip-compressed: give it a .txt.gz or .jsonl.gz name",
+               "web.txt": "is zip-compressed", "utf16.txt": "is not text .a NUL byte",
+               "export.json": "a .json file is not read as a corpus; .* name it .jsonl"}
+    model = rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32)
+    for name, message in refused.items():
+        with pytest.raises(InputError, match=f"{name}.*{message}"):
+            list(Corpus(tmp_path / name).texts())
+    with pytest.raises(InputError, match="web.jsonl.bz2 is bzip2"):  # out of the reader thread
+        rs.scan(model, tmp_path / "web.jsonl.bz2", ["growth"], progress=False)
+    only = tmp_path / "packed"
+    only.mkdir()
+    (only / "a.jsonl.bz2").write_bytes((tmp_path / "web.jsonl.bz2").read_bytes())
+    with pytest.raises(InputError, match=r"holds no .txt, .jsonl, .txt.gz, .jsonl.gz file "
+                                         r"\(1 other file: a.jsonl.bz2\)"):
+        list(Corpus(only).texts())
+    (tmp_path / "bom.txt").write_text("\ufeff" + "\n".join(lines), encoding="utf-8")
+    (tmp_path / "bom.jsonl").write_text("\ufeff" + records, encoding="utf-8")
+    (tmp_path / "bom.jsonl.gz").write_bytes(gzip.compress(("\ufeff" + records).encode()))
+    for name in ("bom.txt", "bom.jsonl", "bom.jsonl.gz"):
+        assert list(Corpus(tmp_path / name).texts()) == lines, name
+    (tmp_path / "bz.txt").write_text("BZh9 starts this text\n")  # bzip2's first bytes, as text
+    assert list(Corpus(tmp_path / "bz.txt").texts()) == ["BZh9 starts this text"]
+
+
 def test_cli_scan_reads_a_json_lines_field_and_refuses_a_bad_record(tmp_path, capsys):
     import json
 

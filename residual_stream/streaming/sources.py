@@ -8,7 +8,9 @@
 A folder holds such files at any depth, read in name order. Files are read lazily, a line at
 a time, so memory does not grow with the corpus. A line that is not a JSON object with a
 string in ``text_field``, or a file that is not gzip though named so, raises ``InputError``
-naming the file and line; the texts before it have been yielded.
+naming the file and line; the texts before it have been yielded. So does a file that its
+first bytes show is not text: compressed by another tool, gzip not named ``.gz``, or binary.
+A UTF-8 byte-order mark at a file's start is dropped.
 
 Also here: the built-in corpus, what a list of texts must be to be a corpus
 (``ordered_and_reread``), and what is known of files without reading them through: their
@@ -33,6 +35,9 @@ from ..errors import InputError
 SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")  # what a folder's files may end with
 PROBE_BYTES = 1 << 18  # bytes of a file's start read to estimate its characters per byte
 FINGERPRINT_ENDS = 1 << 12  # bytes read from each end of a corpus file for its fingerprint
+SNIFF_BYTES = 1 << 12  # bytes of a file's start checked to be text (``_check_content``)
+COMPRESSED = {b"\x1f\x8b": "gzip", b"\xfd7zXZ\x00": "xz",
+              b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip", b"7z\xbc\xaf\x27\x1c": "7z"}
 
 
 def builtin_corpus() -> list[str]:
@@ -54,10 +59,24 @@ def ordered_and_reread(source) -> bool:
 
 
 def corpus_files(path: Path) -> list[Path]:
-    """The files of a corpus at ``path``: itself, or a folder's ``SUFFIXES`` files in name order."""
+    """The files of a corpus at ``path``: itself, or a folder's ``SUFFIXES`` files in name order.
+
+    ``InputError`` for a folder whose files are all of other kinds (naming some), and for a
+    ``.json`` file (JSON Lines are read from ``.jsonl``; a JSON array is no corpus file).
+    """
     if path.is_dir():  # an empty folder is an empty corpus: its consumers say so
-        return sorted(f for f in path.rglob("*") if f.is_file() and f.name.endswith(SUFFIXES))
+        files = sorted(f for f in path.rglob("*") if f.is_file())
+        found = [f for f in files if f.name.endswith(SUFFIXES)]
+        if files and not found:
+            some = ", ".join(f.relative_to(path).as_posix() for f in files[:3])
+            others = f"{len(files)} other file{'s' if len(files) > 1 else ''}: {some}"
+            raise InputError(f"corpus folder {str(path)!r} holds no {', '.join(SUFFIXES)} file "
+                             f"({others}{', …' if len(files) > 3 else ''}); unpack or rename them")
+        return found
     if path.is_file():
+        if path.name.endswith((".json", ".json.gz")):
+            raise InputError(f"{path}: a .json file is not read as a corpus; if it holds one JSON "
+                             "object per line, name it .jsonl (a JSON array: write it as JSON Lines)")
         return [path]
     raise InputError(f"corpus {str(path)!r} is not 'builtin', a file or a folder of "
                      f"{', '.join(SUFFIXES)} files")
@@ -103,9 +122,34 @@ def probes(files: list[Path], text_field: str) -> dict[str, float]:
 
 
 def _open(path: Path) -> io.TextIOBase:
-    if kind(path).endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
-    return path.open(encoding="utf-8", errors="replace")
+    """``path`` as text: UTF-8, a byte-order mark at its start dropped (``utf-8-sig``)."""
+    gz = kind(path).endswith(".gz")
+    _check_content(path, gz)
+    if gz:
+        return gzip.open(path, "rt", encoding="utf-8-sig", errors="replace")
+    return path.open(encoding="utf-8-sig", errors="replace")
+
+
+def _check_content(path: Path, gz: bool) -> None:
+    """``InputError`` for a file whose first bytes show it is not text, nor gzip when named so.
+
+    Compressed by another tool (``COMPRESSED``), or gzip without ``.gz`` in its name, or
+    holding a NUL byte in its first ``SNIFF_BYTES``: read as text, it would be garbage texts.
+    """
+    with open(path, "rb") as f:
+        head = f.read(SNIFF_BYTES)
+    packed = next((name for magic, name in COMPRESSED.items() if head.startswith(magic)), None)
+    if head[:3] == b"BZh" and head[4:10] == b"1AY&SY":  # bzip2: its first block's magic too
+        packed = "bzip2"
+    if packed == "gzip" and not gz:
+        raise InputError(f"{path} is gzip-compressed: give it a .txt.gz or .jsonl.gz name "
+                         f"(e.g. {path.name}.gz) to read it through gzip")
+    if packed is not None and packed != "gzip":
+        raise InputError(f"{path} is {packed}-compressed, which a corpus is not read through: "
+                         "unpack it, or compress it with gzip (.gz)")
+    if not gz and b"\0" in head:
+        raise InputError(f"{path} is not text (a NUL byte in its first {SNIFF_BYTES} bytes): "
+                         "give UTF-8 text or JSON Lines")
 
 
 def file_texts(path: Path, text_field: str = "text") -> Iterator[tuple[str, int]]:
