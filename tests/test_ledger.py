@@ -217,6 +217,7 @@ def test_a_failed_scan_stops_its_waiting_reader_before_closing_the_exchange(monk
         raise RuntimeError("a batch failed")
 
     monkeypatch.setattr(runner, "_share", fake_share)
+    monkeypatch.setattr(runner, "check_processes", lambda rank, world_size: None)  # no group here
     model = rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32)
     with pytest.raises(RuntimeError, match="a batch failed"):
         rs.scan(model, Corpus(TEXTS, segment_chars=40), "growth", batch_size=2, seq_len=8,

@@ -810,6 +810,67 @@ def test_a_state_for_other_arguments_or_a_corrupt_one_is_refused(model, tmp_path
         rs.scan(model, ["", "  "], ["growth"], progress=False)
 
 
+class Upper(ByteTokenizer):
+    """The bytes of a text upper-cased: another tokenizer under the same model name."""
+
+    def __call__(self, text, add_special_tokens=True, **kw):
+        """``ByteTokenizer``'s ids of ``text.upper()``."""
+        up = [t.upper() for t in text] if isinstance(text, list) else text.upper()
+        return super().__call__(up, add_special_tokens=add_special_tokens, **kw)
+
+
+def test_a_state_saved_with_another_tokenizer_is_refused_and_one_with_its_stats_reordered_resumes(
+        tmp_path):
+    """Before, a state saved with one tokenizer resumed with another, mixing their rows; and
+    the same statistics in another order were "other arguments"."""
+    m = rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32)
+    state = tmp_path / "scan.pt"
+    kw = dict(batch_size=2, seq_len=16, progress=False, state=state)
+    first = rs.scan(m, TEXTS, ["growth", "lens"], **kw)
+    again = rs.scan(m, TEXTS, ["lens", "growth"], **kw)  # nothing left to do: the same sums
+    assert again.batches == first.batches and again.resumed_tokens == first.tokens
+    m.tokenizer = Upper()
+    with pytest.raises(InputError, match="other arguments {'tokenizer'"):
+        rs.scan(m, TEXTS, ["growth", "lens"], **kw)
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    (dict(rank=1), "rank 1 of world_size 1: world_size must be a whole number ≥ 1 and rank one"),
+    (dict(rank=-1), "rank -1 of world_size 1"), (dict(world_size=0), "rank 0 of world_size 0"),
+    (dict(rank=True), "rank True"), (dict(rank=3, world_size=2), "rank 3 of world_size 2"),
+    (dict(rank=0, world_size=2), "world_size 2 needs a torch.distributed process group"),
+    (dict(max_tokens=30.5), "max_tokens must be a whole number, not 30.5"),
+    (dict(batch_size=True), "batch_size must be a whole number, not True"),
+    (dict(state="{tmp}/no_such_folder/scan.pt"), "cannot write .*no_such_folder is not a writable"),
+    (dict(state="{tmp}"), "cannot write .*: it is a folder"),
+])
+def test_scan_arguments_no_scan_can_run_are_refused_before_any_batch(model, tmp_path, kw, message):
+    """Each was accepted and then: scanned a wrong share of the segments (two processes both
+    rank 0 counted the even segments twice), died after scanning at its first save (a state
+    path in no folder: the results lost), cut 16.7 to 16, or raised deep in the batching."""
+    kw = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in kw.items()}
+    batches = []
+    with pytest.raises(InputError, match=message):
+        rs.scan(model, TEXTS, ["growth"], progress=False, on_batch=lambda *a: batches.append(a),
+                **{"batch_size": 2, "seq_len": 16, **kw})
+    assert not batches and list(tmp_path.iterdir()) == []
+    whole = rs.scan(model, TEXTS, ["growth"], batch_size=2, seq_len=16, max_tokens=1e2,
+                    progress=False)
+    assert whole.tokens == 100  # a whole float is its int
+
+
+def test_sizes_are_whole_numbers_named_when_not():
+    """``batch_size=2.0`` raised a TypeError deep in the batching and ``seq_len=16.7`` was cut
+    to 16 (the hints say int; a script's numbers come from configs and arithmetic)."""
+    from residual_stream.streaming.batching import whole
+
+    assert [whole("n", v) for v in (2, 2.0, 1e3, np.int64(7))] == [2, 2, 1000, 7]
+    assert all(type(whole("n", v)) is int for v in (2.0, np.int64(7)))
+    for bad in (2.5, 16.7, True, "8", None, float("nan"), float("inf")):
+        with pytest.raises(InputError, match=f"seq_len must be a whole number, not {bad!r}"):
+            whole("seq_len", bad)
+
+
 def test_a_bool_option_reads_only_true_or_false_words(monkeypatch):
     """``bool("false")`` is True: a spec's bool is read from words, and anything else is refused."""
     from residual_stream.streaming import accumulators

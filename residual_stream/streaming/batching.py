@@ -22,6 +22,7 @@ packs them.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -176,11 +177,17 @@ def segment_tokens(model, segment: Segment) -> int:
     return sum(len(ids) for _, ids, _ in segment_chunks(model, segment))
 
 
-def check_sizes(model, batch_size: int, seq_len: int, max_tokens: int | None,
-                order: str) -> None:
-    """``InputError`` for a batch shape, budget or order that no scan can run."""
+def check_sizes(model, batch_size: int, seq_len: int, max_tokens: int | float | None,
+                order: str) -> tuple[int, int, int | None]:
+    """``(batch_size, seq_len, max_tokens)`` as ints; ``InputError`` if no scan can run them.
+
+    Each must be a whole number (``1e3`` is 1000; ``16.7`` and ``True`` are refused, by name),
+    and ``order`` one of ``ORDERS``.
+    """
     if order not in ORDERS:
         raise InputError(f"order must be one of {sorted(ORDERS)}, not {order!r}")
+    batch_size, seq_len = whole("batch_size", batch_size), whole("seq_len", seq_len)
+    max_tokens = None if max_tokens is None else whole("max_tokens", max_tokens)
     if batch_size < 1 or seq_len < 1:
         raise InputError(f"batch_size and seq_len must be positive, got {batch_size} and {seq_len}")
     if seq_len > model.anatomy.n_ctx:
@@ -188,6 +195,19 @@ def check_sizes(model, batch_size: int, seq_len: int, max_tokens: int | None,
                          f"{model.anatomy.n_ctx}; pass a smaller seq_len")
     if max_tokens is not None and max_tokens < 1:
         raise InputError(f"max_tokens must be positive, got {max_tokens}")
+    return batch_size, seq_len, max_tokens
+
+
+def whole(name: str, value) -> int:
+    """``value`` as an int when it is a whole number (an int, or a float such as ``1e3``).
+
+    Else ``InputError`` naming ``name``.
+    """
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise InputError(f"{name} must be a whole number, not {value!r}")
 
 
 def row_batches(
@@ -208,7 +228,7 @@ def row_batches(
     them; either way they are recorded in ``ledger``. ``reading``
     (``progress.ReadProgress``) counts what is read and tokenized.
     """
-    check_sizes(model, batch_size, seq_len, max_tokens, order)
+    batch_size, seq_len, max_tokens = check_sizes(model, batch_size, seq_len, max_tokens, order)
     share, ledger = share or Share(), Ledger() if ledger is None else ledger
     exchanging = max_tokens is not None and share.exchange is not None
     segments = corpus.segments(reading, lambda: can_cut(model.tokenizer))

@@ -70,6 +70,31 @@ class Share:
         return segment % self.world_size == self.rank and segment >= self.start
 
 
+def check_processes(rank: int, world_size: int) -> None:
+    """``InputError`` unless process ``rank`` of ``world_size`` can share a scan.
+
+    Whole numbers with ``0 ≤ rank < world_size``; with more than one process, the running
+    ``torch.distributed`` group's own rank and size (two processes that both claimed rank 0
+    scanned the even segments twice and the odd ones never).
+    """
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in (rank, world_size)) \
+            or world_size < 1 or not 0 <= rank < world_size:
+        raise InputError(f"rank {rank!r} of world_size {world_size!r}: world_size must be a whole "
+                         "number ≥ 1 and rank one of 0 … world_size - 1")
+    if world_size == 1:
+        return
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise InputError(f"world_size {world_size} needs a torch.distributed process group: run "
+                         "the scan under torchrun (python -m residual_stream.scan) or call "
+                         "torch.distributed.init_process_group first")
+    if (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
+        raise InputError(f"rank {rank} of {world_size} is not this process's place in its group "
+                         f"(rank {dist.get_rank()} of {dist.get_world_size()}): pass "
+                         "torch.distributed.get_rank() and get_world_size()")
+
+
 def dist_exchange(group, stop: threading.Event) -> Exchange:
     """An ``Exchange`` over the ``torch.distributed`` process group ``group`` (gloo, CPU tensors).
 

@@ -59,7 +59,7 @@ from .batching import check_sizes, row_batches
 from .corpus import Corpus
 from .graphs import Replayed
 from .lean import feed_trace, lean_pass, points
-from .ledger import Ledger, Share, agreed, dist_exchange
+from .ledger import Ledger, Share, agreed, check_processes, dist_exchange
 from .progress import ReadProgress, ScanBar
 from .reader import prefetched
 from .signals import Deferred
@@ -269,7 +269,7 @@ def scan(
     *,
     batch_size: int = 8,
     seq_len: int | None = None,
-    max_tokens: int | None = None,
+    max_tokens: int | float | None = None,
     order: str = "length",
     state: str | Path | None = None,
     save_every: int | None = None,
@@ -295,7 +295,8 @@ def scan(
             every option is at its default).
         batch_size: Rows per forward pass.
         seq_len: Tokens per row (default: the model's context, at most 128).
-        max_tokens: Stop after this many tokens (the last row is cut to fit).
+        max_tokens: Stop after this many tokens (the last row is cut to fit); a whole number
+            (``1e6`` is one million).
         order: ``"length"``: each batch takes rows of about one length (the rows of every
             ``batching.SORT_BATCHES`` batches sorted longest first), so little of it is
             padding; ``"text"``: rows in corpus order. The results are the same up to the
@@ -320,8 +321,9 @@ def scan(
     """
     corpus = corpus if isinstance(corpus, Corpus) else Corpus(corpus)
     accs = make_accumulators(stats)
-    seq_len = int(min(model.anatomy.n_ctx, 128) if seq_len is None else seq_len)
-    check_sizes(model, batch_size, seq_len, max_tokens, order)  # as asked, before any reading
+    seq_len = min(model.anatomy.n_ctx, 128) if seq_len is None else seq_len
+    batch_size, seq_len, max_tokens = check_sizes(model, batch_size, seq_len, max_tokens, order)
+    check_processes(rank, world_size)  # all as asked, before any reading
     path = Path(state) if state is not None else None
     config = None if path is None else scan_config(  # a state's only: it hashes weights and corpus
         model, corpus, list(accs), batch_size, seq_len, max_tokens, order, rank, world_size)

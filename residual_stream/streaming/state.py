@@ -2,7 +2,8 @@
 
 ``save_state`` writes it atomically (a temporary file, flushed to disk, then renamed over the
 last one); ``resume`` reads it back for a scan run with the same arguments (``scan_config``:
-the model's name, shape, dtype and a fingerprint of its weights, the statistics, batch
+the model's name, shape, dtype and a fingerprint of its weights and of its tokenizer, the
+statistics (in any order), batch
 shape, budget, order, the corpus's fingerprint and segment size, the process's rank among
 how many) and refuses one saved for others, by another version or unreadable, with what to
 do. It holds the name of the next batch ``(segment, index)``, the tokens and batches so
@@ -18,25 +19,29 @@ from pathlib import Path
 
 import torch
 
+from ..cli import writable
 from ..errors import InputError
 from .accumulators import Accumulator
 from .corpus import Corpus
 from .ledger import Ledger
+from .tokenize import fingerprint as tokenizer_fingerprint
 
-STATE_VERSION = 7  # 2: batches within segments, named (segment, index); 3: stats by spec, lens kl_sq;
+STATE_VERSION = 8  # 2: batches within segments, named (segment, index); 3: stats by spec, lens kl_sq;
 # 4: batches by length (config "order"), growth's first-token sums, the lens's open texts;
 # 5: a corpus of files fingerprinted by names, sizes and ends, not path and mtime;
 # 6: a text longer than a segment cut into parts, each a segment (growth's massive "char");
-#    the segments' token counts ("ledger"); 7: the model's shape, dtype and weights ("weights")
+#    the segments' token counts ("ledger"); 7: the model's shape, dtype and weights ("weights");
+# 8: the tokenizer ("tokenizer"), the statistics in any order ("stats" sorted)
 
 
 def scan_config(model, corpus: Corpus, stats: list[str], batch_size: int, seq_len: int,
                 max_tokens: int | None, order: str, rank: int, world_size: int) -> dict:
     """What a saved state must have been run with to be resumed (compared key by key)."""
     a = model.anatomy
-    return {"version": STATE_VERSION, "model": model.name, "stats": stats, "batch_size": batch_size,
-            "shape": [a.n_layers, a.d_model, a.n_ctx], "dtype": str(model.dtype),
-            "weights": weights_fingerprint(model),
+    return {"version": STATE_VERSION, "model": model.name, "stats": sorted(stats),
+            "batch_size": batch_size, "shape": [a.n_layers, a.d_model, a.n_ctx],
+            "dtype": str(model.dtype), "weights": weights_fingerprint(model),
+            "tokenizer": tokenizer_fingerprint(model.tokenizer),
             "seq_len": seq_len, "max_tokens": max_tokens, "order": order,
             "corpus": corpus.fingerprint(), "segment_chars": corpus.segment_chars,
             "rank": rank, "world_size": world_size}
@@ -83,7 +88,13 @@ def _load_state(path: Path, config: dict) -> dict | None:
 
 def resume(path: Path | None, config: dict | None,
            accs: dict[str, Accumulator]) -> tuple[tuple[int, int], int, int, Ledger]:
-    """The next batch, tokens, batches and ledger a saved state holds; its sums put in ``accs``."""
+    """The next batch, tokens, batches and ledger a saved state holds; its sums put in ``accs``.
+
+    ``InputError`` first when ``path`` cannot be written (a folder, a missing or read-only
+    folder above it): the scan would end without its state.
+    """
+    if path is not None:
+        writable(path)  # before any batch: the first save may be the scan's last moment
     saved = _load_state(path, config) if path is not None else None
     if saved is None:
         return (0, 0), 0, 0, Ledger()

@@ -21,6 +21,7 @@ text with no such place (no spaces, as in Chinese) is one piece.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -36,6 +37,7 @@ PROBE = ("The residual stream carries every write. Attention reads it, and 12 ML
          "theirs back: one of the ways in which it is said to be a channel for all of them. "
          "Naïve café déjà vu, Straße über 東京 x1 y2 don't it's we'll, tabs\tand double  spaces,"
          "\nnew lines\n\n  indented, def f(x): return x ** 2 # code; [1, 2] {'a': 3} THE END.")
+PROBE_RARE = "Ωμέγα Привет مرحبا नमस्ते 🙂🚀 ∑∫√ ½ \u00a0nbsp ＡＢＣ ﬁ Åå ẞ 0x1F 3.14159 @user #tag"
 
 
 def encoder(tokenizer, special: bool = True) -> Callable[[list[str]], list[list[int]]]:
@@ -189,6 +191,19 @@ def part_chunks(tokenizer, text: str, span: tuple[int, int]) -> Iterator[tuple[i
     if splitter is None:
         raise ValueError("a text can be cut into parts only for a tokenizer with a Splitter")
     yield from _long(0, text, splitter, *span)
+
+
+def fingerprint(tokenizer) -> str:
+    """A hash of what ``tokenizer`` makes of ``PROBE`` and ``PROBE_RARE``.
+
+    With special tokens and without: two tokenizers that differ there would not give one
+    scan the same rows (``state.scan_config``).
+    """
+    h = hashlib.sha256()
+    for special in (True, False):
+        for ids in _locked(encoder(tokenizer, special=special), [PROBE, PROBE_RARE]):
+            h.update(b",".join(str(i).encode() for i in ids) + b";")
+    return h.hexdigest()[:16]
 
 
 def token_ids(tokenizer, texts: Iterable[str]) -> Iterator[list[int]]:
