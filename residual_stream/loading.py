@@ -36,6 +36,7 @@ from .errors import (
     ResidualStreamError,
     UnsupportedArchitectureError,
 )
+from .integrity import check_tokenizer, refuse_missing, refuse_non_finite, validate_safetensors
 from .registry import REGISTRY
 from .tl_compat import is_bridge, unwrap_bridge
 from .weights import LayerWeights, Unembed, layer_weights, unembedding
@@ -104,14 +105,18 @@ def wrap(module: nn.Module, tokenizer: object, *, name: str, source: str = "obje
             f"a {type(module).__name__} is not a transformers model: load a Hugging Face model "
             "(PreTrainedModel), a TransformerLens bridge, a twin, a path or a registry name")
     arch = getattr(module.config, "architectures", None) or [type(module).__name__]
-    has_head = module.get_output_embeddings() is not None if hasattr(
-        module, "get_output_embeddings") else False
+    has_head = _has_head(module)
     entry = REGISTRY.get(name)
     note = entry.lm_head_note if entry and entry.lm_head_note else (
         "" if has_head else f"{arch[0]} has no LM head, so logits and the logit lens are not "
         "available; load a *ForCausalLM / *ForMaskedLM checkpoint for them")
     return Model(module, tokenizer, describe(module, has_lm_head=has_head, lm_head_note=note),
                  name, source)
+
+
+def _has_head(module: nn.Module) -> bool:
+    """Whether ``module`` has output embeddings (an LM head), so logits."""
+    return getattr(module, "get_output_embeddings", lambda: None)() is not None
 
 
 def load(
@@ -161,7 +166,7 @@ def load(
     with _bars(progress):
         module, tok, label = _load_path_or_name(name, dev, dt, progress, placement)
     module.eval()
-    _refuse_non_finite(module, name)
+    refuse_non_finite(module, name)
     return wrap(module, tokenizer or tok, name=label, source=name)
 
 
@@ -214,7 +219,7 @@ def _load_file(path: Path, dev: torch.device, dt: torch.dtype, progress: bool, p
         folder = _gguf_cache(path, progress)
         return _from_folder(folder, dev, dt, placement)
     if path.is_dir() and (path / "config.json").exists():
-        _validate_safetensors(path)
+        validate_safetensors(path)
         return _from_folder(path, dev, dt, placement)
     raise ModelNotFoundError(
         f"{str(path)!r} is neither a .gguf file nor a Hugging Face folder with config.json")
@@ -224,7 +229,7 @@ def _load_twin(folder: Path, dev: torch.device, dt: torch.dtype):
     from .inputs import ByteTokenizer
     from .twins.train import load_twin
 
-    _validate_safetensors(folder)
+    validate_safetensors(folder)
     try:
         module = load_twin(folder)
     except CorruptModelFileError:
@@ -251,10 +256,13 @@ def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, placement: di
 
     try:
         config = AutoConfig.from_pretrained(folder, local_files_only=True, **kw)
-        model = _auto_class(config).from_pretrained(
+        model, info = _auto_class(config).from_pretrained(
             folder, config=config, dtype=dt, local_files_only=True, use_safetensors=True,
-            **(placement or {}), **kw)
+            output_loading_info=True, **(placement or {}), **kw)
         tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kw)
+        anatomy = describe(model, has_lm_head=_has_head(model))
+        refuse_missing(model, anatomy, info.get("missing_keys", ()), str(folder))
+        check_tokenizer(tok, getattr(config, "vocab_size", None), str(folder))
     except Exception as e:  # noqa: BLE001 - a config's own validation errors are plain Exceptions
         if isinstance(e, ResidualStreamError):
             raise
@@ -262,38 +270,6 @@ def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, placement: di
             f"could not load the model in {str(folder)!r}: {type(e).__name__}: "
             f"{str(e).splitlines()[0][:300]}. Re-download or reinstall it.") from e
     return (model if placement else model.to(dev)), tok
-
-
-def _validate_safetensors(folder: Path) -> None:
-    from safetensors import safe_open
-
-    for f in sorted(folder.glob("*.safetensors")):
-        try:
-            with safe_open(str(f), framework="pt") as st:
-                for key in st.keys():
-                    st.get_slice(key).get_shape()
-                size = f.stat().st_size
-            _check_safetensors_size(f, size)
-        except CorruptModelFileError:
-            raise
-        except Exception as e:  # safetensors raises its own SafetensorError
-            raise CorruptModelFileError(
-                f"{f.name} in {str(folder)!r} is corrupt or truncated ({e}); re-download it") from e
-
-
-def _check_safetensors_size(f: Path, size: int) -> None:
-    """The header's last data offset must fit in the file (catches truncation)."""
-    import json
-    import struct
-
-    with open(f, "rb") as fh:
-        (n,) = struct.unpack("<Q", fh.read(8))
-        header = json.loads(fh.read(n))
-    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-    if 8 + n + end > size:
-        raise CorruptModelFileError(
-            f"{f.name} is truncated: its header needs {8 + n + end} bytes, the file has {size}; "
-            "re-download it")
 
 
 def _cache_root() -> Path:
@@ -316,7 +292,7 @@ def _gguf_cache(path: Path, progress: bool) -> Path:
     target = _cache_root() / "gguf" / _sha256(path)[:24]
     if (target / "config.json").exists():
         try:
-            _validate_safetensors(target)
+            validate_safetensors(target)
             return target
         except CorruptModelFileError as e:  # the cache is ours: made again, not a dead end
             print(f"residual-stream: the cached copy is damaged ({e}); making it again",
@@ -381,11 +357,3 @@ def _load_hub_cache(hub_id: str, dev: torch.device, dt: torch.dtype, placement: 
             f"at run time. On a machine with internet run `hf download {hub_id}` (or copy the "
             "model folder here) and pass the folder path or the id again.") from e
     return _load_file(folder, dev, dt, False, placement)
-
-
-def _refuse_non_finite(module: nn.Module, source: str) -> None:
-    for pname, p in module.named_parameters():  # offloaded (meta) weights are checked on use
-        if p.is_floating_point() and p.device.type != "meta" and not bool(torch.isfinite(p).all()):
-            raise CorruptModelFileError(
-                f"weights of {source!r} contain NaN or inf (first in {pname}); the file is "
-                "corrupt: re-download or reinstall it")

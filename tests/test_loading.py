@@ -93,6 +93,57 @@ def test_nan_weights_are_refused_with_the_tensor_named(tmp_path):
         rs.load(save_tiny_bert(tmp_path / "bert", nan=True))
 
 
+def _drop_tensors(folder, keep):
+    """Rewrite ``folder``'s weights without the tensors ``keep(name)`` rejects."""
+    from safetensors.torch import load_file, save_file
+
+    weights = folder / "model.safetensors"
+    state = load_file(str(weights))
+    save_file({k: v for k, v in state.items() if keep(k)}, str(weights), metadata={"format": "pt"})
+
+
+def test_a_checkpoint_missing_weights_the_model_uses_is_refused_naming_them(tmp_path):
+    """transformers fills a missing tensor at random and goes on (a table on stderr was the only
+    sign, and ``check()`` passed on the garbage). Missing weights the stream never reads (the
+    pooler of this BERT, saved without one and loaded with one) still load."""
+    import json
+
+    folder = save_tiny_bert(tmp_path / "bert")  # saved without a pooler: loads (above)
+    _drop_tensors(folder, lambda k: k != "encoder.layer.1.output.dense.weight")
+    with pytest.raises(CorruptModelFileError, match="lacks 1 weight.*encoder.layer.1.output.dense."
+                                                    "weight.*re-download"):
+        rs.load(folder)
+    bigger = save_tiny_bert(tmp_path / "bigger")  # config.json claims more layers than saved
+    config = json.loads((bigger / "config.json").read_text())
+    (bigger / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
+    with pytest.raises(CorruptModelFileError, match=r"lacks 16 weight.*encoder\.layer\.2\..* and 13 "
+                                                    "more.*describes a larger model"):
+        rs.load(bigger)
+    llama = tmp_path / "llama"  # a causal LM: its keys carry the base model's prefix
+    cfg = tf.LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    tf.LlamaForCausalLM(cfg).save_pretrained(llama)
+    minilm_tokenizer_files(llama)
+    assert rs.load(llama).anatomy.n_layers == 2
+    _drop_tensors(llama, lambda k: k not in ("model.norm.weight", "lm_head.weight"))
+    with pytest.raises(CorruptModelFileError, match="lacks 2 weight.*lm_head.weight, model.norm.weight"):
+        rs.load(llama)
+
+
+@pytest.mark.parametrize("damage", ["no files", "empty vocab"])
+def test_a_tokenizer_without_its_files_is_refused(tmp_path, damage):
+    """Without its files a BERT folder's tokenizer was its 5 special tokens (every word
+    ``[UNK]``), and an empty vocab.txt raised a bare ``Exception`` at the first trace."""
+    folder = save_tiny_bert(tmp_path / "bert")
+    for name in ("tokenizer.json", "vocab.txt"):
+        (folder / name).unlink()
+    if damage == "empty vocab":
+        (folder / "vocab.txt").write_text("")
+    with pytest.raises(CorruptModelFileError, match="tokenizer of .* is broken or its files are "
+                                                    "missing.*re-download"):
+        rs.load(folder)
+
+
 def test_truncated_safetensors(tmp_path):
     folder = save_tiny_bert(tmp_path / "bert")
     weights = folder / "model.safetensors"

@@ -108,6 +108,43 @@ def test_a_save_interrupted_between_its_files_is_refused_not_loaded_mismatched(t
         rs.load(out)
 
 
+@pytest.mark.parametrize(("options", "message"), [
+    (dict(norm="LayerNorm"), "norm must be one of \\['layernorm', 'rmsnorm', 'none'\\], not 'LayerNorm'"),
+    (dict(positions="rope"), "positions must be one of \\['learned', 'rotary'\\]"),
+    (dict(mlp="relu2"), "mlp must be one of"), (dict(init="kaiming"), "init must be one of"),
+    (dict(placement="middle"), "placement must be one of"),
+    (dict(layers=2), "rs.twin has no option layers: choose from \\['attn_only'"),
+])
+def test_a_twin_choice_that_is_none_of_its_values_is_refused(options, message):
+    """``norm="LayerNorm"`` built a twin with no norm at all, named as if it had one;
+    ``positions="rope"`` one with no positions; ``mlp="relu2"`` a GELU MLP. (The tests' type
+    checker refuses a wrong ``Literal`` at the call, so the check a user meets is run on a
+    config given the value after it is made.)"""
+    from residual_stream.errors import InputError
+
+    with pytest.raises(InputError, match=message):
+        if "layers" in options:
+            rs.twin(**options)
+        cfg = TwinConfig()
+        for name, value in options.items():
+            setattr(cfg, name, value)
+        cfg.__post_init__()
+    assert TwinConfig().__post_init__() is None  # the defaults are choices
+
+
+def test_a_twin_json_that_is_no_description_is_refused_by_name(tmp_path):
+    """A twin.json holding ``[]`` raised ``AttributeError: 'list' object has no attribute 'get'``."""
+    from residual_stream.errors import CorruptModelFileError
+    from residual_stream.twins import train as training
+
+    cfg = TwinConfig(norm="rmsnorm", placement="pre", n_layers=1, d_model=32, n_heads=2, n_ctx=32)
+    training.save(train(cfg, Recipe(steps=1, batch=2, warmup=1), progress=False), Recipe(), tmp_path)
+    for text in ("[]", '{"config": 3}'):
+        (tmp_path / "twin.json").write_text(text)
+        with pytest.raises(CorruptModelFileError, match="twin.json' is not a twin's description"):
+            rs.load(tmp_path)
+
+
 @pytest.mark.parametrize("name", list(TWIN_NAMES))
 def test_bundled_twin_loads_reproduces_its_loss_and_conserves(name):
     if REGISTRY[name].location() is None:

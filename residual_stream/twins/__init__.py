@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import InputError
 from ..inputs import ByteTokenizer
 from ..loading import Model, wrap
 
@@ -29,8 +30,14 @@ def twin(
         seed: Seed for the initial weights (the same seed gives the same weights).
         **options: Other ``TwinConfig`` fields (``d_mlp``, ``mlp``, ``positions``, ``bias`` ...).
     """
+    import dataclasses
+
     from .model import TwinConfig, TwinTransformer
 
+    fields = {f.name for f in dataclasses.fields(TwinConfig)} - {"model_type"}
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        raise InputError(f"rs.twin has no option {', '.join(unknown)}: choose from {sorted(fields)}")
     cfg = TwinConfig(norm=norm, placement=placement, n_layers=n_layers, d_model=d_model,
                      n_heads=n_heads, **options)
     with torch.random.fork_rng(devices=[]):

@@ -3,7 +3,8 @@
 Read it top to bottom like nanoGPT's ``model.py``. ``norm`` ∈ {layernorm, rmsnorm, none} ×
 ``placement`` ∈ {pre, post, sandwich, deepnorm, parallel}; everything else (attention,
 MLP, embeddings, init) is shared, so twins that differ in these two settings differ in
-nothing else. Module names follow the norm roles of ``residual_stream.program`` and the
+nothing else, but for DeepNorm's own initialization (below: the same seed's projections
+scaled by constant factors). Module names follow the norm roles of ``residual_stream.program`` and the
 hook names follow TransformerLens (``blocks.{L}.hook_resid_pre`` ...), through its
 ``HookPoint`` and ``HookedRootModule``.
 
@@ -14,7 +15,7 @@ value, output and FFN weights initialised with gain ``β = (8N)^-¼``, N the num
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Literal, get_args, get_origin, get_type_hints
 
 import torch
 import torch.nn.functional as F
@@ -47,7 +48,15 @@ class TwinConfig:
     model_type: str = "rs-twin"
 
     def __post_init__(self) -> None:
-        """Refuse sizes no twin can have (``InputError``); ``d_mlp`` 0 becomes 4 × ``d_model``."""
+        """Refuse choices and sizes no twin can have (``InputError``); ``d_mlp`` 0 is 4 × d_model.
+
+        A choice must be one of its ``Literal`` values: ``norm="LayerNorm"`` built a twin with
+        no norm at all, ``positions="rope"`` one without positions.
+        """
+        for name, hint in get_type_hints(TwinConfig).items():
+            if get_origin(hint) is Literal and getattr(self, name) not in get_args(hint):
+                raise InputError(f"a twin's {name} must be one of {list(get_args(hint))}, not "
+                                 f"{getattr(self, name)!r}")
         small = {k: getattr(self, k) for k in ("n_layers", "d_model", "n_heads", "n_ctx", "d_vocab")
                  if getattr(self, k) < 1}
         if small or self.d_mlp < 0:

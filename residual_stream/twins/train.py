@@ -195,6 +195,9 @@ def load_twin(folder: Path) -> TwinTransformer:
     ``model.safetensors`` (twins saved before it recorded them are not checked).
     """
     meta = json.loads((folder / "twin.json").read_text())
+    if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
+        raise CorruptModelFileError(f"{str(folder / 'twin.json')!r} is not a twin's description "
+                                    "(a JSON object with its config): train the twin again")
     expected = meta.get("weights_sha256")
     if expected is not None and _sha256(folder / "model.safetensors") != expected:
         raise CorruptModelFileError(
