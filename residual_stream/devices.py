@@ -70,6 +70,35 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return torch.device("cpu")
 
 
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def check_device_map(device_map: str | dict | None) -> None:
+    """``InputError`` for a ``device_map`` accelerate cannot place a model by.
+
+    A strategy that is none of ``DEVICE_MAP_STRATEGIES``, or a module mapped to a device this
+    machine lacks (transformers raised these as errors of the model's files). ``"cpu"`` and
+    ``"disk"`` are always there; an integer is a CUDA device.
+    """
+    if device_map is None:
+        return
+    if isinstance(device_map, str):
+        if device_map not in DEVICE_MAP_STRATEGIES:
+            raise InputError(f"device_map {device_map!r} is not one of {list(DEVICE_MAP_STRATEGIES)} "
+                             "nor a dict of module path → device")
+        return
+    if not isinstance(device_map, dict):
+        raise InputError(f"device_map must be a strategy name or a dict, not a {type(device_map).__name__}")
+    for module, where in device_map.items():
+        if where in ("cpu", "disk"):
+            continue
+        dev = torch.device("cuda", where) if isinstance(where, int) else where
+        try:
+            resolve_device(dev)
+        except InputError as e:
+            raise InputError(f"device_map[{module!r}]: {e}") from None
+
+
 def _check_present(dev: torch.device) -> None:
     """``InputError`` unless ``dev`` is the CPU or an accelerator this machine has."""
     count = {"cpu": 1, "cuda": torch.cuda.device_count() if torch.cuda.is_available() else 0,

@@ -27,7 +27,7 @@ from torch import nn
 
 from .anatomy import Anatomy
 from .architectures import describe
-from .devices import home_device, resolve_device, resolve_dtype
+from .devices import check_device_map, home_device, resolve_device, resolve_dtype
 from .errors import (
     CorruptModelFileError,
     InputError,
@@ -161,6 +161,7 @@ def load(
                     type(source).__name__)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
+    check_device_map(device_map)
     name = str(source)
     placement = {} if device_map is None else {"device_map": device_map, "offload_folder": offload_folder}
     with _bars(progress):
@@ -217,7 +218,13 @@ def _load_file(path: Path, dev: torch.device, dt: torch.dtype, progress: bool, p
         return _load_twin(path, dev, dt)
     if path.is_file() and path.suffix == ".gguf":
         folder = _gguf_cache(path, progress)
-        return _from_folder(folder, dev, dt, placement)
+        try:
+            return _from_folder(folder, dev, dt, placement)
+        except CorruptModelFileError as e:  # the copy is ours (its weights were checked): made again
+            print(f"residual-stream: the cached copy does not load ({e}); making it again",
+                  file=sys.stderr, flush=True)
+            shutil.rmtree(folder, ignore_errors=True)
+            return _from_folder(_gguf_cache(path, progress), dev, dt, placement)
     if path.is_dir() and (path / "config.json").exists():
         validate_safetensors(path)
         return _from_folder(path, dev, dt, placement)
@@ -302,6 +309,8 @@ def _gguf_cache(path: Path, progress: bool) -> Path:
         print(f"residual-stream: first load of {path.name}: dequantizing (about 20 s); the float "
               f"copy is cached in {target}", file=sys.stderr, flush=True)
     model, tok = _from_gguf(path)
+    refuse_non_finite(model, str(path))  # before the copy: a refused model leaves no cache
+    describe(model, has_lm_head=_has_head(model))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".partial-"))
     try:
@@ -339,6 +348,12 @@ def _from_gguf(path: Path):
             path.parent, gguf_file=path.name, dtype=torch.float32, local_files_only=True)
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
     except Exception as e:  # gguf raises ValueError, struct.error, KeyError, IndexError ...
+        if isinstance(e, ValueError) and "is not supported yet" in str(e):  # transformers' words
+            raise UnsupportedArchitectureError(
+                f"{str(path)!r} is a well-formed GGUF file, but transformers cannot read its "
+                f"architecture ({str(e).splitlines()[0][:200]}); see rs.list_models() and the "
+                "README for the supported families, or convert the model to a Hugging Face "
+                "folder of a supported one") from e
         raise CorruptModelFileError(
             f"could not read GGUF file {str(path)!r} ({type(e).__name__}: "
             f"{str(e).splitlines()[0][:200] if str(e) else ''}); it is corrupt or truncated: "

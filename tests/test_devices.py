@@ -91,3 +91,21 @@ def test_a_twin_refuses_a_device_map():
         rs.load("twin-pre-rms", device_map={"": "cpu"})
     assert rs.load("twin-pre-rms").device == torch.device("cpu")
     assert isinstance(rs.load("twin-pre-rms").tokenizer, ByteTokenizer)
+
+
+@pytest.mark.parametrize(("device_map", "message"), [
+    ("bogus", "device_map 'bogus' is not one of \\['auto', 'balanced'"),
+    ({"model.layers.0": "cuda:99"}, "device_map\\['model.layers.0'\\]: device 'cuda:99' is not on this"),
+    ({"": 99}, "device_map\\[''\\]: device 'cuda:99'"),
+    ({"": "tpu"}, "device_map\\[''\\]: device 'tpu' is not a device name"),
+])
+def test_a_device_map_that_cannot_place_the_model_is_refused_before_loading(pair, device_map, message,
+                                                                            monkeypatch):
+    """A bad strategy or an absent device was "could not load the model …: Re-download or
+    reinstall it", an error of the model's files; the files are never opened now."""
+    from residual_stream import loading
+
+    folder = pair[0].module.name_or_path
+    monkeypatch.setattr(loading, "_load_path_or_name", lambda *a: pytest.fail("files opened"))
+    with pytest.raises(rs.errors.InputError, match=message):
+        rs.load(folder, device="cpu", device_map=device_map)

@@ -3,6 +3,7 @@ they were after a failure."""
 
 import shutil
 
+import numpy as np
 import pytest
 import torch
 import transformers as tf
@@ -342,6 +343,49 @@ def test_a_damaged_gguf_cache_is_made_again(smollm2, tmp_path, monkeypatch, caps
     assert weights.stat().st_size == (made / "model.safetensors").stat().st_size
     name = "model.embed_tokens.weight"
     assert torch.equal(again.module.state_dict()[name], smollm2.module.state_dict()[name])
+
+
+@pytest.mark.slow
+def test_a_refused_gguf_leaves_no_float_copy_and_an_unreadable_one_is_unsupported(tmp_path, cache):
+    """A GGUF with NaN weights, or of a family transformers reads but this package does not
+    (stablelm), was refused only after its float copy (hundreds of MB) was cached, and it
+    stayed; a well-formed GGUF of a family transformers cannot read (rwkv6) was "corrupt or
+    truncated: reinstall it". Reference: the errors' classes and the cache's contents."""
+    import gguf
+    from gguf_tiny import one_block
+
+    from residual_stream.errors import UnsupportedArchitectureError
+
+    with pytest.raises(CorruptModelFileError, match="NaN or inf.*model.norm.weight"):
+        rs.load(one_block(tmp_path / "nan.gguf", nan=True), progress=False)
+    with pytest.raises(UnsupportedArchitectureError, match="architecture 'stablelm' is not supported"):
+        rs.load(one_block(tmp_path / "stablelm.gguf", "stablelm"), progress=False)
+    rwkv = gguf.GGUFWriter(str(tmp_path / "rwkv.gguf"), "rwkv6")
+    rwkv.add_block_count(1)
+    rwkv.add_tensor("token_embd.weight", np.zeros((3, 8), dtype=np.float32))
+    for write in (rwkv.write_header_to_file, rwkv.write_kv_data_to_file, rwkv.write_tensors_to_file,
+                  rwkv.close):
+        write()
+    with pytest.raises(UnsupportedArchitectureError, match="well-formed GGUF file, but transformers "
+                                                           "cannot read its architecture.*rwkv6"):
+        rs.load(tmp_path / "rwkv.gguf", progress=False)
+    assert not (cache / "gguf").exists() or list((cache / "gguf").iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_cached_gguf_copy_that_does_not_load_is_made_again(tmp_path, cache, capsys):
+    """Only the copy's weights were checked: a damaged config.json or tokenizer failed every
+    load with "re-download or reinstall it", which cannot help (the copy is keyed by the
+    GGUF's hash, so the same damaged folder was found again)."""
+    from gguf_tiny import one_block
+
+    path = one_block(tmp_path / "one.gguf")
+    first = rs.trace(rs.load(path, progress=False), ["hello world"])
+    (copy,) = (cache / "gguf").iterdir()
+    (copy / "config.json").write_text("{not json")
+    again = rs.trace(rs.load(path, progress=False), ["hello world"])
+    assert "the cached copy does not load" in capsys.readouterr().err
+    torch.testing.assert_close(again.stream(1), first.stream(1), rtol=0, atol=0)
 
 
 def test_progress_false_hides_the_frameworks_loading_bar(capsys):
