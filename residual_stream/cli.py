@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -284,6 +285,13 @@ def _trace_stats(args: argparse.Namespace) -> int:
 
 def _app(args: argparse.Namespace) -> int:
     app = app_path()
+    if not 1 <= args.port <= 65535:
+        raise InputError(f"--port {args.port} is not a port: give one from 1 to 65535")
+    try:
+        socket.getaddrinfo(args.host, args.port)
+    except (socket.gaierror, UnicodeError):
+        raise InputError(f"--host {args.host} is not an address of this machine: give 127.0.0.1 "
+                         "(this machine only) or 0.0.0.0 (every interface)") from None
     missing = [p for p in args.allow if not Path(p).is_dir()]
     if missing:
         raise InputError(f"--allow {missing[0]}: no such folder; give a folder that exists")

@@ -273,6 +273,20 @@ def test_corpus_page_refuses_paths_outside_the_allow_list_and_no_statistics(tmp_
     assert not at.exception and "at least one statistic" in at.error[0].value
 
 
+def test_corpus_page_says_why_a_local_model_does_not_load(tmp_path, monkeypatch):
+    """The Corpus page loaded the model outside the error guard: an unloadable model was an
+    uncaught exception there (a message on every other page)."""
+    monkeypatch.setenv("RESIDUAL_STREAM_ALLOWED_DIRS", str(tmp_path))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    at = app("corpus")
+    at.sidebar.selectbox(key="model").select("local path…").run()
+    at.sidebar.text_input(key="path").set_value(str(tmp_path / "broken")).run()
+    _scan_button(at).click().run()
+    assert not at.exception, at.exception
+    assert "could not load" in at.error[0].value and not at.get("plotly_chart")
+
+
 def test_corpus_page_scans_a_file_again_once_it_changes(tmp_path, monkeypatch):
     """A scan's cache key holds the corpus's fingerprint, not only its path: the same file
     rewritten is scanned again (before, the first result was shown), an unchanged one is not.

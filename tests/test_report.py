@@ -179,6 +179,27 @@ def test_cli_app_refuses_an_allowed_folder_that_does_not_exist(monkeypatch, caps
     assert "--allow /nonexistent/models: no such folder" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--port", "99999"], "--port 99999 is not a port: give one from 1 to 65535"),
+    (["--port", "0"], "--port 0 is not a port"),
+    (["--host", "999.1.1.1"], "--host 999.1.1.1 is not an address of this machine"),
+])
+def test_cli_app_refuses_a_port_or_host_no_server_can_listen_on(args, message, monkeypatch, capsys):
+    """Each was a traceback out of the server (``OverflowError: bind(): port must be
+    0-65535``, ``socket.gaierror``) after the command had handed over to it."""
+    import os
+    import subprocess
+
+    def started(*a, **kw):
+        raise AssertionError("the app was started")
+
+    monkeypatch.setattr(os, "execve", started)
+    monkeypatch.setattr(subprocess, "call", started)
+    assert main(["app", *args]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
 def test_cli_app_without_the_app_folder_says_where_it_is(tmp_path, monkeypatch, capsys):
     """A package built without the app: one line saying so, not Streamlit's traceback."""
     missing = (tmp_path / "_app" / "main.py", tmp_path / "app" / "main.py")

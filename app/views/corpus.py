@@ -51,7 +51,8 @@ else:  # the last scan that succeeded (a failed one is not run again on every re
 if args is None or args[0] != name:
     st.info("Pick the statistics and press Scan.")
     st.stop()
-asked, model = args, cache.model(name)
+with common.guarded():  # a model that cannot load is said in the page, as on the others
+    asked, model = args, cache.model(name)
 if LENS in args[3] and not model.anatomy.has_lm_head:
     st.info(f"{model.anatomy.lm_head_note} The scan leaves the lens out.")
     args = (*args[:3], tuple(s for s in args[3] if s != LENS))
