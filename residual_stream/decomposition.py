@@ -27,6 +27,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from .errors import UnknownNameError
 from .norms import NormSpec
 from .program import Add, Embed, Mark, Norm, Op, Point, Read, Scale
 
@@ -99,7 +100,7 @@ class Contributions:
         try:
             return self.values[self.labels.index(label)]
         except ValueError:
-            raise KeyError(f"no contribution {label!r}; labels are e.g. {self.labels[:5]}") from None
+            raise UnknownNameError(f"no contribution {label!r}; labels are e.g. {self.labels[:5]}") from None
 
     def to_frame(self) -> pd.DataFrame:
         """Per contribution, over non-pad tokens: mean norm and mean signed share of the stream.
@@ -205,7 +206,7 @@ def replay_to_read(program: tuple[Op, ...], src: Sources, component: str) -> Con
 def _first(program: tuple[Op, ...], match: Callable[[Op], bool], missing: str) -> int:
     index = next((i for i, op in enumerate(program) if match(op)), None)
     if index is None:
-        raise KeyError(missing)
+        raise UnknownNameError(missing)
     return index
 
 

@@ -8,6 +8,8 @@ exception, so ``except ValueError`` keeps working for code that expects it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class ResidualStreamError(Exception):
     """Base class of every error this library raises on purpose."""
@@ -31,6 +33,25 @@ class UnsupportedArchitectureError(ResidualStreamError, NotImplementedError):
 
 class InputError(ResidualStreamError, ValueError):
     """The text or arguments given to an analysis are unusable."""
+
+
+class UnknownNameError(ResidualStreamError, KeyError):
+    """A label (component, contribution, norm, write) that the model or result does not have."""
+
+    def __str__(self) -> str:
+        """The message itself (``KeyError`` would show it quoted)."""
+        return str(self.args[0]) if self.args else ""
+
+
+class OutOfRangeError(ResidualStreamError, IndexError):
+    """A layer, point or count outside what the model has."""
+
+
+def check_choice(what: str, value: object, allowed: Iterable) -> None:
+    """``InputError`` naming ``what`` and its choices unless ``value`` is one of ``allowed``."""
+    allowed = tuple(allowed)
+    if not any(value == a and type(value) is type(a) for a in allowed):
+        raise InputError(f"{what} must be one of {list(allowed)}, not {value!r}")
 
 
 class EmptyTextError(InputError):

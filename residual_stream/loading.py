@@ -33,6 +33,7 @@ from .errors import (
     InputError,
     ModelNotFoundError,
     ModelNotInstalledError,
+    OutOfRangeError,
     ResidualStreamError,
     UnsupportedArchitectureError,
 )
@@ -74,8 +75,8 @@ class Model:
 
     def weights(self, layer: int) -> LayerWeights:
         """Read and write maps of block ``layer`` (``W_Q W_K W_V W_O W_in W_gate W_out``, biases)."""
-        if not 0 <= layer < self.anatomy.n_layers:
-            raise IndexError(f"layer must be in 0..{self.anatomy.n_layers - 1}, got {layer}")
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.anatomy.n_layers:
+            raise OutOfRangeError(f"layer must be in 0..{self.anatomy.n_layers - 1}, got {layer!r}")
         return layer_weights(self.module, self.anatomy, layer).to(self.device)
 
     def unembed(self, *, native: bool = False) -> Unembed:

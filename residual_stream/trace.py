@@ -26,7 +26,7 @@ from torch import Tensor
 
 from .capture import Captured, capture
 from .decomposition import Contributions, Sources, Write, replay, replay_to_read
-from .errors import NonFiniteError, NotAvailableError
+from .errors import NonFiniteError, NotAvailableError, OutOfRangeError, UnknownNameError
 from .inputs import Batch, Overflow, encode
 from .program import Point, Read
 from .walk import component_of, walk_stream
@@ -67,21 +67,27 @@ class Trace:
 
     def stream(self, layer: int) -> Float[Tensor, "batch pos d_model"]:
         """The stream entering block ``layer`` (``n_layers``: the last block's output)."""
-        n = self.anatomy.n_layers
-        if not 0 <= layer <= n:
-            raise IndexError(f"layer must be in 0..{n} (n_layers={n}), got {layer}")
-        return self.captured.resid[layer]
+        return self.captured.resid[self._layer(layer, self.anatomy.n_layers + 1, "a stream point")]
+
+    def _layer(self, layer: object, count: int, what: str = "a block", alternative: str = "") -> int:
+        """``layer`` if it is an int in ``0..count-1``, else ``OutOfRangeError`` saying so."""
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < count:
+            raise OutOfRangeError(f"{what} is a layer index in 0..{count - 1} (n_layers="
+                                  f"{self.anatomy.n_layers}){alternative}, not {layer!r}")
+        return layer
 
     def head_writes(self, layer: int, out: Tensor | None = None) -> Float[Tensor, "head batch pos d_model"]:
         """Each head's write ``z_h @ W_O[h]`` at block ``layer`` (output bias excluded).
 
         ``out``: a contiguous ``[head, batch, pos, d_model]`` tensor to write them into.
         """
+        layer = self._layer(layer, self.anatomy.n_layers)
         module = self.model.module.get_submodule(self.anatomy.modules.attn_out[layer])
         return head_writes(self.captured.z[layer], attn_W_O(module, self.anatomy.n_heads), out)
 
     def attn_bias(self, layer: int) -> Float[Tensor, " d_model"] | None:
         """The attention output bias ``b_O`` of block ``layer``, or None."""
+        layer = self._layer(layer, self.anatomy.n_layers)
         b = bias_of(self.model.module.get_submodule(self.anatomy.modules.attn_out[layer]))
         return None if b is None else b.to(self.captured.z[layer].device)
 
@@ -93,14 +99,14 @@ class Trace:
 
     def mlp_write(self, layer: int) -> Float[Tensor, "batch pos d_model"]:
         """The MLP's output, before any sandwich norm."""
-        return self.captured.mlp_out[layer]
+        return self.captured.mlp_out[self._layer(layer, self.anatomy.n_layers)]
 
     def norm_scale(self, name: str) -> Float[Tensor, "batch pos"]:
         """The per-token scale norm ``name`` divided by (see ``Anatomy.norms``)."""
         try:
             return self.captured.norm_scale[name]
         except KeyError:
-            raise KeyError(f"no norm {name!r}; norms are {list(self.anatomy.norms)[:6]}...") from None
+            raise UnknownNameError(f"no norm {name!r}; norms are {list(self.anatomy.norms)[:6]}...") from None
 
     @property
     def patterns(self) -> tuple[Float[Tensor, "batch head query key"], ...]:
@@ -161,7 +167,7 @@ class Trace:
     def decompose(self, point: Point) -> Contributions:
         """The stream at ``point`` (block index or ``"final"``) as an exact labelled sum."""
         if point != "final":
-            self.stream(point)  # validates the index with a clear message
+            self._layer(point, self.anatomy.n_layers + 1, "a point to decompose", ' or "final"')
         return replay(self.anatomy.program, self.sources(), upto=point)
 
     def decompose_read(self, component: str) -> Contributions:
@@ -180,7 +186,7 @@ class Trace:
                 return step.x if norm is None else \
                     self.anatomy.norms[norm].apply_frozen(step.x, self.norm_scale(norm))
         names = [c.name for c in self.anatomy.components]
-        raise KeyError(f"no component {component!r}; components are {names[:4]}...")
+        raise UnknownNameError(f"no component {component!r}; components are {names[:4]}...")
 
     def check(self, *, tolerance: float | None = None) -> ConservationReport:
         """Conservation report: hooks, norms and decompositions against the model's own outputs."""

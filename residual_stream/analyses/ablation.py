@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 import pandas as pd
@@ -31,6 +31,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..capture import capture, first_output
+from ..errors import InputError, UnknownNameError, check_choice
 from ..walk import component_of, read_inputs
 from .flow import read_attribution
 from .lens import log_probs
@@ -85,11 +86,23 @@ def _rank(x: np.ndarray) -> np.ndarray:
 
 
 def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "mean") -> AblationCheck:
-    """Ablate each write in a fresh forward pass and compare with linear read attribution."""
+    """Ablate each write in a fresh forward pass and compare with linear read attribution.
+
+    ``writes``: component names (``"L0.attn"``, ``"L2.mlp"``; default every component);
+    ``mode``: ``"mean"`` replaces a write by its mean over real tokens, ``"zero"`` by zeros.
+    """
     from ..trace import Trace
 
     a = trace.anatomy
-    writes = tuple(writes or [c.name for c in a.components])
+    check_choice("mode", mode, get_args(Mode))
+    names = [c.name for c in a.components]
+    if isinstance(writes, str):
+        raise InputError(f"writes is a list of component names, e.g. [{writes!r}], not a string")
+    writes = tuple(writes or names)
+    unknown = [w for w in writes if w not in names]
+    if unknown:
+        raise UnknownNameError(f"no component {unknown[0]!r} to ablate; components are "
+                               f"{names[:4]}... (whole attentions and MLPs, not heads)")
     readers = tuple(c.name for c in a.components)
     mask = trace.attention_mask
     clean = read_inputs(trace)

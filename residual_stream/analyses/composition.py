@@ -152,7 +152,11 @@ def _baselines(d_model: int, d_head: int, d_mlp: int, samples: int = 4) -> dict[
 
 
 def composition(model) -> Composition:
-    """Q/K/V composition between all head pairs, and head↔MLP analogues, from weights only."""
+    """Q/K/V composition between all head pairs, and head↔MLP analogues, from weights only.
+
+    ``model``: a loaded model, or a trace (its model's weights: no text is read).
+    """
+    model = getattr(model, "model", model)  # a Trace holds its Model as ``model``
     a = model.anatomy
     per_layer = [model.weights(L) for L in range(a.n_layers)]
     W_V = torch.cat([w.W_V for w in per_layer])                    # (head, d, d_head)

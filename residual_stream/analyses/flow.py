@@ -24,7 +24,7 @@ map's own bias as sources, shares sum to 1 per token. Computed as ``<L_j(c_i), y
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import pandas as pd
 import torch
@@ -32,6 +32,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..decomposition import Write, collect, replay_states
+from ..errors import check_choice
 from ..program import Mark, Read
 from ..walk import component_of
 from .tokens import masked_mean, safe_ratio
@@ -96,7 +97,12 @@ class Survival:
 
 
 def survival(trace, *, granularity: Granularity = "component") -> Survival:
-    """Norm, signed share and retention of every write at every later point of ``trace``."""
+    """Norm, signed share and retention of every write at every later point of ``trace``.
+
+    ``granularity``: ``"component"`` (each attention and MLP write) or ``"head"`` (each
+    head's write, the output bias apart).
+    """
+    check_choice("granularity", granularity, get_args(Granularity))
     mask = trace.attention_mask
     born: dict[str, float] = {}
     cols: list[dict[str, tuple[float, float]]] = []
@@ -158,6 +164,10 @@ class ReadAttribution:
 
         ``channel`` keeps only readers of one kind (``"q" "k" "v" "in" "gate"``).
         """
+        check_choice("level", level, ("reader", "component", "layer"))
+        kinds = sorted({r.rsplit(".", 1)[1] for r in self.readers})
+        if channel is not None:
+            check_choice("channel", channel, kinds)
         keep = [i for i, r in enumerate(self.readers)
                 if channel is None or r.rsplit(".", 1)[1] == channel]
         values = (self.abs_share if absolute else self.share)[keep]
@@ -218,7 +228,11 @@ def _read_shares(trace, op: Read, pieces: list[Write], granularity: Granularity)
 
 def read_attribution(trace, *, granularity: Granularity = "component",
                      per_token: bool = False) -> ReadAttribution:
-    """How much of each component's linear read comes from each earlier write (module doc)."""
+    """How much of each component's linear read comes from each earlier write (module doc).
+
+    ``granularity`` as in ``survival``; ``per_token`` also keeps each token's shares.
+    """
+    check_choice("granularity", granularity, get_args(Granularity))
     mask = trace.attention_mask
     rows: list[tuple[str, dict[str, tuple[float, float]]]] = []
     tokens: list[tuple[str, dict[str, Tensor]]] = []

@@ -33,6 +33,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from ..errors import check_choice
 from ..program import Add, Norm
 from ..walk import component_of, walk_stream
 from .tokens import masked_mean, real
@@ -113,10 +114,8 @@ def _massive(trace, streams: Tensor, reference: str) -> pd.DataFrame:
     mags = streams.abs()                                             # (point, batch, pos, d)
     if reference == "token":
         med = mags.median(-1, keepdim=True).values
-    elif reference == "point":
+    else:  # "point" (``norm_growth`` checked it)
         med = torch.stack([m[mask].median() for m in mags])[:, None, None, None].expand_as(mags[..., :1])
-    else:
-        raise ValueError(f"massive_reference must be 'token' or 'point', got {reference!r}")
     hit = (mags > MASSIVE_ABS) & (mags > MASSIVE_REL * med) & mask[None, :, :, None]
     rows = [
         {"point": int(p), "batch": int(b), "pos": int(t), "dim": int(d),
@@ -150,6 +149,7 @@ def norm_growth(trace, *, massive_reference: str = "token") -> NormGrowth:
 
     ``massive_reference`` is ``"token"`` or ``"point"``: whose median the 1000× rule compares to.
     """
+    check_choice("massive_reference", massive_reference, ("token", "point"))
     n, mask = trace.anatomy.n_layers, trace.attention_mask
     streams = torch.stack([trace.stream(L) for L in range(n + 1)])   # (point, batch, pos, d)
     norms = streams.norm(dim=-1)

@@ -25,7 +25,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..errors import NotAvailableError
+from ..errors import InputError, NotAvailableError
 from .tokens import masked_mean
 
 
@@ -78,8 +78,14 @@ def log_probs(logits: Tensor) -> Tensor:
 
 
 def logit_lens(trace, *, k: int = 5) -> LogitLens:
-    """The logit lens over every point of ``trace`` (see the module docstring)."""
+    """The logit lens over every point of ``trace`` (see the module docstring).
+
+    ``k``: how many of each position's most likely tokens to keep per point.
+    """
     unembed = trace.model.unembed()
+    vocab = unembed.W_U.shape[-1]
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= vocab:
+        raise InputError(f"k is a number of top tokens in 1..{vocab} (the vocabulary), not {k!r}")
     final = log_probs(trace.logits)
     final_top = trace.logits.argmax(-1)
     kls, agree, ranks, ids, probs = [], [], [], [], []
@@ -133,19 +139,28 @@ class DirectLogitAttribution:
 Target = Literal["top", "next"]
 
 
+def _ids(trace, ids: Tensor, what: str, vocab: int) -> Tensor:
+    """``ids`` if they are integer token ids ``[batch, pos]`` in the vocabulary (``InputError``)."""
+    if ids.shape != trace.tokens.shape or ids.is_floating_point() or ids.is_complex() \
+            or ids.dtype == torch.bool:
+        raise InputError(f"{what} ids must be integers [batch, pos] = {tuple(trace.tokens.shape)}, "
+                         f"got {ids.dtype} {tuple(ids.shape)}")
+    if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < vocab):
+        raise InputError(f"{what} ids must be token ids in 0..{vocab - 1}, got {int(ids.min())}"
+                         f"..{int(ids.max())}")
+    return ids.to(trace.logits.device)
+
+
 def _targets(trace, target: Target | Tensor) -> Tensor:
     if isinstance(target, Tensor):
-        if target.shape != trace.tokens.shape:
-            raise ValueError(f"target ids must be [batch, pos] = {tuple(trace.tokens.shape)}, "
-                             f"got {tuple(target.shape)}")
-        return target.to(trace.logits.device)
+        return _ids(trace, target, "target", trace.logits.shape[-1])
     if target == "top":
         return trace.logits.argmax(-1)
     if target == "next":  # the next input token; a row's last real position keeps the model's top
         top = trace.logits.argmax(-1)
         nxt, real = (t[:, 1:].to(top.device) for t in (trace.tokens, trace.attention_mask.bool()))
         return torch.cat([torch.where(real, nxt, top[:, :-1]), top[:, -1:]], 1)  # never a pad
-    raise ValueError(f"target must be 'top', 'next' or a [batch, pos] tensor, got {target!r}")
+    raise InputError(f"target must be 'top', 'next' or a [batch, pos] tensor, got {target!r}")
 
 
 def direct_logit_attribution(
@@ -169,7 +184,7 @@ def direct_logit_attribution(
     direction = unembed.W_U.T[tgt]                                   # (batch, pos, d_model)
     bias = unembed.b_U[tgt] if unembed.b_U is not None else torch.zeros(tgt.shape)
     if baseline is not None:
-        base = baseline.to(tgt.device)
+        base = _ids(trace, baseline, "baseline", trace.logits.shape[-1]).to(tgt.device)
         direction = direction - unembed.W_U.T[base]
         bias = bias - (unembed.b_U[base] if unembed.b_U is not None else 0)
     parts = trace.decompose("final")

@@ -32,6 +32,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..decomposition import replay_states
+from ..errors import InputError, UnknownNameError
 from ..program import Read
 from ..weights import VOCAB_SLICE
 from .flow import component_label
@@ -79,6 +80,7 @@ def unembed_subspace(model, k: int = 32) -> Subspace:
     head's own weight (each folded in float32, as a float32 copy would be): no copy of the
     whole ``[d_model, d_vocab]`` matrix, which in float64 outweighs a small model's forward.
     """
+    _check_k("unembed_k", k, model.anatomy.d_model)
     spec, W = model.anatomy.norms.get("ln_final"), model.unembed(native=True).W_U
     gram = torch.zeros(W.shape[0], W.shape[0], dtype=torch.float64, device=W.device)
     for part in W.split(VOCAB_SLICE, -1):
@@ -88,6 +90,12 @@ def unembed_subspace(model, k: int = 32) -> Subspace:
     return Subspace(f"unembed_top{k}", U[:, -k:].flip(-1).float())
 
 
+def _check_k(name: str, k: int, d_model: int) -> None:
+    """``InputError`` unless a subspace of ``k`` directions fits in ``d_model``."""
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= d_model:
+        raise InputError(f"{name} is a number of directions in 1..{d_model} (d_model), not {k!r}")
+
+
 def pca_subspace(trace, point: int | None = None, k: int = 16) -> Subspace:
     """Top-k principal components of the stream at ``point`` (default: after the last block).
 
@@ -95,6 +103,7 @@ def pca_subspace(trace, point: int | None = None, k: int = 16) -> Subspace:
     ``n − 1`` directions): a component whose singular value is below ``RANK_TOL`` of the
     largest is rounding noise, an arbitrary direction, and is left out. In float64.
     """
+    _check_k("pca_k", k, trace.anatomy.d_model)
     point = trace.anatomy.n_layers if point is None else point
     x = real(trace.stream(point), trace.attention_mask).double()
     x = x - x.mean(0, keepdim=True)
@@ -229,6 +238,10 @@ def named_subspaces(model, pca: Subspace, unembed_k: int = 32,
     if model.anatomy.has_lm_head:
         subs.insert(1, unembed_subspace(model, unembed_k))
     if basis is not None:
+        d = model.anatomy.d_model
+        if basis.ndim != 2 or basis.shape[1] != d or basis.shape[0] < 1:
+            raise InputError(f"basis is rows of directions [k, d_model={d}], not a tensor of shape "
+                             f"{tuple(basis.shape)}")
         subs.append(Subspace.from_vectors("basis", basis.T))
     return subs
 
@@ -251,11 +264,13 @@ def write_subspaces(
         readers: Also measure every later reader's read fraction and strength.
     """
     a = trace.anatomy
+    if isinstance(writes, str):
+        raise InputError(f"writes is a list of labels, e.g. [{writes!r}], not a string")
     writes = tuple(writes or [c.name for c in a.components])
     values = writes_as_added(trace, set(writes))
     missing = [w for w in writes if w not in values]
     if missing:
-        raise KeyError(f"no writes named {missing}; use labels like 'L3H5', 'L3.attn', 'L3.mlp'")
+        raise UnknownNameError(f"no writes named {missing}; use labels like 'L3H5', 'L3.attn', 'L3.mlp'")
     pca = pca_trace if isinstance(pca_trace, Subspace) else pca_subspace(pca_trace or trace, k=pca_k)
     subs = named_subspaces(trace.model, pca, unembed_k, basis)
     mask = trace.attention_mask
@@ -278,5 +293,5 @@ def write_vector(trace, write: str) -> Tensor:
     """One write (``"L3H5"``, ``"L3.attn"`` or ``"L3.mlp"``) as added, ``[batch, pos, d_model]``."""
     values = writes_as_added(trace, {write})
     if write not in values:
-        raise KeyError(f"no write named {write!r}; use labels like 'L3H5', 'L3.attn', 'L3.mlp'")
+        raise UnknownNameError(f"no write named {write!r}; use labels like 'L3H5', 'L3.attn', 'L3.mlp'")
     return values[write]

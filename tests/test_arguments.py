@@ -1,0 +1,99 @@
+"""Arguments no analysis can use are refused by name, with the library's own errors.
+
+Each case was accepted before and then gave a wrong result in silence (``granularity="heads"``
+ran as component level, ``mode="median"`` as mean ablation, ``unembed_k=0`` measured the whole
+space as a subspace "unembed_top0") or a bare ``IndexError``/``KeyError``/``TypeError`` from
+deep inside. The tests' type checker refuses a wrong ``Literal`` at the call, before the
+function runs; such cases call the function itself (``__wrapped__``), as a user's code does.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import residual_stream as rs
+from residual_stream.errors import InputError, OutOfRangeError, ResidualStreamError, UnknownNameError
+
+TEXTS = ["The stream is read and written.", "Norms rescale it."]
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return rs.trace(rs.twin(norm="rmsnorm", placement="pre", n_layers=2, d_model=32, n_heads=4,
+                            seed=1), TEXTS)
+
+
+def unchecked(fn):
+    """``fn`` without the tests' type checker (a user's call); a method from its class."""
+    return getattr(fn, "__wrapped__", fn)
+
+
+@pytest.mark.parametrize(("call", "error", "message"), [
+    (lambda t: unchecked(rs.survival)(t, granularity="heads"), InputError,
+     r"granularity must be one of \['head', 'component'\], not 'heads'"),
+    (lambda t: unchecked(rs.read_attribution)(t, granularity="layer"), InputError, "granularity"),
+    (lambda t: unchecked(type(rs.read_attribution(t)).matrix)(rs.read_attribution(t), "bogus"),
+     InputError,
+     r"level must be one of \['reader', 'component', 'layer'\]"),
+    (lambda t: rs.read_attribution(t).matrix("component", "query"), InputError,
+     r"channel must be one of \['in', 'k', 'q', 'v'\], not 'query'"),
+    (lambda t: unchecked(rs.ablation_check)(t, mode="median"), InputError,
+     r"mode must be one of \['mean', 'zero'\], not 'median'"),
+    (lambda t: rs.ablation_check(t, writes=["junk"]), UnknownNameError,
+     "no component 'junk' to ablate; components are"),
+    (lambda t: rs.ablation_check(t, writes=["L0H1"]), UnknownNameError, "not heads"),
+    (lambda t: unchecked(rs.ablation_check)(t, writes="L0.mlp"), InputError,
+     r"writes is a list of component names, e.g. \['L0.mlp'\]"),
+    (lambda t: rs.write_subspaces(t, unembed_k=0), InputError,
+     r"unembed_k is a number of directions in 1..32 \(d_model\), not 0"),
+    (lambda t: rs.write_subspaces(t, unembed_k=-1), InputError, "unembed_k"),
+    (lambda t: rs.write_subspaces(t, pca_k=33), InputError, "pca_k is a number of directions in 1..32"),
+    (lambda t: rs.write_subspaces(t, basis=torch.randn(3, 31)), InputError,
+     r"basis is rows of directions \[k, d_model=32\], not a tensor of shape \(3, 31\)"),
+    (lambda t: rs.write_subspaces(t, writes=["L9.mlp"]), UnknownNameError, "no writes named"),
+    (lambda t: rs.logit_lens(t, k=0), InputError, r"k is a number of top tokens in 1..257"),
+    (lambda t: rs.logit_lens(t, k=1000), InputError, "k is a number of top tokens"),
+    (lambda t: rs.direct_logit_attribution(t, target=torch.full_like(t.tokens, 10**6)), InputError,
+     r"target ids must be token ids in 0..256, got 1000000"),
+    (lambda t: rs.direct_logit_attribution(t, target=t.tokens.float()), InputError,
+     r"target ids must be integers \[batch, pos\]"),
+    (lambda t: rs.direct_logit_attribution(t, baseline=t.tokens[:, :2]), InputError,
+     r"baseline ids must be integers \[batch, pos\] = "),
+    (lambda t: rs.norm_growth(t, massive_reference="row"), InputError,
+     r"massive_reference must be one of \['token', 'point'\]"),
+    (lambda t: t.head_writes(2), OutOfRangeError, r"a block is a layer index in 0..1 \(n_layers=2\), not 2"),
+    (lambda t: t.head_writes(-1), OutOfRangeError, "not -1"),
+    (lambda t: t.mlp_write(2), OutOfRangeError, "a block is a layer index"),
+    (lambda t: t.attn_write(True), OutOfRangeError, "not True"),
+    (lambda t: t.stream(3), OutOfRangeError, r"a stream point is a layer index in 0..2"),
+    (lambda t: unchecked(type(t).decompose)(t, "L3"), OutOfRangeError,
+     r"a point to decompose is a layer index in 0..2 \(n_layers=2\) or \"final\", not 'L3'"),
+    (lambda t: t.norm_scale("ln_nope"), UnknownNameError, "no norm 'ln_nope'; norms are"),
+    (lambda t: t.decompose_read("L0.bogus"), UnknownNameError, "no component 'L0.bogus' reads"),
+    (lambda t: t.decompose(1).get("L7.mlp"), UnknownNameError, "no contribution 'L7.mlp'"),
+    (lambda t: t.read_input("L0.bogus"), UnknownNameError, "no component 'L0.bogus'"),
+    (lambda t: t.model.weights(2), OutOfRangeError, "layer must be in 0..1, got 2"),
+])
+def test_an_unusable_argument_is_refused_by_name(trace, call, error, message):
+    with pytest.raises(error, match=message) as caught:
+        call(trace)
+    assert isinstance(caught.value, ResidualStreamError)  # one ``except`` catches all of them
+
+
+def test_errors_keep_their_builtin_kinds_and_print_their_message(trace):
+    """``except KeyError`` / ``except IndexError`` code keeps working; ``str`` is the message
+    (a plain ``KeyError`` prints it quoted)."""
+    with pytest.raises(KeyError) as caught:
+        trace.norm_scale("ln_nope")
+    assert str(caught.value).startswith("no norm 'ln_nope'")
+    with pytest.raises(IndexError):
+        trace.stream(-1)
+
+
+def test_composition_takes_a_trace_for_its_model(trace):
+    """``rs.composition(trace)`` was ``AttributeError: 'Trace' object has no attribute
+    'weights'``; composition reads weights only, so the trace's model is the same input."""
+    of_trace, of_model = rs.composition(trace), rs.composition(trace.model)
+    torch.testing.assert_close(of_trace.head_to_head, of_model.head_to_head, rtol=0, atol=0)
+    assert of_trace.heads == of_model.heads and of_trace.head_to_head.abs().sum() > 0
