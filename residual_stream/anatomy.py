@@ -73,7 +73,7 @@ class ModulePaths:
     qk_norm_offset: float = 0.0
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class Anatomy:
     """Sizes, norms, components and stream program of one model.
 
@@ -122,6 +122,15 @@ class Anatomy:
             for name, via in vias.items()
         )
         object.__setattr__(self, "components", comps)
+
+    def __repr__(self) -> str:
+        """The sizes and the norm placement on one line (``program``, ``norms``: the fields)."""
+        heads = f"{self.n_heads} heads" + (f" ({self.n_kv_heads} kv)" if self.n_kv_heads != self.n_heads
+                                           else "")
+        return (f"Anatomy({self.architecture}, {self.placement}-{self.norm_kind}, {self.n_layers} "
+                f"layers, d_model {self.d_model}, {heads} of {self.d_head}, d_mlp {self.d_mlp}, "
+                f"d_vocab {self.d_vocab}, n_ctx {self.n_ctx}, {len(self.norms)} norms, "
+                f"{len(self.program)} ops, {'an' if self.has_lm_head else 'no'} LM head)")
 
     def sees(self, writers: Sequence[str], readers: Sequence[str]) -> Tensor:
         """``[writer, reader]``: whether each reader reads the stream after each writer's add.

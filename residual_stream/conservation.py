@@ -81,7 +81,7 @@ class CheckRow:
         return error / max(self.reference_rms, 1e-30)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class ConservationReport:
     """All comparisons of one ``check`` with the tolerance they are judged against."""
 
@@ -113,14 +113,17 @@ class ConservationReport:
             w = self.worst
             raise ConservationError(
                 f"conservation fails at {w.check} {w.point}: relative {w.measure} error "
-                f"{w.relative_error:.2e} > {self.tolerance:.0e}; this architecture's anatomy "
+                f"{w.relative_error:.2e} > {self.tolerance:.3g}; this architecture's anatomy "
                 "or hooks are wrong: please report it with the model's config")
 
     def __str__(self) -> str:
+        """One line: OK or FAILED, how many checks, the worst and the tolerance."""
         w = self.worst
         status = "OK" if self.ok else "FAILED"
         return (f"conservation {status}: {len(self.rows)} checks, worst {w.check} {w.point} "
-                f"relative {w.measure} error {w.relative_error:.2e} (tolerance {self.tolerance:.0e})")
+                f"relative {w.measure} error {w.relative_error:.2e} (tolerance {self.tolerance:.3g})")
+
+    __repr__ = __str__  # a notebook cell shows the line, not every row (``to_frame`` has them)
 
 
 class _Recorder:

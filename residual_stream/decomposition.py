@@ -44,7 +44,7 @@ class Write:
     values: Tensor
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class Contributions:
     """The stream at ``point`` as a labelled sum: ``values.sum(0) == stream``.
 
@@ -94,6 +94,12 @@ class Contributions:
         for start, end in zip([0, *bounds], [*bounds, len(self.groups)], strict=True):
             out = out + self.values[start:end].sum(0)
         return out
+
+    def __repr__(self) -> str:
+        """The point, how many contributions (the first few named) and the values' shape."""
+        names = ", ".join(self.labels[:4]) + (", …" if len(self.labels) > 4 else "")
+        return (f"Contributions(point={self.point!r}, {len(self.labels)} contributions: {names}; "
+                f"values {list(self.values.shape)})")
 
     def get(self, label: str) -> Float[Tensor, "batch pos d_model"]:
         """The contribution named ``label``."""

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .loading import Model
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class Trace:
     """A captured forward pass. Build with ``rs.trace(model, texts)``."""
 
@@ -64,6 +64,12 @@ class Trace:
     def str_tokens(self) -> Sequence[list[str]]:
         """Token strings per text (without padding)."""
         return self.batch.str_tokens
+
+    def __repr__(self) -> str:
+        """The model, the batch's shape and its real tokens on one line."""
+        b, p = self.tokens.shape
+        return (f"Trace({self.model!r}, {b} text{'s' if b != 1 else ''} × {p} positions, "
+                f"{int(self.attention_mask.sum())} real tokens)")
 
     def stream(self, layer: int) -> Float[Tensor, "batch pos d_model"]:
         """The stream entering block ``layer`` (``n_layers``: the last block's output)."""
