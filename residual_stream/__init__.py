@@ -25,11 +25,11 @@ from .architectures import supported_architectures
 from .decomposition import Contributions
 from .loading import Model, load
 from .registry import list_models
-from .streaming import scan
+from .streaming import Corpus, scan
 from .trace import Trace, trace
 
 __all__ = [
-    "Anatomy", "Contributions", "Model", "Trace", "ablation_check", "composition",
+    "Anatomy", "Contributions", "Corpus", "Model", "Trace", "ablation_check", "composition",
     "direct_logit_attribution", "errors", "list_models", "load", "logit_lens", "mixing_ratio",
     "norm_growth", "read_attribution", "scan", "supported_architectures", "survival", "trace", "twin",
     "write_subspaces",

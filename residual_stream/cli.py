@@ -11,7 +11,7 @@
     residual-stream app [--host H --port P]    serve the Streamlit app
 
 Exit codes: 0 on success, 2 on a usage error, 1 on any other failure (with a one-line reason
-on stderr).
+on stderr), 130 when interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from .errors import InputError, ResidualStreamError
+from .files import usual_permissions, writable
 
 # the app's entry point: the copy a wheel carries (see setup.py), else the checkout's app/
 APPS = (Path(__file__).resolve().parent / "_app" / "main.py",
@@ -46,7 +47,9 @@ def app_path() -> Path:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="residual-stream", description=__doc__.split("\n\n")[0],
+    intro, _, rest = __doc__.partition("\n\n")
+    p = argparse.ArgumentParser(prog="residual-stream", description=intro.replace("``", ""),
+                                epilog=rest.replace("``", ""),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("models", help="list the model registry (installed or not)")
@@ -203,15 +206,6 @@ def _read_texts(args: argparse.Namespace) -> list[str]:
     return list(Corpus(args.text or args.corpus or "builtin").texts())
 
 
-def writable(path: Path) -> None:
-    """``InputError`` unless ``path`` can be written as a file: checked before any work."""
-    parent = path.resolve().parent
-    if path.is_dir():
-        raise InputError(f"cannot write {path}: it is a folder; give a file name")
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise InputError(f"cannot write {path}: {parent} is not a writable folder")
-
-
 def _atomic_write(path: Path, text: str) -> None:
     """Write to a temporary file beside ``path``, then rename: never a partial file."""
     tmp = path.with_name(f".{path.name}.partial")
@@ -276,6 +270,7 @@ def _trace_stats(args: argparse.Namespace) -> int:
     try:
         save_file({k: v.contiguous().float() if v.is_floating_point() else v.contiguous()
                    for k, v in tensors.items()}, str(tmp), metadata=meta)
+        usual_permissions(tmp)
         os.replace(tmp, args.out)
     finally:
         tmp.unlink(missing_ok=True)

@@ -157,7 +157,8 @@ def load(
     if isinstance(source, nn.Module):
         tok = tokenizer or getattr(source, "tokenizer", None)
         if tok is None:
-            raise ModelNotFoundError("pass tokenizer= along with a model object")
+            raise InputError(f"a {type(source).__name__} object carries no tokenizer: pass its "
+                             "tokenizer too, rs.load(model, tokenizer=AutoTokenizer.from_pretrained(...))")
         return wrap(source, tok, name=getattr(source, "name_or_path", "") or
                     type(source).__name__)
     dev = resolve_device(device)

@@ -113,3 +113,33 @@ def test_a_notebook_shows_each_object_in_one_line(trace):
     assert repr(report) == str(report) and f"{len(report.rows)} checks" in repr(report)
     assert f"{len(parts.labels)} contributions: embed" in repr(parts)
     assert f"values {list(parts.values.shape)}" in repr(parts)
+
+
+def test_the_logit_lens_kl_is_never_negative():
+    """KL is ≥ 0; the final point's, a model against itself, rounded to -8.6e-7 on the
+    pre-RMSNorm twin (the corpus lens clamped it; the single-trace one did not)."""
+    t = rs.trace(rs.load("twin-pre-rms"), ["The residual stream is read and written by every "
+                                            "layer of the model.", "Norms rescale it."])
+    kl = rs.logit_lens(t).kl
+    assert float(kl.min()) >= 0.0 and float(kl[-1].max()) < 1e-5
+
+
+def test_a_model_object_without_a_tokenizer_is_an_input_error_that_shows_how():
+    """It was ``ModelNotFoundError`` (the model was found) with no example."""
+    from tiny_hf import build
+
+    with pytest.raises(InputError, match=r"LlamaForCausalLM object carries no tokenizer: pass its "
+                                         r"tokenizer too, rs.load\(model, tokenizer="):
+        rs.load(build("llama"))
+
+
+def test_the_command_help_lists_every_command_and_the_exit_codes(capsys):
+    """``--help`` showed the docstring's first line only (and in reST quotes): the commands'
+    usage lines and the exit codes, 130 on Ctrl-C included, were not there."""
+    from residual_stream.cli import COMMANDS, main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = capsys.readouterr().out
+    assert all(f"residual-stream {name}" in shown for name in COMMANDS), shown
+    assert "130 when interrupted" in shown and "``" not in shown

@@ -223,6 +223,14 @@ def test_cli_trace_saves_statistics(tmp_path):
     with safe_open(str(out), "pt") as f:
         assert f.get_tensor("stream_norm").shape[0] == 7
         assert json.loads(f.metadata()["str_tokens"])[0][0] == "[CLS]"
+    assert out.stat().st_mode & 0o777 == usual_mode(tmp_path)  # safetensors' own is 0600
+
+
+def usual_mode(folder) -> int:
+    """The permissions a new file gets in ``folder`` (the reference: one written by Python)."""
+    probe = folder / "probe.txt"
+    probe.write_text("x")
+    return probe.stat().st_mode & 0o777
 
 
 def test_report_renders_in_chromium(report, tmp_path):

@@ -914,7 +914,8 @@ def test_statistics_take_options_by_spec_and_results_are_keyed_by_it(model, tmp_
                           ("survival:granularity=heads", "'component' or 'head'"),
                           ("survival:granularity=head:every=2", "every applies at component"),
                           ("composition:k=1", "composition takes no options"),
-                          ("subspaces:pca_k=0", "at least 1"), ("lense:every=2", "unknown statistics")]:
+                          ("subspaces:pca_k=0", "at least 1"), ("lense:every=2", "unknown statistics"),
+                          ("lens:every=16:every=4", r"lens takes every=<int> \(default 1\), each once")]:
         with pytest.raises(InputError, match=message):
             make_accumulators(spec)
     with pytest.raises(InputError, match="no statistics asked for"):

@@ -88,6 +88,8 @@ def test_a_save_interrupted_between_its_files_is_refused_not_loaded_mismatched(t
     out = tmp_path / "twin"
     training.save(first, recipe, out)
     assert sorted(p.name for p in out.iterdir()) == ["model.safetensors", "twin.json"]
+    modes = {p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert len(modes) == 1, modes  # the weights as readable as the JSON (safetensors: 0600)
     loaded = rs.load(out).module.state_dict()
     assert all(torch.equal(v, first.module.state_dict()[k].half().float()) for k, v in loaded.items())
 
@@ -172,6 +174,7 @@ def test_bundled_twin_loads_reproduces_its_loss_and_conserves(name):
     (["--heads", "3"], "d_model 128 is not divisible by n_heads 3: choose heads that divide it"),
     (["--steps", "0"], "training needs steps and batch of at least 1.*steps=0"),
     (["--lr", "0"], "lr above 0"),
+    (["--steps", "50", "--warmup", "100"], "warmup of 0 to steps .past them the rate never leaves"),
     (["--synthetic-fraction", "2"], "synthetic_fraction is a fraction of the rows, 0 to 1; got 2"),
     (["--synthetic-fraction", "-1"], "0 to 1; got -1"),
     (["--positions", "rotary", "--d-model", "30", "--heads", "2"],

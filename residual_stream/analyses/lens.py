@@ -93,7 +93,7 @@ def logit_lens(trace, *, k: int = 5) -> LogitLens:
     for L in range(trace.anatomy.n_layers + 1):
         logits = unembed.logits(_final_norm(trace, trace.stream(L)))
         logp = log_probs(logits)
-        kls.append((final.exp() * (final - logp)).sum(-1))
+        kls.append((final.exp() * (final - logp)).sum(-1).clamp_min(0))  # rounding gave -3e-7
         # ranks compare logits, not log-probabilities: subtracting logsumexp in float32 can
         # round two distinct logits into a tie
         agree.append((logits.argmax(-1) == final_top).float())

@@ -375,8 +375,8 @@ def parse_spec(spec: str) -> Accumulator:
     """The accumulator ``spec`` names: ``name`` or ``name:option=value[:option=value...]``.
 
     Options are the statistic's ``OPTIONS`` (its constructor's keywords), each value read as
-    the type of its default (a bool from true/false, yes/no or 1/0 only). Raises ``InputError``
-    naming the options a statistic takes.
+    the type of its default (a bool from true/false, yes/no or 1/0 only), each at most once.
+    Raises ``InputError`` naming the options a statistic takes.
     """
     name, *options = (part.strip() for part in spec.split(":"))
     if name not in STATS:
@@ -388,8 +388,8 @@ def parse_spec(spec: str) -> Accumulator:
     kwargs = {}
     for option in options:
         key, eq, value = (part.strip() for part in option.partition("="))
-        if key not in defaults or not eq:
-            raise InputError(f"statistic spec {spec!r}: {name} takes {takes}")
+        if key not in defaults or not eq or key in kwargs:  # an option given twice too
+            raise InputError(f"statistic spec {spec!r}: {name} takes {takes}, each once")
         kind = type(defaults[key])
         try:
             kwargs[key] = _BOOLS[value.lower()] if kind is bool else kind(value)

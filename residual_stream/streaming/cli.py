@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
     rank, world, device = _distributed()
     try:
-        from ..cli import writable
+        from ..files import writable
 
         if rank == 0:
             writable(args.out)  # before the scan, not after it

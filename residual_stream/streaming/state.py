@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from ..cli import writable
 from ..errors import InputError
+from ..files import writable
 from .accumulators import Accumulator
 from .corpus import Corpus
 from .ledger import Ledger
@@ -77,12 +77,12 @@ def _load_state(path: Path, config: dict) -> dict | None:
     if saved_version != config["version"]:
         raise InputError(f"the scan state {path} was saved by another version of residual-stream "
                          f"(state version {saved_version}, this one reads {config['version']}); "
-                         "delete it to start the scan again, or use another --state path")
+                         "delete it to start the scan again, or give another state path (--state)")
     if state.get("config") != config:
         diff = {k: (state.get("config", {}).get(k), v) for k, v in config.items()
                 if state.get("config", {}).get(k) != v}
         raise InputError(f"the scan state {path} was saved for other arguments {diff} (saved, now); "
-                         "use the same arguments to resume, or another --state path")
+                         "use the same arguments to resume, or give another state path (--state)")
     return state
 
 

@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from ..errors import CorruptModelFileError, InputError
+from ..files import usual_permissions
 from .data import BOS, Mix, repeat_batch, text_batch, train_batch
 from .model import TwinConfig, TwinTransformer
 
@@ -46,10 +47,11 @@ class Recipe:
 
     def __post_init__(self) -> None:
         """Refuse a recipe that cannot train (``InputError``)."""
-        if self.steps < 1 or self.batch < 1 or not self.lr > 0 or self.warmup < 0:
+        if self.steps < 1 or self.batch < 1 or not self.lr > 0 or not 0 <= self.warmup <= self.steps:
             raise InputError(f"training needs steps and batch of at least 1, lr above 0 and "
-                             f"warmup of 0 or more, got steps={self.steps}, batch={self.batch}, "
-                             f"lr={self.lr}, warmup={self.warmup}")
+                             f"warmup of 0 to steps (past them the rate never leaves warm-up), got "
+                             f"steps={self.steps}, batch={self.batch}, lr={self.lr}, "
+                             f"warmup={self.warmup}")
 
     def lr_at(self, step: int) -> float:
         """Linear warm-up to ``lr``, then cosine decay to ``lr / 10``."""
@@ -168,6 +170,7 @@ def save(result: TrainResult, recipe: Recipe, out: Path) -> Path:
     state = {k: v.detach().half().contiguous().cpu() for k, v in result.module.state_dict().items()}
     try:
         save_file(state, str(parts[weights]))
+        usual_permissions(parts[weights])
         meta = {"config": result.module.config.to_dict(), "recipe": asdict(recipe),
                 "evaluation": result.evaluation, "train_loss_last_50": last_losses(result.losses),
                 "seconds": result.seconds, "bos": BOS, "weights_sha256": _sha256(parts[weights])}

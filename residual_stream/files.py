@@ -1,0 +1,29 @@
+"""Files the library writes: whether a path can be written, and the permissions they get."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .errors import InputError
+
+
+def writable(path: Path) -> None:
+    """``InputError`` unless ``path`` can be written as a file: checked before any work."""
+    parent = path.resolve().parent
+    if path.is_dir():
+        raise InputError(f"cannot write {path}: it is a folder; give a file name")
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise InputError(f"cannot write {path}: {parent} is not a writable folder")
+
+
+def usual_permissions(path: Path) -> None:
+    """Give ``path`` the permissions a new file gets here (0666 less the umask).
+
+    ``safetensors`` creates its files readable by their owner only (0600), unlike every
+    other file the library writes: a twin or a trace's statistics shared on a machine could
+    not be read by the others.
+    """
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
