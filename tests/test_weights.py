@@ -52,7 +52,7 @@ def llama_with_mlp_bias() -> rs.Model:
     return rs.load(hf, tokenizer=ByteTokenizer())
 
 
-@pytest.mark.parametrize("name", ["llama", "llama_mlp_bias", "gpt2", "gpt_neox_parallel", "bert",
+@pytest.mark.parametrize("name", ["llama", "llama_mlp_bias", "qwen2", "gpt2", "gpt_neox_parallel", "bert",
                                   "gemma2", "twin", "twin_swiglu"])
 def test_weights_rebuild_attention_and_mlp(name):
     model = (twin(**TWINS[name]) if name in TWINS else llama_with_mlp_bias()

@@ -19,6 +19,8 @@ def _llama_like(cls_cfg, cls_model, **extra):
 BUILDERS = {
     "llama": _llama_like(tf.LlamaConfig, tf.LlamaForCausalLM),
     "llama_mlp_bias": _llama_like(tf.LlamaConfig, tf.LlamaForCausalLM, mlp_bias=True),
+    "mistral": _llama_like(tf.MistralConfig, tf.MistralForCausalLM),
+    "qwen2": _llama_like(tf.Qwen2Config, tf.Qwen2ForCausalLM),  # biases on q, k and v
     "qwen3": _llama_like(tf.Qwen3Config, tf.Qwen3ForCausalLM, head_dim=16),
     "gemma2": _llama_like(tf.Gemma2Config, tf.Gemma2ForCausalLM, head_dim=16),
     "gemma3_text": _llama_like(tf.Gemma3TextConfig, tf.Gemma3ForCausalLM, head_dim=16),
