@@ -124,15 +124,6 @@ def test_the_logit_lens_kl_is_never_negative():
     assert float(kl.min()) >= 0.0 and float(kl[-1].max()) < 1e-5
 
 
-def test_a_model_object_without_a_tokenizer_is_an_input_error_that_shows_how():
-    """It was ``ModelNotFoundError`` (the model was found) with no example."""
-    from tiny_hf import build
-
-    with pytest.raises(InputError, match=r"LlamaForCausalLM object carries no tokenizer: pass its "
-                                         r"tokenizer too, rs.load\(model, tokenizer="):
-        rs.load(build("llama"))
-
-
 def test_the_command_help_lists_every_command_and_the_exit_codes(capsys):
     """``--help`` showed the docstring's first line only (and in reST quotes): the commands'
     usage lines and the exit codes, 130 on Ctrl-C included, were not there."""

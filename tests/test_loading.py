@@ -14,6 +14,7 @@ import residual_stream as rs
 from residual_stream import registry
 from residual_stream.errors import (
     CorruptModelFileError,
+    InputError,
     ModelNotFoundError,
     ModelNotInstalledError,
     UnsupportedArchitectureError,
@@ -191,7 +192,9 @@ def test_unsupported_architecture_is_named():
 
 
 def test_model_object_without_tokenizer():
-    with pytest.raises(ModelNotFoundError, match="tokenizer="):
+    """An InputError that shows how (it was ModelNotFoundError: the model was found)."""
+    with pytest.raises(InputError, match=r"LlamaForCausalLM object carries no tokenizer: pass its "
+                                         r"tokenizer too, rs.load\(model, tokenizer="):
         rs.load(build("llama"))
 
 
@@ -313,7 +316,7 @@ def test_an_interrupted_gguf_copy_leaves_no_partial_folder(tmp_path, cache, monk
 
     fake = tmp_path / "m.gguf"
     fake.write_bytes(b"GGUF" + bytes(64))
-    monkeypatch.setattr(loading, "_from_gguf", lambda path: (None, None))
+    monkeypatch.setattr(loading, "_from_gguf", lambda path: (build("llama"), None))  # checked first
 
     def interrupted(model, tok, folder):
         (folder / "config.json").write_text("{}")
@@ -353,8 +356,6 @@ def test_a_refused_gguf_leaves_no_float_copy_and_an_unreadable_one_is_unsupporte
     truncated: reinstall it". Reference: the errors' classes and the cache's contents."""
     import gguf
     from gguf_tiny import one_block
-
-    from residual_stream.errors import UnsupportedArchitectureError
 
     with pytest.raises(CorruptModelFileError, match="NaN or inf.*model.norm.weight"):
         rs.load(one_block(tmp_path / "nan.gguf", nan=True), progress=False)

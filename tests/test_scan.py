@@ -620,11 +620,14 @@ def _stop_in_segment(segment: int):
 
 
 def _recording(model, monkeypatch) -> list[str]:
-    """The texts ``model``'s tokenizer is given from now on (its splitter probe made first)."""
+    """The corpus texts ``model``'s tokenizer is given from now on (its splitter probe made
+    first; the probes a saved state's tokenizer fingerprint reads are not corpus texts)."""
+    from residual_stream.streaming.tokenize import PROBE, PROBE_RARE
+
     tokenized: list[str] = []
     tokenize = model.tokenizer
-    monkeypatch.setattr(model, "tokenizer", lambda texts, **k: tokenized.extend(texts) or
-                        tokenize(texts, **k))
+    monkeypatch.setattr(model, "tokenizer", lambda texts, **k: tokenized.extend(
+        t for t in texts if t not in (PROBE, PROBE_RARE)) or tokenize(texts, **k))
     assert Splitter.of(model.tokenizer) is not None
     tokenized.clear()
     return tokenized
