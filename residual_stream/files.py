@@ -1,7 +1,12 @@
-"""Files the library writes: whether a path can be written, and the permissions they get."""
+"""Files the library writes and checks.
+
+Whether a path can be written, the permissions a file gets, and the hash that names (the
+GGUF float cache) or checks (a twin's weights) one.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -27,3 +32,12 @@ def usual_permissions(path: Path) -> None:
     mask = os.umask(0)
     os.umask(mask)
     os.chmod(path, 0o666 & ~mask)
+
+
+def sha256(path: Path) -> str:
+    """The SHA-256 of ``path``'s bytes (hex), read 4 MiB at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()

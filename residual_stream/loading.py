@@ -14,7 +14,6 @@ device, dtype and hooks are left alone.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import sys
@@ -37,6 +36,7 @@ from .errors import (
     ResidualStreamError,
     UnsupportedArchitectureError,
 )
+from .files import sha256
 from .integrity import check_tokenizer, refuse_missing, refuse_non_finite, validate_safetensors
 from .registry import REGISTRY
 from .tl_compat import is_bridge, unwrap_bridge
@@ -285,20 +285,12 @@ def _cache_root() -> Path:
     return Path(os.environ.get("RESIDUAL_STREAM_CACHE", "~/.cache/residual_stream")).expanduser()
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _gguf_cache(path: Path, progress: bool) -> Path:
     """A dequantized safetensors copy of a GGUF file, made once and keyed by its sha256."""
     with open(path, "rb") as fh:
         if fh.read(4) != b"GGUF":
             raise CorruptModelFileError(f"{str(path)!r} is not a GGUF file (bad magic bytes)")
-    target = _cache_root() / "gguf" / _sha256(path)[:24]
+    target = _cache_root() / "gguf" / sha256(path)[:24]
     if (target / "config.json").exists():
         try:
             validate_safetensors(target)

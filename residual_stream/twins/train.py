@@ -9,7 +9,6 @@ loss is measured *after* the fp16 round trip, so a loaded twin reproduces it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -25,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from ..errors import CorruptModelFileError, InputError
-from ..files import usual_permissions
+from ..files import sha256, usual_permissions
 from .data import BOS, Mix, repeat_batch, text_batch, train_batch
 from .model import TwinConfig, TwinTransformer
 
@@ -173,7 +172,7 @@ def save(result: TrainResult, recipe: Recipe, out: Path) -> Path:
         usual_permissions(parts[weights])
         meta = {"config": result.module.config.to_dict(), "recipe": asdict(recipe),
                 "evaluation": result.evaluation, "train_loss_last_50": last_losses(result.losses),
-                "seconds": result.seconds, "bos": BOS, "weights_sha256": _sha256(parts[weights])}
+                "seconds": result.seconds, "bos": BOS, "weights_sha256": sha256(parts[weights])}
         parts[out / "twin.json"].write_text(json.dumps(meta, indent=1))
         for final, partial in parts.items():
             os.replace(partial, final)
@@ -181,14 +180,6 @@ def save(result: TrainResult, recipe: Recipe, out: Path) -> Path:
         for partial in parts.values():
             partial.unlink(missing_ok=True)
     return weights
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def load_twin(folder: Path) -> TwinTransformer:
@@ -202,7 +193,7 @@ def load_twin(folder: Path) -> TwinTransformer:
         raise CorruptModelFileError(f"{str(folder / 'twin.json')!r} is not a twin's description "
                                     "(a JSON object with its config): train the twin again")
     expected = meta.get("weights_sha256")
-    if expected is not None and _sha256(folder / "model.safetensors") != expected:
+    if expected is not None and sha256(folder / "model.safetensors") != expected:
         raise CorruptModelFileError(
             f"the twin in {str(folder)!r} is inconsistent: model.safetensors is not the file its "
             "twin.json describes (a save was interrupted?); train it again into that folder")
