@@ -9,13 +9,13 @@ Deterministic for the recipe's seed on the CPU. Takes about 9 minutes per twin o
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from residual_stream.files import sha256
 from residual_stream.twins.data import describe_corpus
 from residual_stream.twins.model import TwinConfig
 from residual_stream.twins.train import TWIN_RECIPE as RECIPE
@@ -37,7 +37,7 @@ TWINS = {
 def card(name: str, folder: Path) -> str:
     """The model card of one saved twin (Markdown)."""
     meta = json.loads((folder / "twin.json").read_text())
-    digest = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
+    digest = sha256(folder / "model.safetensors")
     ev, cfg, rec = meta["evaluation"], meta["config"], meta["recipe"]
     return "\n".join([
         f"### {name}",
@@ -67,7 +67,8 @@ def main() -> None:
     parser.add_argument("--warmup-experiment", choices=["post", "pre"],
                         help="run experiment 3 for one placement at the twins' shape and recipe")
     args = parser.parse_args()
-    recipe = RECIPE if args.steps == RECIPE.steps else replace(RECIPE, steps=args.steps)
+    recipe = RECIPE if args.steps == RECIPE.steps else replace(  # a short run warms up at most
+        RECIPE, steps=args.steps, warmup=min(RECIPE.warmup, args.steps))  # all of its steps
     if args.warmup_experiment:
         warmup_experiment(args.warmup_experiment)
         args.only = []

@@ -103,8 +103,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--steps", type=int, default=TWIN_RECIPE.steps)
     t.add_argument("--batch", type=int, default=TWIN_RECIPE.batch)
     t.add_argument("--lr", type=float, default=TWIN_RECIPE.lr, help="peak learning rate")
-    t.add_argument("--warmup", type=int, default=TWIN_RECIPE.warmup,
-                   help="linear warm-up steps (0: none)")
+    t.add_argument("--warmup", type=int, default=None,
+                   help=f"linear warm-up steps (0: none; default {TWIN_RECIPE.warmup}, at most --steps)")
     t.add_argument("--synthetic-fraction", type=float, default=TWIN_RECIPE.mix.synthetic_fraction,
                    help="share of rows that are repeated random segments")
     t.add_argument("--seed", type=int, default=TWIN_RECIPE.seed)
@@ -170,7 +170,7 @@ def _train(args: argparse.Namespace) -> int:
     from .loading import resolve_device
     from .twins.data import Mix
     from .twins.model import TwinConfig
-    from .twins.train import Recipe, save, train
+    from .twins.train import TWIN_RECIPE, Recipe, save, train
 
     if args.out.exists() and not args.out.is_dir():
         raise InputError(f"--out {args.out} is a file: give a folder for the twin")
@@ -179,7 +179,8 @@ def _train(args: argparse.Namespace) -> int:
     config = TwinConfig(norm=args.norm, placement=args.placement, n_layers=args.layers,
                         d_model=args.d_model, n_heads=args.heads, d_mlp=args.d_mlp, mlp=args.mlp,
                         positions=args.positions, n_ctx=args.n_ctx)
-    recipe = Recipe(steps=args.steps, batch=args.batch, lr=args.lr, warmup=args.warmup,
+    warmup = min(TWIN_RECIPE.warmup, args.steps) if args.warmup is None else args.warmup
+    recipe = Recipe(steps=args.steps, batch=args.batch, lr=args.lr, warmup=warmup,
                     seed=args.seed, mix=Mix(seq_len=min(128, args.n_ctx),
                                             synthetic_fraction=args.synthetic_fraction))
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
@@ -285,7 +286,7 @@ def _app(args: argparse.Namespace) -> int:
     try:
         socket.getaddrinfo(args.host, args.port)
     except (socket.gaierror, UnicodeError):
-        raise InputError(f"--host {args.host} is not an address of this machine: give 127.0.0.1 "
+        raise InputError(f"--host {args.host} does not resolve to an address: give 127.0.0.1 "
                          "(this machine only) or 0.0.0.0 (every interface)") from None
     missing = [p for p in args.allow if not Path(p).is_dir()]
     if missing:

@@ -73,30 +73,28 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
-def check_device_map(device_map: str | dict | None) -> None:
+def check_device_map(device_map: str | dict | int | torch.device | None) -> None:
     """``InputError`` for a ``device_map`` accelerate cannot place a model by.
 
-    A strategy that is none of ``DEVICE_MAP_STRATEGIES``, or a module mapped to a device this
-    machine lacks (transformers raised these as errors of the model's files). ``"cpu"`` and
-    ``"disk"`` are always there; an integer is a CUDA device.
+    A strategy (``DEVICE_MAP_STRATEGIES``) or one device for the whole model (``"cpu"``,
+    ``"cuda:0"``, an int for a CUDA device, a ``torch.device``), or a dict of module path →
+    device (``"disk"`` too). A device this machine lacks is refused (transformers raised these
+    as errors of the model's files).
     """
-    if device_map is None:
+    if device_map is None or device_map in DEVICE_MAP_STRATEGIES:
         return
-    if isinstance(device_map, str):
-        if device_map not in DEVICE_MAP_STRATEGIES:
-            raise InputError(f"device_map {device_map!r} is not one of {list(DEVICE_MAP_STRATEGIES)} "
-                             "nor a dict of module path → device")
-        return
-    if not isinstance(device_map, dict):
-        raise InputError(f"device_map must be a strategy name or a dict, not a {type(device_map).__name__}")
-    for module, where in device_map.items():
-        if where in ("cpu", "disk"):
+    places = device_map.items() if isinstance(device_map, dict) else [(None, device_map)]
+    for module, where in places:
+        if where == "disk" and module is not None:
             continue
-        dev = torch.device("cuda", where) if isinstance(where, int) else where
         try:
-            resolve_device(dev)
-        except InputError as e:
-            raise InputError(f"device_map[{module!r}]: {e}") from None
+            if isinstance(where, bool) or not isinstance(where, str | int | torch.device):
+                raise InputError(f"{where!r} is not a device")
+            resolve_device(torch.device("cuda", where) if isinstance(where, int) else where)
+        except (InputError, RuntimeError, ValueError) as e:
+            at = "device_map" if module is None else f"device_map[{module!r}]"
+            raise InputError(f"{at}: {e}; a device_map is one of {list(DEVICE_MAP_STRATEGIES)}, a "
+                             "device, or a dict of module path → device or 'disk'") from None
 
 
 def _check_present(dev: torch.device) -> None:

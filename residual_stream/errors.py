@@ -8,6 +8,7 @@ exception, so ``except ValueError`` keeps working for code that expects it.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable
 
 
@@ -48,10 +49,27 @@ class OutOfRangeError(ResidualStreamError, IndexError):
 
 
 def check_choice(what: str, value: object, allowed: Iterable) -> None:
-    """``InputError`` naming ``what`` and its choices unless ``value`` is one of ``allowed``."""
+    """``InputError`` naming ``what`` and its choices unless ``value`` is one of ``allowed``.
+
+    A value of the choice's type (a ``str`` subclass such as ``np.str_`` or a ``StrEnum``
+    counts), so ``1`` is not ``"1"``.
+    """
     allowed = tuple(allowed)
-    if not any(value == a and type(value) is type(a) for a in allowed):
+    if not any(isinstance(value, type(a)) and value == a for a in allowed):
         raise InputError(f"{what} must be one of {list(allowed)}, not {value!r}")
+
+
+def as_index(value: object) -> int | None:
+    """``value`` as an int when it is an integer (Python, numpy, a 0-d torch integer).
+
+    None for anything else, ``bool`` included.
+    """
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 class EmptyTextError(InputError):

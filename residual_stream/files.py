@@ -29,9 +29,21 @@ def usual_permissions(path: Path) -> None:
     other file the library writes: a twin or a trace's statistics shared on a machine could
     not be read by the others.
     """
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(path, 0o666 & ~mask)
+    os.chmod(path, 0o666 & ~_umask())
+
+
+def _umask() -> int:
+    """This process's umask, read where Linux shows it.
+
+    Elsewhere set and restored (which changes it for every thread for a moment).
+    """
+    try:
+        status = Path("/proc/self/status").read_text()
+        return int(next(line.split()[1] for line in status.splitlines() if line.startswith("Umask:")), 8)
+    except (OSError, StopIteration, ValueError, IndexError):
+        mask = os.umask(0)
+        os.umask(mask)
+        return mask
 
 
 def sha256(path: Path) -> str:

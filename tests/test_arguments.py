@@ -37,7 +37,7 @@ def unchecked(fn):
      InputError,
      r"level must be one of \['reader', 'component', 'layer'\]"),
     (lambda t: rs.read_attribution(t).matrix("component", "query"), InputError,
-     r"channel must be one of \['in', 'k', 'q', 'v'\], not 'query'"),
+     r"channel must be one of \['q', 'k', 'v', 'in', 'gate'\], not 'query'"),
     (lambda t: unchecked(rs.ablation_check)(t, mode="median"), InputError,
      r"mode must be one of \['mean', 'zero'\], not 'median'"),
     (lambda t: rs.ablation_check(t, writes=["junk"]), UnknownNameError,
@@ -46,9 +46,9 @@ def unchecked(fn):
     (lambda t: unchecked(rs.ablation_check)(t, writes="L0.mlp"), InputError,
      r"writes is a list of component names, e.g. \['L0.mlp'\]"),
     (lambda t: rs.write_subspaces(t, unembed_k=0), InputError,
-     r"unembed_k is a number of directions in 1..32 \(d_model\), not 0"),
+     r"unembed_k is a number of directions, at least 1, not 0"),
     (lambda t: rs.write_subspaces(t, unembed_k=-1), InputError, "unembed_k"),
-    (lambda t: rs.write_subspaces(t, pca_k=33), InputError, "pca_k is a number of directions in 1..32"),
+    (lambda t: rs.write_subspaces(t, pca_k=0), InputError, "pca_k is a number of directions"),
     (lambda t: rs.write_subspaces(t, basis=torch.randn(3, 31)), InputError,
      r"basis is rows of directions \[k, d_model=32\], not a tensor of shape \(3, 31\)"),
     (lambda t: rs.write_subspaces(t, writes=["L9.mlp"]), UnknownNameError, "no writes named"),
@@ -134,3 +134,22 @@ def test_the_command_help_lists_every_command_and_the_exit_codes(capsys):
     shown = capsys.readouterr().out
     assert all(f"residual-stream {name}" in shown for name in COMMANDS), shown
     assert "130 when interrupted" in shown and "``" not in shown
+
+
+def test_numpy_integers_and_sizes_past_the_model_are_taken_as_they_were():
+    """The checks above must not refuse what worked: a numpy index (from ``argmax`` or a
+    loop over an array), and the default ``unembed_k=32`` on a model narrower than 32,
+    which keeps the whole space (it was refused for a moment)."""
+    import numpy as np
+
+    narrow = rs.trace(rs.twin(n_layers=2, d_model=16, n_heads=2, seed=1), TEXTS)
+    i = np.int64(1)
+    assert torch.equal(unchecked(type(narrow).stream)(narrow, i), narrow.stream(1))
+    assert torch.equal(unchecked(type(narrow).head_writes)(narrow, i), narrow.head_writes(1))
+    torch.testing.assert_close(unchecked(type(narrow).decompose)(narrow, i).values,
+                               narrow.decompose(1).values, rtol=0, atol=0)
+    assert torch.equal(unchecked(type(narrow.model).weights)(narrow.model, i).W_Q,
+                       narrow.model.weights(1).W_Q)
+    assert unchecked(rs.logit_lens)(narrow, k=np.int64(3)).top_ids.shape[-1] == 3
+    subspaces = rs.write_subspaces(narrow, readers=False)  # unembed_k 32 > d_model 16
+    assert "unembed_top16" in subspaces.subspaces

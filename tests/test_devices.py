@@ -94,7 +94,9 @@ def test_a_twin_refuses_a_device_map():
 
 
 @pytest.mark.parametrize(("device_map", "message"), [
-    ("bogus", "device_map 'bogus' is not one of \\['auto', 'balanced'"),
+    ("bogus", "device_map: device 'bogus' is not a device name.*one of \\['auto', 'balanced'"),
+    ({"": True}, "device_map\\[''\\]: True is not a device"),
+    ({"": -1}, "device_map\\[''\\]: Device index must not be negative"),
     ({"model.layers.0": "cuda:99"}, "device_map\\['model.layers.0'\\]: device 'cuda:99' is not on this"),
     ({"": 99}, "device_map\\[''\\]: device 'cuda:99'"),
     ({"": "tpu"}, "device_map\\[''\\]: device 'tpu' is not a device name"),
@@ -109,3 +111,14 @@ def test_a_device_map_that_cannot_place_the_model_is_refused_before_loading(pair
     monkeypatch.setattr(loading, "_load_path_or_name", lambda *a: pytest.fail("files opened"))
     with pytest.raises(rs.errors.InputError, match=message):
         rs.load(folder, device="cpu", device_map=device_map)
+
+
+def test_a_device_map_of_one_device_places_the_whole_model(pair):
+    """``device_map="cpu"`` (or ``{"": "cpu"}``, one device for every module) is accelerate's
+    and transformers' own; a first version of the check above refused it."""
+    whole = pair[0]
+    folder = whole.module.name_or_path
+    for device_map in ("cpu", {"": "cpu"}):
+        placed = rs.load(folder, device="cpu", dtype="float32", device_map=device_map)
+        torch.testing.assert_close(rs.trace(placed, TEXTS).stream(3), rs.trace(whole, TEXTS).stream(3),
+                                   rtol=0, atol=ATOL)

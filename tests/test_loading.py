@@ -144,6 +144,8 @@ def test_a_tokenizer_without_its_files_is_refused(tmp_path, damage):
     with pytest.raises(CorruptModelFileError, match="tokenizer of .* is broken or its files are "
                                                     "missing.*re-download"):
         rs.load(folder)
+    given = rs.load(folder, tokenizer=ByteTokenizer())  # a tokenizer of the caller's is used
+    assert isinstance(given.tokenizer, ByteTokenizer) and given.anatomy.n_layers == 2
 
 
 def test_truncated_safetensors(tmp_path):

@@ -16,11 +16,24 @@ def _llama_like(cls_cfg, cls_model, **extra):
     return build
 
 
+def _random_biases(build):
+    """``build`` with every bias drawn at random (transformers initializes them to 0, where a
+    dropped or misplaced bias would change nothing)."""
+    def built():
+        model = build()
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith(".bias"):
+                    p.normal_(0.0, 0.2)
+        return model
+    return built
+
+
 BUILDERS = {
     "llama": _llama_like(tf.LlamaConfig, tf.LlamaForCausalLM),
     "llama_mlp_bias": _llama_like(tf.LlamaConfig, tf.LlamaForCausalLM, mlp_bias=True),
     "mistral": _llama_like(tf.MistralConfig, tf.MistralForCausalLM),
-    "qwen2": _llama_like(tf.Qwen2Config, tf.Qwen2ForCausalLM),  # biases on q, k and v
+    "qwen2": _random_biases(_llama_like(tf.Qwen2Config, tf.Qwen2ForCausalLM)),  # on q, k and v
     "qwen3": _llama_like(tf.Qwen3Config, tf.Qwen3ForCausalLM, head_dim=16),
     "gemma2": _llama_like(tf.Gemma2Config, tf.Gemma2ForCausalLM, head_dim=16),
     "gemma3_text": _llama_like(tf.Gemma3TextConfig, tf.Gemma3ForCausalLM, head_dim=16),

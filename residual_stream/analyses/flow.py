@@ -38,6 +38,7 @@ from ..walk import component_of
 from .tokens import masked_mean, safe_ratio
 
 Granularity = Literal["head", "component"]
+READ_CHANNELS = ("q", "k", "v", "in", "gate")  # what a reader reads for: a head's Q/K/V, an MLP's
 READ_NORM_BIAS = "read_norm.bias"  # the reading norm's β (pre-norm and sandwich readers)
 READ_MAP_BIAS = "read_map.bias"    # the reader's own b_Q / b_K / b_V / b_in
 
@@ -162,12 +163,12 @@ class ReadAttribution:
                channel: str | None = None, *, absolute: bool = False) -> pd.DataFrame:
         """Reader × source matrix at ``level``: shares of sources summed, readers averaged.
 
-        ``channel`` keeps only readers of one kind (``"q" "k" "v" "in" "gate"``).
+        ``channel`` keeps only readers of one kind (``"q" "k" "v" "in" "gate"``; a kind the
+        model lacks, ``"gate"`` without a gated MLP, keeps none).
         """
         check_choice("level", level, ("reader", "component", "layer"))
-        kinds = sorted({r.rsplit(".", 1)[1] for r in self.readers})
         if channel is not None:
-            check_choice("channel", channel, kinds)
+            check_choice("channel", channel, READ_CHANNELS)
         keep = [i for i, r in enumerate(self.readers)
                 if channel is None or r.rsplit(".", 1)[1] == channel]
         values = (self.abs_share if absolute else self.share)[keep]

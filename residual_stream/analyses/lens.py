@@ -25,7 +25,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..errors import InputError, NotAvailableError
+from ..errors import InputError, NotAvailableError, as_index
 from .tokens import masked_mean
 
 
@@ -83,9 +83,10 @@ def logit_lens(trace, *, k: int = 5) -> LogitLens:
     ``k``: how many of each position's most likely tokens to keep per point.
     """
     unembed = trace.model.unembed()
-    vocab = unembed.W_U.shape[-1]
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= vocab:
+    vocab, top = unembed.W_U.shape[-1], as_index(k)
+    if top is None or not 1 <= top <= vocab:
         raise InputError(f"k is a number of top tokens in 1..{vocab} (the vocabulary), not {k!r}")
+    k = top
     final = log_probs(trace.logits)
     final_top = trace.logits.argmax(-1)
     kls, agree, ranks, ids, probs = [], [], [], [], []

@@ -32,7 +32,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..decomposition import replay_states
-from ..errors import InputError, UnknownNameError
+from ..errors import InputError, UnknownNameError, as_index
 from ..program import Read
 from ..weights import VOCAB_SLICE
 from .flow import component_label
@@ -80,7 +80,7 @@ def unembed_subspace(model, k: int = 32) -> Subspace:
     head's own weight (each folded in float32, as a float32 copy would be): no copy of the
     whole ``[d_model, d_vocab]`` matrix, which in float64 outweighs a small model's forward.
     """
-    _check_k("unembed_k", k, model.anatomy.d_model)
+    k = _directions("unembed_k", k, model.anatomy.d_model)
     spec, W = model.anatomy.norms.get("ln_final"), model.unembed(native=True).W_U
     gram = torch.zeros(W.shape[0], W.shape[0], dtype=torch.float64, device=W.device)
     for part in W.split(VOCAB_SLICE, -1):
@@ -90,10 +90,12 @@ def unembed_subspace(model, k: int = 32) -> Subspace:
     return Subspace(f"unembed_top{k}", U[:, -k:].flip(-1).float())
 
 
-def _check_k(name: str, k: int, d_model: int) -> None:
-    """``InputError`` unless a subspace of ``k`` directions fits in ``d_model``."""
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= d_model:
-        raise InputError(f"{name} is a number of directions in 1..{d_model} (d_model), not {k!r}")
+def _directions(name: str, k: int, d_model: int) -> int:
+    """``k`` directions, at most ``d_model`` (the whole space); ``InputError`` unless ``k`` ≥ 1."""
+    count = as_index(k)
+    if count is None or count < 1:
+        raise InputError(f"{name} is a number of directions, at least 1, not {k!r}")
+    return min(count, d_model)
 
 
 def pca_subspace(trace, point: int | None = None, k: int = 16) -> Subspace:
@@ -103,7 +105,7 @@ def pca_subspace(trace, point: int | None = None, k: int = 16) -> Subspace:
     ``n − 1`` directions): a component whose singular value is below ``RANK_TOL`` of the
     largest is rounding noise, an arbitrary direction, and is left out. In float64.
     """
-    _check_k("pca_k", k, trace.anatomy.d_model)
+    _directions("pca_k", k, trace.anatomy.d_model)  # more than d_model: as many as there are
     point = trace.anatomy.n_layers if point is None else point
     x = real(trace.stream(point), trace.attention_mask).double()
     x = x - x.mean(0, keepdim=True)

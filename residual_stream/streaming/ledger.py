@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ..errors import InputError
+from ..errors import InputError, as_index
 
 Exchange = Callable[[int | None], list]  # a process's count in, every process's out (rank order)
 POLL_S = 0.001  # how often a process waiting for the others' counts checks it is still wanted
@@ -77,8 +77,8 @@ def check_processes(rank: int, world_size: int) -> None:
     ``torch.distributed`` group's own rank and size (two processes that both claimed rank 0
     scanned the even segments twice and the odd ones never).
     """
-    if any(isinstance(v, bool) or not isinstance(v, int) for v in (rank, world_size)) \
-            or world_size < 1 or not 0 <= rank < world_size:
+    r, w = as_index(rank), as_index(world_size)
+    if r is None or w is None or w < 1 or not 0 <= r < w:
         raise InputError(f"rank {rank!r} of world_size {world_size!r}: world_size must be a whole "
                          "number ≥ 1 and rank one of 0 … world_size - 1")
     if world_size == 1:
