@@ -182,7 +182,7 @@ def test_cli_app_refuses_an_allowed_folder_that_does_not_exist(monkeypatch, caps
 @pytest.mark.parametrize(("args", "message"), [
     (["--port", "99999"], "--port 99999 is not a port: give one from 1 to 65535"),
     (["--port", "0"], "--port 0 is not a port"),
-    (["--host", "999.1.1.1"], "--host 999.1.1.1 is not an address of this machine"),
+    (["--host", "999.1.1.1"], "--host 999.1.1.1 does not resolve to an address"),
 ])
 def test_cli_app_refuses_a_port_or_host_no_server_can_listen_on(args, message, monkeypatch, capsys):
     """Each was a traceback out of the server (``OverflowError: bind(): port must be
