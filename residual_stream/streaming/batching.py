@@ -22,11 +22,10 @@ packs them.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from ..errors import EmptyTextError, InputError
+from ..errors import EmptyTextError, InputError, as_index
 from ..inputs import Batch, pack
 from .corpus import Corpus, Segment
 from .ledger import Ledger, Share
@@ -203,8 +202,9 @@ def whole(name: str, value) -> int:
 
     Else ``InputError`` naming ``name``.
     """
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return int(value)
+    index = as_index(value)  # an int, numpy's or torch's (not a bool)
+    if index is not None:
+        return index
     if isinstance(value, float) and value.is_integer():
         return int(value)
     raise InputError(f"{name} must be a whole number, not {value!r}")
