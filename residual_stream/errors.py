@@ -72,6 +72,19 @@ def as_index(value: object) -> int | None:
         return None
 
 
+def layer_index(value: object, count: int, what: str, n_layers: int, alternative: str = "") -> int:
+    """``value`` as an int in ``0..count-1``, else ``OutOfRangeError`` saying what it indexes.
+
+    ``what`` names the thing indexed ("a block", "a stream point"); ``alternative`` adds what
+    else is accepted (' or "final"').
+    """
+    index = as_index(value)
+    if index is None or not 0 <= index < count:
+        raise OutOfRangeError(f"{what} is a layer index in 0..{count - 1} (n_layers={n_layers})"
+                              f"{alternative}, not {value!r}")
+    return index
+
+
 class EmptyTextError(InputError):
     """A text is empty or tokenizes to nothing."""
 

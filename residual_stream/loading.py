@@ -32,10 +32,9 @@ from .errors import (
     InputError,
     ModelNotFoundError,
     ModelNotInstalledError,
-    OutOfRangeError,
     ResidualStreamError,
     UnsupportedArchitectureError,
-    as_index,
+    layer_index,
 )
 from .files import sha256
 from .integrity import check_tokenizer, refuse_missing, refuse_non_finite, validate_safetensors
@@ -76,9 +75,7 @@ class Model:
 
     def weights(self, layer: int) -> LayerWeights:
         """Read and write maps of block ``layer`` (``W_Q W_K W_V W_O W_in W_gate W_out``, biases)."""
-        index = as_index(layer)
-        if index is None or not 0 <= index < self.anatomy.n_layers:
-            raise OutOfRangeError(f"layer must be in 0..{self.anatomy.n_layers - 1}, got {layer!r}")
+        index = layer_index(layer, self.anatomy.n_layers, "a block", self.anatomy.n_layers)
         return layer_weights(self.module, self.anatomy, index).to(self.device)
 
     def unembed(self, *, native: bool = False) -> Unembed:

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from .capture import Captured, capture
 from .decomposition import Contributions, Sources, Write, replay, replay_to_read
-from .errors import NonFiniteError, NotAvailableError, OutOfRangeError, UnknownNameError, as_index
+from .errors import NonFiniteError, NotAvailableError, UnknownNameError, layer_index
 from .inputs import Batch, Overflow, encode
 from .program import Point, Read
 from .walk import component_of, walk_stream
@@ -77,11 +77,7 @@ class Trace:
 
     def _layer(self, layer: object, count: int, what: str = "a block", alternative: str = "") -> int:
         """``layer`` if it is an int in ``0..count-1``, else ``OutOfRangeError`` saying so."""
-        index = as_index(layer)
-        if index is None or not 0 <= index < count:
-            raise OutOfRangeError(f"{what} is a layer index in 0..{count - 1} (n_layers="
-                                  f"{self.anatomy.n_layers}){alternative}, not {layer!r}")
-        return index
+        return layer_index(layer, count, what, self.anatomy.n_layers, alternative)
 
     def head_writes(self, layer: int, out: Tensor | None = None) -> Float[Tensor, "head batch pos d_model"]:
         """Each head's write ``z_h @ W_O[h]`` at block ``layer`` (output bias excluded).

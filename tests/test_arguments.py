@@ -73,7 +73,7 @@ def unchecked(fn):
     (lambda t: t.decompose_read("L0.bogus"), UnknownNameError, "no component 'L0.bogus' reads"),
     (lambda t: t.decompose(1).get("L7.mlp"), UnknownNameError, "no contribution 'L7.mlp'"),
     (lambda t: t.read_input("L0.bogus"), UnknownNameError, "no component 'L0.bogus'"),
-    (lambda t: t.model.weights(2), OutOfRangeError, "layer must be in 0..1, got 2"),
+    (lambda t: t.model.weights(2), OutOfRangeError, r"a block is a layer index in 0..1 \(n_layers=2\)"),
 ])
 def test_an_unusable_argument_is_refused_by_name(trace, call, error, message):
     with pytest.raises(error, match=message) as caught:

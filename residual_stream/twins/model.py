@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import InputError
+from ..errors import InputError, check_choice
 from ..tl_compat import hook_classes
 
 HookPoint, HookedRootModule = hook_classes()
@@ -54,9 +54,8 @@ class TwinConfig:
         no norm at all, ``positions="rope"`` one without positions.
         """
         for name, hint in get_type_hints(TwinConfig).items():
-            if get_origin(hint) is Literal and getattr(self, name) not in get_args(hint):
-                raise InputError(f"a twin's {name} must be one of {list(get_args(hint))}, not "
-                                 f"{getattr(self, name)!r}")
+            if get_origin(hint) is Literal:
+                check_choice(f"a twin's {name}", getattr(self, name), get_args(hint))
         small = {k: getattr(self, k) for k in ("n_layers", "d_model", "n_heads", "n_ctx", "d_vocab")
                  if getattr(self, k) < 1}
         if small or self.d_mlp < 0:
