@@ -70,8 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--model", action="append", required=True, help="model to compare (repeat)")
     src = r.add_mutually_exclusive_group()
     src.add_argument("--text", type=Path, help="text file: one text per non-empty line")
-    src.add_argument("--corpus", type=Path, help="folder of .txt files (one text per line) or .jsonl "
-                     "files (a \"text\" per record), gzipped or not")
+    src.add_argument("--corpus", type=Path, help="folder of .txt files (one text per line) or JSON Lines "
+                     "files (.jsonl, or .json as C4 ships them; a \"text\" per record), gzipped or not")
     src.add_argument("--builtin", action="store_true",
                      help="the shipped corpus of English sentences and code (the default)")
     r.add_argument("--max-tokens", type=int, default=1024, help="token budget per model")

@@ -14,6 +14,7 @@ device, dtype and hooks are left alone.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import sys
@@ -295,6 +296,24 @@ def _cache_root() -> Path:
     return Path(os.environ.get("RESIDUAL_STREAM_CACHE", "~/.cache/residual_stream")).expanduser()
 
 
+@contextlib.contextmanager
+def _gguf_bar(shown: bool):
+    """Hide transformers' GGUF "de-quantizing" bar unless ``shown``.
+
+    It is a plain ``tqdm`` that ``disable_progress_bar`` does not reach: its module's name for
+    it is swapped for a disabled one while the file is read, then put back.
+    """
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    bar = gguf_utils.tqdm
+    if not shown:
+        gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
+
+
 def _gguf_cache(path: Path, progress: bool) -> Path:
     """A dequantized safetensors copy of a GGUF file, made once and keyed by its sha256."""
     with open(path, "rb") as fh:
@@ -312,7 +331,8 @@ def _gguf_cache(path: Path, progress: bool) -> Path:
     if progress:
         print(f"residual-stream: first load of {path.name}: dequantizing (about 20 s); the float "
               f"copy is cached in {target}", file=sys.stderr, flush=True)
-    model, tok = _from_gguf(path)
+    with _gguf_bar(progress):
+        model, tok = _from_gguf(path)
     refuse_non_finite(model, str(path))  # before the copy: a refused model leaves no cache
     describe(model, has_lm_head=_has_head(model))
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -206,8 +206,9 @@ class Unembed:
         ``VOCAB_SLICE`` columns at a time: the same values as a float32 copy of it, without
         holding one.
         """
-        if self.transform is not None:  # an inference tensor (a lean pass's) stays one
-            with torch.inference_mode(h.is_inference()):
+        if self.transform is not None:  # an inference tensor (a lean pass's) stays one; and
+            # no graph: inference_mode(False) turns grad mode on, so no_grad comes inside it
+            with torch.inference_mode(h.is_inference()), torch.no_grad():
                 h = self.transform(h.to(next(self.transform.parameters()).dtype)).float()
         if self.W_U.dtype == h.dtype:
             out = h @ self.W_U

@@ -437,6 +437,19 @@ def test_dla_sums_to_the_logit_and_refuses_nonlinear_heads():
         rs.logit_lens(rs.trace(no_head, "hello"))
 
 
+def test_a_head_transform_gives_detached_logits_for_tensors_made_outside_inference_mode():
+    """BERT's MLM head transform ran with autograd on for an ordinary tensor (a trace built by
+    hand, a user's own states): logits required grad and the lens summary's ``numpy()``
+    raised. Reference: the HF head (``cls``) on the same final-normed states, under no_grad."""
+    bert = rs.load(build("bert_mlm"), tokenizer=ByteTokenizer())
+    h = torch.randn(2, 3, bert.anatomy.d_model)
+    logits = bert.unembed().logits(h)
+    assert not logits.requires_grad
+    with torch.no_grad():
+        want = bert.module.cls(h)
+    torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)
+
+
 # --- mixing -----------------------------------------------------------------------------------
 
 def test_mixing_ratio_by_hand_for_one_layer():

@@ -216,11 +216,11 @@ def test_files_that_are_no_text_are_refused_by_name_and_a_byte_order_mark_is_dro
     with zipfile.ZipFile(tmp_path / "web.txt", "w") as z:
         z.writestr("web.txt", records)
     (tmp_path / "utf16.txt").write_text("\n".join(lines), encoding="utf-16")
-    (tmp_path / "export.json").write_text(records)
+    (tmp_path / "export.json").write_text(json.dumps([{"text": t} for t in lines], indent=1))
     refused = {"web.jsonl.bz2": "is bzip2-compressed", "web.txt.xz": "is xz-compressed",
                "gz.txt": "is gzip-compressed: give it a .txt.gz or .jsonl.gz name",
                "web.txt": "is zip-compressed", "utf16.txt": "is not text .a NUL byte",
-               "export.json": "a .json file is not read as a corpus; .* name it .jsonl"}
+               "export.json": "its first line is not a JSON object, so it is a JSON document"}
     model = rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32)
     for name, message in refused.items():
         with pytest.raises(InputError, match=f"{name}.*{message}"):
@@ -240,6 +240,33 @@ def test_files_that_are_no_text_are_refused_by_name_and_a_byte_order_mark_is_dro
         assert list(Corpus(tmp_path / name).texts()) == lines, name
     (tmp_path / "bz.txt").write_text("BZh9 starts this text\n")  # bzip2's first bytes, as text
     assert list(Corpus(tmp_path / "bz.txt").texts()) == ["BZh9 starts this text"]
+
+
+def test_json_lines_named_json_are_read_as_c4_ships_them_and_json_documents_are_not(tmp_path):
+    """C4 ships JSON Lines as ``.json.gz``: they were refused ("name it .jsonl"). A ``.json``
+    file whose first line is a record is now read; a JSON document (an array on one line,
+    an indented object) is refused alone and skipped in a folder, as is a one-line
+    ``dataset_info.json`` without the text field. Reference: the texts written."""
+    import gzip
+    import json
+
+    lines = ["First web page.\nIts second line.", "Second page.", "Third."]
+    records = "".join(json.dumps({"text": t, "url": f"u{i}"}) + "\n" for i, t in enumerate(lines))
+    folder = tmp_path / "c4"
+    folder.mkdir()
+    (folder / "c4-train.00000.json.gz").write_bytes(gzip.compress(records[:-1].encode()))
+    (folder / "c4-train.00001.json").write_text("\n" + records)  # a blank line first
+    (folder / "dataset_info.json").write_text(json.dumps({"description": "c4"}))
+    (folder / "state.json").write_text(json.dumps({"files": ["a"]}, indent=2))
+    (folder / "list.json").write_text(json.dumps(lines))
+    assert list(Corpus(folder / "c4-train.00000.json.gz").texts()) == lines
+    assert list(Corpus(folder).texts()) == lines + lines
+    assert list(Corpus(folder, text_field="url").texts()) == ["u0", "u1", "u2"] * 2
+    for name in ("state.json", "list.json"):
+        with pytest.raises(InputError, match=f"{name}: its first line is not a JSON object"):
+            list(Corpus(folder / name).texts())
+    with pytest.raises(InputError, match="dataset_info.json:1 has no 'text' field"):
+        list(Corpus(folder / "dataset_info.json").texts())
 
 
 def test_cli_scan_reads_a_json_lines_field_and_refuses_a_bad_record(tmp_path, capsys):

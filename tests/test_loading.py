@@ -379,15 +379,19 @@ def test_a_refused_gguf_leaves_no_float_copy_and_an_unreadable_one_is_unsupporte
 def test_a_cached_gguf_copy_that_does_not_load_is_made_again(tmp_path, cache, capsys):
     """Only the copy's weights were checked: a damaged config.json or tokenizer failed every
     load with "re-download or reinstall it", which cannot help (the copy is keyed by the
-    GGUF's hash, so the same damaged folder was found again)."""
+    GGUF's hash, so the same damaged folder was found again). And transformers' GGUF bar
+    showed with ``progress=False``."""
     from gguf_tiny import one_block
 
     path = one_block(tmp_path / "one.gguf")
     first = rs.trace(rs.load(path, progress=False), ["hello world"])
+    assert "de-quantizing" not in capsys.readouterr().err  # the bar, hidden (see below)
     (copy,) = (cache / "gguf").iterdir()
     (copy / "config.json").write_text("{not json")
-    again = rs.trace(rs.load(path, progress=False), ["hello world"])
-    assert "the cached copy does not load" in capsys.readouterr().err
+    again = rs.trace(rs.load(path, progress=True), ["hello world"])
+    err = capsys.readouterr().err
+    assert "the cached copy does not load" in err
+    assert "de-quantizing GGUF tensors" in err  # transformers' plain tqdm: shown when asked for
     torch.testing.assert_close(again.stream(1), first.stream(1), rtol=0, atol=0)
 
 

@@ -72,7 +72,7 @@ class Corpus:
                              "pass a list of texts, a file or a folder")
 
     def _files(self) -> list[Path]:
-        return corpus_files(Path(self.source))
+        return corpus_files(Path(self.source), self.text_field)
 
     def texts(self, reading: ReadProgress | None = None) -> Iterator[str]:
         """Every text, in order, read lazily: a text file's lines stripped, others as given.

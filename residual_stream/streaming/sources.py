@@ -3,7 +3,10 @@
 * ``.txt``: each non-blank line is a text (stripped);
 * ``.jsonl``: each non-blank line is a JSON object whose ``text_field`` (``"text"`` by
   default) holds a text, newlines and all, as corpora such as web crawls ship them;
-* either with ``.gz`` after it: read through ``gzip``, never unpacked to disk.
+* either with ``.gz`` after it: read through ``gzip``, never unpacked to disk;
+* ``.json`` or ``.json.gz`` whose first line is a whole JSON object: JSON Lines under another
+  name, as C4 ships them (``json_lines``). A JSON document (an array, an indented object) is
+  refused when named alone and skipped in a folder, as is a record without ``text_field``.
 
 A folder holds such files at any depth, read in name order. Files are read lazily, a line at
 a time, so memory does not grow with the corpus. A line that is not a JSON object with a
@@ -33,6 +36,8 @@ from pathlib import Path
 from ..errors import InputError
 
 SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")  # what a folder's files may end with
+JSON_SUFFIXES = (".json", ".json.gz")  # read when their first line is a record (``json_lines``)
+FIRST_LINE_CHARS = 1 << 24  # characters of a .json file's first line read to tell if it is one
 PROBE_BYTES = 1 << 18  # bytes of a file's start read to estimate its characters per byte
 FINGERPRINT_ENDS = 1 << 12  # bytes read from each end of a corpus file for its fingerprint
 SNIFF_BYTES = 1 << 12  # bytes of a file's start checked to be text (``_check_content``)
@@ -58,15 +63,18 @@ def ordered_and_reread(source) -> bool:
             and not isinstance(source, Iterator | AbstractSet | Mapping))
 
 
-def corpus_files(path: Path) -> list[Path]:
-    """The files of a corpus at ``path``: itself, or a folder's ``SUFFIXES`` files in name order.
+def corpus_files(path: Path, text_field: str = "text") -> list[Path]:
+    """The files of a corpus at ``path``: itself, or a folder's corpus files in name order.
 
-    ``InputError`` for a folder whose files are all of other kinds (naming some), and for a
-    ``.json`` file (JSON Lines are read from ``.jsonl``; a JSON array is no corpus file).
+    A folder's: its ``SUFFIXES`` files, and its ``JSON_SUFFIXES`` files that are JSON Lines
+    with ``text_field`` (so not a dataset's ``dataset_info.json``). ``InputError`` for a
+    folder whose files are all of other kinds (naming some), and for a ``.json`` file that
+    is not JSON Lines (a JSON array or an indented document is no corpus file).
     """
     if path.is_dir():  # an empty folder is an empty corpus: its consumers say so
         files = sorted(f for f in path.rglob("*") if f.is_file())
-        found = [f for f in files if f.name.endswith(SUFFIXES)]
+        found = [f for f in files if f.name.endswith(SUFFIXES)
+                 or f.name.endswith(JSON_SUFFIXES) and json_lines(f, text_field)]
         if files and not found:
             some = ", ".join(f.relative_to(path).as_posix() for f in files[:3])
             others = f"{len(files)} other file{'s' if len(files) > 1 else ''}: {some}"
@@ -74,9 +82,10 @@ def corpus_files(path: Path) -> list[Path]:
                              f"({others}{', …' if len(files) > 3 else ''}); unpack or rename them")
         return found
     if path.is_file():
-        if path.name.endswith((".json", ".json.gz")):
-            raise InputError(f"{path}: a .json file is not read as a corpus; if it holds one JSON "
-                             "object per line, name it .jsonl (a JSON array: write it as JSON Lines)")
+        if path.name.endswith(JSON_SUFFIXES) and not json_lines(path):
+            raise InputError(f"{path}: its first line is not a JSON object, so it is a JSON "
+                             "document, not JSON Lines, which is no corpus: write one JSON object "
+                             "per line (a .jsonl file)")
         return [path]
     raise InputError(f"corpus {str(path)!r} is not 'builtin', a file or a folder of "
                      f"{', '.join(SUFFIXES)} files")
@@ -172,9 +181,38 @@ def file_texts(path: Path, text_field: str = "text") -> Iterator[tuple[str, int]
 
 
 def kind(path: Path) -> str:
-    """How ``path`` is read: ``".txt"`` or ``".jsonl"``, with ``".gz"`` after it when gzipped."""
+    """How ``path`` is read: ``".txt"`` or ``".jsonl"``, with ``".gz"`` after it when gzipped.
+
+    A ``.json`` file is read as JSON Lines: ``corpus_files`` lets through only those that are.
+    """
     gz = ".gz" if path.name.endswith(".gz") else ""
-    return (".jsonl" if path.name.endswith((".jsonl", ".jsonl.gz")) else ".txt") + gz
+    jsonl = path.name.endswith((".jsonl", ".jsonl.gz") + JSON_SUFFIXES)
+    return (".jsonl" if jsonl else ".txt") + gz
+
+
+def json_lines(path: Path, text_field: str | None = None) -> bool:
+    """Whether the first non-blank line of ``path`` (a ``.json`` file) is a whole JSON object.
+
+    With ``text_field``, one holding that field too. A JSON document written with indents
+    starts with a line of ``{`` or ``[`` alone; an array on one line is no object. Reads at
+    most ``FIRST_LINE_CHARS`` characters; ``InputError`` for a file that is no text (see
+    ``_check_content``) or a damaged gzip one.
+    """
+    try:
+        with _open(path) as handle:
+            line = ""
+            while not line.strip():
+                line = handle.readline(FIRST_LINE_CHARS)
+                if not line:
+                    return False
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise InputError(f"{path} is not a complete gzip file ({e}); unpack it or fix the "
+                         "name") from None
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(record, dict) and (text_field is None or text_field in record)
 
 
 def chars_per_byte(path: Path, text_field: str = "text") -> float | None:
