@@ -38,8 +38,12 @@ def check_local_path(raw: str) -> str:
     return str(path)
 
 
-def sidebar(*, key: str = "", label: str = "Model") -> tuple[str | None, str | None]:
-    """Model and text pickers; returns ``(model, text)`` or ``None`` parts after an error shown."""
+def sidebar(*, key: str = "", label: str = "Model") -> tuple[str | None, str]:
+    """Model and text pickers: ``(model, text)``; the model None after an error shown.
+
+    The text is as typed: a page that measures it checks it (``selection``), so one that does
+    not (the corpus, the norm lab, the models) is not stopped by an empty text.
+    """
     table = cache.registry()
     names = table[table.installed].name.tolist()
     if allowed_dirs():
@@ -51,24 +55,32 @@ def sidebar(*, key: str = "", label: str = "Model") -> tuple[str | None, str | N
             name = check_local_path(st.sidebar.text_input("Model folder or .gguf", key=f"path{key}"))
         except ValueError as e:
             st.error(str(e))
-            return None, None
-    text = st.sidebar.text_area("Text", DEFAULT_TEXT, key="text", height=150)
+            return None, ""
+    return name, st.sidebar.text_area("Text", DEFAULT_TEXT, key="text", height=150)
+
+
+def text_problem(text: str) -> str | None:
+    """What is wrong with the sidebar's text for the app (empty, too long), or None."""
     if not text.strip():
-        st.error("The text is empty: type something to analyse.")
-        return name, None
+        return "The text is empty: type something to analyse."
     if len(text) > MAX_CHARS:
-        st.error(f"The text is {len(text)} characters; the app takes at most {MAX_CHARS}. "
-                 "Shorten it, or use the Python API for long texts.")
-        return name, None
-    return name, text
+        return (f"The text is {len(text)} characters; the app takes at most {MAX_CHARS}. "
+                "Shorten it, or use the Python API for long texts.")
+    return None
 
 
-def selection() -> tuple[str, str]:
-    """The sidebar's ``(model, text)``; stops the page (its error is already shown) if unusable."""
-    name, text = st.session_state.get("choice", (None, None))
-    if name is None or text is None:
+def selection(*, text: bool = True) -> tuple[str, str]:
+    """The sidebar's ``(model, text)``; stops the page, error shown, when either is unusable.
+
+    ``text=False``: for a page that does not measure the text, which is then not checked.
+    """
+    name, typed = st.session_state.get("choice", (None, ""))
+    problem = text_problem(typed) if text else None
+    if problem:
+        st.error(problem)
+    if name is None or problem:
         st.stop()
-    return name, text
+    return name, typed
 
 
 def scan_progress(tokens: int, target: int, seconds: float) -> tuple[float, str]:

@@ -163,6 +163,17 @@ def test_bad_text_shows_a_message(text, message):
     assert message in at.error[0].value
 
 
+def test_the_corpus_page_is_not_stopped_by_an_empty_sidebar_text():
+    """The Corpus page does not read the sidebar's text, yet an empty one stopped it with "The
+    text is empty". Reference: the Overview page, which measures the text, still stops."""
+    at = app()
+    at.sidebar.text_area(key="text").set_value("  ").run()
+    assert "empty" in at.error[0].value
+    at.switch_page("views/corpus.py").run()
+    assert not at.exception and not at.error
+    assert at.title[0].value == "Corpus" and at.radio(key="corpus_source").value.startswith("built-in")
+
+
 def test_text_over_the_context_limit(monkeypatch):
     at = app()
     at.sidebar.selectbox(key="model").select("minilm-l6").run()   # context of 512 tokens

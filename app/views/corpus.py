@@ -15,7 +15,7 @@ LENS = "lens:every=4"
 STATS = {"growth": "norm growth and update sizes", "survival": "survival of every write",
          "read_attribution": "read attribution (the read-write graph)", LENS: "logit lens (one token in 4)"}
 
-name, _ = common.selection()
+name, _ = common.selection(text=False)
 st.title("Corpus")
 st.caption("The other pages measure the text in the sidebar. This one streams a corpus through "
            "the model one batch (8 rows of 128 tokens) at a time with `rs.scan`, keeping only "
