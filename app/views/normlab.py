@@ -16,8 +16,13 @@ notes = {
     "forward": "E‖x‖²/d against depth at initialization, in the paper's simplified setting. "
                "Pre-LN: the stream grows linearly. Post-LN: the sum entering each LayerNorm stays "
                "at one scale.",
-    "gradients": "‖∂L/∂W_out‖ of each FFN at initialization. Post-LN's gradients grow towards the "
-                 "output; pre-LN's do not, and its last layer's gradient shrinks with depth.",
+    "gradients": "‖∂L/∂W_out‖ of each FFN at initialization, in the paper's simplified setting. "
+                 "Right (Theorem 1): as layers are added, pre-LN's last-layer gradient shrinks "
+                 "(about as 1/depth); post-LN's stays at one scale. Left: across one model's "
+                 "layers, pre-LN's fall more steeply towards the output than post-LN's. At this "
+                 "size post-LN's do not rise towards the output as in the paper's Fig. 3. "
+                 "Sandwich sits far lower because its twins start the gains of the norms after "
+                 "each write at 0.02/√(2N).",
     "deepnorm": "RMS change of the final hidden states on a fixed batch after each Adam step, for a "
                 "48-layer post-LN model and its DeepNorm twin. Post-LN's first update jumps.",
     "norms": "RMSNorm's speed-up over LayerNorm (time LN / time RMS), eager, this machine. Reported, "

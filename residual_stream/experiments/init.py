@@ -18,6 +18,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import torch
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
 
 from ..inputs import ByteTokenizer
 from ..loading import wrap
@@ -111,11 +113,22 @@ class GradientNorms:
         return pd.DataFrame(rows, columns=["measure", "placement", "x", "grad_norm"])
 
     def figure(self) -> go.Figure:
-        """Per-layer gradient norms (log scale)."""
-        fig = go.Figure([go.Scatter(x=list(range(len(a))), y=a, name=p)
-                         for p, a in self.per_layer.items()])
-        fig.update_layout(title="‖∂L/∂W_out‖ per layer at initialization (Xiong et al. 2020, Fig. 3)",
-                          xaxis_title="layer", yaxis_title="gradient norm", yaxis_type="log")
+        """Both measures side by side (log scale): every layer, and the last one against depth."""
+        n = len(next(iter(self.per_layer.values())))
+        fig = make_subplots(rows=1, cols=2, subplot_titles=(
+            f"every layer of a {n}-layer model", "the last layer as layers are added"))
+        colors = qualitative.Plotly
+        for i, (p, a) in enumerate(self.per_layer.items()):
+            line = {"color": colors[i % len(colors)]}
+            fig.add_trace(go.Scatter(x=list(range(len(a))), y=a, name=p, legendgroup=p, line=line),
+                          row=1, col=1)
+            fig.add_trace(go.Scatter(x=list(self.depths), y=self.last_layer_by_depth[p], name=p,
+                                     legendgroup=p, showlegend=False, line=line), row=1, col=2)
+        fig.update_layout(title="‖∂L/∂W_out‖ at initialization (Xiong et al. 2020, Theorem 1)")
+        fig.update_yaxes(type="log", title_text="gradient norm", col=1)
+        fig.update_yaxes(type="log", col=2)
+        fig.update_xaxes(title_text="layer", col=1)
+        fig.update_xaxes(title_text="layers in the model", type="log", col=2)
         return fig
 
 
