@@ -40,7 +40,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .capture import capture, hidden_states_reference
+from .capture import capture, hidden_states_reference, model_lock
 from .decomposition import collect, replay_states
 from .errors import ConservationError
 from .program import Add, Mark, Norm, Read
@@ -160,7 +160,7 @@ def check_conservation(trace: Trace, *, tolerance: float | None = None) -> Conse
     _replay_hooks(trace, cap, rec)
     for name, spec in anatomy.norms.items():
         module = model.module.get_submodule(spec.module_path)
-        with torch.inference_mode():
+        with torch.inference_mode(), model_lock(model.module):  # not inside another's hooked pass
             expected = module(cap.norm_in[name].to(model.dtype))
         rec.compare("norm", name, spec.apply(cap.norm_in[name]), expected)
     run = {} if wide else {s.op.point: s.x for s in walk_stream(trace, cap, reset="none")

@@ -44,6 +44,12 @@ def test_orthogonal_split_3d_by_hand():
     names, f = orthogonal_split(w, [a, b])
     assert names == ("a", "b", "rest")
     torch.testing.assert_close(f, torch.tensor([1 / 3, 1 / 3, 1 / 3]))
+    # an empty subspace (the PCA of a one-token text: SmolLM2 adds no BOS) takes nothing; it
+    # raised "max(): Expected reduction dim" on the Writes page
+    empty = Subspace("pca3@L0", torch.zeros(3, 0))
+    names, f = orthogonal_split(w, [empty, a, empty, b])
+    assert names == ("pca3@L0", "a", "pca3@L0", "b", "rest")
+    torch.testing.assert_close(f, torch.tensor([0, 1 / 3, 0, 1 / 3, 1 / 3]))
 
 
 def test_write_subspaces_fractions_are_fractions():

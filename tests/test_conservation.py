@@ -130,3 +130,38 @@ def test_the_check_passes_a_16_bit_model_and_fails_a_wrong_hook_in_every_dtype(d
     assert bad.worst.relative_error > 5 * bad.tolerance  # bf16: 0.14 against 0.016
     with pytest.raises(rs.errors.ConservationError, match="relative"):
         bad.raise_if_failed()
+
+
+def test_the_norm_checks_wait_for_another_threads_hooked_pass(monkeypatch):
+    """``check()`` called each norm module of a shared model outside ``model_lock``: a pass
+    hooked in another thread (the app's sessions share models) saw those calls as its own,
+    wrong ``norm_scale`` values cached for everyone. Reference: a hook that another thread
+    holds, with the lock, while the check reaches its norm calls fires on none of them."""
+    import threading
+
+    from residual_stream import conservation
+    from residual_stream.capture import model_lock
+
+    model = perturbed_twin("layernorm", "pre")
+    tr = rs.trace(model, ["abc de"])
+    norm = model.module.get_submodule(next(iter(model.anatomy.norms.values())).module_path)
+    fired, held, done = [], threading.Event(), threading.Event()
+
+    def other_pass():
+        with model_lock(model.module):
+            handle = norm.register_forward_hook(lambda *a: fired.append(1))
+            held.set()
+            done.wait(0.5)  # the other pass's time: the check's norm calls must wait it out
+            handle.remove()
+
+    replay = conservation._replay_hooks
+
+    def then_another_pass_starts(*args):
+        replay(*args)  # the step just before the norm calls
+        threading.Thread(target=other_pass).start()
+        assert held.wait(10)
+
+    monkeypatch.setattr(conservation, "_replay_hooks", then_another_pass_starts)
+    report = tr.check()
+    done.set()
+    assert fired == [] and report.ok

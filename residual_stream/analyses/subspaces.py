@@ -127,7 +127,8 @@ def orthogonal_split(w: Float[Tensor, "*lead d_model"], subspaces: Sequence[Subs
     for s in subspaces:
         B = s.basis.to(w.device)
         B = B - taken @ (taken.T @ B)
-        new = Subspace.from_vectors(s.name, B).basis if B.abs().max() > RANK_TOL else B[:, :0]
+        spans = B.numel() > 0 and B.abs().max() > RANK_TOL  # empty: a one-token text's PCA
+        new = Subspace.from_vectors(s.name, B).basis if spans else B[:, :0]
         taken = torch.cat([taken, new], 1)
         names.append(s.name)
         fracs.append((w @ new).pow(2).sum(-1) / energy)
