@@ -13,8 +13,26 @@ from pathlib import Path
 from .errors import InputError
 
 
+def look_up(path: Path, what: str) -> os.stat_result | None:
+    """``path``'s status, or None when nothing is there.
+
+    ``InputError`` naming ``what`` when the system cannot look (a name over 255 bytes, a
+    folder on the way that cannot be read, a loop of links, a NUL byte), where
+    ``Path.exists`` raises some of these as a bare ``OSError`` and reads others as absent.
+    """
+    try:
+        return path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, ValueError) as e:
+        why = getattr(e, "strerror", None) or str(e)
+        raise InputError(f"{what} {str(path)[:120]!r}{'…' if len(str(path)) > 120 else ''} cannot "
+                         f"be looked up ({why}): give a path that exists, or a shorter one") from None
+
+
 def writable(path: Path) -> None:
     """``InputError`` unless ``path`` can be written as a file: checked before any work."""
+    look_up(path, "the file")
     parent = path.resolve().parent
     if path.is_dir():
         raise InputError(f"cannot write {path}: it is a folder; give a file name")

@@ -37,7 +37,7 @@ from .errors import (
     UnsupportedArchitectureError,
     layer_index,
 )
-from .files import sha256
+from .files import look_up, sha256
 from .integrity import check_tokenizer, refuse_missing, refuse_non_finite, validate_safetensors
 from .registry import REGISTRY
 from .tl_compat import is_bridge, unwrap_bridge
@@ -203,7 +203,7 @@ def _load_path_or_name(name: str, dev: torch.device, dt: torch.dtype, progress: 
         module, tok = _load_file(loc, dev, dt, progress, placement, tokenizer)
         return module, tok, name
     path = Path(name).expanduser()
-    if path.exists():
+    if look_up(path, "the model path") is not None:
         module, tok = _load_file(path, dev, dt, progress, placement, tokenizer)
         return module, tok, path.stem if path.is_file() else path.name
     if path.suffix in (".gguf", ".safetensors") or name.startswith((".", "/", "~")):

@@ -153,3 +153,26 @@ def test_numpy_integers_and_sizes_past_the_model_are_taken_as_they_were():
     assert unchecked(rs.logit_lens)(narrow, k=np.int64(3)).top_ids.shape[-1] == 3
     subspaces = rs.write_subspaces(narrow, readers=False)  # unembed_k 32 > d_model 16
     assert "unembed_top16" in subspaces.subspaces
+
+
+def test_a_path_the_system_cannot_look_up_is_an_input_error(tmp_path):
+    """A name over 255 bytes made ``Path.exists`` raise a bare ``OSError`` (ENAMETOOLONG): a
+    traceback on every app page for a model or corpus path. Reference: the same path's own
+    ``stat``, which raises ENAMETOOLONG, and a missing short path, which is still "absent"."""
+    import errno
+
+    from residual_stream.streaming import Corpus
+
+    long = tmp_path / ("a" * 300)
+    with pytest.raises(OSError) as raw:
+        long.stat()
+    assert raw.value.errno == errno.ENAMETOOLONG
+    model = rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32)
+    for call, what in ((lambda: rs.load(str(long)), "the model path"),
+                       (lambda: list(Corpus(long).texts()), "the corpus"),
+                       (lambda: rs.scan(model, ["a b c"], ["growth"], state=long, progress=False),
+                        "the file")):
+        with pytest.raises(InputError, match=f"{what} .* cannot be looked up .File name too long"):
+            call()
+    with pytest.raises(rs.errors.ModelNotFoundError, match="no such file or folder"):
+        rs.load(str(tmp_path / "missing.gguf"))

@@ -34,6 +34,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..errors import InputError
+from ..files import look_up
 
 SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")  # what a folder's files may end with
 JSON_SUFFIXES = (".json", ".json.gz")  # read when their first line is a record (``json_lines``)
@@ -71,6 +72,7 @@ def corpus_files(path: Path, text_field: str = "text") -> list[Path]:
     folder whose files are all of other kinds (naming some), and for a ``.json`` file that
     is not JSON Lines (a JSON array or an indented document is no corpus file).
     """
+    look_up(path, "the corpus")
     if path.is_dir():  # an empty folder is an empty corpus: its consumers say so
         files = sorted(f for f in path.rglob("*") if f.is_file())
         found = [f for f in files if f.name.endswith(SUFFIXES)

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from ..errors import InputError
-from ..files import writable
+from ..files import look_up, writable
 from .accumulators import Accumulator
 from .corpus import Corpus
 from .ledger import Ledger
@@ -62,7 +62,7 @@ def weights_fingerprint(model, values: int = 4096) -> str:
 
 
 def _load_state(path: Path, config: dict) -> dict | None:
-    if not path.exists():
+    if look_up(path, "the scan state") is None:
         return None
     with open(path, "rb") as f:
         if f.read(4) != b"PK\x03\x04":  # not what torch.save writes: maybe a file given by mistake
