@@ -39,7 +39,7 @@ def check_local_path(raw: str) -> str:
 
 
 def sidebar(*, key: str = "", label: str = "Model") -> tuple[str | None, str]:
-    """Model and text pickers: ``(model, text)``; the model None after an error shown.
+    """Model and text pickers: ``(model, text)``; the model None after a path error shown.
 
     The text is as typed: a page that measures it checks it (``selection``), so one that does
     not (the corpus, the norm lab, the models) is not stopped by an empty text.
@@ -50,13 +50,20 @@ def sidebar(*, key: str = "", label: str = "Model") -> tuple[str | None, str]:
         names.append("local path…")
     default = names.index(DEFAULT_MODEL) if DEFAULT_MODEL in names else 0
     name = st.sidebar.selectbox(label, names, index=default, key=f"model{key}")
-    if name == "local path…":
+    raw = st.sidebar.text_input("Model folder or .gguf", key=f"path{key}") \
+        if name == "local path…" else None
+    text = st.sidebar.text_area("Text", DEFAULT_TEXT, key="text", height=150)  # kept on a path error
+    if raw is not None and not raw.strip():
+        st.info("Type the path of a model folder or a .gguf file in an allowed folder: "
+                + ", ".join(map(str, allowed_dirs())))
+        return None, text
+    if raw is not None:
         try:
-            name = check_local_path(st.sidebar.text_input("Model folder or .gguf", key=f"path{key}"))
+            name = check_local_path(raw)
         except ValueError as e:
             st.error(str(e))
-            return None, ""
-    return name, st.sidebar.text_area("Text", DEFAULT_TEXT, key="text", height=150)
+            return None, text
+    return name, text
 
 
 def text_problem(text: str) -> str | None:
@@ -75,10 +82,11 @@ def selection(*, text: bool = True) -> tuple[str, str]:
     ``text=False``: for a page that does not measure the text, which is then not checked.
     """
     name, typed = st.session_state.get("choice", (None, ""))
+    if name is None:  # the sidebar has said why
+        st.stop()
     problem = text_problem(typed) if text else None
     if problem:
         st.error(problem)
-    if name is None or problem:
         st.stop()
     return name, typed
 

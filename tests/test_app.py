@@ -186,9 +186,17 @@ def test_local_paths_need_the_allow_list(tmp_path, monkeypatch):
     allowed.mkdir()
     monkeypatch.setenv("RESIDUAL_STREAM_ALLOWED_DIRS", str(allowed))
     at = app()
+    at.sidebar.text_area(key="text").set_value("my own text").run()
     at.sidebar.selectbox(key="model").select("local path…").run()
+    # nothing typed yet: what to type, not "'' is outside the allowed folders"
+    assert not at.error and f"Type the path of a model folder or a .gguf file in an allowed " \
+        f"folder: {allowed}" in at.info[0].value
     at.sidebar.text_input(key="path").set_value(str(tmp_path / "elsewhere")).run()
-    assert "outside the allowed folders" in at.error[0].value
+    # one error, not also "The text is empty"; the typed text kept
+    assert [e.value for e in at.error] == [f"{str(tmp_path / 'elsewhere')!r} is outside the allowed "
+                                           "folders; start the app with `residual-stream app "
+                                           "--allow DIR` to allow one"]
+    assert at.sidebar.text_area(key="text").value == "my own text"
     at.sidebar.text_input(key="path").set_value("~no_such_user_here/model").run()
     assert not at.exception and "is not a usable path" in at.error[0].value
     (allowed / "broken").mkdir()
