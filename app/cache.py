@@ -82,7 +82,7 @@ def logit_lens(name: str, text: str):
     return rs.logit_lens(trace(name, text))
 
 
-@st.cache_data(show_spinner="Running the experiment (tiny sizes, seconds)…")
+@st.cache_data(show_spinner=False)  # the page's spinner says how long each one takes
 def experiment(kind: str):
     """One norm-lab experiment at sizes that keep the app responsive."""
     runs = {

@@ -29,9 +29,16 @@ notes = {
              "not asserted: the source article quotes 7–64 %.",
     "warmup": "Training loss of post-LN and pre-LN twins with and without warm-up.",
 }
+waits = {  # measured on 2 CPU cores at the app's sizes (app/cache.py: experiment)
+    "forward": "models at initialization, about 1 s",
+    "gradients": "one backward pass per model, about 1 s",
+    "deepnorm": "two 48-layer models trained 10 steps each, about 10 s on 2 CPU cores",
+    "norms": "timing both norms, about 1 s",
+    "warmup": "four trainings of 150 steps, about 30 s on 2 CPU cores",
+}
 label = st.radio("Experiment", list(experiments), key="experiment")
 kind = experiments[label]
-with common.guarded():
+with common.guarded(), st.spinner(f"Running the experiment: {waits[kind]}…"):
     result = cache.experiment(kind)
 if kind == "norms":
     st.dataframe(result.invariances, hide_index=True)
