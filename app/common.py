@@ -12,7 +12,7 @@ import pandas as pd
 import streamlit as st
 import torch
 
-from residual_stream.errors import ResidualStreamError
+from residual_stream.errors import ContextLengthError, ResidualStreamError
 
 DEFAULT_MODEL = "smollm2-135m"
 # short enough for the twins' 128-byte context
@@ -109,6 +109,11 @@ def guarded():
     """Show library errors (bad input, unavailable analyses) in the page instead of crashing."""
     try:
         yield
+    except ContextLengthError as e:  # the app has no overflow="chunk" to offer
+        st.error(f"The text is {e.tokens:,} tokens, over {e.model}'s limit of {e.limit:,}: "
+                 "shorten it (the Python API can split a long text into rows: "
+                 "overflow='chunk')." if e.tokens is not None else str(e))
+        st.stop()
     except ResidualStreamError as e:
         st.error(str(e))
         st.stop()

@@ -90,7 +90,16 @@ class EmptyTextError(InputError):
 
 
 class ContextLengthError(InputError):
-    """A text is longer than the model's context window."""
+    """A text is longer than the model's context window.
+
+    ``tokens``, ``limit`` and ``model`` (its name), when known: for a caller that words its
+    own advice (the app cannot split a text into rows as ``overflow="chunk"`` does).
+    """
+
+    def __init__(self, message: str, *, tokens: int | None = None, limit: int | None = None,
+                 model: str | None = None) -> None:
+        super().__init__(message)
+        self.tokens, self.limit, self.model = tokens, limit, model
 
 
 class NonFiniteError(ResidualStreamError, FloatingPointError):

@@ -188,9 +188,9 @@ def _ids(model: Model, i: int, text: object, limit: int, overflow: Overflow) -> 
     if len(ids) > limit and overflow == "error":
         raise ContextLengthError(
             f"text {i} is {len(ids)} tokens, longer than the limit of {limit} tokens "
-            f"(the model's context is {model.anatomy.n_ctx}); shorten it, or pass "
-            "overflow='chunk' to split it into several rows"
-        )
+            f"({model.name}'s context is {model.anatomy.n_ctx}); shorten it, or pass "
+            "overflow='chunk' to split it into several rows", tokens=len(ids), limit=limit,
+            model=model.name)
     return ids
 
 
