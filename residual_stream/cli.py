@@ -199,7 +199,9 @@ def _read_texts(args: argparse.Namespace) -> list[str]:
     from .streaming.corpus import Corpus
 
     if args.text is not None and not args.text.is_file():
-        hint = ": it is a folder, give it as --corpus" if args.text.is_dir() else ": no such file"
+        hint = ": it is a folder, give it as --corpus" if args.text.is_dir() else (
+            ": no such file (report reads its texts from a file, one per line; `check` and "
+            "`trace` take --text as the text itself)")
         raise InputError(f"--text {args.text}{hint}")
     if args.corpus is not None and not args.corpus.is_dir():
         hint = ": it is a file, give it as --text" if args.corpus.is_file() else ": no such folder"
