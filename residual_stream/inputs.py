@@ -153,7 +153,11 @@ def encode(
         return from_ids(model, texts)
     if isinstance(texts, str):
         texts = [texts]
-    if not isinstance(texts, (list, tuple)) or not texts:
+    if not isinstance(texts, (list, tuple)):
+        hint = ": torch.as_tensor(ids) makes one of an array of ids" if hasattr(texts, "__array__") else ""
+        raise InputError(f"texts are a string, a list of strings or a torch integer tensor [batch, "
+                         f"pos] of token ids, not a {type(texts).__name__}{hint}")
+    if not texts:
         raise EmptyTextError("no texts given: pass a string or a non-empty list of strings")
     if overflow not in ("error", "chunk"):
         raise InputError(f"overflow must be 'error' or 'chunk', got {overflow!r}")
@@ -175,7 +179,11 @@ def encode(
 
 def _ids(model: Model, i: int, text: object, limit: int, overflow: Overflow) -> list[int]:
     """Text ``i``'s token ids, refused when empty, not Unicode, or over ``limit`` unchunked."""
-    if not isinstance(text, str) or not text.strip():
+    if not isinstance(text, str):
+        hint = " (decode it: text.decode('utf-8'))" if isinstance(text, bytes) else (
+            ": give texts as strings, or token ids as a torch integer tensor [batch, pos]")
+        raise InputError(f"text {i} is a {type(text).__name__}, not a string{hint}")
+    if not text.strip():
         raise EmptyTextError(f"text {i} is empty: give it some words to analyse")
     try:
         text.encode("utf-8")

@@ -520,3 +520,29 @@ def test_unembed_subspace_is_the_top_singular_space_of_the_folded_unembedding(dt
     U = torch.linalg.svd(M, full_matrices=False).U[:, :k]
     assert got.shape == U.shape
     assert float((got @ got.T - U @ U.T).abs().max()) < 1e-6  # the same projector
+
+
+def test_composition_top_matches_the_frame_and_refuses_what_the_model_lacks():
+    """``top`` returned an empty frame for a reader the model lacks ("L9H9") or a kind it
+    does not read by ("K"), which reads as "no composition". Reference: ``to_frame`` filtered
+    and sorted by hand, for every kind of reader."""
+    from residual_stream.errors import InputError, UnknownNameError
+
+    comp = rs.composition(perturbed())
+    frame = comp.to_frame()
+    for reader, kind in (("L2H1", "k"), ("L2H1", "q"), ("L1H0", "v"), ("L2H1", "mlp_k"),
+                         ("L2.mlp", "in"), ("L0H0", "k")):
+        want = frame[(frame.reader == reader) & (frame.kind == kind)]
+        want = want.sort_values("score", ascending=False, kind="stable").head(4)
+        got = comp.top(reader, kind, n=4)
+        assert got.writer.tolist() == want.writer.tolist(), (reader, kind)
+        assert got.score.tolist() == pytest.approx(want.score.tolist())
+        assert set(got.baseline) <= set(want.baseline) and set(got.kind) <= {kind}
+    assert comp.top("L2.mlp", n=4).kind.tolist() == ["in"] * 4  # an MLP's default kind
+    assert comp.top("L2H1").equals(comp.top("L2H1", "k"))
+    with pytest.raises(UnknownNameError, match="no reader 'L9H9': the readers are heads L0H0…L2H3"):
+        comp.top("L9H9")
+    with pytest.raises(InputError, match="the kind of L2H1's read must be one of"):
+        comp.top("L2H1", "K")
+    with pytest.raises(InputError, match="the kind of L2.mlp's read must be one of \\['in'\\]"):
+        comp.top("L2.mlp", "k")

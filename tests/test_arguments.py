@@ -176,3 +176,23 @@ def test_a_path_the_system_cannot_look_up_is_an_input_error(tmp_path):
             call()
     with pytest.raises(rs.errors.ModelNotFoundError, match="no such file or folder"):
         rs.load(str(tmp_path / "missing.gguf"))
+
+
+def test_texts_that_are_not_strings_are_named_not_called_empty():
+    """A list of id lists, bytes and a numpy array of ids were "text 0 is empty" or "no texts
+    given". Reference: the same ids as a torch tensor, which traces."""
+    import numpy as np
+
+    from residual_stream import inputs
+
+    model = rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32)
+    encode = inputs.encode.__wrapped__ if hasattr(inputs.encode, "__wrapped__") else inputs.encode
+    for texts, message in (([[72, 101, 108]], "text 0 is a list, not a string: give texts as "
+                                              "strings, or token ids as a torch integer tensor"),
+                           ([b"hello"], r"text 0 is a bytes, not a string \(decode it"),
+                           (np.array([[72, 101]]), "not a ndarray: torch.as_tensor.ids. makes one"),
+                           ({"text": "hi"}, "not a dict")):
+        with pytest.raises(InputError, match=message) as raised:
+            encode(model, texts)
+        assert not isinstance(raised.value, rs.errors.EmptyTextError)
+    assert encode(model, torch.as_tensor(np.array([[72, 101]]))).tokens.tolist() == [[72, 101]]

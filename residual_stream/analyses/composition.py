@@ -36,6 +36,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from ..errors import UnknownNameError, check_choice
+
 KINDS = ("q", "k", "v")
 
 
@@ -78,11 +80,35 @@ class Composition:
                 "baseline": [self.baseline.get(n, float("nan")) for n in names]}))
         return pd.concat(frames, ignore_index=True)
 
-    def top(self, reader: str, kind: str = "k", n: int = 5) -> pd.DataFrame:
-        """The ``n`` writers composing most strongly into ``reader`` by ``kind``."""
-        f = self.to_frame()
-        f = f[(f.reader == reader) & (f.kind == kind)]
-        return f.sort_values("score", ascending=False).head(n).reset_index(drop=True)
+    def top(self, reader: str, kind: str | None = None, n: int = 5) -> pd.DataFrame:
+        """The ``n`` writers composing most strongly into ``reader`` by ``kind`` (``to_frame``'s rows).
+
+        A head reads by ``q``, ``k`` (the default) or ``v`` from heads, and ``mlp_q``, ``mlp_k``,
+        ``mlp_v`` from MLPs; an MLP by ``in`` (its default). ``UnknownNameError`` for a reader
+        the model lacks, ``InputError`` for a kind it does not read by: an empty frame would
+        read as "no composition".
+        """
+        if reader in self.heads:
+            kind = "k" if kind is None else kind
+            check_choice(f"the kind of {reader}'s read", kind, KINDS + tuple(f"mlp_{k}" for k in KINDS))
+            mlp = kind.startswith("mlp_")
+            writers, key = (self.mlps, "mlp_to_head") if mlp else (self.heads, "head_to_head")
+            scores = (self.mlp_to_head if mlp else self.head_to_head)[KINDS.index(kind[-1])]
+            j = self.heads.index(reader)
+        elif reader in self.mlps:
+            kind = "in" if kind is None else kind
+            check_choice(f"the kind of {reader}'s read", kind, ("in",))
+            writers, key, scores, j = self.heads, "head_to_mlp", self.head_to_mlp, self.mlps.index(reader)
+        else:
+            mlps = f"{self.mlps[0]}…{self.mlps[-1]}" if self.mlps else "none"
+            raise UnknownNameError(f"no reader {reader!r}: the readers are heads "
+                                   f"{self.heads[0]}…{self.heads[-1]} and MLPs ({mlps})")
+        seen = self.sees[key][:, j].numpy()
+        column = scores[:, j].numpy()
+        order = [i for i in np.argsort(-column, kind="stable") if seen[i]][:n]
+        return pd.DataFrame({"kind": kind, "writer": [writers[i] for i in order], "reader": reader,
+                             "score": column[order],
+                             "baseline": self.baseline.get(kind, float("nan"))})
 
 
 def _fold(model, layer: int, kind: str, W: Tensor) -> Tensor:
