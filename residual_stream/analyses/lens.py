@@ -53,14 +53,23 @@ class LogitLens:
 
     def to_frame(self) -> pd.DataFrame:
         """Long frame: ``point, batch, pos, kl, top1_agree, final_token_rank, top_token, top_prob``."""
-        rows = []
-        for p in range(self.kl.shape[0]):
-            for b, t in self.attention_mask.nonzero().tolist():
-                rows.append((p, b, t, float(self.kl[p, b, t]), bool(self.top1_agree[p, b, t]),
-                             int(self.final_token_rank[p, b, t]), self.top_tokens[p][b][t],
-                             float(self.top_probs[p, b, t, 0])))
-        return pd.DataFrame(rows, columns=["point", "batch", "pos", "kl", "top1_agree",
-                                           "final_token_rank", "top_token", "top_prob"])
+        n = self.kl.shape[0]
+        b, t = self.attention_mask.cpu().bool().nonzero(as_tuple=True)  # real tokens, row-major
+        point = torch.arange(n).repeat_interleave(len(b))
+        b, t = b.repeat(n), t.repeat(n)
+
+        def gathered(x: Tensor) -> Tensor:
+            return x.cpu()[point, b, t]
+
+        pb = list(zip(point.tolist(), b.tolist(), t.tolist(), strict=True))
+        return pd.DataFrame({
+            "point": point.numpy(), "batch": b.numpy(), "pos": t.numpy(),
+            "kl": gathered(self.kl).double().numpy(),
+            "top1_agree": gathered(self.top1_agree).bool().numpy(),
+            "final_token_rank": gathered(self.final_token_rank).long().numpy(),
+            "top_token": [self.top_tokens[i][j][k] for i, j, k in pb],
+            "top_prob": gathered(self.top_probs[..., 0]).double().numpy(),
+        })
 
 
 def _final_norm(trace, x: Tensor) -> Tensor:
