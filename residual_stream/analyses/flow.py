@@ -241,11 +241,10 @@ def read_attribution(trace, *, granularity: Granularity = "component",
         if not isinstance(op, Read):
             continue
         for readers, names, share in _read_shares(trace, op, pieces, granularity):
-            mean = masked_mean(share, mask, lead=2)
-            absm = masked_mean(share.abs(), mask, lead=2)
+            mean = masked_mean(share, mask, lead=2).tolist()  # one read back per group, not
+            absm = masked_mean(share.abs(), mask, lead=2).tolist()  # per reader (head)
             for r, reader in enumerate(readers):
-                rows.append((reader, dict(zip(names, zip(mean[r].tolist(), absm[r].tolist(),
-                                                         strict=True), strict=True))))
+                rows.append((reader, dict(zip(names, zip(mean[r], absm[r], strict=True), strict=True))))
                 if per_token:
                     tokens.append((reader, dict(zip(names, share[r], strict=True))))
     sources = tuple(dict.fromkeys(s for _, d in rows for s in d))

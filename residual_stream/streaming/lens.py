@@ -163,16 +163,20 @@ class LensSums:
         """Add this batch's sums to ``acc`` (a ``LensStats``)."""
         if self.final is None or self.early:
             raise RuntimeError("LensSums.into before the logits came: nothing was reduced")
-        ranks = torch.stack(self.ranks)[:, self.real]  # real tokens only: one device sync
-        offset = torch.arange(len(ranks), device=ranks.device)[:, None] * self.d_vocab
-        hist = torch.bincount((ranks + offset).flatten(), minlength=len(ranks) * self.d_vocab)
+        ranks = torch.stack(self.ranks)  # [point, token]; a pad counts in a last bin, dropped
+        points, bins = len(ranks), self.d_vocab + 1  # (no boolean index, no bincount: no sync)
+        where = torch.where(self.real, ranks, self.d_vocab)
+        where = where + torch.arange(points, device=ranks.device)[:, None] * bins
+        hist = torch.zeros(points * bins, dtype=torch.long, device=ranks.device)
+        hist.index_add_(0, where.flatten(), torch.ones_like(where.flatten()))
+        hist = hist.view(points, bins)[:, :self.d_vocab]
         acc.add("kl", self.kl)
         acc.add("kl_sq", self.kl_sq)
         n_row = torch.zeros(self.kl_text.shape[1], dtype=torch.float64, device=self.kl.device)
         n_row.index_add_(0, self.row, self.real.double())  # each row's reduced tokens
         acc.open_texts.add(self.texts, self.kl_text, n_row)
         acc.add("top1", self.agree)
-        acc.add("rank_hist", hist.view(len(ranks), self.d_vocab))
+        acc.add("rank_hist", hist)
         acc.add("n", self.real.sum())
         if not self.replayed:  # the batch's logits: not held a moment longer than the sums need
             self.final = None
