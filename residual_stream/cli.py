@@ -20,12 +20,13 @@ import argparse
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
 from .errors import InputError, ResidualStreamError
-from .files import usual_permissions, writable
+from .files import look_up, usual_permissions, writable
 
 # the app's entry point: the copy a wheel carries (see setup.py), else the checkout's app/
 APPS = (Path(__file__).resolve().parent / "_app" / "main.py",
@@ -198,15 +199,25 @@ def _train(args: argparse.Namespace) -> int:
 def _read_texts(args: argparse.Namespace) -> list[str]:
     from .streaming.corpus import Corpus
 
-    if args.text is not None and not args.text.is_file():
-        hint = ": it is a folder, give it as --corpus" if args.text.is_dir() else (
+    text, corpus = _kind(args.text), _kind(args.corpus)
+    if args.text is not None and text != "file":
+        hint = ": it is a folder, give it as --corpus" if text == "folder" else (
             ": no such file (report reads its texts from a file, one per line; `check` and "
             "`trace` take --text as the text itself)")
-        raise InputError(f"--text {args.text}{hint}")
-    if args.corpus is not None and not args.corpus.is_dir():
-        hint = ": it is a file, give it as --text" if args.corpus.is_file() else ": no such folder"
+        raise InputError(f"--text {str(args.text)[:80]}{'…' if len(str(args.text)) > 80 else ''}{hint}")
+    if args.corpus is not None and corpus != "folder":
+        hint = ": it is a file, give it as --text" if corpus == "file" else ": no such folder"
         raise InputError(f"--corpus {args.corpus}{hint}")
     return list(Corpus(args.text or args.corpus or "builtin").texts())
+
+
+def _kind(path: Path | None) -> str | None:
+    """"file", "folder", or None where nothing usable is (a sentence over 255 bytes included)."""
+    try:
+        found = None if path is None else look_up(path, "the path")
+    except InputError:
+        return None
+    return None if found is None else "folder" if stat.S_ISDIR(found.st_mode) else "file"
 
 
 def _atomic_write(path: Path, text: str) -> None:

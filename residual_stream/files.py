@@ -27,7 +27,7 @@ def look_up(path: Path, what: str) -> os.stat_result | None:
     except (OSError, ValueError) as e:
         why = getattr(e, "strerror", None) or str(e)
         raise InputError(f"{what} {str(path)[:120]!r}{'…' if len(str(path)) > 120 else ''} cannot "
-                         f"be looked up ({why}): give a path that exists, or a shorter one") from None
+                         f"be looked up ({why}): give a usable path") from None
 
 
 def writable(path: Path) -> None:

@@ -154,7 +154,9 @@ def encode(
     if isinstance(texts, str):
         texts = [texts]
     if not isinstance(texts, (list, tuple)):
-        hint = ": torch.as_tensor(ids) makes one of an array of ids" if hasattr(texts, "__array__") else ""
+        kind = getattr(getattr(texts, "dtype", None), "kind", "")  # numpy / pandas: "O", "U" for text
+        hint = (": texts.tolist() makes a list of it" if kind in ("O", "U", "S") else
+                ": torch.as_tensor(ids) makes one of an array of ids") if hasattr(texts, "__array__") else ""
         raise InputError(f"texts are a string, a list of strings or a torch integer tensor [batch, "
                          f"pos] of token ids, not a {type(texts).__name__}{hint}")
     if not texts:

@@ -13,8 +13,6 @@ device, dtype and hooks are left alone.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import os
 import shutil
 import sys
@@ -27,6 +25,7 @@ from torch import nn
 
 from .anatomy import Anatomy
 from .architectures import describe
+from .bars import framework_bars, gguf_bar
 from .devices import check_device_map, home_device, resolve_device, resolve_dtype
 from .errors import (
     CorruptModelFileError,
@@ -170,26 +169,11 @@ def load(
     check_device_map(device_map)
     name = str(source)
     placement = {} if device_map is None else {"device_map": device_map, "offload_folder": offload_folder}
-    with _bars(progress):
+    with framework_bars(progress):
         module, tok, label = _load_path_or_name(name, dev, dt, progress, placement, tokenizer)
     module.eval()
     refuse_non_finite(module, name)
     return wrap(module, tokenizer or tok, name=label, source=name)
-
-
-@contextlib.contextmanager
-def _bars(shown: bool):
-    """Hide the progress bars of transformers (loading weights) unless ``shown``."""
-    from transformers.utils import logging as hf_logging
-
-    hide = not shown and hf_logging.is_progress_bar_enabled()
-    if hide:
-        hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if hide:
-            hf_logging.enable_progress_bar()
 
 
 def _load_path_or_name(name: str, dev: torch.device, dt: torch.dtype, progress: bool, placement: dict,
@@ -296,24 +280,6 @@ def _cache_root() -> Path:
     return Path(os.environ.get("RESIDUAL_STREAM_CACHE", "~/.cache/residual_stream")).expanduser()
 
 
-@contextlib.contextmanager
-def _gguf_bar(shown: bool):
-    """Hide transformers' GGUF "de-quantizing" bar unless ``shown``.
-
-    It is a plain ``tqdm`` that ``disable_progress_bar`` does not reach: its module's name for
-    it is swapped for a disabled one while the file is read, then put back.
-    """
-    from transformers import modeling_gguf_pytorch_utils as gguf_utils
-
-    bar = gguf_utils.tqdm
-    if not shown:
-        gguf_utils.tqdm = functools.partial(bar, disable=True)
-    try:
-        yield
-    finally:
-        gguf_utils.tqdm = bar
-
-
 def _gguf_cache(path: Path, progress: bool) -> Path:
     """A dequantized safetensors copy of a GGUF file, made once and keyed by its sha256."""
     with open(path, "rb") as fh:
@@ -331,7 +297,7 @@ def _gguf_cache(path: Path, progress: bool) -> Path:
     if progress:
         print(f"residual-stream: first load of {path.name}: dequantizing (about 20 s); the float "
               f"copy is cached in {target}", file=sys.stderr, flush=True)
-    with _gguf_bar(progress):
+    with gguf_bar(progress):
         model, tok = _from_gguf(path)
     refuse_non_finite(model, str(path))  # before the copy: a refused model leaves no cache
     describe(model, has_lm_head=_has_head(model))

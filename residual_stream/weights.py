@@ -202,6 +202,9 @@ class Unembed:
     def logits(self, h: Float[Tensor, "*lead d_model"]) -> Float[Tensor, "*lead d_vocab"]:
         """Logits of final-normed states ``h``, as the model computes them, in ``h``'s dtype.
 
+        For analysis: a head transform (BERT's) runs without autograd, so no gradient reaches
+        ``h`` through one; without a transform, ``h @ W_U`` keeps ``h``'s graph.
+
         A ``W_U`` in a lower precision (``Model.unembed(native=True)``) is cast one slice of
         ``VOCAB_SLICE`` columns at a time: the same values as a float32 copy of it, without
         holding one.

@@ -546,6 +546,10 @@ def test_composition_top_matches_the_frame_and_refuses_what_the_model_lacks():
         comp.top("L2H1", "K")
     with pytest.raises(InputError, match="the kind of L2.mlp's read must be one of \\['in'\\]"):
         comp.top("L2.mlp", "k")
+    attn_only = rs.composition(perturbed(norm="layernorm", placement="post", attn_only=True))
+    assert len(attn_only.top("L1H0", "k")) > 0
+    with pytest.raises(InputError, match="L1H0 reads no MLP writes: the model has no MLPs"):
+        attn_only.top("L1H0", "mlp_k")
 
 
 def test_logit_lens_frame_holds_every_real_token_at_every_point():

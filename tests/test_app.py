@@ -163,7 +163,7 @@ def test_bad_text_shows_a_message(text, message):
     assert message in at.error[0].value
 
 
-def test_the_corpus_page_is_not_stopped_by_an_empty_sidebar_text():
+def test_pages_that_do_not_read_the_text_are_not_stopped_by_an_empty_one():
     """The Corpus page does not read the sidebar's text, yet an empty one stopped it with "The
     text is empty". Reference: the Overview page, which measures the text, still stops."""
     at = app()
@@ -172,6 +172,10 @@ def test_the_corpus_page_is_not_stopped_by_an_empty_sidebar_text():
     at.switch_page("views/corpus.py").run()
     assert not at.exception and not at.error
     assert at.title[0].value == "Corpus" and at.radio(key="corpus_source").value.startswith("built-in")
+    at.switch_page("views/compare.py").run()  # over the text: stopped; over the corpus: runs
+    assert not at.exception and "empty" in at.error[0].value
+    at.radio(key="cmp_source").set_value("corpus").run()
+    assert not at.exception and not at.error and at.get("plotly_chart")
 
 
 def test_text_over_the_context_limit(monkeypatch):

@@ -191,7 +191,9 @@ def test_texts_that_are_not_strings_are_named_not_called_empty():
                                               "strings, or token ids as a torch integer tensor"),
                            ([b"hello"], r"text 0 is a bytes, not a string \(decode it"),
                            (np.array([[72, 101]]), "not a ndarray: torch.as_tensor.ids. makes one"),
-                           ({"text": "hi"}, "not a dict")):
+                           ({"text": "hi"}, "not a dict"),
+                           (np.array(["a text", "another"], dtype=object),  # df["text"].values
+                            r"not a ndarray: texts.tolist\(\) makes a list of it")):
         with pytest.raises(InputError, match=message) as raised:
             encode(model, texts)
         assert not isinstance(raised.value, rs.errors.EmptyTextError)

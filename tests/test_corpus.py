@@ -230,8 +230,8 @@ def test_files_that_are_no_text_are_refused_by_name_and_a_byte_order_mark_is_dro
     only = tmp_path / "packed"
     only.mkdir()
     (only / "a.jsonl.bz2").write_bytes((tmp_path / "web.jsonl.bz2").read_bytes())
-    with pytest.raises(InputError, match=r"holds no .txt, .jsonl, .txt.gz, .jsonl.gz file "
-                                         r"\(1 other file: a.jsonl.bz2\)"):
+    with pytest.raises(InputError, match=r"holds no .txt, .jsonl, .txt.gz, .jsonl.gz, .json, .json.gz "
+                                         r"file \(1 other file: a.jsonl.bz2\)"):
         list(Corpus(only).texts())
     (tmp_path / "bom.txt").write_text("\ufeff" + "\n".join(lines), encoding="utf-8")
     (tmp_path / "bom.jsonl").write_text("\ufeff" + records, encoding="utf-8")
@@ -267,6 +267,22 @@ def test_json_lines_named_json_are_read_as_c4_ships_them_and_json_documents_are_
             list(Corpus(folder / name).texts())
     with pytest.raises(InputError, match="dataset_info.json:1 has no 'text' field"):
         list(Corpus(folder / "dataset_info.json").texts())
+    # a folder's .json that cannot be read is skipped, not fatal (UTF-16, gzip bytes, no access)
+    (folder / "utf16.json").write_text(json.dumps({"text": "x"}), encoding="utf-16")
+    (folder / "packed.json").write_bytes(gzip.compress(records.encode()))
+    (folder / "digits.json").write_text("1" * 5000 + "\n")  # json.loads: ValueError, not JSON
+    assert list(Corpus(folder).texts()) == lines + lines
+    with pytest.raises(InputError, match="digits.json: its first line is not a JSON object"):
+        list(Corpus(folder / "digits.json").texts())
+    # an empty .json is an empty corpus, as an empty .jsonl is
+    (tmp_path / "empty.json").write_text("\n\n")
+    assert list(Corpus(tmp_path / "empty.json").texts()) == []
+    # C4 with another text_field: the field is named, not "holds no .txt … file"
+    c4 = tmp_path / "c4only"
+    c4.mkdir()
+    (c4 / "c4-train.00000.json.gz").write_bytes((folder / "c4-train.00000.json.gz").read_bytes())
+    with pytest.raises(InputError, match="c4-train.00000.json.gz: its records have no 'content' field"):
+        list(Corpus(c4, text_field="content").texts())
 
 
 def test_cli_scan_reads_a_json_lines_field_and_refuses_a_bad_record(tmp_path, capsys):

@@ -135,6 +135,8 @@ def test_cli_report_on_real_and_folder_models(tmp_path):
     (["report", "--model", "minilm-l6", "--text", "/nonexistent.txt"], "no such file"),
     (["report", "--model", "minilm-l6", "--text", "The cat sat."],  # a text, not a file
      "no such file (report reads its texts from a file, one per line; `check` and `trace`"),
+    (["report", "--model", "minilm-l6", "--text", "The cat sat on the mat. " * 12],  # > 255 bytes
+     "…: no such file (report reads its texts from a file"),
     (["report", "--model", "no-such-model", "--builtin"], "unknown model"),
     (["report", "--model", "minilm-l6", "--corpus", "EMPTY"], "corpus is empty"),
     (["report", "--model", "minilm-l6", "--builtin", "--out", "/nonexistent/dir/r.html"],

@@ -10,7 +10,7 @@ from residual_stream.plotting.labels import escape
 
 CORPUS_TOKENS = 4096  # the Corpus page's default budget: a growth scan there is reused here
 
-name, text = common.selection()
+name, text = common.selection(text=False)  # checked below, when the text is what is measured
 st.title("Compare")
 table = cache.registry()
 names = [n for n in table[table.installed].name.tolist() if n != name]  # never itself
@@ -28,6 +28,9 @@ SOURCES = {"text": "the sidebar's text",
            "corpus": f"the built-in corpus ({CORPUS_TOKENS:,} tokens, rs.scan)"}
 source = st.radio("Measured over", list(SOURCES), format_func=SOURCES.get, horizontal=True,
                   key="cmp_source")
+if source == "text" and common.text_problem(text):
+    st.error(common.text_problem(text))
+    st.stop()
 
 
 def results(model_name: str) -> tuple:

@@ -28,7 +28,7 @@ with st.form("scan"):
     if common.allowed_dirs():
         sources.append("a file or folder in an allowed folder")
     source = st.radio("Corpus", sources, key="corpus_source")
-    path = st.text_input("Path (.txt, .jsonl, gzipped or not, or a folder of them)", key="corpus_path") \
+    path = st.text_input("Path (.txt, .jsonl, .json, gzipped or not, or a folder)", key="corpus_path") \
         if len(sources) > 1 else ""
     budget = st.select_slider("Tokens", BUDGETS, value=4096, key="corpus_tokens")
     stats = st.multiselect("Statistics", list(STATS), default=["growth"], format_func=STATS.get,

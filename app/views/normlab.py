@@ -18,8 +18,9 @@ notes = {
                "at one scale.",
     "gradients": "‖∂L/∂W_out‖ of each FFN at initialization, in the paper's simplified setting. "
                  "Right (Theorem 1): as layers are added, pre-LN's last-layer gradient shrinks "
-                 "(about as 1/depth); post-LN's stays at one scale. Left: across one model's "
-                 "layers, pre-LN's fall more steeply towards the output than post-LN's. At this "
+                 "(about as 1/√depth, the theorem's bound); post-LN's stays at one scale. Left: "
+                 "across one model's layers, pre-LN's fall more steeply towards the output than "
+                 "post-LN's. At this "
                  "size post-LN's do not rise towards the output as in the paper's Fig. 3. "
                  "Sandwich sits far lower because its twins start the gains of the norms after "
                  "each write at 0.02/√(2N).",
@@ -30,10 +31,10 @@ notes = {
     "warmup": "Training loss of post-LN and pre-LN twins with and without warm-up.",
 }
 waits = {  # measured on 2 CPU cores at the app's sizes (app/cache.py: experiment)
-    "forward": "models at initialization, about 1 s",
-    "gradients": "one backward pass per model, about 1 s",
+    "forward": "24-layer models at initialization, a few seconds",
+    "gradients": "16 backward passes (4 placements, 4 depths), a few seconds",
     "deepnorm": "two 48-layer models trained 10 steps each, about 10 s on 2 CPU cores",
-    "norms": "timing both norms, about 1 s",
+    "norms": "timing both norms, a few seconds",
     "warmup": "four trainings of 150 steps, about 30 s on 2 CPU cores",
 }
 label = st.radio("Experiment", list(experiments), key="experiment")

@@ -36,7 +36,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..errors import UnknownNameError, check_choice
+from ..errors import InputError, UnknownNameError, check_choice
 
 KINDS = ("q", "k", "v")
 
@@ -92,6 +92,8 @@ class Composition:
             kind = "k" if kind is None else kind
             check_choice(f"the kind of {reader}'s read", kind, KINDS + tuple(f"mlp_{k}" for k in KINDS))
             mlp = kind.startswith("mlp_")
+            if mlp and not self.mlps:
+                raise InputError(f"{reader} reads no MLP writes: the model has no MLPs")
             writers, key = (self.mlps, "mlp_to_head") if mlp else (self.heads, "head_to_head")
             scores = (self.mlp_to_head if mlp else self.head_to_head)[KINDS.index(kind[-1])]
             j = self.heads.index(reader)

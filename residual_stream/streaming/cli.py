@@ -28,8 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     from .corpus import SEGMENT_CHARS
 
     p.add_argument("model", help="registry name, HF folder, .gguf file or cached hub id")
-    p.add_argument("corpus", help="'builtin', a text file (one text per line), a JSON Lines file (a text "
-                                  "per record, see --text-field), either gzipped, or a folder of them")
+    p.add_argument("corpus", help="'builtin', a text file (one text per line), a JSON Lines file (.jsonl "
+                                  "or .json, a text per record, see --text-field), either gzipped, "
+                                  "or a folder of them")
     p.add_argument("--stats", default="growth",
                    help=f"comma-separated statistics: {','.join(STATS)} (default: growth); "
                         "options follow a colon, e.g. lens:every=16 (one token in 16; also "
@@ -43,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "longest first within every 32 batches, so it holds little padding; "
                         "text: rows in corpus order. The statistics are the same")
     p.add_argument("--text-field", default="text",
-                   help="the field of a .jsonl record that holds its text (default: text)")
+                   help="the field of a JSON Lines record (.jsonl, or .json as C4 ships them) that "
+                        "holds its text (default: text)")
     p.add_argument("--segment-chars", type=int, default=SEGMENT_CHARS,
                    help="characters of text per corpus segment, the unit processes share and a "
                         f"resumed scan skips; batches never span two (default: {SEGMENT_CHARS})")

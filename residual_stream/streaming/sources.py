@@ -67,21 +67,27 @@ def ordered_and_reread(source) -> bool:
 def corpus_files(path: Path, text_field: str = "text") -> list[Path]:
     """The files of a corpus at ``path``: itself, or a folder's corpus files in name order.
 
-    A folder's: its ``SUFFIXES`` files, and its ``JSON_SUFFIXES`` files that are JSON Lines
-    with ``text_field`` (so not a dataset's ``dataset_info.json``). ``InputError`` for a
-    folder whose files are all of other kinds (naming some), and for a ``.json`` file that
-    is not JSON Lines (a JSON array or an indented document is no corpus file).
+    A folder's: its ``SUFFIXES`` files, and its ``JSON_SUFFIXES`` files whose first record
+    holds ``text_field`` (so not a dataset's ``dataset_info.json``; one that cannot be read
+    is skipped too). ``InputError`` for a folder whose files are all of other kinds (naming
+    some, or the field its JSON Lines lack), and for a ``.json`` file that is not JSON Lines
+    (a JSON array or an indented document is no corpus file).
     """
     look_up(path, "the corpus")
     if path.is_dir():  # an empty folder is an empty corpus: its consumers say so
         files = sorted(f for f in path.rglob("*") if f.is_file())
         found = [f for f in files if f.name.endswith(SUFFIXES)
-                 or f.name.endswith(JSON_SUFFIXES) and json_lines(f, text_field)]
+                 or f.name.endswith(JSON_SUFFIXES) and _skip_unreadable(f, text_field)]
         if files and not found:
+            lacking = next((f for f in files if f.name.endswith(JSON_SUFFIXES)
+                            and _skip_unreadable(f, None)), None)
+            if lacking is not None:  # C4's files with another text_field
+                raise InputError(f"{lacking}: its records have no {text_field!r} field; name the "
+                                 "field that holds the text (text_field=, --text-field)")
             some = ", ".join(f.relative_to(path).as_posix() for f in files[:3])
             others = f"{len(files)} other file{'s' if len(files) > 1 else ''}: {some}"
-            raise InputError(f"corpus folder {str(path)!r} holds no {', '.join(SUFFIXES)} file "
-                             f"({others}{', …' if len(files) > 3 else ''}); unpack or rename them")
+            raise InputError(f"corpus folder {str(path)!r} holds no {', '.join(SUFFIXES + JSON_SUFFIXES)} "
+                             f"file ({others}{', …' if len(files) > 3 else ''}); unpack or rename them")
         return found
     if path.is_file():
         if path.name.endswith(JSON_SUFFIXES) and not json_lines(path):
@@ -193,7 +199,7 @@ def kind(path: Path) -> str:
 
 
 def json_lines(path: Path, text_field: str | None = None) -> bool:
-    """Whether the first non-blank line of ``path`` (a ``.json`` file) is a whole JSON object.
+    """Whether the first non-blank line of ``path`` (a ``.json`` file) is a whole JSON object (or none).
 
     With ``text_field``, one holding that field too. A JSON document written with indents
     starts with a line of ``{`` or ``[`` alone; an array on one line is no object. Reads at
@@ -206,15 +212,23 @@ def json_lines(path: Path, text_field: str | None = None) -> bool:
             while not line.strip():
                 line = handle.readline(FIRST_LINE_CHARS)
                 if not line:
-                    return False
+                    return True  # no line: an empty corpus, as an empty .jsonl file is
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise InputError(f"{path} is not a complete gzip file ({e}); unpack it or fix the "
                          "name") from None
     try:
         record = json.loads(line)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON; an integer of 5,000 digits; [[[[…
         return False
     return isinstance(record, dict) and (text_field is None or text_field in record)
+
+
+def _skip_unreadable(path: Path, text_field: str | None) -> bool:
+    """``json_lines`` for a folder's ``.json`` file; False for one that cannot be read."""
+    try:
+        return json_lines(path, text_field)
+    except (InputError, OSError):
+        return False
 
 
 def chars_per_byte(path: Path, text_field: str = "text") -> float | None:

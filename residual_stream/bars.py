@@ -1,0 +1,50 @@
+"""The progress bars of the frameworks a load runs, hidden unless asked for (``progress``).
+
+transformers' own bars (loading weights) answer to its switch; its GGUF reader's bar is a
+plain ``tqdm`` that does not, so its module's name for it is swapped while a file is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def framework_bars(shown: bool) -> Iterator[None]:
+    """Hide the progress bars of transformers (loading weights) unless ``shown``."""
+    from transformers.utils import logging as hf_logging
+
+    hide = not shown and hf_logging.is_progress_bar_enabled()
+    if hide:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if hide:
+            hf_logging.enable_progress_bar()
+
+
+_GGUF_BAR = threading.Lock()  # held while transformers reads a GGUF file (``gguf_bar``)
+
+
+@contextlib.contextmanager
+def gguf_bar(shown: bool) -> Iterator[None]:
+    """Hide transformers' GGUF "de-quantizing" bar unless ``shown``.
+
+    It is a plain ``tqdm`` that ``disable_progress_bar`` does not reach: its module's name for
+    it is swapped for a disabled one while the file is read, then put back. Loads of GGUF
+    files take turns (``_GGUF_BAR``), so two threads cannot leave the swap in place.
+    """
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    with _GGUF_BAR:
+        bar = gguf_utils.tqdm
+        if not shown:
+            gguf_utils.tqdm = functools.partial(bar, disable=True)
+        try:
+            yield
+        finally:
+            gguf_utils.tqdm = bar
