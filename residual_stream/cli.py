@@ -20,13 +20,12 @@ import argparse
 import json
 import os
 import socket
-import stat
 import subprocess
 import sys
 from pathlib import Path
 
 from .errors import InputError, ResidualStreamError
-from .files import look_up, usual_permissions, writable
+from .files import path_kind, usual_permissions, writable
 
 # the app's entry point: the copy a wheel carries (see setup.py), else the checkout's app/
 APPS = (Path(__file__).resolve().parent / "_app" / "main.py",
@@ -214,10 +213,9 @@ def _read_texts(args: argparse.Namespace) -> list[str]:
 def _kind(path: Path | None) -> str | None:
     """"file", "folder", or None where nothing usable is (a sentence over 255 bytes included)."""
     try:
-        found = None if path is None else look_up(path, "the path")
+        return None if path is None else path_kind(path, "the path")
     except InputError:
         return None
-    return None if found is None else "folder" if stat.S_ISDIR(found.st_mode) else "file"
 
 
 def _atomic_write(path: Path, text: str) -> None:

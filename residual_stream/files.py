@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from pathlib import Path
 
 from .errors import InputError
@@ -28,6 +29,12 @@ def look_up(path: Path, what: str) -> os.stat_result | None:
         why = getattr(e, "strerror", None) or str(e)
         raise InputError(f"{what} {str(path)[:120]!r}{'…' if len(str(path)) > 120 else ''} cannot "
                          f"be looked up ({why}): give a usable path") from None
+
+
+def path_kind(path: Path, what: str) -> str | None:
+    """``"folder"``, ``"file"`` or None (nothing there) for ``path``, from one ``look_up``."""
+    found = look_up(path, what)
+    return None if found is None else "folder" if stat.S_ISDIR(found.st_mode) else "file"
 
 
 def writable(path: Path) -> None:

@@ -535,6 +535,8 @@ def test_composition_top_matches_the_frame_and_refuses_what_the_model_lacks():
         want = frame[(frame.reader == reader) & (frame.kind == kind)]
         want = want.sort_values("score", ascending=False, kind="stable").head(4)
         got = comp.top(reader, kind, n=4)
+        # L0H0 sees no head; L2H1 sees the MLPs of L0 and L1 only
+        assert len(want) == (0 if reader == "L0H0" else 2 if kind == "mlp_k" else 4), (reader, kind)
         assert got.writer.tolist() == want.writer.tolist(), (reader, kind)
         assert got.score.tolist() == pytest.approx(want.score.tolist())
         assert set(got.baseline) <= set(want.baseline) and set(got.kind) <= {kind}

@@ -23,6 +23,7 @@ per byte at their start (``chars_per_byte``, ``probes``: a progress estimate's p
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import io
@@ -34,7 +35,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..errors import InputError
-from ..files import look_up
+from ..files import path_kind
 
 SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")  # what a folder's files may end with
 JSON_SUFFIXES = (".json", ".json.gz")  # read when their first line is a record (``json_lines``)
@@ -73,8 +74,8 @@ def corpus_files(path: Path, text_field: str = "text") -> list[Path]:
     some, or the field its JSON Lines lack), and for a ``.json`` file that is not JSON Lines
     (a JSON array or an indented document is no corpus file).
     """
-    look_up(path, "the corpus")
-    if path.is_dir():  # an empty folder is an empty corpus: its consumers say so
+    kind_of_path = path_kind(path, "the corpus")
+    if kind_of_path == "folder":  # an empty folder is an empty corpus: its consumers say so
         files = sorted(f for f in path.rglob("*") if f.is_file())
         found = [f for f in files if f.name.endswith(SUFFIXES)
                  or f.name.endswith(JSON_SUFFIXES) and _skip_unreadable(f, text_field)]
@@ -89,7 +90,7 @@ def corpus_files(path: Path, text_field: str = "text") -> list[Path]:
             raise InputError(f"corpus folder {str(path)!r} holds no {', '.join(SUFFIXES + JSON_SUFFIXES)} "
                              f"file ({others}{', …' if len(files) > 3 else ''}); unpack or rename them")
         return found
-    if path.is_file():
+    if kind_of_path == "file":
         if path.name.endswith(JSON_SUFFIXES) and not json_lines(path):
             raise InputError(f"{path}: its first line is not a JSON object, so it is a JSON "
                              "document, not JSON Lines, which is no corpus: write one JSON object "
@@ -224,11 +225,22 @@ def json_lines(path: Path, text_field: str | None = None) -> bool:
 
 
 def _skip_unreadable(path: Path, text_field: str | None) -> bool:
-    """``json_lines`` for a folder's ``.json`` file; False for one that cannot be read."""
+    """``json_lines`` for a folder's ``.json`` file; False for one that cannot be read.
+
+    Remembered per file version (size, modification time): a scan lists its folder several
+    times (fingerprint, sizes, probes, texts), and C4 holds 1,024 such files.
+    """
     try:
-        return json_lines(path, text_field)
+        found = path.stat()
+        return _json_lines_of(str(path), found.st_size, found.st_mtime_ns, text_field)
     except (InputError, OSError):
         return False
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _json_lines_of(path: str, size: int, mtime_ns: int, text_field: str | None) -> bool:
+    """``json_lines`` of one version of a file (``_skip_unreadable``'s memory)."""
+    return json_lines(Path(path), text_field)
 
 
 def chars_per_byte(path: Path, text_field: str = "text") -> float | None:
