@@ -4,7 +4,8 @@
 stream with hooks (see ``capture``), refuses non-finite streams, and returns a ``Trace``:
 
 * ``trace.stream(L)``: ``[batch, pos, d_model]`` entering block ``L``; ``stream(0)`` is the
-  embedding output, ``stream(n_layers)`` the last block's output (before any final norm);
+  embedding output, ``stream(n_layers)`` the last block's output (before any final norm),
+  ``stream("final")`` after it;
 * ``trace.head_writes(L)``, ``attn_write(L)``, ``mlp_write(L)``: what each component adds;
 * ``trace.decompose(L)``: the stream as a labelled, exact sum of contributions;
 * ``trace.check()``: the conservation report against the framework's own hidden states.
@@ -16,6 +17,7 @@ statistic in this package excludes them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -28,7 +30,7 @@ from .capture import Captured, capture
 from .decomposition import Contributions, Sources, Write, replay, replay_to_read
 from .errors import NonFiniteError, NotAvailableError, UnknownNameError, layer_index
 from .inputs import Batch, Overflow, encode
-from .program import Point, Read
+from .program import Mark, Point, Read
 from .walk import component_of, walk_stream
 from .weights import attn_W_O, bias_of, head_writes
 
@@ -71,9 +73,17 @@ class Trace:
         return (f"Trace({self.model!r}, {b} text{'s' if b != 1 else ''} × {p} positions, "
                 f"{int(self.attention_mask.sum())} real tokens)")
 
-    def stream(self, layer: int) -> Float[Tensor, "batch pos d_model"]:
-        """The stream entering block ``layer`` (``n_layers``: the last block's output)."""
-        return self.captured.resid[self._layer(layer, self.anatomy.n_layers + 1, "a stream point")]
+    def stream(self, layer: Point) -> Float[Tensor, "batch pos d_model"]:
+        """The stream entering block ``layer`` (``n_layers``: the last block's output).
+
+        ``"final"``: after the final norm, what the unembedding reads (the last block's
+        output itself in a post-norm model, which has no final norm); computed from the
+        captured stream with the norm's scale frozen, so it equals ``decompose("final").total()``.
+        """
+        if isinstance(layer, str) and layer == "final":
+            return next(s.x for s in walk_stream(self) if s.op == Mark("final"))
+        return self.captured.resid[self._layer(layer, self.anatomy.n_layers + 1, "a stream point",
+                                               ' or "final"')]
 
     def _layer(self, layer: object, count: int, what: str = "a block", alternative: str = "") -> int:
         """``layer`` if it is an int in ``0..count-1``, else ``OutOfRangeError`` saying so."""
@@ -175,7 +185,22 @@ class Trace:
 
     def decompose_read(self, component: str) -> Contributions:
         """The stream where ``component`` (``"L3.attn"``, ``"L3.mlp"``) reads it, before its norm."""
+        self._reader(component)
         return replay_to_read(self.anatomy.program, self.sources(), component)
+
+    def _reader(self, component: object) -> None:
+        """``UnknownNameError`` unless ``component`` reads the stream; for a head, saying how it reads."""
+        names = [c.name for c in self.anatomy.components]
+        if component in names:
+            return
+        head = re.fullmatch(r"L(\d+)H(\d+)(?:\.([qkv]))?", component) if isinstance(component, str) else None
+        if head is not None and f"L{head[1]}.attn" in names:  # a head reads what its attention
+            L, h, ch = head.groups()                           # reads; its q/k/v maps that
+            raise UnknownNameError(
+                f"no component {component!r}: a head reads what its attention reads, "
+                f"read_input('L{L}.attn'); read_attribution's reader L{L}H{h}.{ch or 'q'} is that "
+                f"through head {h}'s map (model.weights({L}).attention_reads(): q, k, v)")
+        raise UnknownNameError(f"no component {component!r}; components are {names[:4]}...")
 
     def read_input(self, component: str) -> Float[Tensor, "batch pos d_model"]:
         """What ``component`` actually reads: the stream at its read point, through its norm.
@@ -183,13 +208,13 @@ class Trace:
         Walks the program over the captured stream (one running tensor, reset at every block),
         not over contributions: ``decompose_read(component).total()`` is the same stream, summed.
         """
+        self._reader(component)
         for step in walk_stream(self):
             if isinstance(step.op, Read) and step.op.component == component:
                 norm = step.op.norm
                 return step.x if norm is None else \
                     self.anatomy.norms[norm].apply_frozen(step.x, self.norm_scale(norm))
-        names = [c.name for c in self.anatomy.components]
-        raise UnknownNameError(f"no component {component!r}; components are {names[:4]}...")
+        raise AssertionError(f"{component} is a component but reads nowhere in the program")
 
     def check(self, *, tolerance: float | None = None) -> ConservationReport:
         """Conservation report: hooks, norms and decompositions against the model's own outputs."""

@@ -126,3 +126,30 @@ def test_component_sources_decompose_the_stream_like_the_head_sources(name):
     torch.testing.assert_close(whole.get("L1.attn"), per_head.values[
         [i for i, lab in enumerate(per_head.labels) if lab.startswith("L1H") or lab == "L1.b_O"]
     ].sum(0), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "gemma2", "bert"])
+def test_final_stream_is_what_the_framework_hands_its_head(name):
+    """``stream("final")`` against the framework's own last hidden state: Llama, GPT-2 and
+    Gemma 2 put their final norm before it, BERT (post-norm) has none, so there it is the
+    last block's output; and it is what ``decompose("final")`` sums to."""
+    model = rs.load(build(name), tokenizer=ByteTokenizer())
+    trace = rs.trace(model, TEXTS)
+    dev = model.device
+    with torch.no_grad():
+        out = model.module(input_ids=trace.tokens.to(dev),
+                           attention_mask=trace.attention_mask.to(dev), output_hidden_states=True)
+    final = trace.stream("final")
+    assert max_rel_error(final, out.hidden_states[-1].float(), trace.attention_mask) <= REL_F32
+    assert max_rel_error(trace.decompose("final").total(), final, trace.attention_mask) <= REL_F32
+    last = trace.stream(model.anatomy.n_layers)
+    assert (max_rel_error(last, final, trace.attention_mask) <= REL_F32) == (name == "bert")
+
+
+def test_a_head_as_a_reader_is_refused_with_how_heads_read(llama):
+    trace = rs.trace(llama, "hi")
+    for call in (trace.read_input, trace.decompose_read):
+        with pytest.raises(rs.errors.UnknownNameError, match=r"read_input\('L1.attn'\).*L1H2.k"):
+            call("L1H2.k")
+        with pytest.raises(rs.errors.UnknownNameError, match=r"components are \['L0.attn'"):
+            call("L9H2.q")
