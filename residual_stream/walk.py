@@ -116,18 +116,21 @@ def component_of(name: str) -> tuple[int, str]:
     return int(layer[1:]), kind
 
 
-def walk_stream(trace: Trace, captured: Captured | None = None, *, reset: Reset = "marks"
-                ) -> Iterator[Step]:
+def walk_stream(trace: Trace, captured: Captured | None = None, *, reset: Reset = "marks",
+                whole: bool = False) -> Iterator[Step]:
     """Yield a ``Step`` per program operation (see the module docstring).
 
     ``reset="none"``: never go on from a captured stream, so the walk is the program run over
     the captured writes alone, in float32 (what a decomposition sums to). ``"norms"``: also
     after every whole-stream norm, from its captured input, so each step is local to one
     operation and a 16-bit model's rounding, which a norm can magnify, never carries over.
+    ``whole``: take each attention's write as the captured output of its output projection
+    (``capture(heads=False)``: what an intervention hook on it returned), not from heads.
     """
     cap = captured or trace.captured
+    attn_write = cap.attn_out.__getitem__ if whole else trace.attn_write
     yield from walk_ops(trace.anatomy.program, torch.zeros_like(cap.resid[0]), cap,
-                        trace.anatomy.norms, trace.attn_write, reset=reset)
+                        trace.anatomy.norms, attn_write, reset=reset)
 
 
 def walk_ops(ops, x: Tensor, cap: Captured, norms: dict, attn_write: Callable[[int], Tensor],
@@ -161,11 +164,15 @@ def walk_ops(ops, x: Tensor, cap: Captured, norms: dict, attn_write: Callable[[i
             stream = Pending((cap.resid[op.point],))
 
 
-def read_inputs(trace: Trace, captured: Captured | None = None) -> dict[str, Tensor]:
-    """What every component reads: the stream at its read point through its norm (frozen scale)."""
+def read_inputs(trace: Trace, captured: Captured | None = None, *, whole: bool = False
+                ) -> dict[str, Tensor]:
+    """What every component reads: the stream at its read point through its norm (frozen scale).
+
+    ``whole`` as in ``walk_stream`` (for a ``captured`` pass with attention outputs kept whole).
+    """
     cap = captured or trace.captured
     out = {}
-    for step in walk_stream(trace, cap):
+    for step in walk_stream(trace, cap, whole=whole):
         if isinstance(step.op, Read):
             norm = step.op.norm
             out[step.op.component] = step.x if norm is None else \

@@ -501,6 +501,108 @@ def test_mean_ablating_a_constant_write_changes_nothing():
     assert len(mean.to_frame()) == 5 + 2  # L0.mlp → 5 later readers, L1.attn → 2
 
 
+
+ABLATION_TOL = {"rel": 1e-3, "abs": 1e-6}  # float32 passes of a tiny model: hook against weight surgery
+
+
+def _surgery(model, write, mode, trace):
+    """An independent ablation: a copy of the HF model with ``write`` removed from its weights.
+
+    A head through its columns of the output projection (and, for ``mode="mean"``, its mean
+    write, taken from a hook of the test's own, folded into the projection's bias); a whole
+    MLP or attention by zeroing its output projection.
+    """
+    import copy
+
+    def proj(m, L):  # Llama's o_proj (Linear, [d_model, H·d_head]), GPT-2's c_proj (Conv1D, transposed)
+        return m.model.layers[L].self_attn.o_proj if hasattr(m, "model") else m.transformer.h[L].attn.c_proj
+
+    module = copy.deepcopy(model.module)
+    L, rest = write[1:].split("H") if "H" in write else write[1:].split(".")
+    L = int(L)
+    if rest in ("mlp", "attn"):
+        with torch.no_grad():
+            for w in ((module.model.layers[L].mlp.down_proj.weight,) if rest == "mlp" else
+                      (proj(module, L).weight, proj(module, L).bias)):
+                w.zero_()
+        return module
+    h, k = int(rest), model.anatomy.d_head
+    seen = []
+    handle = proj(model.module, L).register_forward_pre_hook(lambda m, args: seen.append(args[0].detach()))
+    with torch.no_grad():
+        model.module(input_ids=trace.tokens, attention_mask=trace.attention_mask)
+    handle.remove()
+    z, target = seen[0][..., h * k:(h + 1) * k].double(), proj(module, L)
+    linear = hasattr(module, "model")
+    with torch.no_grad():
+        W = (target.weight[:, h * k:(h + 1) * k].T if linear else target.weight[h * k:(h + 1) * k]).double()
+        (target.weight[:, h * k:(h + 1) * k] if linear else target.weight[h * k:(h + 1) * k]).zero_()
+        if mode == "mean":
+            target.bias += (z[trace.attention_mask.bool()].mean(0) @ W).float()
+    return module
+
+
+@pytest.mark.parametrize(("name", "write", "mode"), [("llama", "L1H2", "zero"), ("llama", "L1.mlp", "zero"),
+                                                     ("gpt2", "L0H1", "mean"),
+                                                     ("gpt2", "L0.attn", "zero")])
+def test_ablation_of_a_head_or_an_mlp_matches_weight_surgery(name, write, mode):
+    """One head (or a whole MLP) ablated by the hook against the same ablation made in the
+    weights of a copy of the model: the later reads' changes (the same block's MLP reading the
+    ablated attention's write included), and the output's changes: KL
+    over real tokens and at each row's last token (float64 from the copy's logits), the
+    clean top token's logit, and the next-token loss as Hugging Face computes it
+    (``labels=``, pads ignored)."""
+    module = build(name)
+    with torch.no_grad():  # writes large enough that every change is far above rounding
+        for n, w in module.named_parameters():
+            if n.endswith(("o_proj.weight", "down_proj.weight", "c_proj.weight")):
+                w.mul_(25)
+    model = rs.load(module, tokenizer=ByteTokenizer())
+    trace = rs.trace(model, TEXTS)
+    check = rs.ablation_check(trace, writes=[write], mode=mode)
+    ablated = _surgery(model, write, mode, trace)
+    mask = trace.attention_mask
+    labels = trace.tokens.masked_fill(mask == 0, -100)
+    with torch.no_grad():
+        clean = model.module(input_ids=trace.tokens, attention_mask=mask, labels=labels)
+        out = ablated(input_ids=trace.tokens, attention_mask=mask, labels=labels)
+    p, q = (torch.log_softmax(o.logits.double(), -1) for o in (clean, out))
+    kl = (p.exp() * (p - q)).sum(-1)
+    last = mask.sum(1) - 1
+    top = clean.logits.argmax(-1, keepdim=True)
+    dtop = (out.logits.gather(-1, top) - clean.logits.gather(-1, top))[..., 0].double()
+    row = check.outputs().iloc[0]
+    assert row.logit_kl == pytest.approx(float(kl[mask.bool()].mean()), **ABLATION_TOL)
+    assert row.last_kl == pytest.approx(float(kl[torch.arange(len(last)), last].mean()), **ABLATION_TOL)
+    assert row.top_logit_change == pytest.approx(float(dtop[mask.bool()].mean()), **ABLATION_TOL)
+    assert row.loss_change == pytest.approx(float(out.loss - clean.loss), **ABLATION_TOL)
+    assert row.logit_kl > 1e-4 and row.last_kl != pytest.approx(row.logit_kl, rel=1e-3)
+    other = rs.trace(rs.load(ablated, tokenizer=ByteTokenizer()), TEXTS)
+    frame = check.to_frame()
+    assert len(frame) > 0
+    for reader, effect in zip(frame.reader, frame.effect, strict=True):
+        before, after = trace.read_input(reader), other.read_input(reader)
+        ratio = ((after - before).norm(dim=-1) / before.norm(dim=-1))[mask.bool()].mean()
+        assert effect == pytest.approx(float(ratio), **ABLATION_TOL)
+
+
+def test_a_heads_linear_share_is_its_own():
+    """A head's ``linear`` is its head-granularity read share (readers' channels averaged), a
+    whole attention's that of the summed write; the attention's heads together move later
+    reads, and each head alone moves them less than all of them."""
+    model = perturbed()
+    trace = rs.trace(model, TEXTS)
+    H = model.anatomy.n_heads
+    check = rs.ablation_check(trace, writes=["L0.attn", *[f"L0H{h}" for h in range(H)]], mode="zero")
+    shares = rs.read_attribution(trace, granularity="head").to_frame()
+    j = check.readers.index("L1.mlp")
+    for h in range(H):
+        mine = shares[(shares.source == f"L0H{h}") & shares.reader.str.startswith("L1.mlp.")]
+        assert float(check.linear[1 + h, j]) == pytest.approx(mine.abs_share.mean(), rel=1e-5)
+    whole = rs.read_attribution(trace).matrix("component", absolute=True).at["L1.mlp", "L0.attn"]
+    assert float(check.linear[0, j]) == pytest.approx(float(whole), rel=1e-5)
+    assert bool((check.effect[1:, j] < check.effect[0, j]).all())
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_unembed_subspace_is_the_top_singular_space_of_the_folded_unembedding(dtype, monkeypatch):
     """Built slice by slice from the head's own weight (100-column slices of 257), it spans the

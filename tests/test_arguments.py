@@ -42,7 +42,7 @@ def unchecked(fn):
      r"mode must be one of \['mean', 'zero'\], not 'median'"),
     (lambda t: rs.ablation_check(t, writes=["junk"]), UnknownNameError,
      "no component 'junk' to ablate; components are"),
-    (lambda t: rs.ablation_check(t, writes=["L0H1"]), UnknownNameError, "not heads"),
+    (lambda t: rs.ablation_check(t, writes=["L0H9"]), UnknownNameError, r"and heads L0H0…L\d+H\d"),
     (lambda t: unchecked(rs.ablation_check)(t, writes="L0.mlp"), InputError,
      r"writes is a list of component names, e.g. \['L0.mlp'\]"),
     (lambda t: rs.write_subspaces(t, unembed_k=0), InputError,

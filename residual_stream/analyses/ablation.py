@@ -3,23 +3,27 @@
 Read attribution is linear: it says how much of component ``j``'s read comes *directly* from
 write ``i``, through norm scales frozen at the values of the clean run. Ablating ``i`` for real
 also moves every later write that read it and every norm scale. Here each write ``i`` (an
-attention or an MLP output, before any sandwich norm) is replaced by its mean over the
-trace's real tokens (``mode="mean"``) or by zero (``mode="zero"``) in a fresh forward pass,
-and we measure
+attention or an MLP output, before any sandwich norm, or one head's part of an attention's
+output, ``"L3H5"``) is replaced by its mean over the trace's real tokens (``mode="mean"``)
+or by zero (``mode="zero"``) in a fresh forward pass, and we measure
 
 * the relative change of every later component's read ``‖Δu_j‖ / ‖u_j‖`` (mean over tokens);
-* the final distribution's change, ``KL(clean ‖ ablated)`` in nats, and the change of the
-  clean top token's logit (when the model has an LM head);
+* when the model has an LM head, the final distribution's change: ``KL(clean ‖ ablated)`` in
+  nats averaged over every real token (``logit_kl``) and at each row's last real token
+  (``last_kl``), the change of the clean top token's logit, and the change of the
+  next-token cross-entropy (``loss_change``, over the positions whose next token is real);
 
 then correlate the read changes with the linear attribution ``mean |share|`` of ``i`` in ``j``
 (Pearson and Spearman over all pairs where ``j`` reads after ``i`` is added, ``Anatomy.sees``:
 in a parallel block the MLP does not read its own attention's write). A high correlation says
 the linear picture ranks influence the way interventions do; where they disagree, indirect
-paths or norm-scale changes matter.
+paths or norm-scale changes matter. A head's linear share is its own (read attribution at
+head granularity), a whole attention's that of its summed write.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
@@ -33,16 +37,24 @@ from torch import Tensor
 from ..capture import capture, first_output
 from ..errors import InputError, UnknownNameError, check_choice
 from ..walk import component_of, read_inputs
-from .flow import read_attribution
+from ..weights import attn_W_O
+from .flow import component_label, read_attribution
 from .lens import log_probs
 from .tokens import masked_mean
 
 Mode = Literal["mean", "zero"]
+HEAD = re.compile(r"L(\d+)H(\d+)")
 
 
 @dataclass(frozen=True, eq=False)
 class AblationCheck:
-    """Causal effects of ablating each write, and their agreement with linear attribution."""
+    """Causal effects of ablating each write, and their agreement with linear attribution.
+
+    Per write (NaN without an LM head): ``logit_kl`` averaged over real tokens, ``last_kl``
+    at each row's last real token (averaged over rows), ``top_logit_change`` of the clean
+    top token (over real tokens), ``loss_change`` of the next-token cross-entropy in nats
+    (over tokens whose next token is real; NaN when none is). ``outputs()`` frames them.
+    """
 
     writes: tuple[str, ...]
     readers: tuple[str, ...]
@@ -53,6 +65,8 @@ class AblationCheck:
     pearson: float
     spearman: float
     mode: str
+    last_kl: Float[Tensor, " write"]
+    loss_change: Float[Tensor, " write"]
 
     def to_frame(self) -> pd.DataFrame:
         """Long frame: ``write, reader, effect, linear`` for pairs where the reader sees the write."""
@@ -62,80 +76,152 @@ class AblationCheck:
             "effect": self.effect.flatten().numpy(), "linear": self.linear.flatten().numpy()})
         return f.dropna().reset_index(drop=True)
 
+    def outputs(self) -> pd.DataFrame:
+        """Per write, its effect on the output: ``logit_kl, last_kl, top_logit_change, loss_change``."""
+        return pd.DataFrame({"write": self.writes, "logit_kl": self.logit_kl.numpy(),
+                             "last_kl": self.last_kl.numpy(),
+                             "top_logit_change": self.top_logit_change.numpy(),
+                             "loss_change": self.loss_change.numpy()})
+
+
+def _replacement(clean: Tensor, mask: Tensor, mode: Mode) -> Tensor:
+    """What a write ``clean [batch, pos, k]`` is replaced by: zeros, or its mean over real tokens."""
+    if mode == "zero":
+        return torch.zeros_like(clean)
+    return clean[mask.bool().to(clean.device)].mean(0).expand_as(clean)
+
 
 def _ablated_output(trace, write: str, mode: Mode):
+    """``(module path, forward hook)`` replacing a whole attention's or MLP's output."""
     layer, kind = component_of(write)
     clean = trace.attn_write(layer) if kind == "attn" else trace.mlp_write(layer)
-    if mode == "zero":
-        value = torch.zeros_like(clean)
-    else:
-        m = trace.attention_mask.bool().to(clean.device)
-        value = clean[m].mean(0).expand_as(clean)
+    value = _replacement(clean, trace.attention_mask, mode)
     path = (trace.anatomy.modules.attn_out if kind == "attn" else trace.anatomy.modules.mlp_out)[layer]
 
     def hook(module, args, output):
-        rest = output[1:] if isinstance(output, tuple) else None
-        new = value.to(first_output(output).dtype)
-        return (new, *rest) if rest is not None else new
+        return _replaced(output, value.to(first_output(output).dtype))
 
     return path, hook
+
+
+def _ablated_head(trace, write: str, mode: Mode):
+    """``(module path, forward hook)`` replacing one head's part of the attention's output.
+
+    The output projection is linear, so head ``h``'s part is ``z_h W_O[h]`` of the projection's
+    own input ``z`` in this run: the hook adds ``(v − z_h) W_O[h]`` (``v`` zeros, or the clean
+    ``z_h``'s mean over real tokens), leaving the other heads and ``b_O`` as they are.
+    """
+    layer, h = (int(g) for g in HEAD.fullmatch(write).groups())
+    a = trace.anatomy
+    path = a.modules.attn_out[layer]
+    W_O = attn_W_O(trace.model.module.get_submodule(path), a.n_heads)[h].float()  # (d_head, d)
+    k = W_O.shape[0]
+    value = _replacement(trace.captured.z[layer][..., h * k:(h + 1) * k], trace.attention_mask, mode)
+
+    def hook(module, args, output):
+        z = args[0][..., h * k:(h + 1) * k].float()
+        out = first_output(output)
+        return _replaced(output, (out.float() + (value.to(z.device) - z) @ W_O.to(z.device)).to(out.dtype))
+
+    return path, hook
+
+
+def _replaced(output, new: Tensor):
+    """A module's ``output`` with its first tensor replaced by ``new``."""
+    return (new, *output[1:]) if isinstance(output, tuple) else new
 
 
 def _rank(x: np.ndarray) -> np.ndarray:
     return pd.Series(x).rank().to_numpy()
 
 
-def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "mean") -> AblationCheck:
-    """Ablate each write in a fresh forward pass and compare with linear read attribution.
-
-    ``writes``: component names (``"L0.attn"``, ``"L2.mlp"``; default every component);
-    ``mode``: ``"mean"`` replaces a write by its mean over real tokens, ``"zero"`` by zeros.
-    """
-    from ..trace import Trace
-
+def _writes(trace, writes: Sequence[str] | None) -> tuple[tuple[str, ...], list[str]]:
+    """The writes to ablate (default every component) and the component each belongs to."""
     a = trace.anatomy
-    check_choice("mode", mode, get_args(Mode))
     names = [c.name for c in a.components]
     if isinstance(writes, str):
         raise InputError(f"writes is a list of component names, e.g. [{writes!r}], not a string")
     writes = tuple(writes or names)
-    unknown = [w for w in writes if w not in names]
-    if unknown:
-        raise UnknownNameError(f"no component {unknown[0]!r} to ablate; components are "
-                               f"{names[:4]}... (whole attentions and MLPs, not heads)")
+    for w in writes:
+        head = HEAD.fullmatch(w) if isinstance(w, str) else None
+        if w in names or (head and f"L{head[1]}.attn" in names and int(head[2]) < a.n_heads):
+            continue
+        raise UnknownNameError(f"no component {w!r} to ablate; components are {names[:4]}... "
+                               f"and heads L0H0…L{a.n_layers - 1}H{a.n_heads - 1}")
+    return writes, [component_label(w) for w in writes]
+
+
+def _output_changes(trace, logits: Tensor) -> tuple[float, float, float, float]:
+    """``(logit_kl, last_kl, top_logit_change, loss_change)`` of ``logits`` against the clean run."""
+    mask = trace.attention_mask
+    clean = trace.logits
+    p, q = log_probs(clean), log_probs(logits)
+    kl = (p.exp() * (p - q)).sum(-1)                                      # (batch, pos)
+    last = (mask.sum(1) - 1).clamp_min(0).to(kl.device)
+    top = clean.argmax(-1, keepdim=True)
+    dtop = (logits.gather(-1, top) - clean.gather(-1, top))[..., 0]
+    nxt = trace.tokens[:, 1:, None].to(p.device)                          # next-token loss change
+    dloss = (p[:, :-1].gather(-1, nxt) - q[:, :-1].gather(-1, nxt))[..., 0]
+    has_next = mask[:, 1:].bool()
+    loss = float(masked_mean(dloss, has_next)) if bool(has_next.any()) else float("nan")
+    return (float(masked_mean(kl, mask)), float(kl.gather(1, last[:, None]).mean()),
+            float(masked_mean(dtop, mask)), loss)
+
+
+def _linear(trace, writes: tuple[str, ...], readers: tuple[str, ...], later: Tensor) -> Tensor:
+    """``mean |share|`` of each write in each reader's read (NaN where the reader cannot see it).
+
+    Readers are averaged over their channels and heads (``matrix``), as for whole components.
+    """
+    frames = {}
+    if any(HEAD.fullmatch(w) is None for w in writes):
+        frames["component"] = read_attribution(trace).matrix("component", absolute=True)
+    if any(HEAD.fullmatch(w) for w in writes):
+        heads = read_attribution(trace, granularity="head").matrix("reader", absolute=True)
+        key = pd.Series([component_label(r.rsplit(".", 1)[0]) for r in heads.index], index=heads.index)
+        frames["head"] = heads.groupby(key, sort=False).mean()
+    out = torch.full(later.shape, float("nan"))
+    for i, w in enumerate(writes):
+        frame = frames["head" if HEAD.fullmatch(w) else "component"]
+        for j, r in enumerate(readers):
+            if later[i, j] and r in frame.index and w in frame.columns:
+                out[i, j] = float(frame.at[r, w])
+    return out
+
+
+def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "mean") -> AblationCheck:
+    """Ablate each write in a fresh forward pass and compare with linear read attribution.
+
+    ``writes``: component names (``"L0.attn"``, ``"L2.mlp"``) or heads (``"L1H3"``); default
+    every component; ``mode``: ``"mean"`` replaces a write by its mean over real tokens,
+    ``"zero"`` by zeros.
+    """
+    a = trace.anatomy
+    check_choice("mode", mode, get_args(Mode))
+    writes, owners = _writes(trace, writes)
     readers = tuple(c.name for c in a.components)
     mask = trace.attention_mask
     clean = read_inputs(trace)
     tokens, dev_mask = trace.tokens.to(trace.model.device), mask.to(trace.model.device)
-    later = a.sees(writes, readers)  # the pairs that count: the reader reads after the write
+    later = a.sees(owners, readers)  # the pairs that count: the reader reads after the write
     effect = torch.full((len(writes), len(readers)), float("nan"))
-    kl, dtop = torch.zeros(len(writes)), torch.zeros(len(writes))
+    outputs = torch.full((len(writes), 4), float("nan"))  # logit_kl, last_kl, top, loss
     for i, write in enumerate(writes):
-        cap = capture(trace.model.module, a, tokens, dev_mask,
-                      edits=[_ablated_output(trace, write, mode)])
-        ablated = Trace(trace.model, trace.batch, cap)
-        inputs = read_inputs(ablated, cap)
+        edit = (_ablated_head if HEAD.fullmatch(write) else _ablated_output)(trace, write, mode)
+        # attention outputs kept whole: as the edit left them (per-head z would be before it)
+        cap = capture(trace.model.module, a, tokens, dev_mask, edits=[edit], heads=False)
+        inputs = read_inputs(trace, cap, whole=True)
         for j, reader in enumerate(readers):
             if later[i, j]:
                 change = (inputs[reader] - clean[reader]).norm(dim=-1) / clean[reader].norm(dim=-1)
                 effect[i, j] = float(masked_mean(change, mask))
         if a.has_lm_head:
-            p, q = log_probs(trace.logits), log_probs(cap.logits)
-            kl[i] = float(masked_mean((p.exp() * (p - q)).sum(-1), mask))
-            top = trace.logits.argmax(-1, keepdim=True)
-            change = cap.logits.gather(-1, top) - trace.logits.gather(-1, top)
-            dtop[i] = float(masked_mean(change[..., 0], mask))
-    attribution = read_attribution(trace).matrix("component", absolute=True)
-    def linear_share(i: int, j: int) -> float:
-        w, r = writes[i], readers[j]
-        known = r in attribution.index and w in attribution.columns and later[i, j]
-        return float(attribution.at[r, w]) if known else float("nan")
-
-    linear = torch.tensor([[linear_share(i, j) for j in range(len(readers))] for i in range(len(writes))])
+            outputs[i] = torch.tensor(_output_changes(trace, cap.logits))
+    linear = _linear(trace, writes, readers, later)
     both = ~(effect.isnan() | linear.isnan())
     e, lin = effect[both].numpy(), linear[both].numpy()
     pearson = float(np.corrcoef(e, lin)[0, 1]) if len(e) > 2 else float("nan")
     spearman = float(np.corrcoef(_rank(e), _rank(lin))[0, 1]) if len(e) > 2 else float("nan")
-    if not a.has_lm_head:
-        kl = dtop = torch.full((len(writes),), float("nan"))
-    return AblationCheck(writes, readers, effect, linear, kl, dtop, pearson, spearman, mode)
+    kl, last_kl, dtop, dloss = outputs.T
+    return AblationCheck(writes, readers, effect, linear, kl, dtop, pearson, spearman, mode,
+                         last_kl, dloss)
