@@ -435,6 +435,24 @@ def test_dla_sums_to_the_logit_and_refuses_nonlinear_heads():
         want = tr.tokens[r, 1:n].tolist() + [int(tr.logits[r, n - 1].argmax())]  # never a pad
         assert dla.targets[r, :n].tolist() == want
     assert len(set(tr.attention_mask.sum(-1).tolist())) > 1  # rows of several lengths
+    each = dla.to_frame("each")  # per contribution and real token: it sums to the model's logit
+    per_token = each.groupby(["row", "pos"]).logit.sum()
+    m = tr.attention_mask.bool()
+    rows, pos = m.nonzero(as_tuple=True)
+    want = got[rows, pos] - dla.bias[rows, pos]
+    assert (torch.tensor(per_token.loc[list(zip(rows.tolist(), pos.tolist(), strict=True))].values)
+            - want).abs().max() < 1e-4
+    assert len(each) == len(dla.labels) * int(m.sum())
+    first = each[each.label == dla.labels[0]]
+    assert list(first.token) == [t for row in tr.str_tokens for t in row]
+    assert list(first.target) == dla.targets[rows, pos].tolist()
+    last = tr.attention_mask.sum(-1) - 1  # each row's last real token, by hand
+    by_hand = torch.stack([dla.values[:, r, int(last[r])] for r in range(len(last))], 1).mean(1)
+    torch.testing.assert_close(torch.tensor(dla.to_frame("last").logit.values), by_hand)
+    assert not torch.allclose(by_hand, torch.tensor(dla.to_frame().logit.values), atol=1e-3)
+    torch.testing.assert_close(torch.tensor(dla.to_frame().logit.values),
+                               torch.tensor(each.groupby("label", sort=False).logit.mean().values,
+                                            dtype=torch.float32))
     bert = rs.load(build("bert_mlm"), tokenizer=ByteTokenizer())
     with pytest.raises(NotAvailableError, match="linear unembedding"):
         rs.direct_logit_attribution(rs.trace(bert, "hello"))

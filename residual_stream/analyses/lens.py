@@ -18,14 +18,15 @@ linear unembedding: BERT's MLM head applies a nonlinear transform first.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
+import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..errors import InputError, NotAvailableError, as_index
+from ..errors import InputError, NotAvailableError, as_index, check_choice
 from .tokens import masked_mean
 
 
@@ -133,20 +134,42 @@ class DirectLogitAttribution:
     targets: Int[Tensor, "batch pos"]
     baselines: Int[Tensor, "batch pos"] | None
     attention_mask: Int[Tensor, "batch pos"]
+    str_tokens: tuple[tuple[str, ...], ...] = ()
 
     def total(self) -> Float[Tensor, "batch pos"]:
         """The reconstructed logit (difference): every term plus ``b_U``."""
         return self.values.sum(0) + self.bias
 
-    def to_frame(self) -> pd.DataFrame:
-        """Per contribution: mean term over real tokens (logit units), kind and layer."""
-        return pd.DataFrame({
-            "label": self.labels, "kind": self.kinds, "layer": self.layers,
-            "logit": masked_mean(self.values, self.attention_mask, lead=1).numpy(),
-        })
+    def to_frame(self, position: Position = "mean") -> pd.DataFrame:
+        """Per contribution: its term in logit units, with its kind and layer.
+
+        ``position``: ``"mean"`` over real tokens; ``"last"``, at each row's last real token,
+        averaged over rows (where a prompt's answer is predicted); ``"each"``, one row per
+        contribution and real token (``row, pos, token``: the input token there, ``target``:
+        the id whose logit it is).
+        """
+        check_choice("position", position, get_args(Position))
+        base = {"label": self.labels, "kind": self.kinds, "layer": self.layers}
+        mask = self.attention_mask.bool()
+        if position == "mean":
+            return pd.DataFrame({**base, "logit": masked_mean(self.values, mask, lead=1).numpy()})
+        if position == "last":
+            last = mask.sum(1) - 1
+            return pd.DataFrame({**base, "logit": self.values[:, torch.arange(len(last)), last]
+                                 .mean(1).numpy()})
+        rows, pos = mask.nonzero(as_tuple=True)
+        n = len(rows)
+        tokens = [self.str_tokens[r][p] if self.str_tokens else "" for r, p in
+                  zip(rows.tolist(), pos.tolist(), strict=True)]
+        return pd.DataFrame({key: np.repeat(value, n) for key, value in base.items()} | {
+            "row": np.tile(rows.numpy(), len(self.labels)), "pos": np.tile(pos.numpy(), len(self.labels)),
+            "token": tokens * len(self.labels),
+            "target": np.tile(self.targets[rows, pos].numpy(), len(self.labels)),
+            "logit": self.values[:, rows, pos].flatten().numpy()})
 
 
 Target = Literal["top", "next"]
+Position = Literal["mean", "last", "each"]
 
 
 def _ids(trace, ids: Tensor, what: str, vocab: int) -> Tensor:
@@ -202,4 +225,5 @@ def direct_logit_attribution(
     return DirectLogitAttribution(parts.labels, parts.kinds, parts.layers, values.cpu(),
                                   bias.float().cpu(), tgt.cpu(),
                                   None if baseline is None else baseline.cpu(),
-                                  trace.attention_mask.cpu())
+                                  trace.attention_mask.cpu(),
+                                  tuple(tuple(t) for t in trace.str_tokens))
