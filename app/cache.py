@@ -62,12 +62,16 @@ def read_matrix(name: str, text: str, level: str) -> pd.DataFrame:
     return rs.read_attribution(trace(name, text)).matrix(level, absolute=True)
 
 
-@st.cache_data(show_spinner="Computing composition scores…")
-def composition_matrix(name: str, kind: str) -> pd.DataFrame:
-    """Head × head composition scores of ``kind`` (``q k v``), writer rows."""
-    c = rs.composition(model(name))
-    k = "qkv".index(kind)
-    return pd.DataFrame(c.head_to_head[k].numpy(), index=list(c.heads), columns=list(c.heads)).T
+@st.cache_data(show_spinner="Computing composition scores (SmolLM2: about 5 s)…")
+def composition_top(name: str, reader: str, kind: str) -> pd.DataFrame:
+    """The writers composing most strongly into ``reader`` by ``kind`` (``Composition.top``)."""
+    return rs.composition(model(name)).top(reader, kind)
+
+
+@st.cache_data(show_spinner="Scoring every head on repeated random tokens…")
+def head_scores(name: str):
+    """``rs.head_scores``: previous-token, duplicate-token and induction scores per head."""
+    return rs.head_scores(model(name))
 
 
 @st.cache_data(show_spinner="Following every write…", max_entries=TEXT_RESULTS)

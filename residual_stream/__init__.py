@@ -13,6 +13,7 @@ from .analyses import (
     ablation_check,
     composition,
     direct_logit_attribution,
+    head_scores,
     logit_lens,
     mixing_ratio,
     norm_growth,
@@ -30,7 +31,7 @@ from .trace import Trace, trace
 
 __all__ = [
     "Anatomy", "Contributions", "Corpus", "Model", "Trace", "ablation_check", "composition",
-    "direct_logit_attribution", "errors", "list_models", "load", "logit_lens", "mixing_ratio",
+    "direct_logit_attribution", "errors", "head_scores", "list_models", "load", "logit_lens", "mixing_ratio",
     "norm_growth", "read_attribution", "scan", "supported_architectures", "survival", "trace", "twin",
     "write_subspaces",
 ]

@@ -691,3 +691,40 @@ def test_logit_lens_frame_holds_every_real_token_at_every_point():
         assert row.top_token == lens.top_tokens[p][b][t]
         assert row.top_prob == pytest.approx(float(lens.top_probs[p, b, t, 0]))
     assert frame[["point", "batch", "pos"]].duplicated().sum() == 0
+
+
+# --- head scores -----------------------------------------------------------------------------
+
+def test_head_scores_by_hand():
+    """Each score against a float64 loop over the model's own attention patterns (traced
+    again from the returned tokens), the losses against ``cross_entropy`` on the module's
+    logits, and the tokens: BOS first, then ``length`` random non-special ids, repeated."""
+    from residual_stream.errors import InputError
+
+    model = perturbed()
+    n = 7
+    s = rs.head_scores(model, length=n, rows=3, seed=4)
+    assert s.start == 1 and bool((s.tokens[:, 0] == 256).all())
+    assert torch.equal(s.tokens[:, 1:1 + n], s.tokens[:, 1 + n:]) and int(s.tokens[:, 1:].max()) < 256
+    patterns = rs.trace(model, s.tokens, patterns=True).patterns
+    T = 1 + 2 * n
+    for L, A in enumerate(patterns):
+        A = A.double()
+        for h in range(model.anatomy.n_heads):
+            prev = [A[r, h, q, q - 1] for r in range(3) for q in range(2, T)]
+            dup = [A[r, h, q, q - n] for r in range(3) for q in range(1 + n, T)]
+            ind = [A[r, h, q, q - n + 1] for r in range(3) for q in range(1 + n, T)]
+            for got, want in ((s.previous_token, prev), (s.duplicate_token, dup), (s.induction, ind)):
+                assert float(got[L, h]) == pytest.approx(float(sum(want) / len(want)), abs=1e-6)
+    with torch.no_grad():
+        logits = model.module(s.tokens).logits.double()
+    nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), s.tokens[:, 1:],
+                                            reduction="none")  # position q predicts token q + 1
+    assert s.loss_first == pytest.approx(float(nll[:, 1:n].mean()), abs=1e-5)       # tokens 2..n
+    assert s.loss_repeat == pytest.approx(float(nll[:, n + 1:].mean()), abs=1e-5)   # repeat's 2..n
+    assert list(s.top("previous_token", n=2).previous_token) == sorted(
+        s.previous_token.flatten().tolist(), reverse=True)[:2]
+    with pytest.raises(InputError, match=r"129 positions, over .* context of 128: use length ≤ 63"):
+        rs.head_scores(perturbed(n_ctx=128), length=64)
+    with pytest.raises(InputError, match="length ≥ 2"):
+        rs.head_scores(model, length=1)

@@ -60,9 +60,7 @@ def test_writes_page_head_read_measure_is_over_heads_only():
     at.sidebar.selectbox(key="model").select("twin-pre-ln").run()
     at.selectbox(key="measure").select("max fraction read by a later head (Q, K or V)").run()
     assert not at.exception, at.exception
-    z = chart(at, 1)["data"][0]["z"]  # [component (attn, mlp), layer]
-    z = _numbers(z).reshape([int(s) for s in str(z["shape"]).split(",")]) \
-        if isinstance(z, dict) else np.array(z, dtype=float)
+    z = _grid(chart(at, 1)["data"][0]["z"])  # [component (attn, mlp), layer]
     model = rs.load("twin-pre-ln")
     ws = rs.write_subspaces(rs.trace(model, at.sidebar.text_area(key="text").value, patterns=True))
     heads = [i for i, r in enumerate(ws.readers) if r.endswith((".q", ".k", ".v"))]
@@ -86,6 +84,11 @@ def test_flow_page_threshold_and_node():
     assert "L3.attn reads from" in " ".join(m.value for m in at.markdown)
     assert chart(at, 1)["data"][0]["type"] == "heatmap"      # survival
     assert "Logit lens" in chart(at, 2)["layout"]["title"]["text"]
+    heads = chart(at, 3)["data"][0]  # SmolLM2's induction head L18H6 (0.91: test_real_analyses)
+    assert heads["y"][int(np.argmax(np.max(_grid(heads["z"]), axis=1)))] == "L18"
+    assert "L18H6, the top induction head" in " ".join(m.value for m in at.markdown)
+    at.radio(key="head_kind").set_value("previous_token").run()
+    assert "previous-token score" in chart(at, 3)["layout"]["title"]["text"]
 
 
 def test_compare_page_overlays_two_models():
@@ -134,6 +137,13 @@ def _numbers(y) -> np.ndarray:
     if isinstance(y, dict) and "bdata" in y:
         return np.frombuffer(base64.b64decode(y["bdata"]), dtype=np.dtype(y["dtype"])).astype(float)
     return np.array([np.nan if v is None else v for v in y], dtype=float)
+
+
+def _grid(z) -> np.ndarray:
+    """A heatmap's ``z`` from figure JSON: nested lists, or base64 with its ``shape``."""
+    if isinstance(z, dict):
+        return _numbers(z).reshape([int(s) for s in str(z["shape"]).split(",")])
+    return np.array(z, dtype=float)
 
 
 def test_norm_lab_switches_experiments():
@@ -275,9 +285,7 @@ def test_corpus_page_scans_and_draws_the_scan_statistics():
                         seq_len=128, max_tokens=1024, progress=False).stats
     mean = next(t for t in chart(at, 0)["data"] if t["name"].endswith(" mean"))["y"]
     assert np.allclose(_numbers(mean), reference["growth"].mean.numpy(), rtol=1e-5)
-    z = chart(at, 3)["data"][0]["z"]
-    retention = _numbers(z).reshape([int(s) for s in str(z["shape"]).split(",")]) \
-        if isinstance(z, dict) else np.array(z, dtype=float)
+    retention = _grid(chart(at, 3)["data"][0]["z"])
     assert np.allclose(retention, reference["survival"].retention.numpy(), rtol=1e-4, equal_nan=True)
     assert any(b.label == "Scan (JSON)" for b in at.get("download_button"))
     at.radio(key="corpus_surv").set_value("share").run()  # a rerun shows the kept scan

@@ -87,3 +87,17 @@ def test_induction_head_composes_with_the_previous_token_head(trained):
     row = reads.loc[f"L1H{head}.k"].abs()
     assert row.idxmax() == "L0H0"
     assert row["L0H0"] > 2 * row["L0H1"]
+
+
+def test_head_scores_find_the_planted_and_the_learned_heads(trained):
+    """``rs.head_scores`` on its own repeated random tokens: the planted head is the
+    previous-token head, the head that learned induction in layer 1 has the top induction
+    score (the analysis finds the circuit from attention alone), and the model predicts the
+    repeat (its loss far under chance) but not the first copy (about chance)."""
+    model, *_ = trained
+    scores = rs.head_scores(model, length=15, rows=16, seed=1)
+    assert scores.start == 0 and scores.tokens.shape == (16, 30)  # no BOS in a 32-token vocabulary
+    assert float(scores.previous_token[0, 0]) > 0.9 and float(scores.previous_token[0, 1]) < 0.5
+    best = scores.top("induction", n=1).iloc[0]
+    assert best.layer == 1 and best.induction > 0.4
+    assert scores.loss_repeat < 0.3 * CHANCE < 0.8 * CHANCE < scores.loss_first

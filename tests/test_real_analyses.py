@@ -46,3 +46,20 @@ def test_every_measure_and_figure(name, request):
     if model.anatomy.has_lm_head:
         figures.append(plotting.lens_figure(rs.logit_lens(tr), 0, tr.str_tokens[0]))
     assert all(len(f.data) > 0 for f in figures)
+
+
+@pytest.mark.slow
+def test_head_scores_find_induction_in_smollm2_and_not_in_minilm(smollm2, minilm):
+    """Repeated random tokens: SmolLM2, a causal LM, has previous-token heads and induction
+    heads (measured: L18H6 attends 0.91 to the token after the earlier copy) and predicts the
+    repeat (loss 14.2 → 2.3 nats); MiniLM, a bidirectional encoder without an LM head, has a
+    previous-token head in layer 0 (L0H2, 0.99) but nothing scores induction above 0.05."""
+    s = rs.head_scores(smollm2)
+    assert s.start == 0 and s.tokens.shape == (4, 100)  # SmolLM2 adds no BOS
+    assert float(s.induction.max()) > 0.5 and float(s.previous_token.max()) > 0.5
+    assert s.top("induction", 1).layer[0] > 0
+    assert s.loss_repeat < 0.3 * s.loss_first and s.loss_first > 0.5 * math.log(smollm2.anatomy.d_vocab)
+    e = rs.head_scores(minilm)
+    assert e.start == 1 and int(e.tokens[0, 0]) == minilm.tokenizer.cls_token_id
+    assert e.top("previous_token", 1)["head"][0] == "L0H2" and float(e.previous_token.max()) > 0.9
+    assert float(e.induction.max()) < 0.05 and math.isnan(e.loss_first)

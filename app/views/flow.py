@@ -1,4 +1,4 @@
-"""Flow: the read-write graph, survival of every write, and the logit lens."""
+"""Flow: the read-write graph, survival of every write, the logit lens, and what heads attend to."""
 
 import cache
 import common
@@ -54,3 +54,29 @@ else:
         "applies it, then the unembedding). Cell text: the lens's top token; color: KL to the "
         "model's final distribution in nats."))
     st.dataframe(lens.summary(), hide_index=True)  # per point: KL, top-1 agreement, median rank
+
+st.subheader("Heads")
+kind = st.radio("Score", ["induction", "previous_token", "duplicate_token"], horizontal=True,
+                key="head_kind", format_func=lambda k: k.replace("_", "-"))
+with common.guarded():
+    scores = cache.head_scores(name)
+grid = getattr(scores, kind)
+grid = pd.DataFrame(grid.numpy(), index=[f"L{L}" for L in range(grid.shape[0])],
+                    columns=[f"H{h}" for h in range(grid.shape[1])])
+common.show(plotting.heatmap(grid, title=f"{kind.replace('_', '-')} score", x_title="head",
+                             y_title="layer", colorbar="attention"),
+            scores.to_frame(), key="heads", note=(
+    "Each head's mean attention on a few sequences of random tokens repeated once (the text in "
+    "the sidebar is not used). Previous-token: to the token just before. Duplicate-token: from "
+    "the repeat to the earlier copy of the same token. Induction: from the repeat to the token "
+    "after the earlier copy, the one to predict next. A head spreading its attention evenly "
+    "scores about 1/position."))
+if scores.loss_first == scores.loss_first:  # NaN without an LM head
+    st.caption(f"Next-token loss: {scores.loss_first:.2f} nats on the first copy, "
+               f"{scores.loss_repeat:.2f} on the repeat (a model using the repeat predicts it).")
+best = scores.top(kind, 1)["head"][0]
+with common.guarded():
+    top = cache.composition_top(name, best, "k" if kind == "induction" else "q")
+st.markdown(f"**{best}, the top {kind.replace('_', '-')} head, reads its "
+            f"{'keys' if kind == 'induction' else 'queries'} from** (composition, weights only)")
+st.dataframe(top[["writer", "score", "baseline"]], hide_index=True)

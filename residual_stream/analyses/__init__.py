@@ -8,13 +8,14 @@ from .ablation import AblationCheck, ablation_check
 from .composition import Composition, attention_read_maps, composition
 from .flow import ReadAttribution, Survival, read_attribution, survival
 from .growth import NormGrowth, norm_growth
+from .heads import HeadScores, head_scores
 from .lens import DirectLogitAttribution, LogitLens, direct_logit_attribution, logit_lens
 from .mixing import MixingRatio, mixing_ratio
 from .subspaces import Subspace, WriteSubspaces, orthogonal_split, write_subspaces
 
 __all__ = [
-    "AblationCheck", "Composition", "DirectLogitAttribution", "LogitLens", "MixingRatio",
-    "attention_read_maps",
+    "AblationCheck", "Composition", "DirectLogitAttribution", "HeadScores", "LogitLens", "MixingRatio",
+    "attention_read_maps", "head_scores",
     "NormGrowth", "ReadAttribution", "Subspace", "Survival", "WriteSubspaces", "ablation_check",
     "composition", "direct_logit_attribution", "logit_lens", "mixing_ratio", "norm_growth",
     "orthogonal_split", "read_attribution", "survival", "write_subspaces",
