@@ -66,6 +66,12 @@ def summarize(model, texts: Sequence[str] = DEFAULT_TEXTS) -> dict[str, float | 
         "lens_first_point_top1_over_half": None if lens is None else float(
             next((p for p, a in zip(lens.point, lens.top1_agreement, strict=True) if a >= 0.5), n)),
     }
+    heads = analyses.head_scores(model)
+    top = heads.top("induction", 1).iloc[0]
+    out["induction_top_head"] = f"{top['head']} ({top.induction:.2f})"
+    out["previous_token_max"] = float(heads.previous_token.max())
+    out["repeat_loss_first_copy"] = None if heads.loss_first != heads.loss_first else heads.loss_first
+    out["repeat_loss_second_copy"] = None if heads.loss_repeat != heads.loss_repeat else heads.loss_repeat
     dla = _nan_or(lambda: analyses.direct_logit_attribution(tr).to_frame())
     out["dla_top_contributor"] = None if dla is None else str(
         dla.loc[dla.logit.abs().idxmax(), "label"])
