@@ -28,8 +28,7 @@ scores are only interesting relative to it.
 
 from __future__ import annotations
 
-import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -180,47 +179,12 @@ def _baselines(d_model: int, d_head: int, d_mlp: int, samples: int = 4) -> dict[
                             float(_scores(mlp_w, heads_r).diagonal().mean()))}
 
 
-_MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Model → (weights' state, result)
-
-
-def _weights_state(model) -> tuple | None:
-    """Each parameter's storage and in-place version: it changes whenever a weight does.
-
-    None when a parameter keeps no version (an inference-mode tensor): then nothing is kept.
-    """
-    try:
-        return (id(model.anatomy), *((p.data_ptr(), p._version) for p in model.module.parameters()))
-    except RuntimeError:
-        return None
-
-
-def _copied(c: Composition) -> Composition:
-    """``c`` with its own tensors, so that a caller changing one leaves the kept result as it was."""
-    return replace(c, head_to_head=c.head_to_head.clone(), head_to_mlp=c.head_to_mlp.clone(),
-                   mlp_to_head=c.mlp_to_head.clone(), baseline=dict(c.baseline),
-                   sees={k: v.clone() for k, v in c.sees.items()})
-
-
 def composition(model) -> Composition:
     """Q/K/V composition between all head pairs, and head↔MLP analogues, from weights only.
 
-    ``model``: a loaded model, or a trace (its model's weights: no text is read). The result
-    is kept per model until one of its weights changes (in place, or replaced: an edit, a
-    ``.to()``), so asking again is free (SmolLM2: about 5 s on 2 CPU cores the first time).
+    ``model``: a loaded model, or a trace (its model's weights: no text is read).
     """
     model = getattr(model, "model", model)  # a Trace holds its Model as ``model``
-    state = _weights_state(model)
-    kept = _MEMO.get(model)
-    if state is not None and kept is not None and kept[0] == state:
-        return _copied(kept[1])
-    result = _composition(model)
-    if state is not None:
-        _MEMO[model] = (state, _copied(result))
-    return result
-
-
-def _composition(model) -> Composition:
-    """``composition``, computed."""
     a = model.anatomy
     per_layer = [model.weights(L) for L in range(a.n_layers)]
     W_V = torch.cat([w.W_V for w in per_layer])                    # (head, d, d_head)
