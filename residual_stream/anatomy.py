@@ -79,7 +79,8 @@ class Anatomy:
 
     ``norm_kind`` is ``"none"`` for a model without norms. ``n_ctx`` is the longest
     sequence the model accepts. ``lm_head_note`` says why logits are unavailable when
-    ``has_lm_head`` is False.
+    ``has_lm_head`` is False. ``causal``: each position attends only to earlier ones, and an
+    LM head predicts the next token (False for BERT: bidirectional, a masked-LM head).
     """
 
     architecture: str
@@ -101,6 +102,7 @@ class Anatomy:
     lm_head_note: str = ""
     alpha: float = 1.0
     has_attn_bias: bool = False
+    causal: bool = True
     components: tuple[Component, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -164,6 +166,7 @@ class Anatomy:
             "d_vocab": self.d_vocab,
             "n_ctx": self.n_ctx,
             "lm_head": self.has_lm_head,
+            "causal": self.causal,
         }
 
     def to_frame(self) -> pd.DataFrame:

@@ -53,6 +53,7 @@ class ArchSpec:
     # RMSNorms on the queries and keys after their projections (Qwen3, OLMo 2, Gemma 3),
     # relative to a block: their gains scale each head's W_Q / W_K (``LayerWeights.g_Q``)
     qk_norms: tuple[str, str] | None = None
+    causal: bool = True  # False: bidirectional attention, a masked-LM head (BERT)
 
 
 _LLAMA = ArchSpec(
@@ -111,7 +112,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         attn_out="attention.output.dense", mlp_out="output.dense",
         qkv=("attention.self.query", "attention.self.key", "attention.self.value"),
         mlp_in="intermediate.dense", mlp_gate=None, mlp_down="output.dense",
-        head_transform="cls.predictions.transform",
+        head_transform="cls.predictions.transform", causal=False,
     ),
     "rs-twin": ArchSpec(
         family="residual-stream twin (any norm, any placement)",
@@ -244,7 +245,7 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
             qk_norm_offset=spec.weight_offset,
         ),
         has_lm_head=has_lm_head, lm_head_note=lm_head_note, alpha=alpha,
-        has_attn_bias=getattr(attn0, "bias", None) is not None,
+        has_attn_bias=getattr(attn0, "bias", None) is not None, causal=spec.causal,
     )
 
 

@@ -17,7 +17,6 @@ statistic in this package excludes them.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -31,7 +30,7 @@ from .decomposition import Contributions, Sources, Write, replay, replay_to_read
 from .errors import NonFiniteError, NotAvailableError, UnknownNameError, layer_index
 from .inputs import Batch, Overflow, encode
 from .program import Mark, Point, Read
-from .walk import component_of, walk_stream
+from .walk import component_of, head_of, walk_stream
 from .weights import attn_W_O, bias_of, head_writes
 
 if TYPE_CHECKING:
@@ -193,9 +192,9 @@ class Trace:
         names = [c.name for c in self.anatomy.components]
         if component in names:
             return
-        head = re.fullmatch(r"L(\d+)H(\d+)(?:\.([qkv]))?", component) if isinstance(component, str) else None
-        if head is not None and f"L{head[1]}.attn" in names:  # a head reads what its attention
-            L, h, ch = head.groups()                           # reads; its q/k/v maps that
+        head = head_of(component, channel=True)
+        if head is not None and f"L{head[0]}.attn" in names and head[1] < self.anatomy.n_heads:
+            L, h, ch = head  # a head reads what its attention reads; its q/k/v maps that
             raise UnknownNameError(
                 f"no component {component!r}: a head reads what its attention reads, "
                 f"read_input('L{L}.attn'); read_attribution's reader L{L}H{h}.{ch or 'q'} is that "

@@ -19,6 +19,7 @@ still computed in float32 (``total``, ``wide``), so the steps are the same numbe
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -114,6 +115,21 @@ def component_of(name: str) -> tuple[int, str]:
     """``"L3.mlp"`` → ``(3, "mlp")``."""
     layer, kind = name.split(".", 1)
     return int(layer[1:]), kind
+
+
+HEAD = re.compile(r"L(0|[1-9][0-9]*)H(0|[1-9][0-9]*)")  # a head's label, as contributions spell it
+
+
+def head_of(name: object, channel: bool = False) -> tuple[int, int, str | None] | None:
+    """``"L3H5"`` → ``(3, 5, None)``; with ``channel``, ``"L3H5.k"`` → ``(3, 5, "k")`` too; else None.
+
+    Spelled exactly as labels are (no leading zeros, ASCII digits), so a name that parses
+    is one a result can hold.
+    """
+    if not isinstance(name, str):
+        return None
+    m = re.fullmatch(HEAD.pattern + (r"(?:\.([qkv]))?" if channel else ""), name)
+    return None if m is None else (int(m[1]), int(m[2]), m[3] if channel else None)
 
 
 def walk_stream(trace: Trace, captured: Captured | None = None, *, reset: Reset = "marks",

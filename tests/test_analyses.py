@@ -699,8 +699,11 @@ def test_head_scores_by_hand():
     """Each score against a float64 loop over the model's own attention patterns (traced
     again from the returned tokens), the losses against ``cross_entropy`` on the module's
     logits, and the tokens: BOS first, then ``length`` random non-special ids, repeated."""
+    import numpy as np
+
     from residual_stream.errors import InputError
 
+    unchecked = getattr(rs.head_scores, "__wrapped__", rs.head_scores)  # past the type checks
     model = perturbed()
     n = 7
     s = rs.head_scores(model, length=n, rows=3, seed=4)
@@ -726,5 +729,38 @@ def test_head_scores_by_hand():
         s.previous_token.flatten().tolist(), reverse=True)[:2]
     with pytest.raises(InputError, match=r"129 positions, over .* context of 128: use length ≤ 63"):
         rs.head_scores(perturbed(n_ctx=128), length=64)
-    with pytest.raises(InputError, match="length ≥ 2"):
-        rs.head_scores(model, length=1)
+    for bad in ({"length": 1}, {"length": True}, {"rows": 0}, {"rows": True}, {"seed": None},
+                {"seed": 1.5}, {"seed": 2**70}, {"length": 10**12}):
+        with pytest.raises(InputError, match="length ≥ 2|use length ≤"):
+            unchecked(model, **bad)  # refused before anything is drawn or allocated
+    assert unchecked(model, length=np.int64(3), rows=1).tokens.shape == (1, 7)
+    short = perturbed(n_ctx=20)  # the default length is what fits: (20 − 1) // 2
+    assert rs.head_scores(short).tokens.shape == (4, 1 + 2 * 9)
+
+
+class _EndOnly(ByteTokenizer):
+    """A byte tokenizer that appends an EOS (257) instead of putting a BOS in front."""
+
+    eos_token_id, all_special_ids = 257, [256, 257]
+
+    def __call__(self, text, add_special_tokens=True, **kw):
+        if isinstance(text, list):
+            return {"input_ids": [self(t, add_special_tokens)["input_ids"] for t in text]}
+        ids = list(text.encode())
+        return {"input_ids": ids + [257] if add_special_tokens else ids}
+
+
+def test_head_scores_put_only_a_leading_special_token_first():
+    """BOS (Llama-style, the byte tokenizer), CLS (BERT) or nothing; never an EOS that the
+    tokenizer appends; special tokens are never drawn. A masked LM has no next-token loss."""
+    import transformers as tf
+
+    cfg = tf.GPT2Config(vocab_size=258, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    eos = rs.load(tf.GPT2LMHeadModel(cfg), tokenizer=_EndOnly())
+    s = rs.head_scores(eos, length=20, rows=8)
+    assert s.start == 0 and s.tokens.shape == (8, 40) and int(s.tokens.max()) < 256
+    mlm = rs.load(build("bert_mlm"), tokenizer=ByteTokenizer())
+    s = rs.head_scores(mlm, length=5)
+    assert s.start == 1 and bool((s.tokens[:, 0] == 256).all()) and math.isnan(s.loss_first)
+    check = rs.ablation_check(rs.trace(mlm, TEXTS), writes=["L0.mlp"])
+    assert math.isnan(check.loss_change[0]) and check.logit_kl[0] > 0

@@ -43,6 +43,10 @@ def unchecked(fn):
     (lambda t: rs.ablation_check(t, writes=["junk"]), UnknownNameError,
      "no component 'junk' to ablate; components are"),
     (lambda t: rs.ablation_check(t, writes=["L0H9"]), UnknownNameError, r"and heads L0H0…L\d+H\d"),
+    *[(lambda t, w=w: rs.ablation_check(t, writes=[w]), UnknownNameError, "no component")
+      for w in ("L1H02", "L01H1", "L1H", "L1H\u0661", " L1H1")],  # not as heads are labelled
+    (lambda t: rs.ablation_check(t, writes=[]), InputError, r"writes is empty.*None"),
+    (lambda t: unchecked(rs.ablation_check)(t, writes=5), InputError, "not 5"),
     (lambda t: unchecked(rs.ablation_check)(t, writes="L0.mlp"), InputError,
      r"writes is a list of component names, e.g. \['L0.mlp'\]"),
     (lambda t: rs.write_subspaces(t, unembed_k=0), InputError,
@@ -70,7 +74,7 @@ def unchecked(fn):
     (lambda t: unchecked(type(t).decompose)(t, "L3"), OutOfRangeError,
      r"a point to decompose is a layer index in 0..2 \(n_layers=2\) or \"final\", not 'L3'"),
     (lambda t: t.norm_scale("ln_nope"), UnknownNameError, "no norm 'ln_nope'; norms are"),
-    (lambda t: t.decompose_read("L0.bogus"), UnknownNameError, "no component 'L0.bogus' reads"),
+    (lambda t: t.decompose_read("L0.bogus"), UnknownNameError, "no component 'L0.bogus'; components are"),
     (lambda t: t.decompose(1).get("L7.mlp"), UnknownNameError, "no contribution 'L7.mlp'"),
     (lambda t: t.read_input("L0.bogus"), UnknownNameError, "no component 'L0.bogus'"),
     (lambda t: t.model.weights(2), OutOfRangeError, r"a block is a layer index in 0..1 \(n_layers=2\)"),

@@ -23,7 +23,6 @@ head granularity), a whole attention's that of its summed write.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
@@ -36,14 +35,13 @@ from torch import Tensor
 
 from ..capture import capture, first_output
 from ..errors import InputError, UnknownNameError, check_choice
-from ..walk import component_of, read_inputs
+from ..walk import component_of, head_of, read_inputs
 from ..weights import attn_W_O
 from .flow import component_label, read_attribution
 from .lens import log_probs
 from .tokens import masked_mean
 
 Mode = Literal["mean", "zero"]
-HEAD = re.compile(r"L(\d+)H(\d+)")
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,7 +51,8 @@ class AblationCheck:
     Per write (NaN without an LM head): ``logit_kl`` averaged over real tokens, ``last_kl``
     at each row's last real token (averaged over rows), ``top_logit_change`` of the clean
     top token (over real tokens), ``loss_change`` of the next-token cross-entropy in nats
-    (over tokens whose next token is real; NaN when none is). ``outputs()`` frames them.
+    (over tokens whose next token is real; NaN when none is, and for a masked LM, which does
+    not predict the next token). ``outputs()`` frames them.
     """
 
     writes: tuple[str, ...]
@@ -111,7 +110,7 @@ def _ablated_head(trace, write: str, mode: Mode):
     own input ``z`` in this run: the hook adds ``(v − z_h) W_O[h]`` (``v`` zeros, or the clean
     ``z_h``'s mean over real tokens), leaving the other heads and ``b_O`` as they are.
     """
-    layer, h = (int(g) for g in HEAD.fullmatch(write).groups())
+    layer, h, _ = head_of(write)
     a = trace.anatomy
     path = a.modules.attn_out[layer]
     W_O = attn_W_O(trace.model.module.get_submodule(path), a.n_heads)[h].float()  # (d_head, d)
@@ -135,16 +134,25 @@ def _rank(x: np.ndarray) -> np.ndarray:
     return pd.Series(x).rank().to_numpy()
 
 
-def _writes(trace, writes: Sequence[str] | None) -> tuple[tuple[str, ...], list[str]]:
+def _writes(trace, writes: object) -> tuple[tuple[str, ...], list[str]]:
     """The writes to ablate (default every component) and the component each belongs to."""
     a = trace.anatomy
     names = [c.name for c in a.components]
     if isinstance(writes, str):
         raise InputError(f"writes is a list of component names, e.g. [{writes!r}], not a string")
-    writes = tuple(writes or names)
+    if writes is None:
+        return tuple(names), names
+    try:
+        writes = tuple(writes)
+    except TypeError:
+        raise InputError(f"writes is a list of component or head names (['L0.attn', 'L1H2']), "
+                         f"not {writes!r}") from None
+    if not writes:
+        raise InputError("writes is empty: name the writes to ablate, or leave it out (None) for "
+                         "every component")
     for w in writes:
-        head = HEAD.fullmatch(w) if isinstance(w, str) else None
-        if w in names or (head and f"L{head[1]}.attn" in names and int(head[2]) < a.n_heads):
+        head = head_of(w)
+        if w in names or (head and f"L{head[0]}.attn" in names and head[1] < a.n_heads):
             continue
         raise UnknownNameError(f"no component {w!r} to ablate; components are {names[:4]}... "
                                f"and heads L0H0…L{a.n_layers - 1}H{a.n_heads - 1}")
@@ -156,14 +164,15 @@ def _output_changes(trace, logits: Tensor) -> tuple[float, float, float, float]:
     mask = trace.attention_mask
     clean = trace.logits
     p, q = log_probs(clean), log_probs(logits)
-    kl = (p.exp() * (p - q)).sum(-1)                                      # (batch, pos)
+    kl = (p.exp() * (p - q)).sum(-1).clamp_min(0)  # (batch, pos); ≥ 0 but for float32 rounding
     last = (mask.sum(1) - 1).clamp_min(0).to(kl.device)
     top = clean.argmax(-1, keepdim=True)
     dtop = (logits.gather(-1, top) - clean.gather(-1, top))[..., 0]
     nxt = trace.tokens[:, 1:, None].to(p.device)                          # next-token loss change
     dloss = (p[:, :-1].gather(-1, nxt) - q[:, :-1].gather(-1, nxt))[..., 0]
     has_next = mask[:, 1:].bool()
-    loss = float(masked_mean(dloss, has_next)) if bool(has_next.any()) else float("nan")
+    causal = trace.anatomy.causal  # a masked LM does not predict the next token
+    loss = float(masked_mean(dloss, has_next)) if causal and bool(has_next.any()) else float("nan")
     return (float(masked_mean(kl, mask)), float(kl.gather(1, last[:, None]).mean()),
             float(masked_mean(dtop, mask)), loss)
 
@@ -174,15 +183,15 @@ def _linear(trace, writes: tuple[str, ...], readers: tuple[str, ...], later: Ten
     Readers are averaged over their channels and heads (``matrix``), as for whole components.
     """
     frames = {}
-    if any(HEAD.fullmatch(w) is None for w in writes):
+    if any(head_of(w) is None for w in writes):
         frames["component"] = read_attribution(trace).matrix("component", absolute=True)
-    if any(HEAD.fullmatch(w) for w in writes):
+    if any(head_of(w) for w in writes):
         heads = read_attribution(trace, granularity="head").matrix("reader", absolute=True)
         key = pd.Series([component_label(r.rsplit(".", 1)[0]) for r in heads.index], index=heads.index)
         frames["head"] = heads.groupby(key, sort=False).mean()
     out = torch.full(later.shape, float("nan"))
     for i, w in enumerate(writes):
-        frame = frames["head" if HEAD.fullmatch(w) else "component"]
+        frame = frames["head" if head_of(w) else "component"]
         for j, r in enumerate(readers):
             if later[i, j] and r in frame.index and w in frame.columns:
                 out[i, j] = float(frame.at[r, w])
@@ -207,7 +216,7 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
     effect = torch.full((len(writes), len(readers)), float("nan"))
     outputs = torch.full((len(writes), 4), float("nan"))  # logit_kl, last_kl, top, loss
     for i, write in enumerate(writes):
-        edit = (_ablated_head if HEAD.fullmatch(write) else _ablated_output)(trace, write, mode)
+        edit = (_ablated_head if head_of(write) else _ablated_output)(trace, write, mode)
         # attention outputs kept whole: as the edit left them (per-head z would be before it)
         cap = capture(trace.model.module, a, tokens, dev_mask, edits=[edit], heads=False)
         inputs = read_inputs(trace, cap, whole=True)

@@ -25,10 +25,11 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..errors import InputError, check_choice
+from ..errors import InputError, as_index, check_choice
 from .lens import log_probs
 
 KINDS = ("previous_token", "duplicate_token", "induction")
+DEFAULT_LENGTH = 50
 
 
 @dataclass(frozen=True, eq=False)
@@ -37,7 +38,7 @@ class HeadScores:
 
     ``loss_first`` and ``loss_repeat``: mean next-token cross-entropy (nats) predicting each
     copy's tokens after its first (a copy's first token cannot be predicted from the tokens
-    before it); NaN without an LM head.
+    before it); NaN without an LM head or with a masked-LM one.
     ``start`` is the first random token's position in ``tokens``.
     """
 
@@ -65,20 +66,23 @@ class HeadScores:
 
 
 def _prefix_and_pool(model) -> tuple[list[int], Tensor]:
-    """``(prefix, pool)``: the leading special token the tokenizer adds, and ids to draw.
+    """``(prefix, pool)``: the special tokens the tokenizer puts before a text, and ids to draw.
 
-    The prefix is kept only if it is in the model's vocabulary; the pool is the vocabulary
+    The prefix is what encoding ``"a"`` adds before the text's own ids (BOS, CLS; not an EOS
+    appended after), kept only if it is in the model's vocabulary; the pool is the vocabulary
     without the tokenizer's special ids.
     """
     tok, vocab = model.tokenizer, model.anatomy.d_vocab
     try:
-        added = list(tok("")["input_ids"])
-    except Exception:  # noqa: BLE001 - a tokenizer that cannot encode "" adds nothing we can see
-        added = []
-    prefix = added[:1] if added and 0 <= added[0] < vocab else []
-    special = {i for i in [*added, *(getattr(tok, "all_special_ids", None) or [])] if 0 <= i < vocab}
+        full = list(tok("a")["input_ids"])
+        plain = list(tok("a", add_special_tokens=False)["input_ids"])
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot say what it adds: add nothing
+        full = plain = []
+    lead = next((i for i in range(len(full) - len(plain) + 1) if full[i:i + len(plain)] == plain), 0)
+    prefix = [i for i in full[:lead] if 0 <= i < vocab] if plain else []
+    special = {*full, *(getattr(tok, "all_special_ids", None) or [])} - set(plain)
     keep = torch.ones(vocab, dtype=torch.bool)
-    keep[list(special)] = False
+    keep[[i for i in special if 0 <= i < vocab]] = False
     return prefix, keep.nonzero()[:, 0]
 
 
@@ -97,29 +101,34 @@ def _diagonal_mean(A: Tensor, offset: int, first_query: int) -> Tensor:
     return d[..., first_query - offset:].float().mean((0, 2))
 
 
-def head_scores(model, *, length: int = 50, rows: int = 4, seed: int = 0) -> HeadScores:
+def head_scores(model, *, length: int | None = None, rows: int = 4, seed: int = 0) -> HeadScores:
     """Previous-token, duplicate-token and induction scores of every head (module docstring).
 
-    ``length`` random tokens per copy (the two copies and any prefix must fit the context),
-    ``rows`` sequences, drawn with ``seed``.
+    ``length`` random tokens per copy (None: 50, or as many as the context holds twice with
+    the prefix), ``rows`` sequences, drawn with ``seed``.
     """
     from ..trace import trace
 
     a = model.anatomy
-    if not (isinstance(length, int) and isinstance(rows, int)) or length < 2 or rows < 1:
-        raise InputError(f"head_scores needs length ≥ 2 random tokens and rows ≥ 1, "
-                         f"not length={length!r}, rows={rows!r}")
-    tokens, start = repeated_tokens(model, length, rows, seed)
-    if tokens.shape[1] > a.n_ctx:
-        raise InputError(f"two copies of {length} tokens{' and a prefix' if start else ''} make "
-                         f"{tokens.shape[1]} positions, over {model.name}'s context of {a.n_ctx}: "
-                         f"use length ≤ {(a.n_ctx - start) // 2}")
+    prefix, _ = _prefix_and_pool(model)
+    fits = (a.n_ctx - len(prefix)) // 2
+    n, r, sd = (as_index(v) for v in (fits if length is None else length, rows, seed))
+    if n is None or r is None or sd is None or n < 2 or r < 1 or not 0 <= sd < 2**63:
+        raise InputError(f"head_scores needs whole numbers: length ≥ 2 random tokens, rows ≥ 1 and "
+                         f"a seed in 0..2**63-1; got length={length!r}, rows={rows!r}, seed={seed!r}")
+    if length is None:
+        n = min(n, DEFAULT_LENGTH)
+    if len(prefix) + 2 * n > a.n_ctx:
+        raise InputError(f"two copies of {n} tokens{' and a prefix' if prefix else ''} make "
+                         f"{len(prefix) + 2 * n} positions, over {model.name}'s context of "
+                         f"{a.n_ctx}: use length ≤ {fits}")
+    tokens, start = repeated_tokens(model, n, r, sd)
     tr = trace(model, tokens, patterns=True)
-    repeat = start + length  # the repeat's first position
+    repeat = start + n  # the repeat's first position
     scores = [torch.stack([_diagonal_mean(A, off, first) for A in tr.patterns]).cpu()
-              for off, first in ((1, start + 1), (length, repeat), (length - 1, repeat))]
+              for off, first in ((1, start + 1), (n, repeat), (n - 1, repeat))]
     first = second = float("nan")
-    if a.has_lm_head:
+    if a.has_lm_head and a.causal:  # a masked LM does not predict the next token
         lp = log_probs(tr.logits.float())
         nll = -lp[:, :-1].gather(-1, tr.tokens[:, 1:, None].to(lp.device))[..., 0]  # predicts q+1
         first = float(nll[:, start:repeat - 1].mean())   # the first copy's 2nd… last tokens
