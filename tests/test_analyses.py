@@ -764,3 +764,64 @@ def test_head_scores_put_only_a_leading_special_token_first():
     assert s.start == 1 and bool((s.tokens[:, 0] == 256).all()) and math.isnan(s.loss_first)
     check = rs.ablation_check(rs.trace(mlm, TEXTS), writes=["L0.mlp"])
     assert math.isnan(check.loss_change[0]) and check.logit_kl[0] > 0
+
+
+def test_head_spaces_of_a_sandwich_model_are_the_writes_as_added():
+    """Gemma 2 puts a norm on the attention's output before adding it: head ``h`` adds
+    ``(z_h W_O[h]) ⊙ (1 + γ) / s``, so its write space is the row space of ``W_O[h] diag(1 + γ)``
+    (reference: an SVD of the HF module's own ``o_proj`` and ``post_attention_layernorm``
+    weights). Head 1's write as added, measured in head 0's space, against that space; and
+    against ``W_O``'s own rows it would differ (the gains are not all equal)."""
+    from residual_stream.analyses.subspaces import write_vector
+
+    model = rs.load(build("gemma2"), tokenizer=ByteTokenizer())
+    tr = rs.trace(model, TEXTS)
+    ws = rs.write_subspaces(tr, writes=["L0H1"])
+    layer = model.module.model.layers[0]
+    k = model.anatomy.d_head
+    rows = layer.self_attn.o_proj.weight.detach().double()[:, :k].T     # head 0: [d_head, d]
+    gain = 1 + layer.post_attention_layernorm.weight.detach().double()
+
+    def fraction(R):
+        U = torch.linalg.svd(R.T, full_matrices=False).U
+        w = write_vector(tr, "L0H1")[tr.attention_mask.bool()].double()
+        return float(((w @ U).pow(2).sum(-1) / w.pow(2).sum(-1)).mean())
+
+    got = float(ws.head_overlap[0, ws.heads.index("L0H0")])
+    assert got == pytest.approx(fraction(rows * gain), abs=1e-5)
+    assert abs(got - fraction(rows)) > 1e-3
+
+
+def test_composition_of_a_sandwich_model_takes_writes_as_added():
+    """Gemma 2: head ``i`` adds ``x W_OV^i diag(1 + γ_out)`` (its output norm's gain, scale
+    frozen), and head ``j`` reads through ``diag(1 + γ_in) W_Q`` / ``W_K``; K-composition from
+    explicit float64 matrices of the HF module's norm weights, and it differs from the score
+    without the output gain."""
+    model = rs.load(build("gemma2"), tokenizer=ByteTokenizer())
+    comp = rs.composition(model)
+    w0, w1 = model.weights(0), model.weights(1)
+    hf = model.module.model.layers
+    g_out = 1 + hf[0].post_attention_layernorm.weight.detach().double()
+    g_in = (1 + hf[1].input_layernorm.weight.detach().double())[:, None]
+    QK = (g_in * w1.W_Q[0].double()) @ (g_in * w1.W_K[0].double()).T
+
+    def k_score(OV):
+        return float(torch.linalg.matrix_norm(OV @ QK.T)
+                     / (torch.linalg.matrix_norm(OV) * torch.linalg.matrix_norm(QK)))
+
+    OV = w0.W_V[1].double() @ w0.W_O[1].double()
+    got = comp.head_to_head[1, comp.heads.index("L0H1"), comp.heads.index("L1H0")].item()
+    assert got == pytest.approx(k_score(OV * g_out), rel=1e-4)
+    assert abs(got - k_score(OV)) > 1e-3 * got
+
+
+def test_the_unembedding_subspace_needs_a_head_that_reads_the_stream_linearly():
+    """GPT-2's head reads the final-normed stream through ``W_U``: its top directions are a
+    subspace; BERT's MLM head first applies a dense layer, GELU and a LayerNorm, so ``W_U``'s
+    directions are not the stream's and the subspace is left out."""
+    names = {}
+    for name in ("gpt2", "bert_mlm"):
+        model = rs.load(build(name), tokenizer=ByteTokenizer())
+        names[name] = rs.write_subspaces(rs.trace(model, TEXTS), unembed_k=4, readers=False).subspaces
+    assert "unembed_top4" in names["gpt2"] and not any("unembed" in s for s in names["bert_mlm"])
+    assert set(names["bert_mlm"]) == set(names["gpt2"]) - {"unembed_top4"}

@@ -15,9 +15,15 @@ folded into each head's ``W_Q`` / ``W_K`` as well (``W_Q diag(g_Q)``): with the 
 scales frozen, the attention score is ``x W_Q diag(g_Q) diag(g_K) W_Kᵀ yᵀ`` up to a positive
 factor per token, which the normalized scores do not see (``attention_read_maps``).
 
-The analogues for MLPs use ``W_out`` as an MLP's write map and ``W_in`` (and ``W_gate``) as
-its read map: head → MLP ``‖W_OV^i W_in^j‖ / (‖W_OV^i‖ ‖W_in^j‖)``, MLP → head (Q, K, V)
-likewise.
+The analogues for MLPs use ``W_out`` as an MLP's write map and ``W_in`` as its read map (a
+gated MLP's ``W_gate`` is left out): head → MLP ``‖W_OV^i W_in^j‖ / (‖W_OV^i‖ ‖W_in^j‖)``,
+MLP → head (Q, K, V) likewise.
+
+Where a write passes through a norm before it is added (sandwich: Gemma 2-3, OLMo 2's
+post-norms), its map is taken as added, ``W_O C diag(γ)`` and ``W_out C diag(γ)``, as the
+reading norm's is folded into the read maps. Norms on the stream between a writer and a
+reader (post-norm models: BERT's LayerNorm after every block) are not folded: the scores
+are of the weights, not of the path; read attribution and survival follow the path.
 
 Every score is computed through ``d_model × d_model`` Gram matrices: with ``W_write = A Bᵀ`` and
 ``W_read = C Dᵀ``, ``‖W_write W_read‖²_F = <B (AᵀA) Bᵀ, C (DᵀD) Cᵀ>_F``, so all pairs cost one
@@ -119,6 +125,18 @@ def _fold(model, layer: int, kind: str, W: Tensor) -> Tensor:
     return W if comp.reads_through is None else model.anatomy.norms[comp.reads_through].fold_into(W)
 
 
+def _as_added(model, layer: int, kind: str, W: Tensor) -> Tensor:
+    """A write map ``W [..., k, d_model]`` (rows are writes) as its writes are added to the stream.
+
+    Through the write norm's frozen linear part, ``W C diag(γ)``, where the component has one
+    (sandwich); its per-token ``1/s`` is a positive factor the normalized scores do not see.
+    """
+    comp = next(c for c in model.anatomy.components if c.name == f"L{layer}.{kind}")
+    if comp.writes_through is None:
+        return W
+    return model.anatomy.norms[comp.writes_through].apply_linear(W, torch.ones((), dtype=W.dtype))
+
+
 def attention_read_maps(model, layer: int, weights=None) -> tuple[Tensor, Tensor, Tensor]:
     """Block ``layer``'s query, key and value maps from the stream, each ``[head, d_model, d_head]``.
 
@@ -188,14 +206,15 @@ def composition(model) -> Composition:
     a = model.anatomy
     per_layer = [model.weights(L) for L in range(a.n_layers)]
     W_V = torch.cat([w.W_V for w in per_layer])                    # (head, d, d_head)
-    W_Ot = torch.cat([w.W_O.transpose(-1, -2) for w in per_layer])  # W_OV = W_V (W_Oᵀ)ᵀ
+    W_Ot = torch.cat([_as_added(model, L, "attn", w.W_O).transpose(-1, -2)  # W_OV = W_V (W_Oᵀ)ᵀ
+                      for L, w in enumerate(per_layer)])
     q, k, v = (torch.cat(maps) for maps in zip(*(attention_read_maps(model, L, w)
                                                   for L, w in enumerate(per_layer)), strict=True))
     head_w = _gram(W_V, W_Ot)                                      # writes of heads
     readers = {"q": _gram_T(q, k), "k": _gram_T(k, q), "v": _gram_T(v, W_Ot)}
     d, mlp_layers = a.d_model, [L for L, w in enumerate(per_layer) if w.W_in is not None]
-    mlp_w = torch.stack([per_layer[L].W_out.T @ per_layer[L].W_out for L in mlp_layers]) \
-        if mlp_layers else torch.zeros(0, d, d)                    # W_outᵀ W_out
+    w_out = [_as_added(model, L, "mlp", per_layer[L].W_out) for L in mlp_layers]
+    mlp_w = torch.stack([W.T @ W for W in w_out]) if w_out else torch.zeros(0, d, d)  # W_outᵀ W_out
     w_in = [_fold(model, L, "mlp", per_layer[L].W_in) for L in mlp_layers]
     mlp_r = torch.stack([W @ W.T for W in w_in]) if w_in else torch.zeros(0, d, d)  # W_in W_inᵀ
     attn = [f"L{L}.attn" for L in range(a.n_layers) for _ in range(a.n_heads)]  # each head's

@@ -85,12 +85,23 @@ def _bases(M: Tensor) -> tuple[Tensor, Tensor]:
 def head_write_bases(model) -> Tensor:
     """Orthonormal bases of every head's write subspace (row space of ``W_O``): ``[head, d, d_head]``.
 
+    Where the attention's write passes through a norm before it is added (sandwich), the space
+    is that of the rows as added: ``W_O C diag(γ)``, the norm's frozen linear part (its
+    per-token ``1/s`` scales a write without turning it), so a head's added write lies in its
+    own space as it does without the norm.
+
     One layer at a time: the float64 temporaries of ``ReadBasis.of`` stay one layer's size.
     Stored as ``[d, head, d_head]`` (the result is a permuted view), so ``write_sums`` reads
     every head's basis as one ``[d, head × d_head]`` matrix without copying it.
     """
-    bases = torch.cat([_bases(model.weights(L).W_O.transpose(-1, -2))[0]
-                       for L in range(model.anatomy.n_layers)])
+    a = model.anatomy
+    through = {c.name: c.writes_through for c in a.components}
+
+    def rows(L: int) -> Tensor:  # [head, d_head, d]: each head's write map, as added
+        W, norm = model.weights(L).W_O, through[f"L{L}.attn"]
+        return W if norm is None else a.norms[norm].apply_linear(W, torch.ones((), dtype=W.dtype))
+
+    bases = torch.cat([_bases(rows(L).transpose(-1, -2))[0] for L in range(a.n_layers)])
     return bases.permute(1, 0, 2).contiguous().permute(1, 0, 2)
 
 

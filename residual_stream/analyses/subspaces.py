@@ -6,11 +6,13 @@ subspace ``S`` and the orthogonal rest, ``w = P_S w + (I − P_S) w``; its *ener
 
 * ``mean``: the all-ones direction ``1/√d``, what LayerNorm's centering removes;
 * ``unembed``: the top-k left singular vectors of ``C diag(γ_final) W_U`` (the final norm folded),
-  the directions the logits read most (only with a trained LM head);
+  the directions the logits read most (only with a trained LM head that reads the stream
+  linearly: not BERT's MLM head, which transforms it first);
 * ``pca``: the top principal components of the stream at a point, over real tokens of the
   trace, or of a calibration trace;
 * ``basis``: any basis the user passes (probe directions, SAE decoder rows), orthonormalized;
-* ``W_O(h)``: the write subspace of every other head (the row space of its ``W_O``);
+* ``W_O(h)``: the write subspace of every other head (the row space of its ``W_O``; in a
+  sandwich model, of ``W_O`` through the write norm's linear part, as the write is added);
 * reads: for every later reader (a head's Q, K, V; an MLP's input), the fraction of the write
   *as carried to the read point* (through every norm between them, frozen scales) that lies in
   the reader's read subspace, the column space of ``C diag(γ) W``, and the read strength
@@ -236,9 +238,13 @@ def _read_measures(trace, writes: Sequence[str]):
 
 def named_subspaces(model, pca: Subspace, unembed_k: int = 32,
                     basis: Tensor | None = None) -> list[Subspace]:
-    """The named subspaces in order: mean, the unembedding's top-k (with an LM head), PCA, basis."""
+    """The named subspaces in order: mean, the unembedding's top-k, PCA, basis.
+
+    The unembedding's only with an LM head that reads the stream itself: BERT's MLM head
+    transforms it first (a nonlinear map), so ``W_U``'s directions are not the stream's.
+    """
     subs = [mean_direction(model.anatomy.d_model), pca]
-    if model.anatomy.has_lm_head:
+    if model.anatomy.has_lm_head and model.anatomy.modules.lm_head is None:
         subs.insert(1, unembed_subspace(model, unembed_k))
     if basis is not None:
         d = model.anatomy.d_model
@@ -259,7 +265,8 @@ def write_subspaces(
         trace: The trace whose writes are split.
         writes: Labels (``"L3H5"``, ``"L3.attn"``, ``"L3.mlp"``); default every attention total
             and every MLP.
-        unembed_k: Dimension of the unembedding subspace (skipped without an LM head).
+        unembed_k: Dimension of the unembedding subspace (skipped without an LM head, and
+            with one that transforms the stream before ``W_U``: BERT's MLM head).
         pca_k: Number of stream principal components.
         pca_trace: A calibration trace for the PCs (default: ``trace`` itself), or the
             ``Subspace`` they span (what a corpus scan fixes from its first batch).
