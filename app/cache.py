@@ -62,10 +62,10 @@ def read_matrix(name: str, text: str, level: str) -> pd.DataFrame:
     return rs.read_attribution(trace(name, text)).matrix(level, absolute=True)
 
 
-@st.cache_data(show_spinner="Computing composition scores (SmolLM2: about 5 s)…")
-def composition_top(name: str, reader: str, kind: str) -> pd.DataFrame:
-    """The writers composing most strongly into ``reader`` by ``kind`` (``Composition.top``)."""
-    return rs.composition(model(name)).top(reader, kind)
+@st.cache_resource(show_spinner="Computing composition scores (SmolLM2: about 5 s)…", max_entries=4)
+def composition(name: str):
+    """``rs.composition`` of the model: weights only, computed once per model."""
+    return rs.composition(model(name))
 
 
 @st.cache_data(show_spinner="Scoring every head on repeated random tokens…")
@@ -115,13 +115,9 @@ def writes(name: str, text: str) -> dict:
 @st.cache_resource(show_spinner="Building subspaces…", max_entries=4)
 def subspaces(name: str, text: str) -> list:
     """The ordered subspaces of the Writes page: mean, unembedding (if any), stream PCs."""
-    from residual_stream.analyses.subspaces import mean_direction, pca_subspace, unembed_subspace
+    from residual_stream.analyses.subspaces import named_subspaces, pca_subspace
 
-    m, tr = model(name), trace(name, text)
-    subs = [mean_direction(m.anatomy.d_model), pca_subspace(tr, k=16)]
-    if m.anatomy.has_lm_head:
-        subs.insert(1, unembed_subspace(m))
-    return subs
+    return named_subspaces(model(name), pca_subspace(trace(name, text), k=16))
 
 
 @st.cache_data(show_spinner=False, max_entries=256)

@@ -134,6 +134,26 @@ class Anatomy:
                 f"d_vocab {self.d_vocab}, n_ctx {self.n_ctx}, {len(self.norms)} norms, "
                 f"{len(self.program)} ops, {'an' if self.has_lm_head else 'no'} LM head)")
 
+    def head(self, name: object, channel: bool = False) -> tuple[int, int, str | None] | None:
+        """``(layer, head, None)`` for a head of this model labelled as results label it (``"L3H5"``).
+
+        With ``channel``, also ``"L3H5.k"`` → ``(3, 5, "k")``. None for anything else (a head
+        past the last layer or head, ``"L3H05"``, a component).
+        """
+        from .walk import head_of
+
+        found = head_of(name, channel)
+        return found if found and found[0] < self.n_layers and found[1] < self.n_heads else None
+
+    def as_added(self, component: str, W: Tensor) -> Tensor:
+        """A write map ``W [..., k, d_model]`` of ``component`` (rows are writes) as they are added.
+
+        Through the write norm's frozen linear part, ``W C diag(γ)``, where the component has
+        one (sandwich); its per-token ``1/s`` scales a write without turning it.
+        """
+        norm = next(c.writes_through for c in self.components if c.name == component)
+        return W if norm is None else self.norms[norm].apply_linear(W, torch.ones((), dtype=W.dtype))
+
     def sees(self, writers: Sequence[str], readers: Sequence[str]) -> Tensor:
         """``[writer, reader]``: whether each reader reads the stream after each writer's add.
 

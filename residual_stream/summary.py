@@ -6,6 +6,7 @@ what each means; ``None`` marks a measure the model cannot have (no LM head).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from . import analyses
@@ -70,8 +71,9 @@ def summarize(model, texts: Sequence[str] = DEFAULT_TEXTS) -> dict[str, float | 
     top = heads.top("induction", 1).iloc[0]
     out["induction_top_head"] = f"{top['head']} ({top.induction:.2f})"
     out["previous_token_max"] = float(heads.previous_token.max())
-    out["repeat_loss_first_copy"] = None if heads.loss_first != heads.loss_first else heads.loss_first
-    out["repeat_loss_second_copy"] = None if heads.loss_repeat != heads.loss_repeat else heads.loss_repeat
+    for key in ("loss_first", "loss_repeat"):  # NaN without a next-token LM head
+        value = getattr(heads, key)
+        out[f"random_tokens_{key}"] = None if math.isnan(value) else value
     dla = _nan_or(lambda: analyses.direct_logit_attribution(tr).to_frame())
     out["dla_top_contributor"] = None if dla is None else str(
         dla.loc[dla.logit.abs().idxmax(), "label"])

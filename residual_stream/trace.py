@@ -30,7 +30,7 @@ from .decomposition import Contributions, Sources, Write, replay, replay_to_read
 from .errors import NonFiniteError, NotAvailableError, UnknownNameError, layer_index
 from .inputs import Batch, Overflow, encode
 from .program import Mark, Point, Read
-from .walk import component_of, head_of, walk_stream
+from .walk import component_of, walk_stream
 from .weights import attn_W_O, bias_of, head_writes
 
 if TYPE_CHECKING:
@@ -192,8 +192,8 @@ class Trace:
         names = [c.name for c in self.anatomy.components]
         if component in names:
             return
-        head = head_of(component, channel=True)
-        if head is not None and f"L{head[0]}.attn" in names and head[1] < self.anatomy.n_heads:
+        head = self.anatomy.head(component, channel=True)
+        if head is not None:
             L, h, ch = head  # a head reads what its attention reads; its q/k/v maps that
             raise UnknownNameError(
                 f"no component {component!r}: a head reads what its attention reads, "

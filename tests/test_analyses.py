@@ -436,7 +436,7 @@ def test_dla_sums_to_the_logit_and_refuses_nonlinear_heads():
         assert dla.targets[r, :n].tolist() == want
     assert len(set(tr.attention_mask.sum(-1).tolist())) > 1  # rows of several lengths
     each = dla.to_frame("each")  # per contribution and real token: it sums to the model's logit
-    per_token = each.groupby(["row", "pos"]).logit.sum()
+    per_token = each.groupby(["batch", "pos"]).logit.sum()
     m = tr.attention_mask.bool()
     rows, pos = m.nonzero(as_tuple=True)
     want = got[rows, pos] - dla.bias[rows, pos]
@@ -445,7 +445,9 @@ def test_dla_sums_to_the_logit_and_refuses_nonlinear_heads():
     assert len(each) == len(dla.labels) * int(m.sum())
     first = each[each.label == dla.labels[0]]
     assert list(first.token) == [t for row in tr.str_tokens for t in row]
-    assert list(first.target) == dla.targets[rows, pos].tolist()
+    assert list(first.target) == dla.targets[rows, pos].tolist() and "baseline" not in each
+    diff = rs.direct_logit_attribution(tr, target="next", baseline=tr.tokens).to_frame("each")
+    assert list(diff[diff.label == dla.labels[0]].baseline) == tr.tokens[rows, pos].tolist()
     last = tr.attention_mask.sum(-1) - 1  # each row's last real token, by hand
     by_hand = torch.stack([dla.values[:, r, int(last[r])] for r in range(len(last))], 1).mean(1)
     torch.testing.assert_close(torch.tensor(dla.to_frame("last").logit.values), by_hand)
@@ -532,8 +534,12 @@ def _surgery(model, write, mode, trace):
     """
     import copy
 
-    def proj(m, L):  # Llama's o_proj (Linear, [d_model, H·d_head]), GPT-2's c_proj (Conv1D, transposed)
-        return m.model.layers[L].self_attn.o_proj if hasattr(m, "model") else m.transformer.h[L].attn.c_proj
+    def proj(m, L):  # Llama's and Gemma's o_proj, NeoX's dense (Linear, [d_model, H·d_head]),
+        if hasattr(m, "model"):  # GPT-2's c_proj (Conv1D, transposed)
+            return m.model.layers[L].self_attn.o_proj
+        if hasattr(m, "gpt_neox"):
+            return m.gpt_neox.layers[L].attention.dense
+        return m.transformer.h[L].attn.c_proj
 
     module = copy.deepcopy(model.module)
     L, rest = write[1:].split("H") if "H" in write else write[1:].split(".")
@@ -551,7 +557,7 @@ def _surgery(model, write, mode, trace):
         model.module(input_ids=trace.tokens, attention_mask=trace.attention_mask)
     handle.remove()
     z, target = seen[0][..., h * k:(h + 1) * k].double(), proj(module, L)
-    linear = hasattr(module, "model")
+    linear = not hasattr(module, "transformer")
     with torch.no_grad():
         W = (target.weight[:, h * k:(h + 1) * k].T if linear else target.weight[h * k:(h + 1) * k]).double()
         (target.weight[:, h * k:(h + 1) * k] if linear else target.weight[h * k:(h + 1) * k]).zero_()
@@ -562,7 +568,8 @@ def _surgery(model, write, mode, trace):
 
 @pytest.mark.parametrize(("name", "write", "mode"), [("llama", "L1H2", "zero"), ("llama", "L1.mlp", "zero"),
                                                      ("gpt2", "L0H1", "mean"),
-                                                     ("gpt2", "L0.attn", "zero")])
+                                                     ("gpt2", "L0.attn", "zero"), ("gemma2", "L1H1", "zero"),
+                                                     ("gpt_neox_parallel", "L0H1", "mean")])
 def test_ablation_of_a_head_or_an_mlp_matches_weight_surgery(name, write, mode):
     """One head (or a whole MLP) ablated by the hook against the same ablation made in the
     weights of a copy of the model: the later reads' changes (the same block's MLP reading the
@@ -573,7 +580,7 @@ def test_ablation_of_a_head_or_an_mlp_matches_weight_surgery(name, write, mode):
     module = build(name)
     with torch.no_grad():  # writes large enough that every change is far above rounding
         for n, w in module.named_parameters():
-            if n.endswith(("o_proj.weight", "down_proj.weight", "c_proj.weight")):
+            if n.endswith(("o_proj.weight", "down_proj.weight", "c_proj.weight", "attention.dense.weight")):
                 w.mul_(25)
     model = rs.load(module, tokenizer=ByteTokenizer())
     trace = rs.trace(model, TEXTS)
@@ -825,3 +832,18 @@ def test_the_unembedding_subspace_needs_a_head_that_reads_the_stream_linearly():
         names[name] = rs.write_subspaces(rs.trace(model, TEXTS), unembed_k=4, readers=False).subspaces
     assert "unembed_top4" in names["gpt2"] and not any("unembed" in s for s in names["bert_mlm"])
     assert set(names["bert_mlm"]) == set(names["gpt2"]) - {"unembed_top4"}
+
+
+def test_an_ablation_that_changes_nothing_measures_nothing_in_bf16():
+    """A head whose output columns are zero, zero-ablated, leaves the bf16 forward pass as it
+    was: every read's change and the KL are 0, not the rounding between a float32 rebuild of
+    the clean reads and the model's own bf16 outputs (5e-4 before the clean pass was
+    captured the same way as the ablated ones)."""
+    module = build("llama").to(torch.bfloat16)
+    k = module.config.hidden_size // module.config.num_attention_heads
+    with torch.no_grad():
+        module.model.layers[0].self_attn.o_proj.weight[:, 2 * k:3 * k] = 0
+    model = rs.load(module, tokenizer=ByteTokenizer())
+    check = rs.ablation_check(rs.trace(model, TEXTS), writes=["L0H2", "L0H1"], mode="zero")
+    assert float(check.effect[0].nan_to_num().abs().max()) == 0 and float(check.logit_kl[0]) == 0
+    assert float(check.effect[1].nan_to_num().max()) > 1e-3  # a head that writes does change them

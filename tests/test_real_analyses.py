@@ -27,13 +27,13 @@ def test_every_measure_and_figure(name, request):
         assert numbers["norm_fit_growth_per_layer"] > 1.02 and numbers["norm_fit_r2"] > 0.8
         assert numbers["massive_activations_point_rule"] > 0  # the first token's dim 507
         assert numbers["lens_kl_mid_depth"] > 0 and numbers["dla_top_contributor"]
-        assert numbers["repeat_loss_second_copy"] < 0.3 * numbers["repeat_loss_first_copy"]
+        assert numbers["random_tokens_loss_repeat"] < 0.3 * numbers["random_tokens_loss_first"]
         assert numbers["induction_top_head"].startswith("L18H6 (0.9")
     else:
         assert abs(numbers["embed_retention_at_end"] - 1) > 0.1
         assert numbers["norm_fit_growth_per_layer"] < 1.02
         assert numbers["lens_kl_mid_depth"] is None and numbers["dla_top_contributor"] is None
-        assert numbers["repeat_loss_first_copy"] is None and numbers["previous_token_max"] > 0.9
+        assert numbers["random_tokens_loss_first"] is None and numbers["previous_token_max"] > 0.9
 
     tr = rs.trace(model, list(DEFAULT_TEXTS), patterns=True)
     ws = rs.write_subspaces(tr, writes=["L1.attn", "L2.mlp"])

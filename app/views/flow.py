@@ -1,5 +1,7 @@
 """Flow: the read-write graph, survival of every write, the logit lens, and what heads attend to."""
 
+import math
+
 import cache
 import common
 import pandas as pd
@@ -71,12 +73,16 @@ common.show(plotting.heatmap(grid, title=f"{kind.replace('_', '-')} score", x_ti
     "the repeat to the earlier copy of the same token. Induction: from the repeat to the token "
     "after the earlier copy, the one to predict next. A head spreading its attention evenly "
     "scores about 1/position."))
-if scores.loss_first == scores.loss_first:  # NaN without an LM head
+if not math.isnan(scores.loss_first):  # NaN without a next-token LM head
     st.caption(f"Next-token loss: {scores.loss_first:.2f} nats on the first copy, "
                f"{scores.loss_repeat:.2f} on the repeat (a model using the repeat predicts it).")
-best = scores.top(kind, 1)["head"][0]
-with common.guarded():
-    top = cache.composition_top(name, best, "k" if kind == "induction" else "q")
-st.markdown(f"**{best}, the top {kind.replace('_', '-')} head, reads its "
-            f"{'keys' if kind == 'induction' else 'queries'} from** (composition, weights only)")
-st.dataframe(top[["writer", "score", "baseline"]], hide_index=True)
+if kind == "induction":  # an induction head finds its key by the token before it: K-composition
+    best = scores.top(kind, 1)["head"][0]
+    if best.startswith("L0H"):
+        st.info(f"{best}, the top induction head, is in the first layer: no head writes before it.")
+    else:
+        with common.guarded():
+            top = cache.composition(name).top(best, "k")
+        st.markdown(f"**{best}, the top induction head, reads its keys from** (K-composition, "
+                    "weights only; an induction circuit reads a previous-token head's write)")
+        st.dataframe(top[["writer", "score", "baseline"]], hide_index=True)

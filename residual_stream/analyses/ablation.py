@@ -151,8 +151,7 @@ def _writes(trace, writes: object) -> tuple[tuple[str, ...], list[str]]:
         raise InputError("writes is empty: name the writes to ablate, or leave it out (None) for "
                          "every component")
     for w in writes:
-        head = head_of(w)
-        if w in names or (head and f"L{head[0]}.attn" in names and head[1] < a.n_heads):
+        if w in names or a.head(w):
             continue
         raise UnknownNameError(f"no component {w!r} to ablate; components are {names[:4]}... "
                                f"and heads L0H0…L{a.n_layers - 1}H{a.n_heads - 1}")
@@ -210,14 +209,16 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
     writes, owners = _writes(trace, writes)
     readers = tuple(c.name for c in a.components)
     mask = trace.attention_mask
-    clean = read_inputs(trace)
     tokens, dev_mask = trace.tokens.to(trace.model.device), mask.to(trace.model.device)
+    # every pass, the clean one too, with attention outputs whole: as the edit leaves them (per-
+    # head z would be before it), and rounded as the model rounds them (a 16-bit model's own
+    # output projection), so that an ablation changing nothing measures 0
+    clean = read_inputs(trace, capture(trace.model.module, a, tokens, dev_mask, heads=False), whole=True)
     later = a.sees(owners, readers)  # the pairs that count: the reader reads after the write
     effect = torch.full((len(writes), len(readers)), float("nan"))
     outputs = torch.full((len(writes), 4), float("nan"))  # logit_kl, last_kl, top, loss
     for i, write in enumerate(writes):
         edit = (_ablated_head if head_of(write) else _ablated_output)(trace, write, mode)
-        # attention outputs kept whole: as the edit left them (per-head z would be before it)
         cap = capture(trace.model.module, a, tokens, dev_mask, edits=[edit], heads=False)
         inputs = read_inputs(trace, cap, whole=True)
         for j, reader in enumerate(readers):

@@ -125,18 +125,6 @@ def _fold(model, layer: int, kind: str, W: Tensor) -> Tensor:
     return W if comp.reads_through is None else model.anatomy.norms[comp.reads_through].fold_into(W)
 
 
-def _as_added(model, layer: int, kind: str, W: Tensor) -> Tensor:
-    """A write map ``W [..., k, d_model]`` (rows are writes) as its writes are added to the stream.
-
-    Through the write norm's frozen linear part, ``W C diag(γ)``, where the component has one
-    (sandwich); its per-token ``1/s`` is a positive factor the normalized scores do not see.
-    """
-    comp = next(c for c in model.anatomy.components if c.name == f"L{layer}.{kind}")
-    if comp.writes_through is None:
-        return W
-    return model.anatomy.norms[comp.writes_through].apply_linear(W, torch.ones((), dtype=W.dtype))
-
-
 def attention_read_maps(model, layer: int, weights=None) -> tuple[Tensor, Tensor, Tensor]:
     """Block ``layer``'s query, key and value maps from the stream, each ``[head, d_model, d_head]``.
 
@@ -206,14 +194,14 @@ def composition(model) -> Composition:
     a = model.anatomy
     per_layer = [model.weights(L) for L in range(a.n_layers)]
     W_V = torch.cat([w.W_V for w in per_layer])                    # (head, d, d_head)
-    W_Ot = torch.cat([_as_added(model, L, "attn", w.W_O).transpose(-1, -2)  # W_OV = W_V (W_Oᵀ)ᵀ
+    W_Ot = torch.cat([a.as_added(f"L{L}.attn", w.W_O).transpose(-1, -2)  # W_OV = W_V (W_Oᵀ)ᵀ
                       for L, w in enumerate(per_layer)])
     q, k, v = (torch.cat(maps) for maps in zip(*(attention_read_maps(model, L, w)
                                                   for L, w in enumerate(per_layer)), strict=True))
     head_w = _gram(W_V, W_Ot)                                      # writes of heads
     readers = {"q": _gram_T(q, k), "k": _gram_T(k, q), "v": _gram_T(v, W_Ot)}
     d, mlp_layers = a.d_model, [L for L, w in enumerate(per_layer) if w.W_in is not None]
-    w_out = [_as_added(model, L, "mlp", per_layer[L].W_out) for L in mlp_layers]
+    w_out = [a.as_added(f"L{L}.mlp", per_layer[L].W_out) for L in mlp_layers]
     mlp_w = torch.stack([W.T @ W for W in w_out]) if w_out else torch.zeros(0, d, d)  # W_outᵀ W_out
     w_in = [_fold(model, L, "mlp", per_layer[L].W_in) for L in mlp_layers]
     mlp_r = torch.stack([W @ W.T for W in w_in]) if w_in else torch.zeros(0, d, d)  # W_in W_inᵀ

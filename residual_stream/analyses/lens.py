@@ -134,7 +134,7 @@ class DirectLogitAttribution:
     targets: Int[Tensor, "batch pos"]
     baselines: Int[Tensor, "batch pos"] | None
     attention_mask: Int[Tensor, "batch pos"]
-    str_tokens: tuple[tuple[str, ...], ...] = ()
+    str_tokens: tuple[tuple[str, ...], ...]
 
     def total(self) -> Float[Tensor, "batch pos"]:
         """The reconstructed logit (difference): every term plus ``b_U``."""
@@ -145,8 +145,8 @@ class DirectLogitAttribution:
 
         ``position``: ``"mean"`` over real tokens; ``"last"``, at each row's last real token,
         averaged over rows (where a prompt's answer is predicted); ``"each"``, one row per
-        contribution and real token (``row, pos, token``: the input token there, ``target``:
-        the id whose logit it is).
+        contribution and real token (``batch, pos, token``: the input token there, ``target``:
+        the id whose logit it is, and ``baseline`` when the terms are of a logit difference).
         """
         check_choice("position", position, get_args(Position))
         base = {"label": self.labels, "kind": self.kinds, "layer": self.layers}
@@ -158,13 +158,12 @@ class DirectLogitAttribution:
             return pd.DataFrame({**base, "logit": self.values[:, torch.arange(len(last)), last]
                                  .mean(1).numpy()})
         rows, pos = mask.nonzero(as_tuple=True)
-        n = len(rows)
-        tokens = [self.str_tokens[r][p] if self.str_tokens else "" for r, p in
-                  zip(rows.tolist(), pos.tolist(), strict=True)]
+        n, c = len(rows), len(self.labels)
+        tokens = [self.str_tokens[r][p] for r, p in zip(rows.tolist(), pos.tolist(), strict=True)]
+        ids = {"target": self.targets} | ({} if self.baselines is None else {"baseline": self.baselines})
         return pd.DataFrame({key: np.repeat(value, n) for key, value in base.items()} | {
-            "row": np.tile(rows.numpy(), len(self.labels)), "pos": np.tile(pos.numpy(), len(self.labels)),
-            "token": tokens * len(self.labels),
-            "target": np.tile(self.targets[rows, pos].numpy(), len(self.labels)),
+            "batch": np.tile(rows.numpy(), c), "pos": np.tile(pos.numpy(), c), "token": tokens * c,
+            **{key: np.tile(v[rows, pos].numpy(), c) for key, v in ids.items()},
             "logit": self.values[:, rows, pos].flatten().numpy()})
 
 

@@ -95,13 +95,8 @@ def head_write_bases(model) -> Tensor:
     every head's basis as one ``[d, head × d_head]`` matrix without copying it.
     """
     a = model.anatomy
-    through = {c.name: c.writes_through for c in a.components}
-
-    def rows(L: int) -> Tensor:  # [head, d_head, d]: each head's write map, as added
-        W, norm = model.weights(L).W_O, through[f"L{L}.attn"]
-        return W if norm is None else a.norms[norm].apply_linear(W, torch.ones((), dtype=W.dtype))
-
-    bases = torch.cat([_bases(rows(L).transpose(-1, -2))[0] for L in range(a.n_layers)])
+    bases = torch.cat([_bases(a.as_added(f"L{L}.attn", model.weights(L).W_O).transpose(-1, -2))[0]
+                       for L in range(a.n_layers)])
     return bases.permute(1, 0, 2).contiguous().permute(1, 0, 2)
 
 
