@@ -11,7 +11,10 @@ last block, before any final norm):
   separately, and the mean per position;
 * the growth factor ``mean_{L+1} / mean_L`` and a least-squares fit ``log mean_L = a + r L``
   over points 1..n (rate ``r`` per layer, growth ``e^r``, fit quality R²);
-* relative update sizes for every attention and MLP;
+* relative update sizes for every attention and MLP, ``‖write as added‖ / ‖stream it is
+  added to‖`` in program order (in a parallel block the MLP's write is added after the
+  attention's, so its denominator holds the attention's write, not only the block input it
+  read);
 * for every norm that stands on the stream or on a write (post-norm, DeepNorm, sandwich),
   the norm of the sum entering it and the scale it divides by;
 * the share of the stream's energy along the all-ones direction, ``(Σ_k x_k)² / (d ‖x‖²)``:

@@ -43,7 +43,11 @@ class LogitLens:
     attention_mask: Int[Tensor, "batch pos"]
 
     def summary(self) -> pd.DataFrame:
-        """Per point, over real tokens: mean KL (nats), top-1 agreement, median rank."""
+        """Per point, over real tokens: mean KL (nats), top-1 agreement, median rank.
+
+        The median is torch's lower median (an even count gives the lower of the middle two:
+        a rank that occurs), as the corpus scan's histogram median gives.
+        """
         m = self.attention_mask.bool()
         return pd.DataFrame({
             "point": range(self.kl.shape[0]),
