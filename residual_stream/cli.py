@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import socket
 import subprocess
@@ -66,6 +67,12 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("model", help="registry name, HF folder, .gguf file or cached hub id")
     m.add_argument("--text", action="append", help="text to analyse (repeat; default: 3 built-in)")
     m.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    h = sub.add_parser("heads", help="previous-token, duplicate-token and induction score of every "
+                       "head, on repeated random tokens")
+    h.add_argument("model", help="registry name, HF folder, .gguf file or cached hub id")
+    h.add_argument("--top", type=int, default=5, help="heads listed per score (default 5)")
+    h.add_argument("--length", type=int, help="random tokens per copy (default: 50, or what fits)")
+    h.add_argument("--json", action="store_true", help="print every head's scores as JSON")
     r = sub.add_parser("report", help="write an HTML report comparing models (plotly inlined)")
     r.add_argument("--model", action="append", required=True, help="model to compare (repeat)")
     src = r.add_mutually_exclusive_group()
@@ -163,6 +170,26 @@ def _summarize(args: argparse.Namespace) -> int:
         for key, value in numbers.items():
             shown = f"{value:.4g}" if isinstance(value, float) else value
             print(f"{key:>45}: {shown}")
+    return 0
+
+
+def _heads(args: argparse.Namespace) -> int:
+    from .analyses.heads import KINDS, head_scores
+    from .loading import load
+
+    if args.top < 1:
+        raise InputError(f"--top must be at least 1, got {args.top}")
+    scores = head_scores(load(args.model), length=args.length)
+    if args.json:
+        losses = {k: None if math.isnan(v) else v  # JSON has no NaN
+                  for k, v in (("loss_first", scores.loss_first), ("loss_repeat", scores.loss_repeat))}
+        print(json.dumps({**losses, "heads": scores.to_frame().to_dict(orient="records")}, indent=1))
+        return 0
+    for kind in KINDS:
+        print(f"{kind.replace('_', '-')} score, top {args.top}:")
+        print(scores.top(kind, args.top)[["head", kind]].to_string(index=False), end="\n\n")
+    print(f"next-token loss on the first copy {scores.loss_first:.3g} nats, on the repeat "
+          f"{scores.loss_repeat:.3g} (NaN: no next-token LM head)")
     return 0
 
 
@@ -322,7 +349,8 @@ def _scan(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"models": _models, "anatomy": _anatomy, "check": _check, "summarize": _summarize,
-            "train": _train, "report": _report, "trace": _trace_stats, "scan": _scan, "app": _app}
+            "heads": _heads, "train": _train, "report": _report, "trace": _trace_stats, "scan": _scan,
+            "app": _app}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -155,13 +155,15 @@ def test_cli_report_on_real_and_folder_models(tmp_path):
     (["scan", "twin-pre-rms", "builtin", "--seq-len", "0"], "seq_len must be positive"),
     (["check", "twin-pre-rms", "--text", "a text", "--device", "bogus"], "not a device name"),
     (["train", "--norm", "rmsnorm", "--placement", "pre", "--out", "FILE"], "is a file: give a folder"),
+    (["heads", "twin-pre-ln", "--length", "1000"], "context of 128: use length ≤ 63"),
+    (["heads", "twin-pre-ln", "--top", "0"], "--top must be at least 1, got 0"),
 ])
 def test_cli_errors_exit_1_and_leave_nothing(argv, message, tmp_path, capsys):
     (tmp_path / "EMPTY").mkdir()
     (tmp_path / "FILE").write_text("not a folder")
     argv = [a.replace("EMPTY", str(tmp_path / "EMPTY")).replace("SAME", str(tmp_path / "r.html"))
             .replace("FILE", str(tmp_path / "FILE")) for a in argv]
-    if "--out" not in argv and argv[0] != "check":
+    if "--out" not in argv and argv[0] not in ("check", "heads"):
         argv += ["--out", str(tmp_path / ("r.html" if argv[0] == "report" else "r.json"))]
     assert main(argv) == 1
     err = capsys.readouterr().err
@@ -211,6 +213,26 @@ def test_cli_app_without_the_app_folder_says_where_it_is(tmp_path, monkeypatch, 
     assert main(["app"]) == 1
     err = capsys.readouterr().err
     assert str(tmp_path / "_app" / "main.py") in err and "make app" in err and err.count("\n") == 1
+
+
+def test_cli_heads_lists_the_top_heads_of_each_score(capsys):
+    """``heads`` prints each score's top heads as ``head_scores`` ranks them (reference: the
+    API on the same model), the losses, and with ``--json`` every head (losses null without a
+    next-token LM head: JSON has no NaN)."""
+    import json
+
+    assert main(["heads", "twin-pre-ln", "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    scores = rs.head_scores(rs.load("twin-pre-ln"))
+    for kind in ("previous_token", "duplicate_token", "induction"):
+        block = out.split(f"{kind.replace('_', '-')} score, top 2:")[1].split("\n\n")[0]
+        assert [line.split()[0] for line in block.strip().splitlines()[1:]] == list(
+            scores.top(kind, 2)["head"])
+    assert f"first copy {scores.loss_first:.3g} nats, on the repeat {scores.loss_repeat:.3g}" in out
+    assert main(["heads", "minilm-l6", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["loss_first"] is None and len(data["heads"]) == 6 * 12
+    assert max(data["heads"], key=lambda h: h["previous_token"])["head"] == "L0H2"
 
 
 def test_cli_usage_errors_exit_2():

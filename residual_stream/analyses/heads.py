@@ -63,6 +63,8 @@ class HeadScores:
     def top(self, kind: str = "induction", n: int = 5) -> pd.DataFrame:
         """The ``n`` heads scoring highest by ``kind`` (``to_frame``'s rows, best first)."""
         check_choice("kind", kind, KINDS)
+        if as_index(n) is None or n < 1:
+            raise InputError(f"top: n is a number of heads, at least 1, not {n!r}")
         return self.to_frame().sort_values(kind, ascending=False, kind="stable").head(n) \
             .reset_index(drop=True)
 
