@@ -4,6 +4,7 @@
     residual-stream anatomy MODEL              sizes, norms and the stream program of a model
     residual-stream check MODEL --text TEXT    trace TEXT and print the conservation report
     residual-stream summarize MODEL [--text T] headline numbers of every analysis
+    residual-stream heads MODEL [--top N]      induction, previous- and duplicate-token heads
     residual-stream report --model A --model B [--builtin] --out report.html   compare models
     residual-stream trace MODEL --text T --out stats.safetensors   save a trace's statistics
     residual-stream train --norm N --placement P --out DIR   train a twin (see --help)
@@ -72,6 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("model", help="registry name, HF folder, .gguf file or cached hub id")
     h.add_argument("--top", type=int, default=5, help="heads listed per score (default 5)")
     h.add_argument("--length", type=int, help="random tokens per copy (default: 50, or what fits)")
+    h.add_argument("--rows", type=int, default=4, help="random sequences (default 4)")
+    h.add_argument("--seed", type=int, default=0, help="seed of the random tokens (default 0)")
     h.add_argument("--json", action="store_true", help="print every head's scores as JSON")
     r = sub.add_parser("report", help="write an HTML report comparing models (plotly inlined)")
     r.add_argument("--model", action="append", required=True, help="model to compare (repeat)")
@@ -179,17 +182,24 @@ def _heads(args: argparse.Namespace) -> int:
 
     if args.top < 1:
         raise InputError(f"--top must be at least 1, got {args.top}")
-    scores = head_scores(load(args.model), length=args.length)
+    model = load(args.model)
+    scores = head_scores(model, length=args.length, rows=args.rows, seed=args.seed)
+    length = (scores.tokens.shape[1] - scores.start) // 2
     if args.json:
         losses = {k: None if math.isnan(v) else v  # JSON has no NaN
                   for k, v in (("loss_first", scores.loss_first), ("loss_repeat", scores.loss_repeat))}
-        print(json.dumps({**losses, "heads": scores.to_frame().to_dict(orient="records")}, indent=1))
+        print(json.dumps({"model": model.name, "length": length, "rows": args.rows, "seed": args.seed,
+                          **losses, "heads": scores.to_frame().to_dict(orient="records")}, indent=1))
         return 0
+    print(f"{model.name}: {args.rows} rows of {length} random tokens, repeated once (seed {args.seed})\n")
     for kind in KINDS:
         print(f"{kind.replace('_', '-')} score, top {args.top}:")
         print(scores.top(kind, args.top)[["head", kind]].to_string(index=False), end="\n\n")
-    print(f"next-token loss on the first copy {scores.loss_first:.3g} nats, on the repeat "
-          f"{scores.loss_repeat:.3g} (NaN: no next-token LM head)")
+    if math.isnan(scores.loss_first):
+        print("no next-token loss: the model has no next-token LM head")
+    else:
+        print(f"next-token loss on the first copy {scores.loss_first:.3g} nats, on the repeat "
+              f"{scores.loss_repeat:.3g}")
     return 0
 
 

@@ -448,6 +448,11 @@ def test_dla_sums_to_the_logit_and_refuses_nonlinear_heads():
     assert list(first.target) == dla.targets[rows, pos].tolist() and "baseline" not in each
     diff = rs.direct_logit_attribution(tr, target="next", baseline=tr.tokens).to_frame("each")
     assert list(diff[diff.label == dla.labels[0]].baseline) == tr.tokens[rows, pos].tolist()
+    answers = [7, 65]  # one id per row, at every position: each row's own logit difference
+    per_row = rs.direct_logit_attribution(tr, target=answers, baseline=66)
+    want = tr.logits[:, :, answers].diagonal(dim1=0, dim2=2).T - tr.logits[:, :, 66]  # [batch, pos]
+    assert (per_row.total() - want)[m].abs().max() < 1e-4
+    assert per_row.targets[:, 0].tolist() == answers and bool((per_row.baselines == 66).all())
     last = tr.attention_mask.sum(-1) - 1  # each row's last real token, by hand
     by_hand = torch.stack([dla.values[:, r, int(last[r])] for r in range(len(last))], 1).mean(1)
     torch.testing.assert_close(torch.tensor(dla.to_frame("last").logit.values), by_hand)
@@ -602,6 +607,9 @@ def test_ablation_of_a_head_or_an_mlp_matches_weight_surgery(name, write, mode):
     assert row.top_logit_change == pytest.approx(float(dtop[mask.bool()].mean()), **ABLATION_TOL)
     assert row.loss_change == pytest.approx(float(out.loss - clean.loss), **ABLATION_TOL)
     assert row.logit_kl > 1e-4 and row.last_kl != pytest.approx(row.logit_kl, rel=1e-3)
+    alone = rs.ablation_check(trace, writes=[write], mode=mode, reads=False)  # outputs only
+    assert alone.outputs().iloc[0, 1:].tolist() == pytest.approx(row.iloc[1:].tolist(), rel=1e-6)
+    assert bool(alone.effect.isnan().all() and alone.linear.isnan().all()) and len(alone.to_frame()) == 0
     other = rs.trace(rs.load(ablated, tokenizer=ByteTokenizer()), TEXTS)
     frame = check.to_frame()
     assert len(frame) > 0
@@ -715,6 +723,7 @@ def test_head_scores_by_hand():
     n = 7
     s = rs.head_scores(model, length=n, rows=3, seed=4)
     assert s.start == 1 and bool((s.tokens[:, 0] == 256).all())
+    assert "\n" not in repr(s) and f"3 rows of {n} random tokens" in repr(s) and len(repr(s)) < 300
     assert torch.equal(s.tokens[:, 1:1 + n], s.tokens[:, 1 + n:]) and int(s.tokens[:, 1:].max()) < 256
     patterns = rs.trace(model, s.tokens, patterns=True).patterns
     T = 1 + 2 * n
@@ -847,3 +856,30 @@ def test_an_ablation_that_changes_nothing_measures_nothing_in_bf16():
     check = rs.ablation_check(rs.trace(model, TEXTS), writes=["L0H2", "L0H1"], mode="zero")
     assert float(check.effect[0].nan_to_num().abs().max()) == 0 and float(check.logit_kl[0]) == 0
     assert float(check.effect[1].nan_to_num().max()) > 1e-3  # a head that writes does change them
+
+
+def test_dla_frames_sum_to_the_logit_difference_with_a_head_bias():
+    """An LM head with a bias (GPT-2's head given one, filled at random): every view of the
+    frame has a ``b_U`` row, so its rows sum to the model's own logit difference (reference:
+    the logits), at each position and at each row's last token."""
+    module = build("gpt2")
+    module.lm_head = torch.nn.Linear(module.lm_head.in_features, module.lm_head.out_features, bias=True)
+    with torch.no_grad():
+        module.lm_head.weight.copy_(module.transformer.wte.weight)
+        module.lm_head.bias.normal_()
+    model = rs.load(module, tokenizer=ByteTokenizer())
+    tr = rs.trace(model, TEXTS)
+    dla = rs.direct_logit_attribution(tr, target=[97, 98], baseline=99)
+    want = tr.logits[:, :, [97, 98]].diagonal(dim1=0, dim2=2).T - tr.logits[:, :, 99]
+    m = tr.attention_mask.bool()
+    each = dla.to_frame("each")
+    assert each.label.iloc[-1] == "b_U" and each[each.label == "b_U"].kind.iloc[0] == "unembed_bias"
+    sums = each.groupby(["batch", "pos"], sort=True).logit.sum()
+    rows, pos = m.nonzero(as_tuple=True)
+    got = torch.tensor(sums.loc[list(zip(rows.tolist(), pos.tolist(), strict=True))].values)
+    assert (got - want[rows, pos].double()).abs().max() < 1e-4
+    last = m.sum(1) - 1
+    assert dla.to_frame("last").logit.sum() == pytest.approx(
+        float(want[torch.arange(2), last].mean()), abs=1e-4)
+    plain = rs.trace(rs.load(build("gpt2"), tokenizer=ByteTokenizer()), TEXTS)  # no head bias
+    assert "b_U" not in set(rs.direct_logit_attribution(plain).to_frame().label)

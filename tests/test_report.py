@@ -232,6 +232,7 @@ def test_cli_heads_lists_the_top_heads_of_each_score(capsys):
     assert main(["heads", "minilm-l6", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["loss_first"] is None and len(data["heads"]) == 6 * 12
+    assert (data["model"], data["length"], data["rows"], data["seed"]) == ("minilm-l6", 50, 4, 0)
     assert max(data["heads"], key=lambda h: h["previous_token"])["head"] == "L0H2"
 
 

@@ -92,7 +92,8 @@ class Composition:
         A head reads by ``q``, ``k`` (the default) or ``v`` from heads, and ``mlp_q``, ``mlp_k``,
         ``mlp_v`` from MLPs; an MLP by ``in`` (its default). ``UnknownNameError`` for a reader
         the model lacks, ``InputError`` for a kind it does not read by: an empty frame would
-        read as "no composition".
+        read as "no composition". A reader with no write before it (a first-layer head, or
+        one whose block reads only the embeddings) does get an empty frame: nothing composes.
         """
         if reader in self.heads:
             kind = "k" if kind is None else kind

@@ -52,6 +52,13 @@ class HeadScores:
     tokens: Int[Tensor, "row pos"]
     start: int
 
+    def __repr__(self) -> str:
+        """One line: the sizes, the top head of each score and the losses."""
+        tops = ", ".join(f"{k} {t['head']} {t[k]:.2f}" for k in KINDS for t in [self.top(k, 1).iloc[0]])
+        rows, width = self.tokens.shape
+        return (f"HeadScores({rows} rows of {(width - self.start) // 2} random tokens ×2; top: {tops}; "
+                f"loss {self.loss_first:.3g} → {self.loss_repeat:.3g})")
+
     def to_frame(self) -> pd.DataFrame:
         """One row per head: ``head`` (``L3H5``), ``layer``, and a column per kind of score."""
         n_layers, n_heads = self.induction.shape

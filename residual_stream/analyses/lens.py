@@ -17,6 +17,7 @@ linear unembedding: BERT's MLM head applies a nonlinear transform first.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -151,44 +152,62 @@ class DirectLogitAttribution:
         averaged over rows (where a prompt's answer is predicted); ``"each"``, one row per
         contribution and real token (``batch, pos, token``: the input token there, ``target``:
         the id whose logit it is, and ``baseline`` when the terms are of a logit difference).
+        A model whose head has a bias gets a last row ``b_U`` (kind ``unembed_bias``, one layer
+        past the last), so that every view's rows sum to the logit (difference), as ``total``.
         """
         check_choice("position", position, get_args(Position))
-        base = {"label": self.labels, "kind": self.kinds, "layer": self.layers}
+        labels, kinds, layers, values = self.labels, self.kinds, self.layers, self.values
+        if bool(self.bias.ne(0).any()):
+            labels, kinds, layers = (*labels, "b_U"), (*kinds, "unembed_bias"), (*layers, max(layers) + 1)
+            values = torch.cat([values, self.bias[None]])
+        base = {"label": labels, "kind": kinds, "layer": layers}
         mask = self.attention_mask.bool()
         if position == "mean":
-            return pd.DataFrame({**base, "logit": masked_mean(self.values, mask, lead=1).numpy()})
+            return pd.DataFrame({**base, "logit": masked_mean(values, mask, lead=1).numpy()})
         if position == "last":
             last = mask.sum(1) - 1
-            return pd.DataFrame({**base, "logit": self.values[:, torch.arange(len(last)), last]
-                                 .mean(1).numpy()})
+            return pd.DataFrame({**base, "logit": values[:, torch.arange(len(last)), last].mean(1).numpy()})
         rows, pos = mask.nonzero(as_tuple=True)
-        n, c = len(rows), len(self.labels)
+        n, c = len(rows), len(labels)
         tokens = [self.str_tokens[r][p] for r, p in zip(rows.tolist(), pos.tolist(), strict=True)]
         ids = {"target": self.targets} | ({} if self.baselines is None else {"baseline": self.baselines})
         return pd.DataFrame({key: np.repeat(value, n) for key, value in base.items()} | {
             "batch": np.tile(rows.numpy(), c), "pos": np.tile(pos.numpy(), c), "token": tokens * c,
             **{key: np.tile(v[rows, pos].numpy(), c) for key, v in ids.items()},
-            "logit": self.values[:, rows, pos].flatten().numpy()})
+            "logit": values[:, rows, pos].flatten().numpy()})
 
 
 Target = Literal["top", "next"]
 Position = Literal["mean", "last", "each"]
 
 
-def _ids(trace, ids: Tensor, what: str, vocab: int) -> Tensor:
-    """``ids`` if they are integer token ids ``[batch, pos]`` in the vocabulary (``InputError``)."""
-    if ids.shape != trace.tokens.shape or ids.is_floating_point() or ids.is_complex() \
-            or ids.dtype == torch.bool:
-        raise InputError(f"{what} ids must be integers [batch, pos] = {tuple(trace.tokens.shape)}, "
-                         f"got {ids.dtype} {tuple(ids.shape)}")
+def _ids(trace, ids, what: str, vocab: int) -> Tensor:
+    """Token ids ``[batch, pos]`` from ``ids``: one id, one per row, or one per position.
+
+    An int is used at every position; a ``[batch]`` sequence (or ``[batch, 1]``) gives each
+    row its own id at every position; ``[batch, pos]`` is used as it is. ``InputError`` for
+    anything else, or an id outside the vocabulary.
+    """
+    shape = tuple(trace.tokens.shape)
+    index = as_index(ids)
+    try:
+        ids = torch.as_tensor(index if index is not None else ids)
+    except (TypeError, ValueError, RuntimeError):
+        ids = torch.zeros(0)  # refused below, by its dtype
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool \
+            or ids.shape not in ((), (shape[0],), (shape[0], 1), shape):
+        raise InputError(f"{what} ids are one token id, one per row [{shape[0]}], or one per "
+                         f"position [batch, pos] = {list(shape)}; got {ids.dtype} {tuple(ids.shape)}"
+                         " (an id: model.tokenizer.encode(' Mary', add_special_tokens=False))")
+    ids = (ids[:, None] if ids.ndim == 1 else ids).expand(shape)
     if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < vocab):
         raise InputError(f"{what} ids must be token ids in 0..{vocab - 1}, got {int(ids.min())}"
                          f"..{int(ids.max())}")
     return ids.to(trace.logits.device)
 
 
-def _targets(trace, target: Target | Tensor) -> Tensor:
-    if isinstance(target, Tensor):
+def _targets(trace, target) -> Tensor:
+    if not isinstance(target, str):
         return _ids(trace, target, "target", trace.logits.shape[-1])
     if target == "top":
         return trace.logits.argmax(-1)
@@ -196,19 +215,22 @@ def _targets(trace, target: Target | Tensor) -> Tensor:
         top = trace.logits.argmax(-1)
         nxt, real = (t[:, 1:].to(top.device) for t in (trace.tokens, trace.attention_mask.bool()))
         return torch.cat([torch.where(real, nxt, top[:, :-1]), top[:, -1:]], 1)  # never a pad
-    raise InputError(f"target must be 'top', 'next' or a [batch, pos] tensor, got {target!r}")
+    raise InputError(f"target must be 'top', 'next' or token ids (one, one per row, or [batch, pos]), "
+                     f"got {target!r}")
 
 
 def direct_logit_attribution(
-    trace, *, target: Target | Tensor = "top", baseline: Tensor | None = None
+    trace, *, target: Target | int | Sequence[int] | Tensor = "top",
+    baseline: int | Sequence[int] | Tensor | None = None,
 ) -> DirectLogitAttribution:
     """Exact per-contribution terms of each position's target logit (see the module docstring).
 
     Args:
         trace: A trace of a model with a linear unembedding.
-        target: ``"top"`` (the model's prediction), ``"next"`` (the next input token) or ids
-            ``[batch, pos]``.
-        baseline: Optional ids ``[batch, pos]``: attribute the logit difference instead.
+        target: ``"top"`` (the model's prediction), ``"next"`` (the next input token) or token
+            ids: one id (every position), one per row (``[batch]``, e.g. each prompt's answer
+            for ``to_frame("last")``) or ``[batch, pos]``.
+        baseline: Optional ids, in the same forms: attribute the logit difference instead.
     """
     unembed = trace.model.unembed()
     if unembed.transform is not None or unembed.softcap:
@@ -219,6 +241,7 @@ def direct_logit_attribution(
     tgt = _targets(trace, target)
     direction = unembed.W_U.T[tgt]                                   # (batch, pos, d_model)
     bias = unembed.b_U[tgt] if unembed.b_U is not None else torch.zeros(tgt.shape)
+    base = None
     if baseline is not None:
         base = _ids(trace, baseline, "baseline", trace.logits.shape[-1]).to(tgt.device)
         direction = direction - unembed.W_U.T[base]
@@ -226,7 +249,7 @@ def direct_logit_attribution(
     parts = trace.decompose("final")
     values = torch.einsum("cbpd,bpd->cbp", parts.values, direction.to(parts.values.device))
     return DirectLogitAttribution(parts.labels, parts.kinds, parts.layers, values.cpu(),
-                                  bias.float().cpu(), tgt.cpu(),
-                                  None if baseline is None else baseline.cpu(),
+                                  bias.float().cpu(), tgt.cpu().contiguous(),
+                                  None if base is None else base.cpu().contiguous(),
                                   trace.attention_mask.cpu(),
                                   tuple(tuple(t) for t in trace.str_tokens))
