@@ -184,14 +184,14 @@ def _heads(args: argparse.Namespace) -> int:
         raise InputError(f"--top must be at least 1, got {args.top}")
     model = load(args.model)
     scores = head_scores(model, length=args.length, rows=args.rows, seed=args.seed)
-    length = (scores.tokens.shape[1] - scores.start) // 2
     if args.json:
         losses = {k: None if math.isnan(v) else v  # JSON has no NaN
                   for k, v in (("loss_first", scores.loss_first), ("loss_repeat", scores.loss_repeat))}
-        print(json.dumps({"model": model.name, "length": length, "rows": args.rows, "seed": args.seed,
+        print(json.dumps({"model": model.name, "length": scores.length, "rows": args.rows, "seed": args.seed,
                           **losses, "heads": scores.to_frame().to_dict(orient="records")}, indent=1))
         return 0
-    print(f"{model.name}: {args.rows} rows of {length} random tokens, repeated once (seed {args.seed})\n")
+    print(f"{model.name}: {args.rows} rows of {scores.length} random tokens, repeated once "
+          f"(seed {args.seed})\n")
     for kind in KINDS:
         print(f"{kind.replace('_', '-')} score, top {args.top}:")
         print(scores.top(kind, args.top)[["head", kind]].to_string(index=False), end="\n\n")

@@ -44,7 +44,7 @@ from .capture import capture, hidden_states_reference, model_lock
 from .decomposition import collect, replay_states
 from .errors import ConservationError
 from .program import Add, Mark, Norm, Read
-from .walk import component_of, walk_stream
+from .walk import component_of, final_stream, walk_stream
 
 if TYPE_CHECKING:
     from .trace import Trace
@@ -156,7 +156,7 @@ def check_conservation(trace: Trace, *, tolerance: float | None = None) -> Conse
     wide = model.dtype in (torch.float32, torch.float64)
     final = trace.decompose("final").total()
     last = "final" if "ln_final" in anatomy.norms else f"resid_pre {n}"
-    rec.compare("hidden_states", last, final if wide else _final(walk_stream(trace, cap)), refs[n])
+    rec.compare("hidden_states", last, final if wide else final_stream(walk_stream(trace, cap)), refs[n])
     _replay_hooks(trace, cap, rec)
     for name, spec in anatomy.norms.items():
         module = model.module.get_submodule(spec.module_path)
@@ -173,11 +173,6 @@ def check_conservation(trace: Trace, *, tolerance: float | None = None) -> Conse
     if not wide:
         rec.compare("decomposition", last, final, run["final"])
     return ConservationReport(tuple(rec.rows), tolerance)
-
-
-def _final(steps) -> Tensor:
-    """The stream after the final norm, from a walk's steps."""
-    return next(s.x for s in steps if isinstance(s.op, Mark) and s.op.point == "final")
 
 
 def _replay_hooks(trace: Trace, cap, rec: _Recorder) -> None:

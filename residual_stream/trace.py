@@ -29,8 +29,8 @@ from .capture import Captured, capture
 from .decomposition import Contributions, Sources, Write, replay, replay_to_read
 from .errors import NonFiniteError, NotAvailableError, UnknownNameError, layer_index
 from .inputs import Batch, Overflow, encode
-from .program import Mark, Point, Read
-from .walk import component_of, walk_stream
+from .program import Point, Read
+from .walk import component_of, final_stream, walk_stream
 from .weights import attn_W_O, bias_of, head_writes
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ class Trace:
         captured stream with the norm's scale frozen, so it equals ``decompose("final").total()``.
         """
         if isinstance(layer, str) and layer == "final":
-            return next(s.x for s in walk_stream(self) if s.op == Mark("final"))
+            return final_stream(walk_stream(self))
         return self.captured.resid[self._layer(layer, self.anatomy.n_layers + 1, "a stream point",
                                                ' or "final"')]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -132,21 +132,32 @@ def head_of(name: object, channel: bool = False) -> tuple[int, int, str | None] 
     return None if m is None else (int(m[1]), int(m[2]), m[3] if channel else None)
 
 
-def walk_stream(trace: Trace, captured: Captured | None = None, *, reset: Reset = "marks",
-                whole: bool = False) -> Iterator[Step]:
+def walk_stream(trace: Trace, captured: Captured | None = None, *, reset: Reset = "marks"
+                ) -> Iterator[Step]:
     """Yield a ``Step`` per program operation (see the module docstring).
 
-    ``reset="none"``: never go on from a captured stream, so the walk is the program run over
-    the captured writes alone, in float32 (what a decomposition sums to). ``"norms"``: also
-    after every whole-stream norm, from its captured input, so each step is local to one
-    operation and a 16-bit model's rounding, which a norm can magnify, never carries over.
-    ``whole``: take each attention's write as the captured output of its output projection
-    (``capture(heads=False)``: what an intervention hook on it returned), not from heads.
+    ``captured``: another pass of the trace's batch (default the trace's own); every write
+    comes from it, each attention's from its per-head ``z`` or, for a pass captured with
+    ``heads=False``, from its output projection's output (what an intervention hook on it
+    returned). ``reset="none"``: never go on from a captured stream, so the walk is the
+    program run over the captured writes alone, in float32 (what a decomposition sums to).
+    ``"norms"``: also after every whole-stream norm, from its captured input, so each step is
+    local to one operation and a 16-bit model's rounding, which a norm can magnify, never
+    carries over.
     """
     cap = captured or trace.captured
-    attn_write = cap.attn_out.__getitem__ if whole else trace.attn_write
+    if not cap.z:  # attention outputs kept whole
+        attn_write = cap.attn_out.__getitem__
+    else:  # from heads: the trace's own views, over this pass
+        over = trace if cap is trace.captured else type(trace)(trace.model, trace.batch, cap)
+        attn_write = over.attn_write
     yield from walk_ops(trace.anatomy.program, torch.zeros_like(cap.resid[0]), cap,
                         trace.anatomy.norms, attn_write, reset=reset)
+
+
+def final_stream(steps: Iterable[Step]) -> Tensor:
+    """The stream after the final norm (at ``Mark("final")``), from a walk's steps."""
+    return next(s.x for s in steps if isinstance(s.op, Mark) and s.op.point == "final")
 
 
 def walk_ops(ops, x: Tensor, cap: Captured, norms: dict, attn_write: Callable[[int], Tensor],
@@ -180,15 +191,14 @@ def walk_ops(ops, x: Tensor, cap: Captured, norms: dict, attn_write: Callable[[i
             stream = Pending((cap.resid[op.point],))
 
 
-def read_inputs(trace: Trace, captured: Captured | None = None, *, whole: bool = False
-                ) -> dict[str, Tensor]:
+def read_inputs(trace: Trace, captured: Captured | None = None) -> dict[str, Tensor]:
     """What every component reads: the stream at its read point through its norm (frozen scale).
 
-    ``whole`` as in ``walk_stream`` (for a ``captured`` pass with attention outputs kept whole).
+    ``captured`` as in ``walk_stream``.
     """
     cap = captured or trace.captured
     out = {}
-    for step in walk_stream(trace, cap, whole=whole):
+    for step in walk_stream(trace, cap):
         if isinstance(step.op, Read):
             norm = step.op.norm
             out[step.op.component] = step.x if norm is None else \

@@ -77,8 +77,8 @@ if not math.isnan(scores.loss_first):  # NaN without a next-token LM head
     st.caption(f"Next-token loss: {scores.loss_first:.2f} nats on the first copy, "
                f"{scores.loss_repeat:.2f} on the repeat (a model using the repeat predicts it).")
 if kind == "induction":  # an induction head finds its key by the token before it: K-composition
-    best = scores.top(kind, 1)["head"][0]
-    if best.startswith("L0H"):
+    best, layer = scores.top(kind, 1).loc[0, ["head", "layer"]]
+    if layer == 0:
         st.info(f"{best}, the top induction head, is in the first layer: no head writes before it.")
     else:
         with common.guarded():

@@ -186,9 +186,8 @@ def _linear(trace, writes: tuple[str, ...], readers: tuple[str, ...], later: Ten
     if any(head_of(w) is None for w in writes):
         frames["component"] = read_attribution(trace).matrix("component", absolute=True)
     if any(head_of(w) for w in writes):
-        heads = read_attribution(trace, granularity="head").matrix("reader", absolute=True)
-        key = pd.Series([component_label(r.rsplit(".", 1)[0]) for r in heads.index], index=heads.index)
-        frames["head"] = heads.groupby(key, sort=False).mean()
+        frames["head"] = read_attribution(trace, granularity="head").matrix(
+            "component", absolute=True, sources=False)
     out = torch.full(later.shape, float("nan"))
     for i, w in enumerate(writes):
         frame = frames["head" if head_of(w) else "component"]
@@ -217,15 +216,15 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
     # every pass, the clean one too, with attention outputs whole: as the edit leaves them (per-
     # head z would be before it), and rounded as the model rounds them (a 16-bit model's own
     # output projection), so that an ablation changing nothing measures 0
-    clean = read_inputs(trace, capture(trace.model.module, a, tokens, dev_mask, heads=False),
-                        whole=True) if reads else {}
+    clean = read_inputs(trace, capture(trace.model.module, a, tokens, dev_mask, heads=False)) \
+        if reads else {}
     later = a.sees(owners, readers) & reads  # the pairs that count: the reader reads after the write
     effect = torch.full((len(writes), len(readers)), float("nan"))
     outputs = torch.full((len(writes), 4), float("nan"))  # logit_kl, last_kl, top, loss
     for i, write in enumerate(writes):
         edit = (_ablated_head if head_of(write) else _ablated_output)(trace, write, mode)
         cap = capture(trace.model.module, a, tokens, dev_mask, edits=[edit], heads=False)
-        inputs = read_inputs(trace, cap, whole=True) if reads else {}
+        inputs = read_inputs(trace, cap) if reads else {}
         for j, reader in enumerate(readers):
             if later[i, j]:
                 change = (inputs[reader] - clean[reader]).norm(dim=-1) / clean[reader].norm(dim=-1)

@@ -160,11 +160,13 @@ class ReadAttribution:
         return frame[frame.abs_share > 0].reset_index(drop=True)
 
     def matrix(self, level: Literal["reader", "component", "layer"] = "component",
-               channel: str | None = None, *, absolute: bool = False) -> pd.DataFrame:
+               channel: str | None = None, *, absolute: bool = False,
+               sources: bool = True) -> pd.DataFrame:
         """Reader × source matrix at ``level``: shares of sources summed, readers averaged.
 
         ``channel`` keeps only readers of one kind (``"q" "k" "v" "in" "gate"``; a kind the
-        model lacks, ``"gate"`` without a gated MLP, keeps none).
+        model lacks, ``"gate"`` without a gated MLP, keeps none). ``sources=False`` groups the
+        readers only, keeping every source as it is (a head's own share, at head granularity).
         """
         check_choice("level", level, ("reader", "component", "layer"))
         if channel is not None:
@@ -179,8 +181,9 @@ class ReadAttribution:
         key = component_label if level == "component" else layer_label
         # group by Series, not lists: a list of strings that are also column names would be
         # taken as column keys by pandas
-        by_source = pd.Series([key(s) for s in self.sources], index=frame.columns)
-        frame = frame.T.groupby(by_source, sort=False).sum().T
+        if sources:
+            by_source = pd.Series([key(s) for s in self.sources], index=frame.columns)
+            frame = frame.T.groupby(by_source, sort=False).sum().T
         by_reader = pd.Series([key(r.rsplit(".", 1)[0]) for r in readers], index=frame.index)
         return frame.groupby(by_reader, sort=False).mean()
 

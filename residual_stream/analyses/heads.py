@@ -52,11 +52,15 @@ class HeadScores:
     tokens: Int[Tensor, "row pos"]
     start: int
 
+    @property
+    def length(self) -> int:
+        """Random tokens per copy."""
+        return (self.tokens.shape[1] - self.start) // 2
+
     def __repr__(self) -> str:
         """One line: the sizes, the top head of each score and the losses."""
         tops = ", ".join(f"{k} {t['head']} {t[k]:.2f}" for k in KINDS for t in [self.top(k, 1).iloc[0]])
-        rows, width = self.tokens.shape
-        return (f"HeadScores({rows} rows of {(width - self.start) // 2} random tokens ×2; top: {tops}; "
+        return (f"HeadScores({self.tokens.shape[0]} rows of {self.length} random tokens ×2; top: {tops}; "
                 f"loss {self.loss_first:.3g} → {self.loss_repeat:.3g})")
 
     def to_frame(self) -> pd.DataFrame:
@@ -99,13 +103,12 @@ def _prefix_and_pool(model) -> tuple[list[int], Tensor]:
     return prefix, keep.nonzero()[:, 0]
 
 
-def repeated_tokens(model, length: int, rows: int, seed: int) -> tuple[Tensor, int]:
-    """``(ids [rows, start + 2·length], start)``: random tokens repeated once, after any prefix."""
-    prefix, pool = _prefix_and_pool(model)
+def _repeated_tokens(prefix: list[int], pool: Tensor, length: int, rows: int, seed: int) -> Tensor:
+    """``[rows, len(prefix) + 2·length]``: ``length`` ids from ``pool``, repeated once, after ``prefix``."""
     g = torch.Generator().manual_seed(seed)
     random = pool[torch.randint(len(pool), (rows, length), generator=g)]
     head = torch.tensor(prefix, dtype=torch.long).expand(rows, len(prefix))
-    return torch.cat([head, random, random], 1), len(prefix)
+    return torch.cat([head, random, random], 1)
 
 
 def _diagonal_mean(A: Tensor, offset: int, first_query: int) -> Tensor:
@@ -125,7 +128,7 @@ def head_scores(model, *, length: int | None = None, rows: int = 4, seed: int = 
 
     model = getattr(model, "model", model)  # a Trace holds its Model as ``model``
     a = model.anatomy
-    prefix, _ = _prefix_and_pool(model)
+    prefix, pool = _prefix_and_pool(model)
     fits = (a.n_ctx - len(prefix)) // 2
     n, r, sd = (as_index(v) for v in (fits if length is None else length, rows, seed))
     if n is None or r is None or sd is None or n < 2 or r < 1 or not 0 <= sd < 2**63:
@@ -137,7 +140,7 @@ def head_scores(model, *, length: int | None = None, rows: int = 4, seed: int = 
         raise InputError(f"two copies of {n} tokens{' and a prefix' if prefix else ''} make "
                          f"{len(prefix) + 2 * n} positions, over {model.name}'s context of "
                          f"{a.n_ctx}: use length ≤ {fits}")
-    tokens, start = repeated_tokens(model, n, r, sd)
+    tokens, start = _repeated_tokens(prefix, pool, n, r, sd), len(prefix)
     tr = trace(model, tokens, patterns=True)
     repeat = start + n  # the repeat's first position
     scores = [torch.stack([_diagonal_mean(A, off, first) for A in tr.patterns]).cpu()
