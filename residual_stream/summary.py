@@ -74,7 +74,6 @@ def summarize(model, texts: Sequence[str] = DEFAULT_TEXTS) -> dict[str, float | 
     for key in ("loss_first", "loss_repeat"):  # NaN without a next-token LM head
         value = getattr(heads, key)
         out[f"random_tokens_{key}"] = None if math.isnan(value) else value
-    dla = _nan_or(lambda: analyses.direct_logit_attribution(tr).to_frame())
-    out["dla_top_contributor"] = None if dla is None else str(
-        dla.loc[dla.logit.abs().idxmax(), "label"])
+    dla = _nan_or(lambda: analyses.direct_logit_attribution(tr).top(1))
+    out["dla_top_contributor"] = None if dla is None else str(dla.label[0])
     return out

@@ -883,3 +883,36 @@ def test_dla_frames_sum_to_the_logit_difference_with_a_head_bias():
         float(want[torch.arange(2), last].mean()), abs=1e-4)
     plain = rs.trace(rs.load(build("gpt2"), tokenizer=ByteTokenizer()), TEXTS)  # no head bias
     assert "b_U" not in set(rs.direct_logit_attribution(plain).to_frame().label)
+
+
+def test_dla_of_a_soft_capped_model_sums_to_the_logit_before_the_cap():
+    """Gemma 2 soft-caps its logits, ``c · tanh(logit / c)``; with ``c = 0.5`` the cap bends
+    these logits. DLA attributes the logit (difference) before the cap. Reference: the same
+    Hugging Face module run with its cap switched off. ``top``: by hand from the values."""
+    module = build("gemma2")
+    module.config.final_logit_softcapping = 0.5
+    model = rs.load(module, tokenizer=ByteTokenizer())
+    tr = rs.trace(model, TEXTS)
+    dla = rs.direct_logit_attribution(tr, target="next", baseline=7)
+    m = tr.attention_mask.bool()
+    module.config.final_logit_softcapping = None
+    try:
+        with torch.no_grad():
+            uncapped = module(input_ids=tr.tokens, attention_mask=tr.attention_mask).logits.float()
+    finally:
+        module.config.final_logit_softcapping = 0.5
+    capped = 0.5 * torch.tanh(uncapped / 0.5)
+    assert (capped - tr.logits)[m].abs().max() < 1e-5          # the trace's logits are capped
+    assert (capped - uncapped)[m].abs().max() > 0.1             # and the cap bends them
+    want = uncapped.gather(-1, dla.targets[..., None])[..., 0] - uncapped[..., 7]
+    assert (dla.total() - want)[m].abs().max() < 1e-4
+    assert dla.softcap == 0.5
+    top = dla.top(3, "each")  # the three largest terms over contributions and real tokens
+    v = dla.values.masked_fill(~m, 0).abs().flatten()
+    c, b, p = (torch.tensor(v.topk(3).indices.tolist()) // s % n for s, n in (
+        (m.numel(), len(dla.labels)), (m.shape[1], m.shape[0]), (1, m.shape[1])))
+    assert list(top.label) == [dla.labels[i] for i in c] and list(top.batch) == b.tolist() \
+        and list(top.pos) == p.tolist()
+    torch.testing.assert_close(torch.tensor(top.logit.values), dla.values[c, b, p])
+    assert dla.top(2).label.tolist() == dla.to_frame().assign(a=lambda f: f.logit.abs()) \
+        .sort_values("a", ascending=False).label.head(2).tolist()

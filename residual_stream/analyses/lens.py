@@ -12,7 +12,11 @@ Log-probabilities are ``logits − logsumexp(logits)`` (``log_probs``), not ``lo
 is an exact sum of per-contribution terms ``c_i · W_U[:, t]`` plus ``b_U[t]``. With a
 ``baseline`` token, the terms are for the logit difference ``t − baseline`` (which, unlike
 single logits, does not depend on a per-position constant added to every logit). Needs a
-linear unembedding: BERT's MLM head applies a nonlinear transform first.
+linear unembedding: BERT's MLM head applies a nonlinear transform first. A model that
+soft-caps its logits (Gemma 2: ``c · tanh(logit / c)``) is attributed before the cap, where
+the map is linear, as TransformerLens's ``logit_attrs`` does: the terms sum to the capped
+logit's preimage ``c · atanh(logit / c)`` (``DirectLogitAttribution.softcap`` is ``c``). The
+cap is monotone: the top token, and the sign of a logit difference, are the same either side.
 """
 
 from __future__ import annotations
@@ -128,7 +132,8 @@ def logit_lens(trace, *, k: int = 5) -> LogitLens:
 class DirectLogitAttribution:
     """Per contribution and token: its term in the target logit (or logit difference).
 
-    ``values.sum(0) + bias`` equals the model's logit (difference) for the target tokens.
+    ``values.sum(0) + bias`` equals the model's logit (difference) for the target tokens;
+    for a model that soft-caps its logits (``softcap``: its ``c``), the logits before the cap.
     """
 
     labels: tuple[str, ...]
@@ -140,10 +145,22 @@ class DirectLogitAttribution:
     baselines: Int[Tensor, "batch pos"] | None
     attention_mask: Int[Tensor, "batch pos"]
     str_tokens: tuple[tuple[str, ...], ...]
+    softcap: float | None = None
 
     def total(self) -> Float[Tensor, "batch pos"]:
-        """The reconstructed logit (difference): every term plus ``b_U``."""
+        """The reconstructed logit (difference): every term plus ``b_U`` (before any soft-cap)."""
         return self.values.sum(0) + self.bias
+
+    def top(self, n: int = 10, position: Position = "mean") -> pd.DataFrame:
+        """The ``n`` rows of ``to_frame(position)`` largest in magnitude, largest first.
+
+        With ``position="each"``, the ``n`` largest (contribution, token) terms.
+        """
+        if as_index(n) is None or n < 1:
+            raise InputError(f"top: n is a number of rows, at least 1, not {n!r}")
+        frame = self.to_frame(position)
+        order = frame.logit.abs().sort_values(ascending=False, kind="stable").index[:n]
+        return frame.loc[order].reset_index(drop=True)
 
     def to_frame(self, position: Position = "mean") -> pd.DataFrame:
         """Per contribution: its term in logit units, with its kind and layer.
@@ -233,11 +250,10 @@ def direct_logit_attribution(
         baseline: Optional ids, in the same forms: attribute the logit difference instead.
     """
     unembed = trace.model.unembed()
-    if unembed.transform is not None or unembed.softcap:
+    if unembed.transform is not None:
         raise NotAvailableError(
             "direct logit attribution needs a linear unembedding; this model applies a "
-            f"{'nonlinear head transform' if unembed.transform is not None else 'logit soft-cap'}"
-            " after the stream. Use the logit lens instead.")
+            "nonlinear head transform after the stream. Use the logit lens instead.")
     tgt = _targets(trace, target)
     direction = unembed.W_U.T[tgt]                                   # (batch, pos, d_model)
     bias = unembed.b_U[tgt] if unembed.b_U is not None else torch.zeros(tgt.shape)
@@ -252,4 +268,4 @@ def direct_logit_attribution(
                                   bias.float().cpu(), tgt.cpu().contiguous(),
                                   None if base is None else base.cpu().contiguous(),
                                   trace.attention_mask.cpu(),
-                                  tuple(tuple(t) for t in trace.str_tokens))
+                                  tuple(tuple(t) for t in trace.str_tokens), unembed.softcap or None)
