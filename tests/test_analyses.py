@@ -550,10 +550,18 @@ def _surgery(model, write, mode, trace):
     L, rest = write[1:].split("H") if "H" in write else write[1:].split(".")
     L = int(L)
     if rest in ("mlp", "attn"):
+        seen = []  # a whole attention's mean write: its projection's output, by a hook of ours
+        handle = proj(model.module, L).register_forward_hook(lambda m, args, out: seen.append(out.detach()))
+        with torch.no_grad():
+            model.module(input_ids=trace.tokens, attention_mask=trace.attention_mask)
+        handle.remove()
         with torch.no_grad():
             for w in ((module.model.layers[L].mlp.down_proj.weight,) if rest == "mlp" else
                       (proj(module, L).weight, proj(module, L).bias)):
                 w.zero_()
+            if mode == "mean":
+                assert rest == "attn"
+                proj(module, L).bias += seen[0][trace.attention_mask.bool()].double().mean(0).float()
         return module
     h, k = int(rest), model.anatomy.d_head
     seen = []
@@ -572,8 +580,9 @@ def _surgery(model, write, mode, trace):
 
 
 @pytest.mark.parametrize(("name", "write", "mode"), [("llama", "L1H2", "zero"), ("llama", "L1.mlp", "zero"),
-                                                     ("gpt2", "L0H1", "mean"),
+                                                     ("gpt2", "L0H1", "mean"), ("gpt2", "L1H0", "reference"),
                                                      ("gpt2", "L0.attn", "zero"), ("gemma2", "L1H1", "zero"),
+                                                     ("gpt2", "L1.attn", "reference"),
                                                      ("gpt_neox_parallel", "L0H1", "mean")])
 def test_ablation_of_a_head_or_an_mlp_matches_weight_surgery(name, write, mode):
     """One head (or a whole MLP) ablated by the hook against the same ablation made in the
@@ -581,7 +590,8 @@ def test_ablation_of_a_head_or_an_mlp_matches_weight_surgery(name, write, mode):
     ablated attention's write included), and the output's changes: KL
     over real tokens and at each row's last token (float64 from the copy's logits), the
     clean top token's logit, and the next-token loss as Hugging Face computes it
-    (``labels=``, pads ignored)."""
+    (``labels=``, pads ignored). ``"reference"``: mean-ablation with the means of another
+    trace's tokens (a head's ``z``, an attention's output, by hooks of the test's own)."""
     module = build(name)
     with torch.no_grad():  # writes large enough that every change is far above rounding
         for n, w in module.named_parameters():
@@ -589,8 +599,13 @@ def test_ablation_of_a_head_or_an_mlp_matches_weight_surgery(name, write, mode):
                 w.mul_(25)
     model = rs.load(module, tokenizer=ByteTokenizer())
     trace = rs.trace(model, TEXTS)
-    check = rs.ablation_check(trace, writes=[write], mode=mode)
-    ablated = _surgery(model, write, mode, trace)
+    reference = rs.trace(model, ["Other prompts give other means.", "zq"]) if mode == "reference" else None
+    mode = "mean" if reference else mode
+    check = rs.ablation_check(trace, writes=[write], mode=mode, reference=reference)
+    ablated = _surgery(model, write, mode, reference or trace)
+    if reference:  # not the trace's own means: those give another result
+        own = rs.ablation_check(trace, writes=[write], mode=mode, reads=False).outputs().iloc[0]
+        assert abs(own.logit_kl - check.outputs().logit_kl[0]) > 1e-3 * check.outputs().logit_kl[0]
     mask = trace.attention_mask
     labels = trace.tokens.masked_fill(mask == 0, -100)
     with torch.no_grad():
@@ -607,7 +622,7 @@ def test_ablation_of_a_head_or_an_mlp_matches_weight_surgery(name, write, mode):
     assert row.top_logit_change == pytest.approx(float(dtop[mask.bool()].mean()), **ABLATION_TOL)
     assert row.loss_change == pytest.approx(float(out.loss - clean.loss), **ABLATION_TOL)
     assert row.logit_kl > 1e-4 and row.last_kl != pytest.approx(row.logit_kl, rel=1e-3)
-    alone = rs.ablation_check(trace, writes=[write], mode=mode, reads=False)  # outputs only
+    alone = rs.ablation_check(trace, writes=[write], mode=mode, reads=False, reference=reference)
     assert alone.outputs().iloc[0, 1:].tolist() == pytest.approx(row.iloc[1:].tolist(), rel=1e-6)
     assert bool(alone.effect.isnan().all() and alone.linear.isnan().all()) and len(alone.to_frame()) == 0
     other = rs.trace(rs.load(ablated, tokenizer=ByteTokenizer()), TEXTS)

@@ -46,6 +46,13 @@ def unchecked(fn):
     *[(lambda t, w=w: rs.ablation_check(t, writes=[w]), UnknownNameError, "no component")
       for w in ("L1H02", "L01H1", "L1H", "L1H\u0661", " L1H1")],  # not as heads are labelled
     (lambda t: rs.ablation_check(t, writes=[]), InputError, r"writes is empty.*None"),
+    (lambda t: rs.ablation_check(t, writes=["L0.mlp"], mode="zero", reference=t), InputError,
+     r"reference gives the means of mode='mean'; mode='zero' uses none"),
+    (lambda t: rs.ablation_check(t, writes=["L0.mlp"], reference=rs.trace(rs.twin(n_layers=2), "a")),
+     InputError, r"reference is a trace of the same loaded model.*not Trace"),
+    (lambda t: rs.ablation_check(t, writes=["L0.mlp"], reference=t.tokens), InputError,
+     r"rs.trace\(model, other_texts\), not Tensor"),
+    (lambda t: rs.direct_logit_attribution(t).top(0), InputError, "top: n is a number of rows"),
     (lambda t: unchecked(rs.ablation_check)(t, writes=5), InputError, "not 5"),
     (lambda t: unchecked(rs.ablation_check)(t, writes="L0.mlp"), InputError,
      r"writes is a list of component names, e.g. \['L0.mlp'\]"),

@@ -4,8 +4,10 @@ Read attribution is linear: it says how much of component ``j``'s read comes *di
 write ``i``, through norm scales frozen at the values of the clean run. Ablating ``i`` for real
 also moves every later write that read it and every norm scale. Here each write ``i`` (an
 attention or an MLP output, before any sandwich norm, or one head's part of an attention's
-output, ``"L3H5"``) is replaced by its mean over the trace's real tokens (``mode="mean"``)
-or by zero (``mode="zero"``) in a fresh forward pass, and we measure
+output, ``"L3H5"``) is replaced by its mean over the trace's real tokens (``mode="mean"``;
+or over a ``reference`` trace's: mean-ablation over a reference distribution, such as prompts
+of the same template with other names) or by zero (``mode="zero"``) in a fresh forward pass,
+and we measure
 
 * the relative change of every later component's read ``‖Δu_j‖ / ‖u_j‖`` (mean over tokens);
 * when the model has an LM head, the final distribution's change: ``KL(clean ‖ ablated)`` in
@@ -85,38 +87,42 @@ class AblationCheck:
 
 
 def _replacement(clean: Tensor, mask: Tensor, mode: Mode) -> Tensor:
-    """What a write ``clean [batch, pos, k]`` is replaced by: zeros, or its mean over real tokens."""
+    """What a write ``clean [batch, pos, k]`` is replaced by, ``[k]``: zeros, or its mean over real tokens."""
     if mode == "zero":
-        return torch.zeros_like(clean)
-    return clean[mask.bool().to(clean.device)].mean(0).expand_as(clean)
+        return clean.new_zeros(clean.shape[-1])
+    return clean[mask.bool().to(clean.device)].mean(0)
 
 
-def _ablated_output(trace, write: str, mode: Mode):
-    """``(module path, forward hook)`` replacing a whole attention's or MLP's output."""
+def _ablated_output(trace, write: str, mode: Mode, source):
+    """``(module path, forward hook)`` replacing a whole attention's or MLP's output.
+
+    ``source``: the trace whose real tokens give the mean (``trace`` or a reference).
+    """
     layer, kind = component_of(write)
-    clean = trace.attn_write(layer) if kind == "attn" else trace.mlp_write(layer)
-    value = _replacement(clean, trace.attention_mask, mode)
+    clean = source.attn_write(layer) if kind == "attn" else source.mlp_write(layer)
+    value = _replacement(clean, source.attention_mask, mode)
     path = (trace.anatomy.modules.attn_out if kind == "attn" else trace.anatomy.modules.mlp_out)[layer]
 
     def hook(module, args, output):
-        return _replaced(output, value.to(first_output(output).dtype))
+        out = first_output(output)
+        return _replaced(output, value.to(out.device, out.dtype).expand_as(out))
 
     return path, hook
 
 
-def _ablated_head(trace, write: str, mode: Mode):
+def _ablated_head(trace, write: str, mode: Mode, source):
     """``(module path, forward hook)`` replacing one head's part of the attention's output.
 
     The output projection is linear, so head ``h``'s part is ``z_h W_O[h]`` of the projection's
     own input ``z`` in this run: the hook adds ``(v − z_h) W_O[h]`` (``v`` zeros, or the clean
-    ``z_h``'s mean over real tokens), leaving the other heads and ``b_O`` as they are.
+    ``z_h``'s mean over ``source``'s real tokens), leaving the other heads and ``b_O`` as they are.
     """
     layer, h, _ = head_of(write)
     a = trace.anatomy
     path = a.modules.attn_out[layer]
     W_O = attn_W_O(trace.model.module.get_submodule(path), a.n_heads)[h].float()  # (d_head, d)
     k = W_O.shape[0]
-    value = _replacement(trace.captured.z[layer][..., h * k:(h + 1) * k], trace.attention_mask, mode)
+    value = _replacement(source.captured.z[layer][..., h * k:(h + 1) * k], source.attention_mask, mode)
 
     def hook(module, args, output):
         z = args[0][..., h * k:(h + 1) * k].float()
@@ -197,18 +203,32 @@ def _linear(trace, writes: tuple[str, ...], readers: tuple[str, ...], later: Ten
     return out
 
 
+def _reference(trace, reference, mode: Mode):
+    """The trace whose real tokens give the means: ``reference`` (checked) or ``trace``."""
+    if reference is None:
+        return trace
+    if mode != "mean":
+        raise InputError(f"reference gives the means of mode='mean'; mode={mode!r} uses none")
+    if getattr(reference, "model", None) is not trace.model or not hasattr(reference, "captured"):
+        raise InputError("reference is a trace of the same loaded model, e.g. "
+                         f"rs.trace(model, other_texts), not {type(reference).__name__}")
+    return reference
+
+
 def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "mean",
-                   reads: bool = True) -> AblationCheck:
+                   reads: bool = True, reference=None) -> AblationCheck:
     """Ablate each write in a fresh forward pass and compare with linear read attribution.
 
     ``writes``: component names (``"L0.attn"``, ``"L2.mlp"``) or heads (``"L1H3"``); default
     every component; ``mode``: ``"mean"`` replaces a write by its mean over the trace's real
-    tokens (every position, the first included), ``"zero"`` by zeros. ``reads=False``
-    measures only the output (``outputs()``): no later read's change, no linear attribution
-    (``effect``, ``linear`` and the correlations NaN), several times faster.
+    tokens (every position, the first included), ``"zero"`` by zeros. ``reference``: another
+    trace of the same model whose real tokens give the means instead (``mode="mean"``).
+    ``reads=False`` measures only the output (``outputs()``): no later read's change, no
+    linear attribution (``effect``, ``linear`` and the correlations NaN), several times faster.
     """
     a = trace.anatomy
     check_choice("mode", mode, get_args(Mode))
+    source = _reference(trace, reference, mode)
     writes, owners = _writes(trace, writes)
     readers = tuple(c.name for c in a.components)
     mask = trace.attention_mask
@@ -222,7 +242,7 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
     effect = torch.full((len(writes), len(readers)), float("nan"))
     outputs = torch.full((len(writes), 4), float("nan"))  # logit_kl, last_kl, top, loss
     for i, write in enumerate(writes):
-        edit = (_ablated_head if head_of(write) else _ablated_output)(trace, write, mode)
+        edit = (_ablated_head if head_of(write) else _ablated_output)(trace, write, mode, source)
         cap = capture(trace.model.module, a, tokens, dev_mask, edits=[edit], heads=False)
         inputs = read_inputs(trace, cap) if reads else {}
         for j, reader in enumerate(readers):
