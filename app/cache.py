@@ -86,6 +86,12 @@ def logit_lens(name: str, text: str):
     return rs.logit_lens(trace(name, text))
 
 
+@st.cache_data(show_spinner="Attributing the logits…", max_entries=TEXT_RESULTS)
+def logit_attribution(name: str, text: str, target: str | int, baseline: int | None):
+    """``rs.direct_logit_attribution`` at every token (``target``: ``"top"``, ``"next"`` or an id)."""
+    return rs.direct_logit_attribution(trace(name, text), target=target, baseline=baseline)
+
+
 @st.cache_data(show_spinner=False)  # the page's spinner says how long each one takes
 def experiment(kind: str):
     """One norm-lab experiment at sizes that keep the app responsive."""

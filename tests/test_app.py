@@ -84,11 +84,46 @@ def test_flow_page_threshold_and_node():
     assert "L3.attn reads from" in " ".join(m.value for m in at.markdown)
     assert chart(at, 1)["data"][0]["type"] == "heatmap"      # survival
     assert "Logit lens" in chart(at, 2)["layout"]["title"]["text"]
-    heads = chart(at, 3)["data"][0]  # SmolLM2's induction head L18H6 (0.91: test_real_analyses)
+    heads = chart(at, 4)["data"][0]  # SmolLM2's induction head L18H6 (0.91: test_real_analyses)
     assert heads["y"][int(np.argmax(np.max(_grid(heads["z"]), axis=1)))] == "L18"
     assert "L18H6, the top induction head" in " ".join(m.value for m in at.markdown)
     at.radio(key="head_kind").set_value("previous_token").run()
-    assert "previous-token score" in chart(at, 3)["layout"]["title"]["text"]
+    assert "previous-token score" in chart(at, 4)["layout"]["title"]["text"]
+
+
+def test_flow_page_attributes_a_logit_to_heads_and_mlps():
+    """The DLA bars at a token: the title's total is the model's own logit (reference: a plain
+    HF forward of the same text), or logit difference with a baseline; the 20 largest terms;
+    a target that is not one token is refused in the section, and the page goes on."""
+    import torch
+
+    import residual_stream as rs
+
+    at = app("flow")
+    model = rs.load("smollm2-135m", progress=False)
+    ids = model.tokenizer(at.sidebar.text_area(key="text").value, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        logits = model.module(input_ids=ids).logits[0].double()
+
+    def title():
+        return chart(at, 3)["layout"]["title"]["text"]
+
+    n = ids.shape[1]
+    assert title().startswith("logit(") and f"at token {n - 1}:" in title()
+    assert float(title().rsplit(": ", 1)[1]) == pytest.approx(float(logits[-1].max()), abs=2e-3)
+    bars = chart(at, 3)["data"][0]
+    size = np.abs(_grid(bars["x"]) if not isinstance(bars["x"], dict) else _numbers(bars["x"]))
+    assert len(bars["y"]) == 20 and (np.diff(size) <= 0).all()
+    the, paris = (model.tokenizer.encode(t, add_special_tokens=False)[0] for t in (" the", " Paris"))
+    at.selectbox(key="dla_pos").select(3).run()
+    at.text_input(key="dla_target").input(" the").run()
+    at.text_input(key="dla_baseline").input(" Paris").run()
+    assert "logit('Ġthe') − logit('ĠParis') at token 3:" in title()
+    want = float(logits[3, the] - logits[3, paris])
+    assert float(title().rsplit(": ", 1)[1]) == pytest.approx(want, abs=2e-3)
+    at.text_input(key="dla_target").input("residual stream").run()
+    assert not at.exception and "The target is 2 tokens" in at.error[0].value
+    assert "induction score" in chart(at, 3)["layout"]["title"]["text"]  # the Heads section still runs
 
 
 def test_compare_page_overlays_two_models():

@@ -1,4 +1,4 @@
-"""Flow: the read-write graph, survival of every write, the logit lens, and what heads attend to."""
+"""Flow: the read-write graph, survival, the logit lens, logit attribution, what heads attend to."""
 
 import math
 
@@ -8,6 +8,55 @@ import pandas as pd
 import streamlit as st
 
 from residual_stream import plotting
+from residual_stream.errors import NotAvailableError
+from residual_stream.plotting.labels import escape
+
+
+def one_token(model, typed: str, what: str) -> int | None:
+    """The id of ``typed`` if it is one token, None when empty; ``ValueError`` saying why if not."""
+    if not typed:
+        return None
+    ids = model.tokenizer.encode(typed, add_special_tokens=False)
+    if len(ids) != 1:
+        raise ValueError(f"The {what} is {len(ids)} tokens ({model.tokenizer.convert_ids_to_tokens(ids)}); "
+                         "type text that is one token, e.g. ' Paris' with its leading space.")
+    return ids[0]
+
+
+def logit_attribution(name: str, text: str, model, tr) -> None:
+    """Direct logit attribution at one token of the first text: its largest terms as bars."""
+    st.subheader("Direct logit attribution")
+    tokens = tr.str_tokens[0]
+    c1, c2, c3 = st.columns(3)
+    pos = c1.selectbox("At token (what it predicts)", range(len(tokens)), index=len(tokens) - 1,
+                       format_func=lambda p: f"{p}: {tokens[p]!r}", key="dla_pos")
+    typed_target = c2.text_input("Target token (empty: the model's top prediction)", key="dla_target")
+    typed_baseline = c3.text_input("Baseline token (optional: a logit difference)", key="dla_baseline")
+    try:  # on a problem the section says why, and the rest of the page still runs
+        target = one_token(model, typed_target, "target")
+        baseline = one_token(model, typed_baseline, "baseline")
+        dla = cache.logit_attribution(name, text, "top" if target is None else target, baseline)
+    except ValueError as e:
+        st.error(str(e))
+        return
+    except NotAvailableError as e:
+        st.info(str(e))
+        return
+    frame = dla.to_frame("each")
+    frame = frame[(frame.batch == 0) & (frame.pos == pos)]
+    ids = [int(dla.targets[0, pos])] + ([] if baseline is None else [baseline])
+    names = model.tokenizer.convert_ids_to_tokens(ids)
+    what = f"logit({names[0]!r})" + (f" − logit({names[1]!r})" if baseline is not None else "")
+    capped = " before the soft-cap" if dla.softcap else ""
+    title = f"{escape(what)} at token {pos}{capped}: {float(dla.total()[0, pos]):.3f}"
+    common.show(plotting.contribution_bars(frame, "logit", title=title, top=20, unit="logit"),
+                frame, key="dla", note=(
+        "The final-normed stream at that token is an exact sum of contributions (embeddings, each "
+        "head, each MLP, biases), with the final norm's scale frozen at its value; the unembedding "
+        "is linear, so the target's logit is an exact sum of their terms (bars: the 20 largest in "
+        "size). With a baseline, the terms are of the logit difference, which does not depend on "
+        "a shift of every logit. The title's total is every term plus the head's bias."))
+
 
 name, text = common.selection()
 st.title("Flow")
@@ -35,6 +84,8 @@ c1.dataframe(reads[reads > 0].rename("mean |share|").head(10))
 c2.markdown(f"**{node} is read by**")
 c2.dataframe(read_by[read_by > 0].rename("mean |share|").head(10))
 
+
+
 st.subheader("Survival")
 measure = st.radio("Measure", ["retention", "share", "norm"], horizontal=True, key="surv")
 with common.guarded():
@@ -56,6 +107,7 @@ else:
         "applies it, then the unembedding). Cell text: the lens's top token; color: KL to the "
         "model's final distribution in nats."))
     st.dataframe(lens.summary(), hide_index=True)  # per point: KL, top-1 agreement, median rank
+    logit_attribution(name, text, model, tr)
 
 st.subheader("Heads")
 kind = st.radio("Score", ["induction", "previous_token", "duplicate_token"], horizontal=True,
