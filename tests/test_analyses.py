@@ -601,7 +601,12 @@ def test_ablation_of_a_head_or_an_mlp_matches_weight_surgery(name, write, mode):
     trace = rs.trace(model, TEXTS)
     reference = rs.trace(model, ["Other prompts give other means.", "zq"]) if mode == "reference" else None
     mode = "mean" if reference else mode
-    check = rs.ablation_check(trace, writes=[write], mode=mode, reference=reference)
+    last = trace.attention_mask.sum(1) - 1
+
+    def diff(logits):  # a logit difference at each row's last real token
+        return (logits[torch.arange(len(last)), last, 5] - logits[torch.arange(len(last)), last, 9]).mean()
+
+    check = rs.ablation_check(trace, writes=[write], mode=mode, reference=reference, metric=diff)
     ablated = _surgery(model, write, mode, reference or trace)
     if reference:  # not the trace's own means: those give another result
         own = rs.ablation_check(trace, writes=[write], mode=mode, reads=False).outputs().iloc[0]
@@ -621,8 +626,12 @@ def test_ablation_of_a_head_or_an_mlp_matches_weight_surgery(name, write, mode):
     assert row.last_kl == pytest.approx(float(kl[torch.arange(len(last)), last].mean()), **ABLATION_TOL)
     assert row.top_logit_change == pytest.approx(float(dtop[mask.bool()].mean()), **ABLATION_TOL)
     assert row.loss_change == pytest.approx(float(out.loss - clean.loss), **ABLATION_TOL)
+    assert check.metric_clean == pytest.approx(float(diff(clean.logits.double())), abs=1e-4)
+    want = float(diff(out.logits.double()) - diff(clean.logits.double()))
+    assert row.metric_change == pytest.approx(want, abs=1e-4) and abs(want) > 1e-3
     assert row.logit_kl > 1e-4 and row.last_kl != pytest.approx(row.logit_kl, rel=1e-3)
-    alone = rs.ablation_check(trace, writes=[write], mode=mode, reads=False, reference=reference)
+    alone = rs.ablation_check(trace, writes=[write], mode=mode, reads=False, reference=reference,
+                              metric=diff)
     assert alone.outputs().iloc[0, 1:].tolist() == pytest.approx(row.iloc[1:].tolist(), rel=1e-6)
     assert bool(alone.effect.isnan().all() and alone.linear.isnan().all()) and len(alone.to_frame()) == 0
     other = rs.trace(rs.load(ablated, tokenizer=ByteTokenizer()), TEXTS)
@@ -795,6 +804,10 @@ def test_head_scores_put_only_a_leading_special_token_first():
     assert s.start == 1 and bool((s.tokens[:, 0] == 256).all()) and math.isnan(s.loss_first)
     check = rs.ablation_check(rs.trace(mlm, TEXTS), writes=["L0.mlp"])
     assert math.isnan(check.loss_change[0]) and check.logit_kl[0] > 0
+    assert check.metric is None and "metric" not in check.outputs()
+    no_head = rs.load(build("bert"), tokenizer=ByteTokenizer())
+    with pytest.raises(NotAvailableError, match="metric reads logits; .*no LM head"):
+        rs.ablation_check(rs.trace(no_head, TEXTS), writes=["L0.mlp"], metric=lambda x: x.mean())
 
 
 def test_head_spaces_of_a_sandwich_model_are_the_writes_as_added():

@@ -14,6 +14,8 @@ and we measure
   nats averaged over every real token (``logit_kl``) and at each row's last real token
   (``last_kl``), the change of the clean top token's logit, and the change of the
   next-token cross-entropy (``loss_change``, over the positions whose next token is real);
+* a ``metric`` of your own on the logits, such as a logit difference at each prompt's last
+  token (the clean and each ablated value);
 
 then correlate the read changes with the linear attribution ``mean |share|`` of ``i`` in ``j``
 (Pearson and Spearman over all pairs where ``j`` reads after ``i`` is added, ``Anatomy.sees``:
@@ -25,7 +27,7 @@ head granularity), a whole attention's that of its summed write.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -36,7 +38,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..capture import capture, first_output
-from ..errors import InputError, UnknownNameError, check_choice
+from ..errors import InputError, NotAvailableError, UnknownNameError, check_choice
 from ..walk import component_of, head_of, read_inputs
 from ..weights import attn_W_O
 from .flow import component_label, read_attribution
@@ -55,7 +57,8 @@ class AblationCheck:
     real token (averaged over rows), ``top_logit_change`` of the clean top token's raw logit
     (over real tokens), ``loss_change`` of the next-token cross-entropy in nats
     (over tokens whose next token is real; NaN when none is, and for a masked LM, which does
-    not predict the next token). ``outputs()`` frames them.
+    not predict the next token). ``metric``: ``metric(logits)`` of each ablated run, and
+    ``metric_clean`` of the clean one (None without a ``metric``). ``outputs()`` frames them.
     """
 
     writes: tuple[str, ...]
@@ -69,6 +72,8 @@ class AblationCheck:
     mode: str
     last_kl: Float[Tensor, " write"]
     loss_change: Float[Tensor, " write"]
+    metric: Float[Tensor, " write"] | None = None
+    metric_clean: float | None = None
 
     def to_frame(self) -> pd.DataFrame:
         """Long frame: ``write, reader, effect, linear`` for pairs where the reader sees the write."""
@@ -79,11 +84,15 @@ class AblationCheck:
         return f.dropna().reset_index(drop=True)
 
     def outputs(self) -> pd.DataFrame:
-        """Per write, its effect on the output: ``logit_kl, last_kl, top_logit_change, loss_change``."""
-        return pd.DataFrame({"write": self.writes, "logit_kl": self.logit_kl.numpy(),
-                             "last_kl": self.last_kl.numpy(),
-                             "top_logit_change": self.top_logit_change.numpy(),
-                             "loss_change": self.loss_change.numpy()})
+        """Per write: ``logit_kl, last_kl, top_logit_change, loss_change``.
+
+        With a ``metric``, also its ablated value (``metric``) and ``metric_change`` from the clean run.
+        """
+        out = {"write": self.writes, "logit_kl": self.logit_kl.numpy(), "last_kl": self.last_kl.numpy(),
+               "top_logit_change": self.top_logit_change.numpy(), "loss_change": self.loss_change.numpy()}
+        if self.metric is not None:
+            out |= {"metric": self.metric.numpy(), "metric_change": (self.metric - self.metric_clean).numpy()}
+        return pd.DataFrame(out)
 
 
 def _replacement(clean: Tensor, mask: Tensor, mode: Mode) -> Tensor:
@@ -215,8 +224,23 @@ def _reference(trace, reference, mode: Mode):
     return reference
 
 
+def _metric_of(metric: Callable[[Tensor], Tensor | float], logits: Tensor) -> float:
+    """``metric(logits)`` as a float; ``InputError`` unless it is one number."""
+    got = metric(logits)
+    try:
+        value = torch.as_tensor(got, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        value = None
+    if value is None or value.numel() != 1:
+        raise InputError("metric takes the logits [batch, pos, vocab] and returns one number, e.g. "
+                         "lambda logits: (logits[:, -1, a] - logits[:, -1, b]).mean(); it returned "
+                         f"{type(got).__name__ if value is None else tuple(value.shape)}")
+    return float(value)
+
+
 def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "mean",
-                   reads: bool = True, reference=None) -> AblationCheck:
+                   reads: bool = True, reference=None,
+                   metric: Callable[[Tensor], Tensor | float] | None = None) -> AblationCheck:
     """Ablate each write in a fresh forward pass and compare with linear read attribution.
 
     ``writes``: component names (``"L0.attn"``, ``"L2.mlp"``) or heads (``"L1H3"``); default
@@ -225,11 +249,18 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
     trace of the same model whose real tokens give the means instead (``mode="mean"``).
     ``reads=False`` measures only the output (``outputs()``): no later read's change, no
     linear attribution (``effect``, ``linear`` and the correlations NaN), several times faster.
+    ``metric``: a function of the logits ``[batch, pos, vocab]`` (float32, pads included: mask
+    with ``trace.attention_mask``) returning one number, measured on the clean run and on each
+    ablated one (``AblationCheck.metric``, ``outputs()``'s ``metric_change``).
     """
     a = trace.anatomy
     check_choice("mode", mode, get_args(Mode))
     source = _reference(trace, reference, mode)
     writes, owners = _writes(trace, writes)
+    if metric is not None and not a.has_lm_head:
+        raise NotAvailableError(f"metric reads logits; {a.lm_head_note or 'this model has no LM head'}")
+    clean_metric = None if metric is None else _metric_of(metric, trace.logits.float())
+    measured = torch.full((len(writes),), float("nan"))
     readers = tuple(c.name for c in a.components)
     mask = trace.attention_mask
     tokens, dev_mask = trace.tokens.to(trace.model.device), mask.to(trace.model.device)
@@ -251,6 +282,8 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
                 effect[i, j] = float(masked_mean(change, mask))
         if a.has_lm_head:
             outputs[i] = torch.tensor(_output_changes(trace, cap.logits))
+        if metric is not None:
+            measured[i] = _metric_of(metric, cap.logits.float())
     linear = _linear(trace, writes, readers, later) if reads else torch.full_like(effect, float("nan"))
     both = ~(effect.isnan() | linear.isnan())
     e, lin = effect[both].numpy(), linear[both].numpy()
@@ -258,4 +291,4 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
     spearman = float(np.corrcoef(_rank(e), _rank(lin))[0, 1]) if len(e) > 2 else float("nan")
     kl, last_kl, dtop, dloss = outputs.T
     return AblationCheck(writes, readers, effect, linear, kl, dtop, pearson, spearman, mode,
-                         last_kl, dloss)
+                         last_kl, dloss, None if metric is None else measured, clean_metric)
