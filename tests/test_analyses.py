@@ -643,6 +643,63 @@ def test_ablation_of_a_head_or_an_mlp_matches_weight_surgery(name, write, mode):
         assert effect == pytest.approx(float(ratio), **ABLATION_TOL)
 
 
+@pytest.mark.parametrize(("name", "write"), [("llama", "L1H2"), ("gpt2", "L0.attn"), ("llama", "L0.mlp")])
+def test_patching_a_write_from_another_run_matches_hooks_of_our_own(name, write):
+    """Activation patching (``mode="patch"``): the write at every position taken from a run of
+    other texts of the same token shape. Reference: the Hugging Face module run twice with
+    hooks of the test's own, recording the other run's projection input (a head's slice of
+    ``z``) or output (a whole attention or MLP) and writing it into the clean run; the metric
+    and KL computed in float64 from its logits."""
+    module = build(name)
+    with torch.no_grad():
+        for n, w in module.named_parameters():
+            if n.endswith(("o_proj.weight", "down_proj.weight", "c_proj.weight")):
+                w.mul_(25)
+    model = rs.load(module, tokenizer=ByteTokenizer())
+    trace = rs.trace(model, TEXTS)
+    other = rs.trace(model, [t[::-1] for t in TEXTS])  # same lengths, other tokens
+    last = trace.attention_mask.sum(1) - 1
+
+    def diff(logits):
+        return (logits[torch.arange(len(last)), last, 101] - logits[torch.arange(len(last)), last, 32]).mean()
+
+    check = rs.ablation_check(trace, writes=[write], mode="patch", reference=other, metric=diff,
+                              reads=False)
+    L, rest = write[1:].split("H") if "H" in write else write[1:].split(".")
+    layer = module.model.layers[int(L)] if name == "llama" else module.transformer.h[int(L)]
+    target = layer.mlp.down_proj if rest == "mlp" else layer.self_attn.o_proj if name == "llama" \
+        else layer.attn.c_proj
+    k, seen = model.anatomy.d_head, []
+    head = slice(int(rest) * k, (int(rest) + 1) * k) if rest.isdigit() else None
+
+    def record(m, args, out):
+        seen.append(args[0].detach().clone() if head else out.detach().clone())
+
+    def patch(m, args, out):
+        if head is None:
+            return seen[0]
+        z = args[0].clone()
+        z[..., head] = seen[0][..., head]
+        return torch.nn.functional.linear(z, m.weight, m.bias)  # Llama's o_proj, a Linear
+
+    mask = trace.attention_mask
+    with torch.no_grad():
+        handle = target.register_forward_hook(record)
+        module(input_ids=other.tokens, attention_mask=other.attention_mask)
+        handle.remove()
+        clean = module(input_ids=trace.tokens, attention_mask=mask).logits.double()
+        handle = target.register_forward_hook(patch)
+        patched = module(input_ids=trace.tokens, attention_mask=mask).logits.double()
+        handle.remove()
+    p, q = clean.log_softmax(-1), patched.log_softmax(-1)
+    kl = (p.exp() * (p - q)).sum(-1)[mask.bool()].mean()
+    row = check.outputs().iloc[0]
+    assert row.logit_kl == pytest.approx(float(kl), **ABLATION_TOL) and row.logit_kl > 1e-3
+    assert row.metric_change == pytest.approx(float(diff(patched) - diff(clean)), **ABLATION_TOL)
+    mean = rs.ablation_check(trace, writes=[write], mode="mean", reference=other, reads=False)
+    assert abs(mean.logit_kl[0] - row.logit_kl) > 1e-3 * row.logit_kl  # patching is not the mean
+
+
 def test_a_heads_linear_share_is_its_own():
     """A head's ``linear`` is its head-granularity read share (readers' channels averaged), a
     whole attention's that of the summed write; the attention's heads together move later

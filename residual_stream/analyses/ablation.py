@@ -6,8 +6,9 @@ also moves every later write that read it and every norm scale. Here each write 
 attention or an MLP output, before any sandwich norm, or one head's part of an attention's
 output, ``"L3H5"``) is replaced by its mean over the trace's real tokens (``mode="mean"``;
 or over a ``reference`` trace's: mean-ablation over a reference distribution, such as prompts
-of the same template with other names) or by zero (``mode="zero"``) in a fresh forward pass,
-and we measure
+of the same template with other names), by zero (``mode="zero"``), or by its value at the same
+position in a ``reference`` run of the same shape (``mode="patch"``: activation patching, e.g.
+from a corrupted prompt into the clean one) in a fresh forward pass, and we measure
 
 * the relative change of every later component's read ``‖Δu_j‖ / ‖u_j‖`` (mean over tokens);
 * when the model has an LM head, the final distribution's change: ``KL(clean ‖ ablated)`` in
@@ -45,7 +46,7 @@ from .flow import component_label, read_attribution
 from .lens import log_probs
 from .tokens import masked_mean
 
-Mode = Literal["mean", "zero"]
+Mode = Literal["mean", "zero", "patch"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,9 +97,14 @@ class AblationCheck:
 
 
 def _replacement(clean: Tensor, mask: Tensor, mode: Mode) -> Tensor:
-    """What a write ``clean [batch, pos, k]`` is replaced by, ``[k]``: zeros, or its mean over real tokens."""
+    """What a write ``clean [batch, pos, k]`` is replaced by.
+
+    Zeros or its mean over real tokens (``[k]``), or itself (``"patch"``: the reference's write).
+    """
     if mode == "zero":
         return clean.new_zeros(clean.shape[-1])
+    if mode == "patch":
+        return clean
     return clean[mask.bool().to(clean.device)].mean(0)
 
 
@@ -213,14 +219,22 @@ def _linear(trace, writes: tuple[str, ...], readers: tuple[str, ...], later: Ten
 
 
 def _reference(trace, reference, mode: Mode):
-    """The trace whose real tokens give the means: ``reference`` (checked) or ``trace``."""
+    """The trace whose writes replace: ``reference`` (checked) or, without one, ``trace``."""
     if reference is None:
+        if mode == "patch":
+            raise InputError("mode='patch' takes each write from a reference run: "
+                             "reference=rs.trace(model, corrupted_texts), as many tokens as the trace")
         return trace
-    if mode != "mean":
-        raise InputError(f"reference gives the means of mode='mean'; mode={mode!r} uses none")
+    if mode == "zero":
+        raise InputError("reference gives the means of mode='mean' or the values of mode='patch'; "
+                         "mode='zero' uses none")
     if getattr(reference, "model", None) is not trace.model or not hasattr(reference, "captured"):
         raise InputError("reference is a trace of the same loaded model, e.g. "
                          f"rs.trace(model, other_texts), not {type(reference).__name__}")
+    if mode == "patch" and reference.tokens.shape != trace.tokens.shape:
+        raise InputError(f"patching takes each write at the same position: the reference is "
+                         f"{list(reference.tokens.shape)} tokens [batch, pos], the trace "
+                         f"{list(trace.tokens.shape)}; give both texts of the same token length")
     return reference
 
 
@@ -245,8 +259,10 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
 
     ``writes``: component names (``"L0.attn"``, ``"L2.mlp"``) or heads (``"L1H3"``); default
     every component; ``mode``: ``"mean"`` replaces a write by its mean over the trace's real
-    tokens (every position, the first included), ``"zero"`` by zeros. ``reference``: another
-    trace of the same model whose real tokens give the means instead (``mode="mean"``).
+    tokens (every position, the first included), ``"zero"`` by zeros, ``"patch"`` by the
+    ``reference`` run's write at the same position. ``reference``: another trace of the same
+    model, whose real tokens give the means instead (``"mean"``), or whose writes are patched
+    in (``"patch"``: the same ``[batch, pos]`` shape).
     ``reads=False`` measures only the output (``outputs()``): no later read's change, no
     linear attribution (``effect``, ``linear`` and the correlations NaN), several times faster.
     ``metric``: a function of the logits ``[batch, pos, vocab]`` (float32, pads included: mask
