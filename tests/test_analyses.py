@@ -1001,3 +1001,27 @@ def test_dla_of_a_soft_capped_model_sums_to_the_logit_before_the_cap():
     torch.testing.assert_close(torch.tensor(top.logit.values), dla.values[c, b, p])
     assert dla.top(2).label.tolist() == dla.to_frame().assign(a=lambda f: f.logit.abs()) \
         .sort_values("a", ascending=False).label.head(2).tolist()
+
+
+def test_results_print_as_one_line_of_shapes():
+    """A result printed in a notebook names each field by its shape or size (a lens of a real
+    model dumped 31 × batch × pos numbers per field): one line, no tensor values, and every
+    tensor field's shape as the tensor has it."""
+    import dataclasses
+
+    model = perturbed()
+    tr = rs.trace(model, TEXTS, patterns=True)
+    results = [rs.logit_lens(tr), rs.direct_logit_attribution(tr), rs.norm_growth(tr), rs.survival(tr),
+               rs.read_attribution(tr), rs.composition(model), rs.write_subspaces(tr),
+               rs.mixing_ratio(tr), rs.ablation_check(tr, writes=["L0.mlp"], reads=False)]
+    for result in results:
+        text = repr(result)
+        assert "\n" not in text and "tensor(" not in text and len(text) < 700, text
+        assert text.startswith(type(result).__name__ + "(")
+        for f in dataclasses.fields(result):
+            value = getattr(result, f.name)
+            if isinstance(value, torch.Tensor) and value.ndim:
+                assert f"{f.name}=[{', '.join(map(str, value.shape))}]" in text, (f.name, text)
+    lens = results[0]
+    assert f"top_tokens=({len(lens.top_tokens)} items)" in repr(lens)
+    assert "labels=(" + str(len(results[1].labels)) + ": 'embed'," in repr(results[1])

@@ -44,13 +44,14 @@ from ..walk import component_of, head_of, read_inputs
 from ..weights import attn_W_O
 from .flow import component_label, read_attribution
 from .lens import log_probs
+from .results import CompactRepr
 from .tokens import masked_mean
 
 Mode = Literal["mean", "zero", "patch"]
 
 
-@dataclass(frozen=True, eq=False)
-class AblationCheck:
+@dataclass(frozen=True, eq=False, repr=False)
+class AblationCheck(CompactRepr):
     """Causal effects of ablating each write, and their agreement with linear attribution.
 
     Per write (NaN without an LM head): ``logit_kl``, ``KL(clean ‖ ablated)`` of the output

@@ -43,12 +43,13 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..errors import InputError, UnknownNameError, check_choice
+from .results import CompactRepr
 
 KINDS = ("q", "k", "v")
 
 
-@dataclass(frozen=True, eq=False)
-class Composition:
+@dataclass(frozen=True, eq=False, repr=False)
+class Composition(CompactRepr):
     """Scores ``[kind, writer head, reader head]`` and MLP analogues; 0 for unseen writes.
 
     A reader sees a write if it reads the stream after the write is added (``Anatomy.sees``).

@@ -35,6 +35,7 @@ from ..decomposition import Write, collect, replay_states
 from ..errors import check_choice
 from ..program import Mark, Read
 from ..walk import component_of
+from .results import CompactRepr
 from .tokens import masked_mean, safe_ratio
 
 Granularity = Literal["head", "component"]
@@ -67,8 +68,8 @@ def merged(pieces: list[Write], granularity: Granularity) -> tuple[list[str], Te
     return keys, out.index_add_(0, index, values)
 
 
-@dataclass(frozen=True, eq=False)
-class Survival:
+@dataclass(frozen=True, eq=False, repr=False)
+class Survival(CompactRepr):
     """Per source (row) and point (column); NaN where the source has not been written yet."""
 
     sources: tuple[str, ...]
@@ -132,8 +133,8 @@ def survival(trace, *, granularity: Granularity = "component") -> Survival:
     return Survival(sources, norm, share, safe_ratio(norm, born_t[:, None]), born_t, granularity)
 
 
-@dataclass(frozen=True, eq=False)
-class ReadAttribution:
+@dataclass(frozen=True, eq=False, repr=False)
+class ReadAttribution(CompactRepr):
     """Mean (over real tokens) share of each source in each reader's linear read.
 
     Readers are ``"L5H3.q"``, ``"L5H3.k"``, ``"L5H3.v"``, ``"L5.mlp.in"`` (and ``.gate``).

@@ -39,13 +39,14 @@ from torch import Tensor
 from ..errors import check_choice
 from ..program import Add, Norm
 from ..walk import component_of, walk_stream
+from .results import CompactRepr
 from .tokens import masked_mean, real
 
 MASSIVE_ABS, MASSIVE_REL = 100.0, 1000.0
 
 
-@dataclass(frozen=True, eq=False)
-class NormGrowth:
+@dataclass(frozen=True, eq=False, repr=False)
+class NormGrowth(CompactRepr):
     """Norm-growth measures; per-point tensors have one entry per point 0..n_layers."""
 
     mean: Float[Tensor, " point"]

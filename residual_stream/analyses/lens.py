@@ -32,11 +32,12 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from ..errors import InputError, NotAvailableError, as_index, check_choice
+from .results import CompactRepr
 from .tokens import masked_mean
 
 
-@dataclass(frozen=True, eq=False)
-class LogitLens:
+@dataclass(frozen=True, eq=False, repr=False)
+class LogitLens(CompactRepr):
     """Per point (0..n_layers) and token: KL to the final distribution, agreement, rank, top-k."""
 
     kl: Float[Tensor, "point batch pos"]
@@ -128,8 +129,8 @@ def logit_lens(trace, *, k: int = 5) -> LogitLens:
                      top_ids, torch.stack(probs).cpu(), top_tokens, trace.attention_mask.cpu())
 
 
-@dataclass(frozen=True, eq=False)
-class DirectLogitAttribution:
+@dataclass(frozen=True, eq=False, repr=False)
+class DirectLogitAttribution(CompactRepr):
     """Per contribution and token: its term in the target logit (or logit difference).
 
     ``values.sum(0) + bias`` equals the model's logit (difference) for the target tokens;

@@ -30,11 +30,12 @@ from torch import Tensor
 
 from ..program import Add, Mark, Norm, Read, Scale
 from ..walk import read_inputs, walk_stream
+from .results import CompactRepr
 from .tokens import masked_mean, safe_ratio
 
 
-@dataclass(frozen=True, eq=False)
-class MixingRatio:
+@dataclass(frozen=True, eq=False, repr=False)
+class MixingRatio(CompactRepr):
     """Per layer and token: three mixing ratios (module docstring), in [0, 1]."""
 
     norm_res_ln: Float[Tensor, "layer batch pos"]

@@ -38,6 +38,7 @@ from ..errors import InputError, UnknownNameError, as_index
 from ..program import Read
 from ..weights import VOCAB_SLICE
 from .flow import component_label
+from .results import CompactRepr
 from .subspace_measures import (
     RANK_TOL,
     _fold_norm,
@@ -50,8 +51,8 @@ from .subspace_measures import (
 from .tokens import real
 
 
-@dataclass(frozen=True, eq=False)
-class Subspace:
+@dataclass(frozen=True, eq=False, repr=False)
+class Subspace(CompactRepr):
     """A named subspace of ``d_model`` with an orthonormal basis (columns)."""
 
     name: str
@@ -139,8 +140,8 @@ def orthogonal_split(w: Float[Tensor, "*lead d_model"], subspaces: Sequence[Subs
     return tuple(names), torch.stack(fracs, -1)
 
 
-@dataclass(frozen=True, eq=False)
-class WriteSubspaces:
+@dataclass(frozen=True, eq=False, repr=False)
+class WriteSubspaces(CompactRepr):
     """Mean (over real tokens) energy fractions of each write, and how later readers read it.
 
     ``named`` is ``[write, subspace]``; ``head_overlap`` ``[write, head]`` (fraction in each
