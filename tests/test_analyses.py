@@ -264,14 +264,19 @@ def test_read_attribution_matrices():
 # --- composition ---------------------------------------------------------------------------
 
 def test_composition_against_explicit_matrices():
+    """Every head's input LayerNorm folded in, a writer's as a reader's (TransformerLens's
+    ``fold_ln``): ``C diag(γ) W`` from the twin's own norm weights, in float64."""
     model = perturbed(norm="layernorm", placement="pre")
     comp = rs.composition(model)
     w0, w2 = model.weights(0), model.weights(2)
-    spec = model.anatomy.norms["L2.ln_attn_in"]
     C = torch.eye(32, dtype=torch.float64) - 1 / 32
-    G = torch.diag(spec.gain(spec.weight).double())
-    OV = w0.W_V[1].double() @ w0.W_O[1].double()
-    QK = C @ G @ w2.W_Q[3].double() @ (C @ G @ w2.W_K[3].double()).T
+
+    def CG(norm):
+        spec = model.anatomy.norms[norm]
+        return C @ torch.diag(spec.gain(spec.weight).double())
+
+    OV = CG("L0.ln_attn_in") @ w0.W_V[1].double() @ w0.W_O[1].double()
+    QK = CG("L2.ln_attn_in") @ w2.W_Q[3].double() @ (CG("L2.ln_attn_in") @ w2.W_K[3].double()).T
     expected = torch.linalg.matrix_norm(OV @ QK.T) / (torch.linalg.matrix_norm(OV)
                                                       * torch.linalg.matrix_norm(QK))
     k = comp.head_to_head[1, comp.heads.index("L0H1"), comp.heads.index("L2H3")]
@@ -282,7 +287,7 @@ def test_composition_against_explicit_matrices():
     mlp = model.weights(1).W_in.double()  # an MLP reads its own block's heads (sequential)
     C1G = C @ torch.diag(model.anatomy.norms["L1.ln_mlp_in"].gain(
         model.anatomy.norms["L1.ln_mlp_in"].weight).double())
-    OV1 = model.weights(1).W_V[2].double() @ model.weights(1).W_O[2].double()
+    OV1 = CG("L1.ln_attn_in") @ model.weights(1).W_V[2].double() @ model.weights(1).W_O[2].double()
     expected = torch.linalg.matrix_norm(OV1 @ C1G @ mlp) / (
         torch.linalg.matrix_norm(OV1) * torch.linalg.matrix_norm(C1G @ mlp))
     got = comp.head_to_mlp[comp.heads.index("L1H2"), comp.mlps.index("L1.mlp")]
@@ -894,10 +899,10 @@ def test_head_spaces_of_a_sandwich_model_are_the_writes_as_added():
 
 
 def test_composition_of_a_sandwich_model_takes_writes_as_added():
-    """Gemma 2: head ``i`` adds ``x W_OV^i diag(1 + γ_out)`` (its output norm's gain, scale
-    frozen), and head ``j`` reads through ``diag(1 + γ_in) W_Q`` / ``W_K``; K-composition from
-    explicit float64 matrices of the HF module's norm weights, and it differs from the score
-    without the output gain."""
+    """Gemma 2: head ``i`` adds ``x diag(1 + γ_in^i) W_OV^i diag(1 + γ_out)`` (its input and
+    output norms' gains, scales frozen), and head ``j`` reads through ``diag(1 + γ_in) W_Q`` /
+    ``W_K``; K-composition from explicit float64 matrices of the HF module's norm weights, and
+    it differs from the score without the output gain."""
     model = rs.load(build("gemma2"), tokenizer=ByteTokenizer())
     comp = rs.composition(model)
     w0, w1 = model.weights(0), model.weights(1)
@@ -910,7 +915,8 @@ def test_composition_of_a_sandwich_model_takes_writes_as_added():
         return float(torch.linalg.matrix_norm(OV @ QK.T)
                      / (torch.linalg.matrix_norm(OV) * torch.linalg.matrix_norm(QK)))
 
-    OV = w0.W_V[1].double() @ w0.W_O[1].double()
+    g_in0 = (1 + hf[0].input_layernorm.weight.detach().double())[:, None]
+    OV = g_in0 * w0.W_V[1].double() @ w0.W_O[1].double()
     got = comp.head_to_head[1, comp.heads.index("L0H1"), comp.heads.index("L1H0")].item()
     assert got == pytest.approx(k_score(OV * g_out), rel=1e-4)
     assert abs(got - k_score(OV)) > 1e-3 * got

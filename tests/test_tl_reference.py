@@ -1,6 +1,6 @@
-"""TransformerLens as an independent reference for the decomposition, the lens and direct
-logit attribution, on a tiny pre-RMSNorm Llama wrapped by its ``TransformerBridge`` in
-compatibility mode (a tokenizer is passed so nothing is fetched).
+"""TransformerLens as an independent reference for the decomposition, the lens, direct
+logit attribution and composition scores, on a tiny pre-RMSNorm Llama wrapped by its
+``TransformerBridge`` in compatibility mode (a tokenizer is passed so nothing is fetched).
 
 Compatibility mode folds the norms' γ into the following weights and centers the
 unembedding; centering adds the same constant to every logit of a position, so logits are
@@ -23,6 +23,7 @@ from residual_stream.tl_compat import boot_bridge
 TL_REL = 1e-4     # decomposition, relative to the stream RMS
 TL_KL_ATOL = 1e-4  # nats
 TL_DLA_ATOL = 1e-4  # logit units
+TL_COMPOSITION_ATOL = 1e-6  # scores in [0, 1], from the same weights in float32
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +101,17 @@ def test_direct_logit_attribution_matches_logit_attrs(pair):
     # and the terms add up to the model's own logit difference
     diff = trace.logits.gather(-1, target[..., None]) - trace.logits.gather(-1, baseline[..., None])
     assert (dla.total() - diff[..., 0])[m].abs().max() <= TL_DLA_ATOL
+
+
+def test_composition_matches_all_composition_scores(pair):
+    """Q/K/V composition of every head pair against the bridge's ``all_composition_scores``
+    (its weights with every norm's γ folded in, a writer's ``W_V`` as a reader's), and the
+    same pairs left out (a head reads only the heads of earlier layers)."""
+    model, trace, bridge, cache = pair
+    comp = rs.composition(model)
+    a = model.anatomy
+    for i, mode in enumerate("QKV"):
+        theirs = bridge.all_composition_scores(mode).scores.detach()
+        ours = comp.head_to_head[i].reshape(a.n_layers, a.n_heads, a.n_layers, a.n_heads)
+        assert (ours - theirs).abs().max() <= TL_COMPOSITION_ATOL, mode
+        assert bool((ours != 0).any()) and bool((theirs[ours == 0] == 0).all())

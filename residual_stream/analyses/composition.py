@@ -1,8 +1,10 @@
 """Weight-only composition scores between components (Elhage et al. 2021).
 
 A head writes through ``W_OV = W_V W_O`` and a later head reads through ``W_QK = W_Q W_Kᵀ``
-(queries and keys) or its own ``W_OV`` (values). With the reading norm's gain folded in
-(``C diag(γ) W``, ``C`` the centering of a LayerNorm; Gemma's ``1 + γ``), the scores are
+(queries and keys) or its own ``W_OV`` (values). With each head's input norm's gain folded in
+(``C diag(γ) W``, ``C`` the centering of a LayerNorm; Gemma's ``1 + γ``), into a writer's
+``W_V`` as into a reader's ``W_Q``, ``W_K`` and ``W_V`` (TransformerLens's ``fold_ln``: a
+head's ``W_OV`` is the same map whichever side of a pair it is on), the scores are
 TransformerLens's
 
     Q-composition  ‖W_OV^i W_QK^j‖_F  / (‖W_OV^i‖_F ‖W_QK^j‖_F)
@@ -195,12 +197,11 @@ def composition(model) -> Composition:
     model = getattr(model, "model", model)  # a Trace holds its Model as ``model``
     a = model.anatomy
     per_layer = [model.weights(L) for L in range(a.n_layers)]
-    W_V = torch.cat([w.W_V for w in per_layer])                    # (head, d, d_head)
     W_Ot = torch.cat([a.as_added(f"L{L}.attn", w.W_O).transpose(-1, -2)  # W_OV = W_V (W_Oᵀ)ᵀ
                       for L, w in enumerate(per_layer)])
     q, k, v = (torch.cat(maps) for maps in zip(*(attention_read_maps(model, L, w)
                                                   for L, w in enumerate(per_layer)), strict=True))
-    head_w = _gram(W_V, W_Ot)                                      # writes of heads
+    head_w = _gram(v, W_Ot)  # writes of heads: W_OV = C diag(γ) W_V W_O, as the head reads as a V reader
     readers = {"q": _gram_T(q, k), "k": _gram_T(k, q), "v": _gram_T(v, W_Ot)}
     d, mlp_layers = a.d_model, [L for L, w in enumerate(per_layer) if w.W_in is not None]
     w_out = [a.as_added(f"L{L}.mlp", per_layer[L].W_out) for L in mlp_layers]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import zipfile
 from pathlib import Path
 
 import torch
@@ -26,12 +27,13 @@ from .corpus import Corpus
 from .ledger import Ledger
 from .tokenize import fingerprint as tokenizer_fingerprint
 
-STATE_VERSION = 8  # 2: batches within segments, named (segment, index); 3: stats by spec, lens kl_sq;
+STATE_VERSION = 9  # 2: batches within segments, named (segment, index); 3: stats by spec, lens kl_sq;
 # 4: batches by length (config "order"), growth's first-token sums, the lens's open texts;
 # 5: a corpus of files fingerprinted by names, sizes and ends, not path and mtime;
 # 6: a text longer than a segment cut into parts, each a segment (growth's massive "char");
 #    the segments' token counts ("ledger"); 7: the model's shape, dtype and weights ("weights");
-# 8: the tokenizer ("tokenizer"), the statistics in any order ("stats" sorted)
+# 8: the tokenizer ("tokenizer"), the statistics in any order ("stats" sorted);
+# 9: the weights' fingerprint over every value ("weights")
 
 
 def scan_config(model, corpus: Corpus, stats: list[str], batch_size: int, seq_len: int,
@@ -47,17 +49,42 @@ def scan_config(model, corpus: Corpus, stats: list[str], batch_size: int, seq_le
             "rank": rank, "world_size": world_size}
 
 
-def weights_fingerprint(model, values: int = 4096) -> str:
-    """A hash of the model's weights, read cheaply.
+CHECKSUM_COLUMNS = 251  # a prime: rows of any usual width swapped move values between columns
+CHECKSUM_CHUNK = CHECKSUM_COLUMNS << 14  # values per reduction: column sums stay below 2^46
 
-    The first ``values`` of about 16 parameters spread over the model, its last included:
-    models that share a name (twins of one shape, two fine-tunes of one base, one of them
-    with its embedding frozen) differ there. Offloaded parameters (``meta``) are skipped.
+
+def _checksum(p: torch.Tensor) -> tuple[int, int]:
+    """Exact integer sums of a parameter's bit patterns: plain, and weighted by position mod 251.
+
+    Integer sums do not depend on the order of the reduction, so the same weights give the
+    same sums on any device; every value counts (an edit anywhere, a permutation of rows).
+    The bits are summed in int64 without an int64 copy, per column of ``[-1, 251]`` chunks.
     """
-    params = [p for p in model.module.parameters() if p.device.type != "meta"]
+    flat = p.detach().contiguous().view(-1)
+    size = flat.element_size()
+    bits = flat.view(torch.int32 if size >= 4 else torch.int16 if size == 2 else torch.int8)
+    weights = torch.arange(1, CHECKSUM_COLUMNS + 1, device=bits.device)
+    total = weighted = 0
+    for start in range(0, bits.numel(), CHECKSUM_CHUNK):
+        chunk = bits[start:start + CHECKSUM_CHUNK]
+        chunk = torch.nn.functional.pad(chunk, (0, -len(chunk) % CHECKSUM_COLUMNS))
+        columns = chunk.view(-1, CHECKSUM_COLUMNS).sum(0, dtype=torch.int64)
+        total += int(columns.sum())
+        weighted += int((columns * weights).sum())
+    return total, weighted
+
+
+def weights_fingerprint(model) -> str:
+    """A hash of every parameter's name, shape and exact checksums (``_checksum``), on its device.
+
+    Models that share a name (twins of one shape, two fine-tunes of one base, one with a
+    single weight edited) differ. Offloaded parameters (``meta``) are skipped. SmolLM2 on the
+    2-core CPU: about 0.1 s.
+    """
     h = hashlib.sha256()
-    for p in params[::max(1, len(params) // 16)] + params[-1:]:
-        h.update(p.detach().flatten()[:values].float().cpu().numpy().tobytes())
+    for name, p in model.module.named_parameters():
+        if p.device.type != "meta":
+            h.update(f"{name}{tuple(p.shape)}{_checksum(p)}".encode())
     return h.hexdigest()[:16]
 
 
@@ -68,11 +95,15 @@ def _load_state(path: Path, config: dict) -> dict | None:
         if f.read(4) != b"PK\x03\x04":  # not what torch.save writes: maybe a file given by mistake
             raise InputError(f"{path} is not a scan state (not a file torch.save wrote); give "
                              "--state a new file name or a state a scan saved")
-    try:
+    try:  # torch.load does not check the records' CRCs: a flipped bit would load as a wrong sum
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+        if bad is not None:
+            raise zipfile.BadZipFile(f"CRC of {bad}")
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any damaged state gets the same advice
-        raise InputError(f"the scan state {path} is damaged ({type(e).__name__}); delete it to "
-                         "start the scan again") from None
+        raise InputError(f"the scan state {path} is damaged ({type(e).__name__}: {e}); delete it "
+                         "to start the scan again") from None
     saved_version = state.get("config", {}).get("version") if isinstance(state, dict) else None
     if saved_version != config["version"]:
         raise InputError(f"the scan state {path} was saved by another version of residual-stream "
