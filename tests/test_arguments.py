@@ -52,6 +52,8 @@ def unchecked(fn):
      r"mode='patch' takes each write from a reference run: reference=rs.trace\(model, corrupted_texts\)"),
     (lambda t: rs.ablation_check(t, writes=["L0.mlp"], mode="patch", reference=rs.trace(t.model, "short")),
      InputError, r"the reference is \[1, \d+\] tokens \[batch, pos\], the trace \[2, \d+\]; give both"),
+    (lambda t: rs.ablation_check(t, writes=["L0.mlp"], mode="patch", reference=rs.trace(t.model, TEXTS[::-1])),
+     InputError, r"real tokens only: row 0 is 32 real tokens in the trace and 18 in the reference"),
     (lambda t: rs.ablation_check(t, writes=["L0.mlp"], reference=rs.trace(rs.twin(n_layers=2), "a")),
      InputError, r"reference is a trace of the same loaded model.*not Trace"),
     (lambda t: rs.ablation_check(t, writes=["L0.mlp"], reference=t.tokens), InputError,

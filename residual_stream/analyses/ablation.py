@@ -236,6 +236,13 @@ def _reference(trace, reference, mode: Mode):
         raise InputError(f"patching takes each write at the same position: the reference is "
                          f"{list(reference.tokens.shape)} tokens [batch, pos], the trace "
                          f"{list(trace.tokens.shape)}; give both texts of the same token length")
+    if mode == "patch" and not torch.equal(reference.attention_mask.cpu(), trace.attention_mask.cpu()):
+        rows = (trace.attention_mask != reference.attention_mask.to(trace.attention_mask.device)).any(1)
+        row = int(rows.nonzero()[0, 0])
+        mine, theirs = (int(t.attention_mask[row].sum()) for t in (trace, reference))
+        raise InputError(f"patching takes each write at the same position, real tokens only: row {row} "
+                         f"is {mine} real tokens in the trace and {theirs} in the reference (a pad's "
+                         "write would be patched in); give each row texts of the same token length")
     return reference
 
 
