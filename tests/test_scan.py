@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -776,9 +778,54 @@ def test_a_state_saved_with_another_model_of_the_same_name_is_refused(tmp_path):
     wider = rs.twin(norm="rmsnorm", placement="pre", n_layers=2, d_model=32, n_heads=2, n_ctx=32)
     with pytest.raises(InputError, match="other arguments.*'shape': \\(\\[1, 16, 32\\], \\[2, 32, 32\\]\\)"):
         rs.scan(wider, TEXTS, ["growth"], **kw)
-    a.module.double()  # the same weights, in float64
-    with pytest.raises(InputError, match="other arguments {'dtype': \\('torch.float32', 'torch.float64'\\)}"):
+    state = kw["state"].read_bytes()
+    with torch.no_grad():  # one value edited deep in a middle weight (the old sampled hash: unseen)
+        a.module.get_parameter("blocks.0.attn.o_proj.weight")[-1, -1] += 0.5
+    with pytest.raises(InputError, match="other arguments {'weights'"):
         rs.scan(a, TEXTS, ["growth"], **kw)
+    assert kw["state"].read_bytes() == state
+    with torch.no_grad():
+        a.module.get_parameter("blocks.0.attn.o_proj.weight")[-1, -1] -= 0.5
+    a.module.double()  # the same weights, in float64 (other bits, so another fingerprint too)
+    with pytest.raises(InputError,
+                       match="other arguments {'dtype': \\('torch.float32', 'torch.float64'\\), 'weights'"):
+        rs.scan(a, TEXTS, ["growth"], **kw)
+
+
+def test_a_numpy_array_or_a_series_of_texts_resumes_like_a_list(model, tmp_path):
+    """``source == "builtin"`` compared an array element by element ("truth value of an array
+    is ambiguous") once a state was asked for."""
+    import numpy as np
+    import pandas as pd
+
+    want = rs.scan(model, TEXTS[:5], ["growth"], batch_size=2, seq_len=16, progress=False)
+    for i, texts in enumerate((np.array(TEXTS[:5]), pd.Series(TEXTS[:5]))):
+        got = rs.scan(model, texts, ["growth"], batch_size=2, seq_len=16, progress=False,
+                      state=tmp_path / f"s{i}.pt")
+        assert got.tokens == want.tokens and (tmp_path / f"s{i}.pt").exists()
+        torch.testing.assert_close(got.stats["growth"].mean, want.stats["growth"].mean, rtol=0, atol=0)
+
+
+def test_the_weights_fingerprint_sees_every_value_and_not_the_reduction_order():
+    """Exact integer checksums: a row swap and a one-ulp edit change the fingerprint; the same
+    weights in another memory layout (a transposed copy made contiguous back) do not; and the
+    sums equal a Python loop over the values' bit patterns."""
+    from residual_stream.streaming import state as S
+
+    m = rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32, seed=3)
+    before = S.weights_fingerprint(m)
+    w = m.module.get_parameter("blocks.0.mlp.fc_out.weight")
+    with torch.no_grad():
+        w[[0, 1]] = w[[1, 0]]
+        swapped = S.weights_fingerprint(m)
+        w[[0, 1]] = w[[1, 0]]
+        assert S.weights_fingerprint(m) == before != swapped
+        w[3, 4] = torch.nextafter(w[3, 4], torch.tensor(float("inf")))
+        assert S.weights_fingerprint(m) != before
+    x = torch.randn(1000, 3)
+    bits = x.flatten().view(torch.int32).tolist()
+    want = (sum(bits), sum(b * (i % S.CHECKSUM_COLUMNS + 1) for i, b in enumerate(bits)))
+    assert S._checksum(x) == want == S._checksum(x.T.contiguous().T)
 
 
 def test_a_state_for_other_arguments_or_a_corrupt_one_is_refused(model, tmp_path):
@@ -800,6 +847,16 @@ def test_a_state_for_other_arguments_or_a_corrupt_one_is_refused(model, tmp_path
         rs.scan(model, TEXTS, ["growth"], state=bad, progress=False)
     assert bad.read_bytes() == b"not a torch file"
     (tmp_path / "cut.pt").write_bytes(before[:len(before) // 2])  # a state cut short
+    flipped = bytearray(before)  # one bit of a stored sum flipped: the records' CRCs see it
+    with zipfile.ZipFile(state) as archive:
+        info = next(i for i in archive.infolist() if "/data/" in i.filename and i.file_size > 8)
+    name_len, extra_len = struct.unpack("<HH", before[info.header_offset + 26:info.header_offset + 30])
+    flipped[info.header_offset + 30 + name_len + extra_len + 3] ^= 0x10  # a byte of the record's data
+    (tmp_path / "flip.pt").write_bytes(bytes(flipped))
+    with pytest.raises(InputError, match=r"flip.pt is damaged \(BadZipFile: CRC of .*data.*delete it"):
+        rs.scan(model, TEXTS, ["growth"], batch_size=2, seq_len=16, state=tmp_path / "flip.pt",
+                progress=False)
+    assert (tmp_path / "flip.pt").read_bytes() == bytes(flipped)
     with pytest.raises(InputError, match="cut.pt is damaged.*delete it"):
         rs.scan(model, TEXTS, ["growth"], batch_size=2, seq_len=16, state=tmp_path / "cut.pt",
                 progress=False)
@@ -1152,7 +1209,7 @@ def _assert_same_scan(one: Path, two: Path) -> None:
 def test_cli_scan_resumes_and_several_processes_give_the_single_process_result(tmp_path: Path):
     args = ["twin-pre-ln", "builtin", "--stats",
             "growth,survival,read_attribution,subspaces,lens,lens:every=4",
-            "--batch-size", "4", "--seq-len", "64", "--max-tokens", "2000", "--quiet",
+            "--batch-size", "4", "--seq-len", "64", "--max-tokens", "2e3", "--quiet",
             "--segment-chars", "300"]  # 2,000 bytes of it: 6 segments, shared by the processes
     one = _run("-m", "residual_stream.cli", "scan", *args, "--out", str(tmp_path / "one.json"),
                "--state", str(tmp_path / "s.pt"))
@@ -1183,6 +1240,10 @@ def test_cli_scan_resumes_and_several_processes_give_the_single_process_result(t
         done = _run(*runner, *args, "--out", str(tmp_path / out))
         assert done.returncode == 0, done.stderr
     _assert_same_scan(tmp_path / "line1.json", tmp_path / "line2.json")
+    for device, message in (("cuda:1", "each process takes its own device"), ("cuda", "not on this machine")):
+        bad = _run("-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29535",
+                   "-m", "residual_stream.scan", *args, "--device", device, "--out", str(tmp_path / "x.json"))
+        assert bad.returncode != 0 and message in bad.stderr, bad.stderr  # it ran on the CPU before
     bad = _run("-m", "residual_stream.cli", "scan", "twin-pre-ln", "builtin", "--stats", "nope",
                "--out", str(tmp_path / "x.json"))
     assert bad.returncode == 1 and "unknown statistics" in bad.stderr

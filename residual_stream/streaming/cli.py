@@ -21,6 +21,18 @@ import sys
 from pathlib import Path
 
 
+def _token_count(text: str) -> int:
+    """A whole number of tokens, written ``1000000``, ``1_000_000`` or ``1e6``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens (e.g. 1000000 or 1e6)")
+    digits = text.strip().lstrip("+-").replace("_", "").isdigit()
+    return int(text) if digits else int(value)  # digits: exact past float's 2^53
+
+
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The scan's arguments (shared by ``residual-stream scan`` and ``-m residual_stream.scan``)."""
     from . import STATS
@@ -38,11 +50,12 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "subspaces:pca_k=8:unembed_k=16, growth:top_k=100")
     p.add_argument("--batch-size", type=int, default=8, help="rows per forward pass (default: 8)")
     p.add_argument("--seq-len", type=int, help="tokens per row (default: min(context, 128))")
-    p.add_argument("--max-tokens", type=int, help="stop after this many tokens")
+    p.add_argument("--max-tokens", type=_token_count, help="stop after this many tokens (1000000 or 1e6)")
     p.add_argument("--order", choices=list(ORDERS), default="length",
                    help="length (default): each batch takes rows of about one length, sorted "
                         "longest first within every 32 batches, so it holds little padding; "
-                        "text: rows in corpus order. The statistics are the same")
+                        "text: rows in corpus order. The statistics are the same, but for "
+                        "subspaces, whose stream PCs come from the first batch")
     p.add_argument("--text-field", default="text",
                    help="the field of a JSON Lines record (.jsonl, or .json as C4 ships them) that "
                         "holds its text (default: text)")
@@ -66,15 +79,27 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
-def _distributed() -> tuple[int, int, str | None]:
-    """``(rank, world_size, device)``: joins the process group when launched by torchrun."""
+def _distributed(requested: str) -> tuple[int, int, str | None]:
+    """``(rank, world_size, device)``: joins the process group when launched by torchrun.
+
+    ``requested`` (``--device``): ``auto`` (a GPU per process by ``LOCAL_RANK`` if there are
+    GPUs, else the CPU), ``cuda`` or ``cpu``; a numbered device is refused, as every process
+    would take the same one.
+    """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return 0, 1, None
     import torch
     import torch.distributed as dist
 
-    cuda = torch.cuda.is_available()
+    from ..errors import InputError
+
+    if requested not in ("auto", "cuda", "cpu"):
+        raise InputError(f"under torchrun each process takes its own device: --device auto, cuda "
+                         f"(cuda:LOCAL_RANK) or cpu, not {requested!r}")
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise InputError("device 'cuda' is not on this machine: use --device cpu (or auto)")
+    cuda = requested != "cpu" and torch.cuda.is_available()
     device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if cuda else "cpu"
     if cuda:
         torch.cuda.set_device(device)
@@ -84,12 +109,16 @@ def _distributed() -> tuple[int, int, str | None]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the scan the arguments describe; rank 0 writes the JSON. Returns the exit code."""
+    from ..errors import InputError
     from ..loading import load
     from .accumulators import make_accumulators
     from .corpus import Corpus
     from .runner import scan
 
-    rank, world, device = _distributed()
+    if args.state is not None and args.state.resolve() == args.out.resolve():
+        raise InputError(f"--out and --state are the same file {args.out}: the results would "
+                         "overwrite the state; give them different names")
+    rank, world, device = _distributed(args.device)
     try:
         from ..files import writable
 

@@ -66,6 +66,9 @@ class Corpus:
                              f"{self.segment_chars!r}")
         if not isinstance(self.text_field, str) or not self.text_field:
             raise InputError(f"text_field must name a JSON field, got {self.text_field!r}")
+        if isinstance(self.source, str) and not self.source.strip():  # Path("") would be "."
+            raise InputError("the corpus is an empty name: give 'builtin', a file, a folder or a list "
+                             "of texts")
         if not ordered_and_reread(self.source):
             raise InputError(f"a corpus is read more than once, in one order (its first batch, "
                              f"a resumed scan), so it cannot be a {type(self.source).__name__}: "
@@ -174,7 +177,7 @@ class Corpus:
         or modification time refused it); with any JSON Lines file, the field its texts come
         from too. An edit inside a file that keeps its size and both ends is not seen.
         """
-        if self.source == "builtin":  # hashed too: a new release may change it
+        if isinstance(self.source, str) and self.source == "builtin":  # hashed: a release may change it
             return f"builtin {_texts_hash(builtin_corpus())}"
         if not isinstance(self.source, (str, Path)):
             return f"list of {len(self.source)} texts {_texts_hash(self.source)}"
