@@ -84,7 +84,9 @@ def _parser() -> argparse.ArgumentParser:
                      "files (.jsonl, or .json as C4 ships them; a \"text\" per record), gzipped or not")
     src.add_argument("--builtin", action="store_true",
                      help="the shipped corpus of English sentences and code (the default)")
-    r.add_argument("--max-tokens", type=int, default=1024, help="token budget per model")
+    from .streaming.cli import token_count  # the scan's parser imports it below too
+
+    r.add_argument("--max-tokens", type=token_count, default=1024, help="token budget per model (1024, 1e4)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--title", default="Residual-stream geometry")
     r.add_argument("--device", default="auto")

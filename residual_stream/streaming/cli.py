@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 
-def _token_count(text: str) -> int:
+def token_count(text: str) -> int:
     """A whole number of tokens, written ``1000000``, ``1_000_000`` or ``1e6``."""
     try:
         value = float(text)
@@ -50,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "subspaces:pca_k=8:unembed_k=16, growth:top_k=100")
     p.add_argument("--batch-size", type=int, default=8, help="rows per forward pass (default: 8)")
     p.add_argument("--seq-len", type=int, help="tokens per row (default: min(context, 128))")
-    p.add_argument("--max-tokens", type=_token_count, help="stop after this many tokens (1000000 or 1e6)")
+    p.add_argument("--max-tokens", type=token_count, help="stop after this many tokens (1000000 or 1e6)")
     p.add_argument("--order", choices=list(ORDERS), default="length",
                    help="length (default): each batch takes rows of about one length, sorted "
                         "longest first within every 32 batches, so it holds little padding; "
