@@ -613,6 +613,7 @@ def test_ablation_of_a_head_or_an_mlp_matches_weight_surgery(name, write, mode):
 
     check = rs.ablation_check(trace, writes=[write], mode=mode, reference=reference, metric=diff)
     ablated = _surgery(model, write, mode, reference or trace)
+    assert check.reference == (None if reference is None else tuple(reference.tokens.shape))
     if reference:  # not the trace's own means: those give another result
         own = rs.ablation_check(trace, writes=[write], mode=mode, reads=False).outputs().iloc[0]
         assert abs(own.logit_kl - check.outputs().logit_kl[0]) > 1e-3 * check.outputs().logit_kl[0]
@@ -703,6 +704,20 @@ def test_patching_a_write_from_another_run_matches_hooks_of_our_own(name, write)
     assert row.metric_change == pytest.approx(float(diff(patched) - diff(clean)), **ABLATION_TOL)
     mean = rs.ablation_check(trace, writes=[write], mode="mean", reference=other, reads=False)
     assert abs(mean.logit_kl[0] - row.logit_kl) > 1e-3 * row.logit_kl  # patching is not the mean
+
+
+def test_a_metric_that_edits_its_logits_leaves_the_trace_as_it_was():
+    """A metric is the user's code: one that writes into the logits it is given must not
+    change ``trace.logits``, which every later analysis reads."""
+    tr = rs.trace(perturbed(), TEXTS)
+    before = tr.logits.clone()
+
+    def rude(logits):
+        logits.zero_()
+        return 1.0
+
+    check = rs.ablation_check(tr, writes=["L0.mlp"], reads=False, metric=rude)
+    assert torch.equal(tr.logits, before) and check.metric_clean == 1.0 and check.logit_kl[0] > 0
 
 
 def test_a_heads_linear_share_is_its_own():

@@ -114,7 +114,7 @@ def test_flow_page_attributes_a_logit_to_heads_and_mlps():
     bars = chart(at, 3)["data"][0]
     size = np.abs(_grid(bars["x"]) if not isinstance(bars["x"], dict) else _numbers(bars["x"]))
     assert len(bars["y"]) == 20 and (np.diff(size) <= 0).all()
-    the, paris = (model.tokenizer.encode(t, add_special_tokens=False)[0] for t in (" the", " Paris"))
+    the, paris = (model.tokenizer(t, add_special_tokens=False)["input_ids"][0] for t in (" the", " Paris"))
     at.selectbox(key="dla_pos").select(3).run()
     at.text_input(key="dla_target").input(" the").run()
     at.text_input(key="dla_baseline").input(" Paris").run()
@@ -124,6 +124,9 @@ def test_flow_page_attributes_a_logit_to_heads_and_mlps():
     at.text_input(key="dla_target").input("residual stream").run()
     assert not at.exception and "The target is 2 tokens" in at.error[0].value
     assert "induction score" in chart(at, 3)["layout"]["title"]["text"]  # the Heads section still runs
+    at.sidebar.selectbox(key="model").select("twin-pre-ln").run()  # a byte tokenizer: one byte a token
+    at.text_input(key="dla_target").input("a").run()
+    assert not at.exception and "logit('a')" in title(), title()
 
 
 def test_compare_page_overlays_two_models():

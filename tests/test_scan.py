@@ -806,26 +806,37 @@ def test_a_numpy_array_or_a_series_of_texts_resumes_like_a_list(model, tmp_path)
         torch.testing.assert_close(got.stats["growth"].mean, want.stats["growth"].mean, rtol=0, atol=0)
 
 
-def test_the_weights_fingerprint_sees_every_value_and_not_the_reduction_order():
-    """Exact integer checksums: a row swap and a one-ulp edit change the fingerprint; the same
-    weights in another memory layout (a transposed copy made contiguous back) do not; and the
-    sums equal a Python loop over the values' bit patterns."""
+def test_the_weights_fingerprint_sees_every_value_and_not_the_reduction_order(monkeypatch):
+    """Exact checksums: a row swap (also of rows 251 apart, which a weight by position mod 251
+    missed) and a one-ulp edit change the fingerprint; the same weights in another memory
+    layout do not; and the sums equal a Python loop over the int16 bit patterns with chunks
+    of 1,000 values (the position weight's period and its chunk multiplier both exercised)."""
     from residual_stream.streaming import state as S
 
     m = rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32, seed=3)
     before = S.weights_fingerprint(m)
     w = m.module.get_parameter("blocks.0.mlp.fc_out.weight")
+    e = m.module.get_parameter("embed.weight")  # 257 rows
     with torch.no_grad():
         w[[0, 1]] = w[[1, 0]]
         swapped = S.weights_fingerprint(m)
         w[[0, 1]] = w[[1, 0]]
         assert S.weights_fingerprint(m) == before != swapped
+        e[[0, 251]] = e[[251, 0]]
+        assert S.weights_fingerprint(m) != before
+        e[[0, 251]] = e[[251, 0]]
         w[3, 4] = torch.nextafter(w[3, 4], torch.tensor(float("inf")))
         assert S.weights_fingerprint(m) != before
-    x = torch.randn(1000, 3)
-    bits = x.flatten().view(torch.int32).tolist()
-    want = (sum(bits), sum(b * (i % S.CHECKSUM_COLUMNS + 1) for i, b in enumerate(bits)))
-    assert S._checksum(x) == want == S._checksum(x.T.contiguous().T)
+    monkeypatch.setattr(S, "CHECKSUM_CHUNK", 1000)
+    S._position_weights.cache_clear()
+    try:
+        x = torch.randn(1500, 3)
+        bits = x.flatten().view(torch.int16).tolist()
+        weights = S._position_weights("cpu").long().tolist()
+        want = (sum(bits), sum(b * weights[i % 1000] * (i // 1000 + 1) for i, b in enumerate(bits)))
+        assert S._checksum(x) == want == S._checksum(x.T.contiguous().T)
+    finally:
+        S._position_weights.cache_clear()
 
 
 def test_a_state_for_other_arguments_or_a_corrupt_one_is_refused(model, tmp_path):
@@ -1240,7 +1251,10 @@ def test_cli_scan_resumes_and_several_processes_give_the_single_process_result(t
         done = _run(*runner, *args, "--out", str(tmp_path / out))
         assert done.returncode == 0, done.stderr
     _assert_same_scan(tmp_path / "line1.json", tmp_path / "line2.json")
-    for device, message in (("cuda:1", "each process takes its own device"), ("cuda", "not on this machine")):
+    refusals = [("cuda:1", "each process takes its own device")]
+    if not torch.cuda.is_available():
+        refusals.append(("cuda", "not on this machine"))
+    for device, message in refusals:
         bad = _run("-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29535",
                    "-m", "residual_stream.scan", *args, "--device", device, "--out", str(tmp_path / "x.json"))
         assert bad.returncode != 0 and message in bad.stderr, bad.stderr  # it ran on the CPU before

@@ -16,7 +16,7 @@ def one_token(model, typed: str, what: str) -> int | None:
     """The id of ``typed`` if it is one token, None when empty; ``ValueError`` saying why if not."""
     if not typed:
         return None
-    ids = model.tokenizer.encode(typed, add_special_tokens=False)
+    ids = list(model.tokenizer(typed, add_special_tokens=False)["input_ids"])  # HF's and the twins'
     if len(ids) != 1:
         raise ValueError(f"The {what} is {len(ids)} tokens ({model.tokenizer.convert_ids_to_tokens(ids)}); "
                          "type text that is one token, e.g. ' Paris' with its leading space.")
@@ -55,7 +55,9 @@ def logit_attribution(name: str, text: str, model, tr) -> None:
         "head, each MLP, biases), with the final norm's scale frozen at its value; the unembedding "
         "is linear, so the target's logit is an exact sum of their terms (bars: the 20 largest in "
         "size). With a baseline, the terms are of the logit difference, which does not depend on "
-        "a shift of every logit. The title's total is every term plus the head's bias."))
+        "a shift of every logit. The title's total is every term plus the head's bias. A model "
+        "that soft-caps its logits (Gemma 2) is attributed before the cap, where the map is "
+        "linear; the cap keeps the order of the logits."))
 
 
 name, text = common.selection()
@@ -83,7 +85,6 @@ c1.markdown(f"**{node} reads from**")
 c1.dataframe(reads[reads > 0].rename("mean |share|").head(10))
 c2.markdown(f"**{node} is read by**")
 c2.dataframe(read_by[read_by > 0].rename("mean |share|").head(10))
-
 
 
 st.subheader("Survival")

@@ -60,7 +60,9 @@ class AblationCheck(CompactRepr):
     (over real tokens), ``loss_change`` of the next-token cross-entropy in nats
     (over tokens whose next token is real; NaN when none is, and for a masked LM, which does
     not predict the next token). ``metric``: ``metric(logits)`` of each ablated run, and
-    ``metric_clean`` of the clean one (None without a ``metric``). ``outputs()`` frames them.
+    ``metric_clean`` of the clean one (None without a ``metric``). ``reference``: the
+    ``[batch, pos]`` shape of the reference trace whose means or writes replaced (None: the
+    trace's own means, or zeros). ``outputs()`` frames them.
     """
 
     writes: tuple[str, ...]
@@ -76,6 +78,7 @@ class AblationCheck(CompactRepr):
     loss_change: Float[Tensor, " write"]
     metric: Float[Tensor, " write"] | None = None
     metric_clean: float | None = None
+    reference: tuple[int, ...] | None = None
 
     def to_frame(self) -> pd.DataFrame:
         """Long frame: ``write, reader, effect, linear`` for pairs where the reader sees the write."""
@@ -229,9 +232,12 @@ def _reference(trace, reference, mode: Mode):
     if mode == "zero":
         raise InputError("reference gives the means of mode='mean' or the values of mode='patch'; "
                          "mode='zero' uses none")
-    if getattr(reference, "model", None) is not trace.model or not hasattr(reference, "captured"):
+    if not hasattr(reference, "captured") or not hasattr(reference, "model"):
         raise InputError("reference is a trace of the same loaded model, e.g. "
                          f"rs.trace(model, other_texts), not {type(reference).__name__}")
+    if reference.model is not trace.model:
+        raise InputError("reference is a trace of another loaded model object (a second rs.load, "
+                         "or another model): trace both with the same model")
     if mode == "patch" and reference.tokens.shape != trace.tokens.shape:
         raise InputError(f"patching takes each write at the same position: the reference is "
                          f"{list(reference.tokens.shape)} tokens [batch, pos], the trace "
@@ -255,8 +261,9 @@ def _metric_of(metric: Callable[[Tensor], Tensor | float], logits: Tensor) -> fl
         value = None
     if value is None or value.numel() != 1:
         raise InputError("metric takes the logits [batch, pos, vocab] and returns one number, e.g. "
-                         "lambda logits: (logits[:, -1, a] - logits[:, -1, b]).mean(); it returned "
-                         f"{type(got).__name__ if value is None else tuple(value.shape)}")
+                         "with last = trace.attention_mask.sum(1) - 1 and rows = range(len(last)), "
+                         "lambda logits: (logits[rows, last, a] - logits[rows, last, b]).mean(); it "
+                         f"returned {type(got).__name__ if value is None else tuple(value.shape)}")
     return float(value)
 
 
@@ -283,7 +290,7 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
     writes, owners = _writes(trace, writes)
     if metric is not None and not a.has_lm_head:
         raise NotAvailableError(f"metric reads logits; {a.lm_head_note or 'this model has no LM head'}")
-    clean_metric = None if metric is None else _metric_of(metric, trace.logits.float())
+    clean_metric = None if metric is None else _metric_of(metric, trace.logits.float().clone())
     measured = torch.full((len(writes),), float("nan"))
     readers = tuple(c.name for c in a.components)
     mask = trace.attention_mask
@@ -315,4 +322,5 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
     spearman = float(np.corrcoef(_rank(e), _rank(lin))[0, 1]) if len(e) > 2 else float("nan")
     kl, last_kl, dtop, dloss = outputs.T
     return AblationCheck(writes, readers, effect, linear, kl, dtop, pearson, spearman, mode,
-                         last_kl, dloss, None if metric is None else measured, clean_metric)
+                         last_kl, dloss, None if metric is None else measured, clean_metric,
+                         None if reference is None else tuple(reference.tokens.shape))

@@ -216,7 +216,7 @@ def _ids(trace, ids, what: str, vocab: int) -> Tensor:
             or ids.shape not in ((), (shape[0],), (shape[0], 1), shape):
         raise InputError(f"{what} ids are one token id, one per row [{shape[0]}], or one per "
                          f"position [batch, pos] = {list(shape)}; got {ids.dtype} {tuple(ids.shape)}"
-                         " (an id: model.tokenizer.encode(' Mary', add_special_tokens=False))")
+                         " (an id: model.tokenizer(' Mary', add_special_tokens=False)['input_ids'][0])")
     ids = (ids[:, None] if ids.ndim == 1 else ids).expand(shape)
     if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < vocab):
         raise InputError(f"{what} ids must be token ids in 0..{vocab - 1}, got {int(ids.min())}"

@@ -100,7 +100,12 @@ def _distributed(requested: str) -> tuple[int, int, str | None]:
     if requested == "cuda" and not torch.cuda.is_available():
         raise InputError("device 'cuda' is not on this machine: use --device cpu (or auto)")
     cuda = requested != "cpu" and torch.cuda.is_available()
-    device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if cuda else "cpu"
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda and local >= torch.cuda.device_count():
+        raise InputError(f"{os.environ.get('LOCAL_WORLD_SIZE', local + 1)} processes on this machine "
+                         f"but {torch.cuda.device_count()} GPUs: --nproc-per-node at most that, or "
+                         "--device cpu")
+    device = f"cuda:{local}" if cuda else "cpu"
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo")
