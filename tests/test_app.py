@@ -126,6 +126,8 @@ def test_flow_page_attributes_a_logit_to_heads_and_mlps():
     assert "induction score" in chart(at, 3)["layout"]["title"]["text"]  # the Heads section still runs
     at.sidebar.selectbox(key="model").select("twin-pre-ln").run()  # a byte tokenizer: one byte a token
     at.text_input(key="dla_target").input("a").run()
+    assert not at.exception and "The baseline is 6 tokens" in at.error[0].value  # ' Paris': 6 bytes
+    at.text_input(key="dla_baseline").input("").run()
     assert not at.exception and "logit('a')" in title(), title()
 
 
