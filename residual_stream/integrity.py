@@ -58,16 +58,23 @@ def check_safetensors_size(f: Path, size: int) -> None:
             "re-download it")
 
 
-def refuse_non_finite(module: nn.Module, source: str) -> None:
+def refuse_non_finite(module: nn.Module, source: str,
+                      advice: str = "the file is corrupt: re-download or reinstall it") -> None:
     """``CorruptModelFileError`` naming the first parameter holding NaN or inf.
 
-    Offloaded (``meta``) weights are not here to check; they are checked on use.
+    One fused norm of every parameter first (a few kernels, one sync); the search for the
+    first bad one only when that is not finite (or overflows). Offloaded (``meta``) weights
+    are not here to check; they are checked on use.
     """
-    for pname, p in module.named_parameters():
-        if p.is_floating_point() and p.device.type != "meta" and not bool(torch.isfinite(p).all()):
+    params = [(n, p.detach()) for n, p in module.named_parameters()
+              if p.is_floating_point() and p.device.type != "meta"]
+    if len({p.device for _, p in params}) == 1 and \
+            bool(torch.nn.utils.get_total_norm([p for _, p in params]).isfinite()):
+        return
+    for pname, p in params:
+        if not bool(torch.isfinite(p).all()):
             raise CorruptModelFileError(
-                f"weights of {source!r} contain NaN or inf (first in {pname}); the file is "
-                "corrupt: re-download or reinstall it")
+                f"weights of {source!r} contain NaN or inf (first in {pname}); {advice}")
 
 
 def refuse_missing(module: nn.Module, anatomy: Anatomy, missing: Iterable[str], source: str) -> None:
@@ -88,6 +95,23 @@ def refuse_missing(module: nn.Module, anatomy: Anatomy, missing: Iterable[str], 
             f"the checkpoint of {source!r} lacks {len(bad)} weight(s) the model uses "
             f"({', '.join(bad[:3])}{more}): transformers would fill them at random. The file is "
             "incomplete or its config.json describes a larger model: re-download it")
+
+
+def refuse_extra_layers(anatomy: Anatomy, unexpected: Iterable[str], source: str) -> None:
+    """``CorruptModelFileError`` when the checkpoint holds blocks past the config's last.
+
+    ``unexpected``: ``from_pretrained``'s ``unexpected_keys`` (weights it did not use). A
+    ``config.json`` listing fewer layers than the checkpoint loaded a truncated model.
+    """
+    last = anatomy.modules.layers[-1]
+    prefix = last.rstrip("0123456789")  # "model.layers."
+    extra = sorted({k[len(prefix):].split(".")[0] for k in unexpected if k.startswith(prefix)},
+                   key=lambda i: (len(i), i))
+    if extra:
+        raise CorruptModelFileError(
+            f"the checkpoint of {source!r} holds blocks {', '.join(extra[:3])}"
+            f"{'…' if len(extra) > 3 else ''} past the {anatomy.n_layers} its config.json lists: "
+            "fix the config's layer count or re-download the model")
 
 
 def check_tokenizer(tokenizer, vocab_size: int | None, source: str) -> None:

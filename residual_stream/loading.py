@@ -37,7 +37,13 @@ from .errors import (
     layer_index,
 )
 from .files import look_up, sha256
-from .integrity import check_tokenizer, refuse_missing, refuse_non_finite, validate_safetensors
+from .integrity import (
+    check_tokenizer,
+    refuse_extra_layers,
+    refuse_missing,
+    refuse_non_finite,
+    validate_safetensors,
+)
 from .registry import REGISTRY
 from .tl_compat import is_bridge, unwrap_bridge
 from .weights import LayerWeights, Unembed, layer_weights, unembedding
@@ -162,8 +168,9 @@ def load(
         if tok is None:
             raise InputError(f"a {type(source).__name__} object carries no tokenizer: pass its "
                              "tokenizer too, rs.load(model, tokenizer=AutoTokenizer.from_pretrained(...))")
-        return wrap(source, tok, name=getattr(source, "name_or_path", "") or
-                    type(source).__name__)
+        name = getattr(source, "name_or_path", "") or type(source).__name__
+        refuse_non_finite(source, name, "set or reload its weights")
+        return wrap(source, tok, name=name)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     check_device_map(device_map)
@@ -263,6 +270,7 @@ def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, placement: di
             output_loading_info=True, **(placement or {}), **kw)
         anatomy = describe(model, has_lm_head=_has_head(model))
         refuse_missing(model, anatomy, info.get("missing_keys", ()), str(folder))
+        refuse_extra_layers(anatomy, info.get("unexpected_keys", ()), str(folder))
         tok = tokenizer  # the caller's (``load(..., tokenizer=)``), else the folder's, checked
         if tok is None:
             tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kw)

@@ -265,7 +265,8 @@ def trace_batch(model: Model, batch: Batch, *, verify: bool = False, patterns: b
 def _raise_if_non_finite(t: Trace) -> None:
     """Find the first place NaN/inf appears, in program order, over real tokens only."""
     cap = t.captured
-    everything = [*cap.embeds.values(), *cap.resid.values(), *cap.z.values(), *cap.mlp_out.values()]
+    everything = [*cap.embeds.values(), *cap.resid.values(), *cap.z.values(), *cap.mlp_out.values(),
+                  *([] if cap.logits is None else [cap.logits])]
     # NaN/inf propagate into a norm: one fused norm of every tensor (foreach: a few launches,
     # not one per tensor), one sync, no masks; the masked search below only when needed
     if bool(torch.nn.utils.get_total_norm(everything).isfinite()):
@@ -288,3 +289,6 @@ def _raise_if_non_finite(t: Trace) -> None:
                 f"NaN/inf first appears in layer {L}, in {where}. Check that layer's weights "
                 "(rs.load refuses non-finite weights from files) or run in float32."
             )
+    if cap.logits is not None and bad(cap.logits):
+        raise NonFiniteError("NaN/inf first appears in the logits (the stream is finite): check the "
+                             "final norm's and the LM head's weights, or run in float32")

@@ -121,6 +121,10 @@ def test_a_checkpoint_missing_weights_the_model_uses_is_refused_naming_them(tmp_
     with pytest.raises(CorruptModelFileError, match=r"lacks 16 weight.*encoder\.layer\.2\..* and 13 "
                                                     "more.*describes a larger model"):
         rs.load(bigger)
+    smaller = save_tiny_bert(tmp_path / "smaller")  # config.json lists fewer layers than saved
+    (smaller / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
+    with pytest.raises(CorruptModelFileError, match=r"holds blocks 1 past the 1 its config.json lists"):
+        rs.load(smaller)  # it loaded a truncated model, transformers printing "UNEXPECTED"
     llama = tmp_path / "llama"  # a causal LM: its keys carry the base model's prefix
     cfg = tf.LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)

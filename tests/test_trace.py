@@ -92,6 +92,26 @@ def test_nan_in_the_stream_names_layer_and_component():
         rs.trace(model, "hello")
 
 
+def test_nan_weights_of_a_model_object_are_refused_at_load_and_nan_logits_at_trace():
+    """A model object was never checked (only files were): NaN in its LM head gave NaN logits,
+    and the lens reported top-1 agreement 1.0 and rank 0 over them. Now ``rs.load`` names the
+    first bad parameter, and a head corrupted after loading is named by the trace."""
+    from residual_stream.errors import CorruptModelFileError
+
+    module = build("llama")
+    with torch.no_grad():
+        module.lm_head.weight[5, 0] = float("nan")
+    with pytest.raises(CorruptModelFileError, match=r"first in lm_head.weight\); set or reload its weights"):
+        rs.load(module, tokenizer=ByteTokenizer())
+    with torch.no_grad():
+        module.lm_head.weight[5, 0] = 0.0
+    model = rs.load(module, tokenizer=ByteTokenizer())
+    with torch.no_grad():
+        module.lm_head.weight[5, 0] = float("inf")
+    with pytest.raises(NonFiniteError, match="in the logits \\(the stream is finite\\)"):
+        rs.trace(model, "hello")
+
+
 def test_head_writes_sum_to_attention_output_and_scales_are_recorded(llama):
     trace = rs.trace(llama, TEXTS, verify=True)
     torch.testing.assert_close(trace.attn_write(1), trace.captured.attn_out[1],
