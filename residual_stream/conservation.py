@@ -42,7 +42,7 @@ from torch import Tensor
 
 from .capture import capture, hidden_states_reference, model_lock
 from .decomposition import collect, replay_states
-from .errors import ConservationError
+from .errors import ConservationError, InputError
 from .program import Add, Mark, Norm, Read
 from .walk import component_of, final_stream, walk_stream
 
@@ -144,6 +144,9 @@ def check_conservation(trace: Trace, *, tolerance: float | None = None) -> Conse
     model, anatomy = trace.model, trace.anatomy
     default, measure = default_tolerance(model.dtype)
     tolerance = default if tolerance is None else tolerance
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 < tolerance < 1:
+        raise InputError(f"tolerance is a relative error in (0, 1), e.g. 1e-4, not {tolerance!r} "
+                         f"(None: {default:g} for {model.dtype})")
     tokens = trace.tokens.to(model.device)
     mask = trace.attention_mask.to(model.device)
     verified = bool(trace.captured.attn_out)  # traced with verify=True already

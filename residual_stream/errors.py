@@ -72,6 +72,32 @@ def as_index(value: object) -> int | None:
         return None
 
 
+def top_count(value: object, what: str) -> int:
+    """``value`` as a count of ``what`` to list (``top(n=...)``), at least 1; else ``InputError``."""
+    n = as_index(value)
+    if n is None or n < 1:
+        raise InputError(f"top: n is a number of {what}, at least 1, not {value!r}")
+    return n
+
+
+def need_trace(value: object, fn: str) -> None:
+    """``InputError`` unless ``value`` is a trace (``rs.trace``), saying how to make one."""
+    if hasattr(value, "captured") and hasattr(value, "anatomy"):
+        return
+    hint = " (this is a loaded model: trace it first)" if hasattr(value, "anatomy") else ""
+    raise InputError(f"{fn} takes a trace, rs.{fn}(rs.trace(model, texts)); got a "
+                     f"{type(value).__name__}{hint}")
+
+
+def need_model(value: object, fn: str) -> None:
+    """``InputError`` unless ``value`` is a loaded model (``rs.load``), saying how to get one."""
+    if hasattr(value, "anatomy") and hasattr(value, "module") and not hasattr(value, "captured"):
+        return
+    what = "a trace: give its model, trace.model" if hasattr(value, "captured") else \
+        f"a {type(value).__name__}: load it first, rs.load(...)"
+    raise InputError(f"{fn} takes a loaded model (rs.load), not {what}")
+
+
 def layer_index(value: object, count: int, what: str, n_layers: int, alternative: str = "") -> int:
     """``value`` as an int in ``0..count-1``, else ``OutOfRangeError`` saying what it indexes.
 

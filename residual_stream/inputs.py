@@ -17,7 +17,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from .errors import ContextLengthError, EmptyTextError, InputError
+from .errors import ContextLengthError, EmptyTextError, InputError, as_index
 
 if TYPE_CHECKING:
     from .loading import Model
@@ -149,8 +149,18 @@ def encode(
     overflow: Overflow = "error",
 ) -> Batch:
     """Tokenize ``texts`` for ``model`` into a right-padded ``Batch`` (token-id tensors pass through)."""
+    n_ctx = model.anatomy.n_ctx
+    if max_length is not None and (as_index(max_length) is None or not 1 <= max_length <= n_ctx):
+        raise InputError(f"max_length must be a whole number between 1 and the model's context of "
+                         f"{n_ctx}, got {max_length!r}")
+    if overflow not in ("error", "chunk"):
+        raise InputError(f"overflow must be 'error' or 'chunk', got {overflow!r}")
     if isinstance(texts, Tensor):
-        return from_ids(model, texts)
+        batch = from_ids(model, texts)
+        if max_length is not None and batch.tokens.shape[1] > max_length:
+            raise ContextLengthError(f"the token ids are {batch.tokens.shape[1]} positions, over "
+                                     f"max_length={max_length}: cut them (ids[:, :{max_length}])")
+        return batch
     if isinstance(texts, str):
         texts = [texts]
     if not isinstance(texts, (list, tuple)):
@@ -161,11 +171,6 @@ def encode(
                          f"pos] of token ids, not a {type(texts).__name__}{hint}")
     if not texts:
         raise EmptyTextError("no texts given: pass a string or a non-empty list of strings")
-    if overflow not in ("error", "chunk"):
-        raise InputError(f"overflow must be 'error' or 'chunk', got {overflow!r}")
-    if max_length is not None and not 1 <= max_length <= model.anatomy.n_ctx:
-        raise InputError(f"max_length must be between 1 and the model's context of "
-                         f"{model.anatomy.n_ctx}, got {max_length}")
     limit = int(max_length or model.anatomy.n_ctx)
     rows: list[list[int]] = []
     index: list[int] = []

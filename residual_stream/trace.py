@@ -27,7 +27,7 @@ from torch import Tensor
 
 from .capture import Captured, capture
 from .decomposition import Contributions, Sources, Write, replay, replay_to_read
-from .errors import NonFiniteError, NotAvailableError, UnknownNameError, layer_index
+from .errors import NonFiniteError, NotAvailableError, UnknownNameError, layer_index, need_model
 from .inputs import Batch, Overflow, encode
 from .program import Point, Read
 from .walk import component_of, final_stream, walk_stream
@@ -249,6 +249,7 @@ def trace(
         ContextLengthError: A text is too long and ``overflow="error"``.
         NonFiniteError: NaN or inf appears in the stream (names the first layer and component).
     """
+    need_model(model, "trace")
     batch = encode(model, texts, max_length=max_length, overflow=overflow)
     return trace_batch(model, batch, verify=verify, patterns=patterns)
 

@@ -13,7 +13,9 @@ import pytest
 import torch
 
 import residual_stream as rs
+from residual_stream.conservation import check_conservation
 from residual_stream.errors import InputError, OutOfRangeError, ResidualStreamError, UnknownNameError
+from residual_stream.inputs import encode
 
 TEXTS = ["The stream is read and written.", "Norms rescale it."]
 
@@ -60,6 +62,31 @@ def unchecked(fn):
     (lambda t: rs.ablation_check(t, writes=["L0.mlp"], reference=t.tokens), InputError,
      r"rs.trace\(model, other_texts\), not Tensor"),
     (lambda t: rs.direct_logit_attribution(t).top(0), InputError, "top: n is a number of rows"),
+    (lambda t: rs.composition(t).top("L1H0", n=0), InputError, "top: n is a number of writers, at least 1"),
+    (lambda t: unchecked(type(rs.composition(t)).top)(rs.composition(t), "L1H0", n="3"), InputError,
+     "top: n is a number of writers"),
+    *[(lambda t, f=f: unchecked(f)(t.model), InputError,
+       rf"{f.__name__} takes a trace, rs.{f.__name__}\(rs.trace\(model, texts\)\); got a Model \(this is a "
+       r"loaded model: trace it first\)")
+      for f in (rs.norm_growth, rs.survival, rs.read_attribution, rs.write_subspaces, rs.logit_lens,
+                rs.direct_logit_attribution, rs.ablation_check, rs.mixing_ratio)],
+    (lambda t: unchecked(rs.trace)("smollm2-135m", "x"), InputError,
+     r"trace takes a loaded model \(rs.load\), not a str: load it first"),
+    (lambda t: rs.scan(t, ["a b"], ["growth"], progress=False), InputError,
+     r"scan takes a loaded model \(rs.load\), not a trace: give its model, trace.model"),
+    (lambda t: unchecked(rs.ablation_check)(t, writes=["L0.mlp"], reads="no"), InputError,
+     "reads is True or False, not 'no'"),
+    (lambda t: unchecked(rs.ablation_check)(t, writes=["L0.mlp"], metric=5), InputError,
+     "metric is a function of the logits"),
+    (lambda t: rs.head_scores(t, length=3, rows=10**9), InputError,
+     r"1000000000 rows of 7 positions are over 1,048,576 tokens in one pass: use fewer rows"),
+    (lambda t: t.check(tolerance=float("nan")), InputError, r"tolerance is a relative error in \(0, 1\)"),
+    (lambda t: unchecked(check_conservation)(t, tolerance="1e-3"), InputError,
+     "tolerance is a relative error"),
+    (lambda t: unchecked(encode)(t.model, "abc", max_length=2.5), InputError,
+     "max_length must be a whole number between 1 and the model's context"),
+    (lambda t: rs.trace(t.model, t.tokens, max_length=3), rs.errors.ContextLengthError,
+     r"the token ids are \d+ positions, over max_length=3: cut them"),
     (lambda t: rs.ablation_check(t, writes=["L0.mlp"], metric=lambda logits: logits[:, -1, 3]), InputError,
      r"metric takes the logits \[batch, pos, vocab\] and returns one number.*it returned \(2,\)"),
     (lambda t: rs.ablation_check(t, writes=["L0.mlp"], metric=lambda logits: "high"), InputError,

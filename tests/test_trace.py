@@ -75,7 +75,7 @@ def test_hooks_removed_even_when_forward_raises():
         rs.trace(model, "y" * 30)
     assert count() == before
     del model.module.blocks[1].forward
-    context = "max_length must be between 1 and the model's context of 256, got 400"
+    context = "max_length must be a whole number between 1 and the model's context of 256, got 400"
     with pytest.raises(InputError, match=context):
         rs.trace(model, "y" * 300, max_length=400)  # past the context: refused before the model
     with pytest.raises(InputError, match="got 0"):

@@ -39,7 +39,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..capture import capture, first_output
-from ..errors import InputError, NotAvailableError, UnknownNameError, check_choice
+from ..errors import InputError, NotAvailableError, UnknownNameError, check_choice, need_trace
 from ..walk import component_of, head_of, read_inputs
 from ..weights import attn_W_O
 from .flow import component_label, read_attribution
@@ -284,6 +284,12 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
     with ``trace.attention_mask``) returning one number, measured on the clean run and on each
     ablated one (``AblationCheck.metric``, ``outputs()``'s ``metric_change``).
     """
+    need_trace(trace, "ablation_check")
+    if not isinstance(reads, bool):
+        raise InputError(f"reads is True or False, not {reads!r}")
+    if metric is not None and not callable(metric):
+        raise InputError(f"metric is a function of the logits, e.g. lambda logits: logits[0, -1, 5], "
+                         f"not a {type(metric).__name__}")
     a = trace.anatomy
     check_choice("mode", mode, get_args(Mode))
     source = _reference(trace, reference, mode)

@@ -44,7 +44,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..errors import InputError, UnknownNameError, check_choice
+from ..errors import InputError, UnknownNameError, check_choice, top_count
 from .results import CompactRepr
 
 KINDS = ("q", "k", "v")
@@ -115,6 +115,7 @@ class Composition(CompactRepr):
             mlps = f"{self.mlps[0]}…{self.mlps[-1]}" if self.mlps else "none"
             raise UnknownNameError(f"no reader {reader!r}: the readers are heads "
                                    f"{self.heads[0]}…{self.heads[-1]} and MLPs ({mlps})")
+        n = top_count(n, "writers")
         seen = self.sees[key][:, j].numpy()
         column = scores[:, j].numpy()
         order = [i for i in np.argsort(-column, kind="stable") if seen[i]][:n]

@@ -36,7 +36,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..errors import check_choice
+from ..errors import check_choice, need_trace
 from ..program import Add, Norm
 from ..walk import component_of, walk_stream
 from .results import CompactRepr
@@ -153,6 +153,7 @@ def norm_growth(trace, *, massive_reference: str = "token") -> NormGrowth:
 
     ``massive_reference`` is ``"token"`` or ``"point"``: whose median the 1000× rule compares to.
     """
+    need_trace(trace, "norm_growth")
     check_choice("massive_reference", massive_reference, ("token", "point"))
     n, mask = trace.anatomy.n_layers, trace.attention_mask
     streams = torch.stack([trace.stream(L) for L in range(n + 1)])   # (point, batch, pos, d)

@@ -27,11 +27,12 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..errors import InputError, as_index, check_choice
+from ..errors import InputError, as_index, check_choice, top_count
 from .lens import log_probs
 
 KINDS = ("previous_token", "duplicate_token", "induction")
 DEFAULT_LENGTH = 50
+MAX_TOKENS = 1 << 20  # rows × positions in one traced pass (its patterns: heads × pos² each row)
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,8 +75,7 @@ class HeadScores:
     def top(self, kind: str = "induction", n: int = 5) -> pd.DataFrame:
         """The ``n`` heads scoring highest by ``kind`` (``to_frame``'s rows, best first)."""
         check_choice("kind", kind, KINDS)
-        if as_index(n) is None or n < 1:
-            raise InputError(f"top: n is a number of heads, at least 1, not {n!r}")
+        n = top_count(n, "heads")
         return self.to_frame().sort_values(kind, ascending=False, kind="stable").head(n) \
             .reset_index(drop=True)
 
@@ -140,6 +140,9 @@ def head_scores(model, *, length: int | None = None, rows: int = 4, seed: int = 
         raise InputError(f"two copies of {n} tokens{' and a prefix' if prefix else ''} make "
                          f"{len(prefix) + 2 * n} positions, over {model.name}'s context of "
                          f"{a.n_ctx}: use length ≤ {fits}")
+    if r * (len(prefix) + 2 * n) > MAX_TOKENS:
+        raise InputError(f"{r} rows of {len(prefix) + 2 * n} positions are over {MAX_TOKENS:,} tokens "
+                         "in one pass: use fewer rows or a shorter length")
     tokens, start = _repeated_tokens(prefix, pool, n, r, sd), len(prefix)
     tr = trace(model, tokens, patterns=True)
     repeat = start + n  # the repeat's first position

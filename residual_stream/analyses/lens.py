@@ -31,7 +31,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..errors import InputError, NotAvailableError, as_index, check_choice
+from ..errors import InputError, NotAvailableError, as_index, check_choice, need_trace, top_count
 from .results import CompactRepr
 from .tokens import masked_mean
 
@@ -102,6 +102,7 @@ def logit_lens(trace, *, k: int = 5) -> LogitLens:
 
     ``k``: how many of each position's most likely tokens to keep per point.
     """
+    need_trace(trace, "logit_lens")
     unembed = trace.model.unembed()
     vocab, top = unembed.W_U.shape[-1], as_index(k)
     if top is None or not 1 <= top <= vocab:
@@ -157,8 +158,7 @@ class DirectLogitAttribution(CompactRepr):
 
         With ``position="each"``, the ``n`` largest (contribution, token) terms.
         """
-        if as_index(n) is None or n < 1:
-            raise InputError(f"top: n is a number of rows, at least 1, not {n!r}")
+        n = top_count(n, "rows")
         frame = self.to_frame(position)
         order = frame.logit.abs().sort_values(ascending=False, kind="stable").index[:n]
         return frame.loc[order].reset_index(drop=True)
@@ -217,7 +217,7 @@ def _ids(trace, ids, what: str, vocab: int) -> Tensor:
         raise InputError(f"{what} ids are one token id, one per row [{shape[0]}], or one per "
                          f"position [batch, pos] = {list(shape)}; got {ids.dtype} {tuple(ids.shape)}"
                          " (an id: model.tokenizer(' Mary', add_special_tokens=False)['input_ids'][0])")
-    ids = (ids[:, None] if ids.ndim == 1 else ids).expand(shape)
+    ids = (ids[:, None] if ids.ndim == 1 else ids).expand(shape).long()  # uint8 would index as a mask
     if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < vocab):
         raise InputError(f"{what} ids must be token ids in 0..{vocab - 1}, got {int(ids.min())}"
                          f"..{int(ids.max())}")
@@ -250,6 +250,7 @@ def direct_logit_attribution(
             for ``to_frame("last")``) or ``[batch, pos]``.
         baseline: Optional ids, in the same forms: attribute the logit difference instead.
     """
+    need_trace(trace, "direct_logit_attribution")
     unembed = trace.model.unembed()
     if unembed.transform is not None:
         raise NotAvailableError(

@@ -28,6 +28,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from ..errors import need_trace
 from ..program import Add, Mark, Norm, Read, Scale
 from ..walk import read_inputs, walk_stream
 from .results import CompactRepr
@@ -100,6 +101,7 @@ def _layer(trace, layer: int, A: Tensor, u: Tensor, x: Tensor):
 
 def mixing_ratio(trace) -> MixingRatio:
     """Context-mixing ratios of every attention layer of ``trace`` (module docstring)."""
+    need_trace(trace, "mixing_ratio")
     streams = {s.op.component: s.x for s in walk_stream(trace) if isinstance(s.op, Read)}
     inputs = read_inputs(trace)
     rows = [_layer(trace, L, A.to(trace.stream(0).device), inputs[f"L{L}.attn"],

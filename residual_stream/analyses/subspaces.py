@@ -34,7 +34,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..decomposition import replay_states
-from ..errors import InputError, UnknownNameError, as_index
+from ..errors import InputError, UnknownNameError, as_index, need_trace
 from ..program import Read
 from ..weights import VOCAB_SLICE
 from .flow import component_label
@@ -274,6 +274,7 @@ def write_subspaces(
         basis: Extra subspace as rows ``[k, d_model]`` (probe directions, SAE decoder rows).
         readers: Also measure every later reader's read fraction and strength.
     """
+    need_trace(trace, "write_subspaces")
     a = trace.anatomy
     if isinstance(writes, str):
         raise InputError(f"writes is a list of labels, e.g. [{writes!r}], not a string")

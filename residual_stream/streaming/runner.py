@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..errors import EmptyTextError, InputError
+from ..errors import EmptyTextError, InputError, need_model
 from ..trace import trace_batch
 from .accumulators import Accumulator, make_accumulators
 from .batching import check_sizes, row_batches
@@ -319,6 +319,7 @@ def scan(
             device when every statistic can be: all but per-head survival and read
             attribution; see ``streaming.graphs``).
     """
+    need_model(model, "scan")
     corpus = corpus if isinstance(corpus, Corpus) else Corpus(corpus)
     accs = make_accumulators(stats)
     seq_len = min(model.anatomy.n_ctx, 128) if seq_len is None else seq_len
