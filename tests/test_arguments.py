@@ -101,6 +101,13 @@ def unchecked(fn):
     (lambda t: rs.write_subspaces(t, basis=torch.randn(3, 31)), InputError,
      r"basis is rows of directions \[k, d_model=32\], not a tensor of shape \(3, 31\)"),
     (lambda t: rs.write_subspaces(t, writes=["L9.mlp"]), UnknownNameError, "no writes named"),
+    (lambda t: rs.write_subspaces(t, writes=[]), InputError, r"writes is empty.*None"),
+    (lambda t: rs.write_subspaces(t, basis=torch.full((2, 32), float("nan"))), InputError,
+     "basis holds NaN, inf or only zeros"),
+    (lambda t: rs.write_subspaces(t, pca_trace=t.model), InputError, "pca_trace is a trace.*not a Model"),
+    (lambda t: rs.write_subspaces(t, pca_trace=rs.trace(rs.twin(norm="rmsnorm", placement="pre", n_layers=2,
+                                                                d_model=32, n_heads=4, seed=1), "a b")),
+     InputError, "pca_trace is a trace of another loaded model object"),
     (lambda t: rs.logit_lens(t, k=0), InputError, r"k is a number of top tokens in 1..257"),
     (lambda t: rs.logit_lens(t, k=1000), InputError, "k is a number of top tokens"),
     (lambda t: rs.direct_logit_attribution(t, target=torch.full_like(t.tokens, 10**6)), InputError,
@@ -252,3 +259,14 @@ def test_texts_that_are_not_strings_are_named_not_called_empty():
             encode(model, texts)
         assert not isinstance(raised.value, rs.errors.EmptyTextError)
     assert encode(model, torch.as_tensor(np.array([[72, 101]]))).tokens.tolist() == [[72, 101]]
+
+
+def test_a_basis_given_as_an_array_or_lists_is_the_same_subspace(trace):
+    """``basis=`` took only a tensor (an array raised AttributeError deep inside)."""
+    import numpy as np
+
+    rows = torch.randn(3, 32, generator=torch.Generator().manual_seed(0))
+    want = rs.write_subspaces(trace, basis=rows, readers=False).named
+    for other in (rows.numpy(), np.asarray(rows.double()), rows.tolist()):
+        got = unchecked(rs.write_subspaces)(trace, basis=other, readers=False).named
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float
@@ -238,7 +239,7 @@ def _read_measures(trace, writes: Sequence[str]):
 
 
 def named_subspaces(model, pca: Subspace, unembed_k: int = 32,
-                    basis: Tensor | None = None) -> list[Subspace]:
+                    basis: Tensor | np.ndarray | Sequence[Sequence[float]] | None = None) -> list[Subspace]:
     """The named subspaces in order: mean, the unembedding's top-k, PCA, basis.
 
     The unembedding's only with an LM head that reads the stream itself: BERT's MLM head
@@ -249,16 +250,24 @@ def named_subspaces(model, pca: Subspace, unembed_k: int = 32,
         subs.insert(1, unembed_subspace(model, unembed_k))
     if basis is not None:
         d = model.anatomy.d_model
+        try:  # a numpy array or nested lists of rows too
+            basis = torch.as_tensor(basis, dtype=torch.float32)
+        except (TypeError, ValueError, RuntimeError):
+            raise InputError(f"basis is rows of directions [k, d_model={d}] (a tensor or an array), "
+                             f"not a {type(basis).__name__}") from None
         if basis.ndim != 2 or basis.shape[1] != d or basis.shape[0] < 1:
             raise InputError(f"basis is rows of directions [k, d_model={d}], not a tensor of shape "
                              f"{tuple(basis.shape)}")
+        if not bool(basis.isfinite().all()) or not bool(basis.ne(0).any()):
+            raise InputError("basis holds NaN, inf or only zeros: give finite directions")
         subs.append(Subspace.from_vectors("basis", basis.T))
     return subs
 
 
 def write_subspaces(
     trace, *, writes: Sequence[str] | None = None, unembed_k: int = 32, pca_k: int = 16,
-    pca_trace=None, basis: Tensor | None = None, readers: bool = True,
+    pca_trace=None, basis: Tensor | np.ndarray | Sequence[Sequence[float]] | None = None,
+    readers: bool = True,
 ) -> WriteSubspaces:
     """Energy fractions of writes in the named subspaces (module docstring).
 
@@ -271,13 +280,24 @@ def write_subspaces(
         pca_k: Number of stream principal components.
         pca_trace: A calibration trace for the PCs (default: ``trace`` itself), or the
             ``Subspace`` they span (what a corpus scan fixes from its first batch).
-        basis: Extra subspace as rows ``[k, d_model]`` (probe directions, SAE decoder rows).
+        basis: Extra subspace as rows ``[k, d_model]`` (probe directions, SAE decoder rows): a
+            tensor, an array or nested lists.
         readers: Also measure every later reader's read fraction and strength.
     """
     need_trace(trace, "write_subspaces")
     a = trace.anatomy
     if isinstance(writes, str):
         raise InputError(f"writes is a list of labels, e.g. [{writes!r}], not a string")
+    if writes is not None and not len(writes):
+        raise InputError("writes is empty: name the writes to measure, or leave it out (None) for "
+                         "every attention total and MLP")
+    if pca_trace is not None and not isinstance(pca_trace, Subspace):
+        if not hasattr(pca_trace, "captured"):
+            raise InputError("pca_trace is a trace, rs.trace(model, calibration_texts), or a Subspace; "
+                             f"not a {type(pca_trace).__name__}")
+        if pca_trace.model is not trace.model:
+            raise InputError("pca_trace is a trace of another loaded model object: its stream's "
+                             "principal components are not this model's; trace it with the same model")
     writes = tuple(writes or [c.name for c in a.components])
     values = writes_as_added(trace, set(writes))
     missing = [w for w in writes if w not in values]
