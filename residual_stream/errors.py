@@ -72,6 +72,12 @@ def as_index(value: object) -> int | None:
         return None
 
 
+def check_flag(name: str, value: object) -> None:
+    """``InputError`` unless ``value`` is True or False (a string such as "no" would count as True)."""
+    if not isinstance(value, bool):
+        raise InputError(f"{name} is True or False, not {value!r}")
+
+
 def top_count(value: object, what: str) -> int:
     """``value`` as a count of ``what`` to list (``top(n=...)``), at least 1; else ``InputError``."""
     n = as_index(value)

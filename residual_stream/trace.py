@@ -27,7 +27,7 @@ from torch import Tensor
 
 from .capture import Captured, capture
 from .decomposition import Contributions, Sources, Write, replay, replay_to_read
-from .errors import NonFiniteError, NotAvailableError, UnknownNameError, layer_index, need_model
+from .errors import NonFiniteError, NotAvailableError, UnknownNameError, check_flag, layer_index, need_model
 from .inputs import Batch, Overflow, encode
 from .program import Point, Read
 from .walk import component_of, final_stream, walk_stream
@@ -250,6 +250,8 @@ def trace(
         NonFiniteError: NaN or inf appears in the stream (names the first layer and component).
     """
     need_model(model, "trace")
+    check_flag("verify", verify)
+    check_flag("patterns", patterns)
     batch = encode(model, texts, max_length=max_length, overflow=overflow)
     return trace_batch(model, batch, verify=verify, patterns=patterns)
 

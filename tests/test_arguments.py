@@ -26,6 +26,16 @@ def trace():
                             seed=1), TEXTS)
 
 
+def _twin_config(**fields):
+    """``TwinConfig``'s own checks on ``fields`` (its ``__init__`` is type-checked in the tests)."""
+    from residual_stream.twins.model import TwinConfig
+
+    cfg = TwinConfig()
+    for k, v in fields.items():
+        setattr(cfg, k, v)
+    unchecked(TwinConfig.__post_init__)(cfg)
+
+
 def unchecked(fn):
     """``fn`` without the tests' type checker (a user's call); a method from its class."""
     return getattr(fn, "__wrapped__", fn)
@@ -102,6 +112,14 @@ def unchecked(fn):
      r"basis is rows of directions \[k, d_model=32\], not a tensor of shape \(3, 31\)"),
     (lambda t: rs.write_subspaces(t, writes=["L9.mlp"]), UnknownNameError, "no writes named"),
     (lambda t: rs.write_subspaces(t, writes=[]), InputError, r"writes is empty.*None"),
+    *[(lambda t, k=k, v=v: _twin_config(**{k: v}), InputError, message) for k, v, message in (
+        ("n_layers", "2", "a twin's n_layers is a whole number, not '2'"),
+        ("d_mlp", 8.5, "a twin's d_mlp is a whole number, not 8.5"),
+        ("bias", "no", "a twin's bias is True or False, not 'no'"))],
+    (lambda t: rs.twin(eps=float("nan")), InputError, r"a twin's eps is a small positive number"),
+    (lambda t: unchecked(rs.twin)(seed=2**70), InputError, r"seed is a whole number in 0..2\*\*63-1"),
+    (lambda t: unchecked(rs.trace)(t.model, "a", patterns="no"), InputError, "patterns is True or False"),
+    (lambda t: unchecked(rs.read_attribution)(t, per_token="no"), InputError, "per_token is True or False"),
     (lambda t: rs.write_subspaces(t, basis=torch.full((2, 32), float("nan"))), InputError,
      "basis holds NaN, inf or only zeros"),
     (lambda t: rs.write_subspaces(t, pca_trace=t.model), InputError, "pca_trace is a trace.*not a Model"),

@@ -39,7 +39,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..capture import capture, first_output
-from ..errors import InputError, NotAvailableError, UnknownNameError, check_choice, need_trace
+from ..errors import InputError, NotAvailableError, UnknownNameError, check_choice, check_flag, need_trace
 from ..walk import component_of, head_of, read_inputs
 from ..weights import attn_W_O
 from .flow import component_label, read_attribution
@@ -285,8 +285,7 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
     ablated one (``AblationCheck.metric``, ``outputs()``'s ``metric_change``).
     """
     need_trace(trace, "ablation_check")
-    if not isinstance(reads, bool):
-        raise InputError(f"reads is True or False, not {reads!r}")
+    check_flag("reads", reads)
     if metric is not None and not callable(metric):
         raise InputError(f"metric is a function of the logits, e.g. lambda logits: logits[0, -1, 5], "
                          f"not a {type(metric).__name__}")

@@ -32,7 +32,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..decomposition import Write, collect, replay_states
-from ..errors import check_choice, need_trace
+from ..errors import check_choice, check_flag, need_trace
 from ..program import Mark, Read
 from ..walk import component_of
 from .results import CompactRepr
@@ -239,6 +239,7 @@ def read_attribution(trace, *, granularity: Granularity = "component",
     ``granularity`` as in ``survival``; ``per_token`` also keeps each token's shares.
     """
     need_trace(trace, "read_attribution")
+    check_flag("per_token", per_token)
     check_choice("granularity", granularity, get_args(Granularity))
     mask = trace.attention_mask
     rows: list[tuple[str, dict[str, tuple[float, float]]]] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import InputError
+from ..errors import InputError, as_index
 from ..inputs import ByteTokenizer
 from ..loading import Model, wrap
 
@@ -38,6 +38,8 @@ def twin(
     unknown = sorted(set(options) - fields)
     if unknown:
         raise InputError(f"rs.twin has no option {', '.join(unknown)}: choose from {sorted(fields)}")
+    if as_index(seed) is None or not 0 <= seed < 2**63:
+        raise InputError(f"seed is a whole number in 0..2**63-1, not {seed!r}")
     cfg = TwinConfig(norm=norm, placement=placement, n_layers=n_layers, d_model=d_model,
                      n_heads=n_heads, **options)
     with torch.random.fork_rng(devices=[]):

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import InputError, check_choice
+from ..errors import InputError, as_index, check_choice
 from ..tl_compat import hook_classes
 
 HookPoint, HookedRootModule = hook_classes()
@@ -54,8 +54,15 @@ class TwinConfig:
         no norm at all, ``positions="rope"`` one without positions.
         """
         for name, hint in get_type_hints(TwinConfig).items():
+            value = getattr(self, name)
             if get_origin(hint) is Literal:
-                check_choice(f"a twin's {name}", getattr(self, name), get_args(hint))
+                check_choice(f"a twin's {name}", value, get_args(hint))
+            elif hint is int and as_index(value) is None:
+                raise InputError(f"a twin's {name} is a whole number, not {value!r}")
+            elif hint is bool and not isinstance(value, bool):  # "no" would count as True
+                raise InputError(f"a twin's {name} is True or False, not {value!r}")
+        if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) or not 0 < self.eps < 1:
+            raise InputError(f"a twin's eps is a small positive number (1e-5), not {self.eps!r}")
         small = {k: getattr(self, k) for k in ("n_layers", "d_model", "n_heads", "n_ctx", "d_vocab")
                  if getattr(self, k) < 1}
         if small or self.d_mlp < 0:
