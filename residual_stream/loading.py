@@ -160,6 +160,12 @@ def load(
     """
     if isinstance(source, Model):
         return source
+    if tokenizer is not None and not callable(tokenizer):
+        raise InputError(f"tokenizer is a tokenizer object (callable on a text, as Hugging Face's), "
+                         f"not a {type(tokenizer).__name__}")
+    if isinstance(source, (str, os.PathLike)) and not str(source).strip():
+        raise InputError("the model name is empty: give a registry name (rs.list_models()), a "
+                         "folder or a .gguf file")
     if is_bridge(source):
         hf_model, tok = unwrap_bridge(source)
         return wrap(hf_model, tokenizer or tok, name=type(hf_model).__name__, source="bridge")

@@ -262,6 +262,14 @@ def batch_adder(model, accs: dict[str, Accumulator], graphs: bool | str = "auto"
     return lambda batch: _add_batch(model, batch, accs)
 
 
+def _check_state_and_callback(state: object, on_batch: object) -> None:
+    """``InputError`` for a state that is not a path or an ``on_batch`` that cannot be called."""
+    if state is not None and not isinstance(state, (str, os.PathLike)):
+        raise InputError(f"state is a file path (str or Path), not a {type(state).__name__}")
+    if on_batch is not None and not callable(on_batch):
+        raise InputError(f"on_batch is a function on_batch(key, tokens), not a {type(on_batch).__name__}")
+
+
 def scan(
     model,
     corpus: str | Path | Iterable[str] | Corpus,
@@ -325,6 +333,7 @@ def scan(
     seq_len = min(model.anatomy.n_ctx, 128) if seq_len is None else seq_len
     batch_size, seq_len, max_tokens = check_sizes(model, batch_size, seq_len, max_tokens, order)
     check_processes(rank, world_size)  # all as asked, before any reading
+    _check_state_and_callback(state, on_batch)
     path = Path(state) if state is not None else None
     config = None if path is None else scan_config(  # a state's only: it hashes weights and corpus
         model, corpus, list(accs), batch_size, seq_len, max_tokens, order, rank, world_size)
