@@ -117,7 +117,7 @@ class Trace:
         """The per-token scale norm ``name`` divided by (see ``Anatomy.norms``)."""
         try:
             return self.captured.norm_scale[name]
-        except KeyError:
+        except (KeyError, TypeError):  # TypeError: an unhashable name
             raise UnknownNameError(f"no norm {name!r}; norms are {list(self.anatomy.norms)[:6]}...") from None
 
     @property
@@ -178,7 +178,7 @@ class Trace:
 
     def decompose(self, point: Point) -> Contributions:
         """The stream at ``point`` (block index or ``"final"``) as an exact labelled sum."""
-        if point != "final":
+        if not (isinstance(point, str) and point == "final"):
             point = self._layer(point, self.anatomy.n_layers + 1, "a point to decompose", ' or "final"')
         return replay(self.anatomy.program, self.sources(), upto=point)
 

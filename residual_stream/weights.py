@@ -55,6 +55,12 @@ def head_writes(
     """
     dtype = W_O.dtype if out is None else out.dtype
     H, (b, p, _) = W_O.shape[0], z.shape
+    if out is not None and (not out.is_floating_point() or tuple(out.shape) != (H, b, p, W_O.shape[-1])
+                            or not out.is_contiguous()):
+        from .errors import InputError
+
+        raise InputError(f"out is a contiguous floating tensor [head, batch, pos, d_model] = "
+                         f"{[H, b, p, W_O.shape[-1]]}, not {out.dtype} {list(out.shape)}")
     zh = einops.rearrange(z.to(dtype), "batch pos (head k) -> head (batch pos) k", head=H)
     res = torch.bmm(zh, W_O.to(zh.device, dtype), out=None if out is None else out.view(H, b * p, -1))
     return res.view(H, b, p, -1)
@@ -209,6 +215,11 @@ class Unembed:
         ``VOCAB_SLICE`` columns at a time: the same values as a float32 copy of it, without
         holding one.
         """
+        if not h.is_floating_point():
+            from .errors import InputError
+
+            raise InputError(f"logits read final-normed states, a floating tensor [..., d_model]; not "
+                             f"{h.dtype} (token ids go through rs.trace)")
         if self.transform is not None:  # an inference tensor (a lean pass's) stays one; and
             # no graph: inference_mode(False) turns grad mode on, so no_grad comes inside it
             with torch.inference_mode(h.is_inference()), torch.no_grad():

@@ -9,6 +9,7 @@ function runs; such cases call the function itself (``__wrapped__``), as a user'
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -125,6 +126,13 @@ def unchecked(fn):
      r"on_batch is a function on_batch\(key, tokens\), not a int"),
     (lambda t: rs.load("twin-pre-ln", tokenizer=5), InputError, "tokenizer is a tokenizer object"),
     (lambda t: rs.load(""), InputError, "the model name is empty"),
+    (lambda t: unchecked(type(t).norm_scale)(t, []), UnknownNameError, r"no norm \[\]; norms are"),
+    (lambda t: unchecked(type(t).decompose)(t, np.array([1, 2])), OutOfRangeError,
+     "a point to decompose is a layer index"),
+    (lambda t: t.head_writes(0, out=torch.empty(4, 2, t.tokens.shape[1], 32, dtype=torch.int64)), InputError,
+     r"out is a contiguous floating tensor \[head, batch, pos, d_model\]"),
+    (lambda t: unchecked(type(t.model.unembed()).logits)(t.model.unembed(), t.tokens), InputError,
+     "logits read final-normed states, a floating tensor"),
     (lambda t: unchecked(rs.read_attribution)(t, per_token="no"), InputError, "per_token is True or False"),
     (lambda t: rs.write_subspaces(t, basis=torch.full((2, 32), float("nan"))), InputError,
      "basis holds NaN, inf or only zeros"),
