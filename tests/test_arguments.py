@@ -233,8 +233,6 @@ def test_numpy_integers_and_sizes_past_the_model_are_taken_as_they_were():
     """The checks above must not refuse what worked: a numpy index (from ``argmax`` or a
     loop over an array), and the default ``unembed_k=32`` on a model narrower than 32,
     which keeps the whole space (it was refused for a moment)."""
-    import numpy as np
-
     narrow = rs.trace(rs.twin(n_layers=2, d_model=16, n_heads=2, seed=1), TEXTS)
     i = np.int64(1)
     assert torch.equal(unchecked(type(narrow).stream)(narrow, i), narrow.stream(1))
@@ -274,8 +272,6 @@ def test_a_path_the_system_cannot_look_up_is_an_input_error(tmp_path):
 def test_texts_that_are_not_strings_are_named_not_called_empty():
     """A list of id lists, bytes and a numpy array of ids were "text 0 is empty" or "no texts
     given". Reference: the same ids as a torch tensor, which traces."""
-    import numpy as np
-
     from residual_stream import inputs
 
     model = rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32)
@@ -295,8 +291,6 @@ def test_texts_that_are_not_strings_are_named_not_called_empty():
 
 def test_a_basis_given_as_an_array_or_lists_is_the_same_subspace(trace):
     """``basis=`` took only a tensor (an array raised AttributeError deep inside)."""
-    import numpy as np
-
     rows = torch.randn(3, 32, generator=torch.Generator().manual_seed(0))
     want = rs.write_subspaces(trace, basis=rows, readers=False).named
     for other in (rows.numpy(), np.asarray(rows.double()), rows.tolist()):
