@@ -134,6 +134,11 @@ class Anatomy:
                 f"d_vocab {self.d_vocab}, n_ctx {self.n_ctx}, {len(self.norms)} norms, "
                 f"{len(self.program)} ops, {'an' if self.has_lm_head else 'no'} LM head)")
 
+    @property
+    def heads(self) -> tuple[str, ...]:
+        """Every head's label, ``L0H0`` … in layer order (as results, ablation and patching name them)."""
+        return tuple(f"L{L}H{h}" for L in range(self.n_layers) for h in range(self.n_heads))
+
     def head(self, name: object, channel: bool = False) -> tuple[int, int, str | None] | None:
         """``(layer, head, None)`` for a head of this model labelled as results label it (``"L3H5"``).
 

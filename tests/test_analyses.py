@@ -697,11 +697,36 @@ def test_patching_a_write_from_another_run_matches_hooks_of_our_own(name, write)
         handle = target.register_forward_hook(patch)
         patched = module(input_ids=trace.tokens, attention_mask=mask).logits.double()
         handle.remove()
+    at = torch.zeros_like(mask, dtype=torch.bool)  # each row's last real token only
+    at[torch.arange(len(last)), last] = True
+
+    def patch_last(m, args, out):
+        if head is None:
+            return torch.where(at[..., None], seen[0], out)
+        z = args[0].clone()
+        z[..., head] = torch.where(at[..., None], seen[0][..., head], z[..., head])
+        return torch.nn.functional.linear(z, m.weight, m.bias)
+
+    with torch.no_grad():
+        handle = target.register_forward_hook(patch_last)
+        patched_last = module(input_ids=trace.tokens, attention_mask=mask).logits.double()
+        handle.remove()
+        theirs = module(input_ids=other.tokens, attention_mask=other.attention_mask).logits.double()
     p, q = clean.log_softmax(-1), patched.log_softmax(-1)
     kl = (p.exp() * (p - q)).sum(-1)[mask.bool()].mean()
     row = check.outputs().iloc[0]
     assert row.logit_kl == pytest.approx(float(kl), **ABLATION_TOL) and row.logit_kl > 1e-3
     assert row.metric_change == pytest.approx(float(diff(patched) - diff(clean)), **ABLATION_TOL)
+    assert check.metric_reference == pytest.approx(float(diff(theirs)), **ABLATION_TOL)
+    assert row.metric_share == pytest.approx(
+        float((diff(patched) - diff(clean)) / (diff(theirs) - diff(clean))), **ABLATION_TOL)
+    for positions in (-1, [-1], at):  # the last token only: an index from the end, or a mask
+        only = rs.ablation_check(trace, writes=[write], mode="patch", reference=other, metric=diff,
+                                 reads=False, positions=positions)
+        assert only.outputs().metric_change[0] == pytest.approx(
+            float(diff(patched_last) - diff(clean)), **ABLATION_TOL)
+        assert torch.equal(only.positions, at)
+    assert abs(float(diff(patched_last) - diff(patched))) > 1e-3  # other positions mattered
     mean = rs.ablation_check(trace, writes=[write], mode="mean", reference=other, reads=False)
     assert abs(mean.logit_kl[0] - row.logit_kl) > 1e-3 * row.logit_kl  # patching is not the mean
 

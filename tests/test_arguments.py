@@ -73,6 +73,16 @@ def unchecked(fn):
     (lambda t: rs.ablation_check(t, writes=["L0.mlp"], reference=t.tokens), InputError,
      r"rs.trace\(model, other_texts\), not Tensor"),
     (lambda t: rs.direct_logit_attribution(t).top(0), InputError, "top: n is a number of rows"),
+    (lambda t: unchecked(rs.direct_logit_attribution)(t, target=[" Mary", " John"]), InputError,
+     "target ids are token ids, not text like ' Mary'"),
+    (lambda t: rs.ablation_check(t, writes=["L0.mlp"], positions=-40), InputError,
+     r"position -40 is outside a row of 18 real tokens: use -18..17, or a bool mask"),
+    (lambda t: rs.ablation_check(t, writes=["L0.mlp"], positions=torch.ones(2, 3, dtype=torch.bool)),
+     InputError, r"positions as a mask is bool \[batch, pos\] = \[2, 32\], not \[2, 3\]"),
+    (lambda t: unchecked(rs.ablation_check)(t, writes=["L0.mlp"], positions="last"), InputError,
+     r"positions are token indices in each row \(-1: its last real token\)"),
+    (lambda t: rs.ablation_check(t, writes=["L0.mlp"], positions=[]), InputError,
+     "positions are token indices"),
     (lambda t: rs.composition(t).top("L1H0", n=0), InputError, "top: n is a number of writers, at least 1"),
     (lambda t: unchecked(type(rs.composition(t)).top)(rs.composition(t), "L1H0", n="3"), InputError,
      "top: n is a number of writers"),
@@ -296,3 +306,12 @@ def test_a_basis_given_as_an_array_or_lists_is_the_same_subspace(trace):
     for other in (rows.numpy(), np.asarray(rows.double()), rows.tolist()):
         got = unchecked(rs.write_subspaces)(trace, basis=other, readers=False).named
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_the_anatomy_lists_every_head_as_results_name_them(trace):
+    """``Anatomy.heads``: what ``ablation_check(writes=...)`` takes, in layer order (by hand:
+    2 layers of 4 heads), and what composition and head scores name."""
+    heads = trace.anatomy.heads
+    assert heads == ("L0H0", "L0H1", "L0H2", "L0H3", "L1H0", "L1H1", "L1H2", "L1H3")
+    assert heads == rs.composition(trace).heads
+    assert set(rs.ablation_check(trace, writes=heads[-2:], reads=False).writes) == {"L1H2", "L1H3"}

@@ -35,14 +35,15 @@ from typing import Literal, get_args
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Float
+from jaxtyping import Bool, Float
 from torch import Tensor
 
 from ..capture import capture, first_output
-from ..errors import InputError, NotAvailableError, UnknownNameError, check_choice, check_flag, need_trace
+from ..errors import InputError, NotAvailableError, check_choice, check_flag, need_trace
 from ..walk import component_of, head_of, read_inputs
 from ..weights import attn_W_O
-from .flow import component_label, read_attribution
+from .ablation_args import checked_writes, metric_value, position_mask, reference_trace
+from .flow import read_attribution
 from .lens import log_probs
 from .results import CompactRepr
 from .tokens import masked_mean
@@ -62,7 +63,9 @@ class AblationCheck(CompactRepr):
     not predict the next token). ``metric``: ``metric(logits)`` of each ablated run, and
     ``metric_clean`` of the clean one (None without a ``metric``). ``reference``: the
     ``[batch, pos]`` shape of the reference trace whose means or writes replaced (None: the
-    trace's own means, or zeros). ``outputs()`` frames them.
+    trace's own means, or zeros); ``metric_reference``: the metric on its run when patching.
+    ``positions``: the ``[batch, pos]`` mask of where writes were replaced (None: everywhere).
+    ``outputs()`` frames them.
     """
 
     writes: tuple[str, ...]
@@ -79,6 +82,8 @@ class AblationCheck(CompactRepr):
     metric: Float[Tensor, " write"] | None = None
     metric_clean: float | None = None
     reference: tuple[int, ...] | None = None
+    metric_reference: float | None = None
+    positions: Bool[Tensor, "batch pos"] | None = None
 
     def to_frame(self) -> pd.DataFrame:
         """Long frame: ``write, reader, effect, linear`` for pairs where the reader sees the write."""
@@ -91,12 +96,16 @@ class AblationCheck(CompactRepr):
     def outputs(self) -> pd.DataFrame:
         """Per write: ``logit_kl, last_kl, top_logit_change, loss_change``.
 
-        With a ``metric``, also its ablated value (``metric``) and ``metric_change`` from the clean run.
+        With a ``metric``, also its ablated value (``metric``) and ``metric_change`` from the clean
+        run; with a reference too, ``metric_share``: that change over the reference's.
         """
         out = {"write": self.writes, "logit_kl": self.logit_kl.numpy(), "last_kl": self.last_kl.numpy(),
                "top_logit_change": self.top_logit_change.numpy(), "loss_change": self.loss_change.numpy()}
         if self.metric is not None:
             out |= {"metric": self.metric.numpy(), "metric_change": (self.metric - self.metric_clean).numpy()}
+        if self.metric_reference is not None:  # NaN when the reference's metric equals the clean one
+            gap = self.metric_reference - self.metric_clean
+            out["metric_share"] = (self.metric - self.metric_clean).numpy() / gap if gap else np.nan
         return pd.DataFrame(out)
 
 
@@ -112,10 +121,11 @@ def _replacement(clean: Tensor, mask: Tensor, mode: Mode) -> Tensor:
     return clean[mask.bool().to(clean.device)].mean(0)
 
 
-def _ablated_output(trace, write: str, mode: Mode, source):
+def _ablated_output(trace, write: str, mode: Mode, source, where: Tensor | None):
     """``(module path, forward hook)`` replacing a whole attention's or MLP's output.
 
-    ``source``: the trace whose real tokens give the mean (``trace`` or a reference).
+    ``source``: the trace whose real tokens give the mean (``trace`` or a reference);
+    ``where``: the ``[batch, pos]`` positions replaced (None: every one).
     """
     layer, kind = component_of(write)
     clean = source.attn_write(layer) if kind == "attn" else source.mlp_write(layer)
@@ -124,17 +134,21 @@ def _ablated_output(trace, write: str, mode: Mode, source):
 
     def hook(module, args, output):
         out = first_output(output)
-        return _replaced(output, value.to(out.device, out.dtype).expand_as(out))
+        new = value.to(out.device, out.dtype).expand_as(out)
+        if where is not None:
+            new = torch.where(where.to(out.device)[..., None], new, out)
+        return _replaced(output, new)
 
     return path, hook
 
 
-def _ablated_head(trace, write: str, mode: Mode, source):
+def _ablated_head(trace, write: str, mode: Mode, source, where: Tensor | None):
     """``(module path, forward hook)`` replacing one head's part of the attention's output.
 
     The output projection is linear, so head ``h``'s part is ``z_h W_O[h]`` of the projection's
     own input ``z`` in this run: the hook adds ``(v − z_h) W_O[h]`` (``v`` zeros, or the clean
-    ``z_h``'s mean over ``source``'s real tokens), leaving the other heads and ``b_O`` as they are.
+    ``z_h``'s mean over ``source``'s real tokens), leaving the other heads and ``b_O`` as they are;
+    only at ``where`` (``[batch, pos]``) when given.
     """
     layer, h, _ = head_of(write)
     a = trace.anatomy
@@ -146,7 +160,10 @@ def _ablated_head(trace, write: str, mode: Mode, source):
     def hook(module, args, output):
         z = args[0][..., h * k:(h + 1) * k].float()
         out = first_output(output)
-        return _replaced(output, (out.float() + (value.to(z.device) - z) @ W_O.to(z.device)).to(out.dtype))
+        delta = value.to(z.device) - z
+        if where is not None:
+            delta = delta * where.to(z.device)[..., None]
+        return _replaced(output, (out.float() + delta @ W_O.to(z.device)).to(out.dtype))
 
     return path, hook
 
@@ -158,30 +175,6 @@ def _replaced(output, new: Tensor):
 
 def _rank(x: np.ndarray) -> np.ndarray:
     return pd.Series(x).rank().to_numpy()
-
-
-def _writes(trace, writes: object) -> tuple[tuple[str, ...], list[str]]:
-    """The writes to ablate (default every component) and the component each belongs to."""
-    a = trace.anatomy
-    names = [c.name for c in a.components]
-    if isinstance(writes, str):
-        raise InputError(f"writes is a list of component names, e.g. [{writes!r}], not a string")
-    if writes is None:
-        return tuple(names), names
-    try:
-        writes = tuple(writes)
-    except TypeError:
-        raise InputError(f"writes is a list of component or head names (['L0.attn', 'L1H2']), "
-                         f"not {writes!r}") from None
-    if not writes:
-        raise InputError("writes is empty: name the writes to ablate, or leave it out (None) for "
-                         "every component")
-    for w in writes:
-        if w in names or a.head(w):
-            continue
-        raise UnknownNameError(f"no component {w!r} to ablate; components are {names[:4]}... "
-                               f"and heads L0H0…L{a.n_layers - 1}H{a.n_heads - 1}")
-    return writes, [component_label(w) for w in writes]
 
 
 def _output_changes(trace, logits: Tensor) -> tuple[float, float, float, float]:
@@ -222,54 +215,10 @@ def _linear(trace, writes: tuple[str, ...], readers: tuple[str, ...], later: Ten
     return out
 
 
-def _reference(trace, reference, mode: Mode):
-    """The trace whose writes replace: ``reference`` (checked) or, without one, ``trace``."""
-    if reference is None:
-        if mode == "patch":
-            raise InputError("mode='patch' takes each write from a reference run: "
-                             "reference=rs.trace(model, corrupted_texts), as many tokens as the trace")
-        return trace
-    if mode == "zero":
-        raise InputError("reference gives the means of mode='mean' or the values of mode='patch'; "
-                         "mode='zero' uses none")
-    if not hasattr(reference, "captured") or not hasattr(reference, "model"):
-        raise InputError("reference is a trace of the same loaded model, e.g. "
-                         f"rs.trace(model, other_texts), not {type(reference).__name__}")
-    if reference.model is not trace.model:
-        raise InputError("reference is a trace of another loaded model object (a second rs.load, "
-                         "or another model): trace both with the same model")
-    if mode == "patch" and reference.tokens.shape != trace.tokens.shape:
-        raise InputError(f"patching takes each write at the same position: the reference is "
-                         f"{list(reference.tokens.shape)} tokens [batch, pos], the trace "
-                         f"{list(trace.tokens.shape)}; give both texts of the same token length")
-    if mode == "patch" and not torch.equal(reference.attention_mask.cpu(), trace.attention_mask.cpu()):
-        rows = (trace.attention_mask != reference.attention_mask.to(trace.attention_mask.device)).any(1)
-        row = int(rows.nonzero()[0, 0])
-        mine, theirs = (int(t.attention_mask[row].sum()) for t in (trace, reference))
-        raise InputError(f"patching takes each write at the same position, real tokens only: row {row} "
-                         f"is {mine} real tokens in the trace and {theirs} in the reference (a pad's "
-                         "write would be patched in); give each row texts of the same token length")
-    return reference
-
-
-def _metric_of(metric: Callable[[Tensor], Tensor | float], logits: Tensor) -> float:
-    """``metric(logits)`` as a float; ``InputError`` unless it is one number."""
-    got = metric(logits)
-    try:
-        value = torch.as_tensor(got, dtype=torch.float64)
-    except (TypeError, ValueError, RuntimeError):
-        value = None
-    if value is None or value.numel() != 1:
-        raise InputError("metric takes the logits [batch, pos, vocab] and returns one number, e.g. "
-                         "with last = trace.attention_mask.sum(1) - 1 and rows = range(len(last)), "
-                         "lambda logits: (logits[rows, last, a] - logits[rows, last, b]).mean(); it "
-                         f"returned {type(got).__name__ if value is None else tuple(value.shape)}")
-    return float(value)
-
-
 def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "mean",
                    reads: bool = True, reference=None,
-                   metric: Callable[[Tensor], Tensor | float] | None = None) -> AblationCheck:
+                   metric: Callable[[Tensor], Tensor | float] | None = None,
+                   positions: int | Sequence[int] | Tensor | None = None) -> AblationCheck:
     """Ablate each write in a fresh forward pass and compare with linear read attribution.
 
     ``writes``: component names (``"L0.attn"``, ``"L2.mlp"``) or heads (``"L1H3"``); default
@@ -282,7 +231,12 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
     linear attribution (``effect``, ``linear`` and the correlations NaN), several times faster.
     ``metric``: a function of the logits ``[batch, pos, vocab]`` (float32, pads included: mask
     with ``trace.attention_mask``) returning one number, measured on the clean run and on each
-    ablated one (``AblationCheck.metric``, ``outputs()``'s ``metric_change``).
+    ablated one (``AblationCheck.metric``, ``outputs()``'s ``metric_change``), and, patching, on
+    the ``reference`` run (``metric_reference``; ``outputs()``'s ``metric_share``,
+    the part of the way from the clean value to it that the ablation moves: patching from a
+    corrupted run, the share of the effect a write carries). ``positions``: replace only
+    there, token indices in each row (``-1``: each row's last real token; a list of them) or
+    a ``[batch, pos]`` bool mask; a mean is still over every real token.
     """
     need_trace(trace, "ablation_check")
     check_flag("reads", reads)
@@ -291,11 +245,14 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
                          f"not a {type(metric).__name__}")
     a = trace.anatomy
     check_choice("mode", mode, get_args(Mode))
-    source = _reference(trace, reference, mode)
-    writes, owners = _writes(trace, writes)
+    source = reference_trace(trace, reference, mode)
+    where = position_mask(trace, positions)
+    writes, owners = checked_writes(trace, writes)
     if metric is not None and not a.has_lm_head:
         raise NotAvailableError(f"metric reads logits; {a.lm_head_note or 'this model has no LM head'}")
-    clean_metric = None if metric is None else _metric_of(metric, trace.logits.float().clone())
+    clean_metric = None if metric is None else metric_value(metric, trace.logits.float().clone())
+    ref_metric = None if metric is None or mode != "patch" else \
+        metric_value(metric, reference.logits.float().clone())
     measured = torch.full((len(writes),), float("nan"))
     readers = tuple(c.name for c in a.components)
     mask = trace.attention_mask
@@ -309,7 +266,7 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
     effect = torch.full((len(writes), len(readers)), float("nan"))
     outputs = torch.full((len(writes), 4), float("nan"))  # logit_kl, last_kl, top, loss
     for i, write in enumerate(writes):
-        edit = (_ablated_head if head_of(write) else _ablated_output)(trace, write, mode, source)
+        edit = (_ablated_head if head_of(write) else _ablated_output)(trace, write, mode, source, where)
         cap = capture(trace.model.module, a, tokens, dev_mask, edits=[edit], heads=False)
         inputs = read_inputs(trace, cap) if reads else {}
         for j, reader in enumerate(readers):
@@ -319,7 +276,7 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
         if a.has_lm_head:
             outputs[i] = torch.tensor(_output_changes(trace, cap.logits))
         if metric is not None:
-            measured[i] = _metric_of(metric, cap.logits.float())
+            measured[i] = metric_value(metric, cap.logits.float())
     linear = _linear(trace, writes, readers, later) if reads else torch.full_like(effect, float("nan"))
     both = ~(effect.isnan() | linear.isnan())
     e, lin = effect[both].numpy(), linear[both].numpy()
@@ -328,4 +285,4 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
     kl, last_kl, dtop, dloss = outputs.T
     return AblationCheck(writes, readers, effect, linear, kl, dtop, pearson, spearman, mode,
                          last_kl, dloss, None if metric is None else measured, clean_metric,
-                         None if reference is None else tuple(reference.tokens.shape))
+                         None if reference is None else tuple(reference.tokens.shape), ref_metric, where)

@@ -207,6 +207,10 @@ def _ids(trace, ids, what: str, vocab: int) -> Tensor:
     anything else, or an id outside the vocabulary.
     """
     shape = tuple(trace.tokens.shape)
+    text = next((i for i in ids if isinstance(i, str)), None) if isinstance(ids, (list, tuple)) else None
+    if text is not None:
+        raise InputError(f"{what} ids are token ids, not text like {text!r}: "
+                         "model.tokenizer(' Mary', add_special_tokens=False)['input_ids'][0] is one")
     index = as_index(ids)
     try:
         ids = torch.as_tensor(index if index is not None else ids)

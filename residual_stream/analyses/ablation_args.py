@@ -1,0 +1,116 @@
+"""The arguments of ``ablation_check``, checked: writes, reference, positions and metric.
+
+Each function returns what the check uses or raises the library's error saying what to pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from ..errors import InputError, UnknownNameError, as_index
+from .flow import component_label
+
+
+def checked_writes(trace, writes: object) -> tuple[tuple[str, ...], list[str]]:
+    """The writes to ablate (default every component) and the component each belongs to."""
+    a = trace.anatomy
+    names = [c.name for c in a.components]
+    if isinstance(writes, str):
+        raise InputError(f"writes is a list of component names, e.g. [{writes!r}], not a string")
+    if writes is None:
+        return tuple(names), names
+    try:
+        writes = tuple(writes)
+    except TypeError:
+        raise InputError(f"writes is a list of component or head names (['L0.attn', 'L1H2']), "
+                         f"not {writes!r}") from None
+    if not writes:
+        raise InputError("writes is empty: name the writes to ablate, or leave it out (None) for "
+                         "every component")
+    for w in writes:
+        if w in names or a.head(w):
+            continue
+        raise UnknownNameError(f"no component {w!r} to ablate; components are {names[:4]}... "
+                               f"and heads L0H0…L{a.n_layers - 1}H{a.n_heads - 1}")
+    return writes, [component_label(w) for w in writes]
+
+
+def reference_trace(trace, reference, mode: str):
+    """The trace whose writes replace: ``reference`` (checked) or, without one, ``trace``."""
+    if reference is None:
+        if mode == "patch":
+            raise InputError("mode='patch' takes each write from a reference run: "
+                             "reference=rs.trace(model, corrupted_texts), as many tokens as the trace")
+        return trace
+    if mode == "zero":
+        raise InputError("reference gives the means of mode='mean' or the values of mode='patch'; "
+                         "mode='zero' uses none")
+    if not hasattr(reference, "captured") or not hasattr(reference, "model"):
+        raise InputError("reference is a trace of the same loaded model, e.g. "
+                         f"rs.trace(model, other_texts), not {type(reference).__name__}")
+    if reference.model is not trace.model:
+        raise InputError("reference is a trace of another loaded model object (a second rs.load, "
+                         "or another model): trace both with the same model")
+    if mode == "patch" and reference.tokens.shape != trace.tokens.shape:
+        raise InputError(f"patching takes each write at the same position: the reference is "
+                         f"{list(reference.tokens.shape)} tokens [batch, pos], the trace "
+                         f"{list(trace.tokens.shape)}; give both texts of the same token length")
+    if mode == "patch" and not torch.equal(reference.attention_mask.cpu(), trace.attention_mask.cpu()):
+        rows = (trace.attention_mask != reference.attention_mask.to(trace.attention_mask.device)).any(1)
+        row = int(rows.nonzero()[0, 0])
+        mine, theirs = (int(t.attention_mask[row].sum()) for t in (trace, reference))
+        raise InputError(f"patching takes each write at the same position, real tokens only: row {row} "
+                         f"is {mine} real tokens in the trace and {theirs} in the reference (a pad's "
+                         "write would be patched in); give each row texts of the same token length")
+    return reference
+
+
+def position_mask(trace, positions) -> Tensor | None:
+    """``[batch, pos]`` bool: where writes are replaced (None: everywhere).
+
+    ``positions``: indices into each row's real tokens (negative from its last real token:
+    ``-1`` is each row's last), one or a list; or a ``[batch, pos]`` bool tensor.
+    """
+    if positions is None:
+        return None
+    mask = trace.attention_mask.bool().cpu()
+    if isinstance(positions, Tensor) and positions.dtype == torch.bool:
+        if positions.shape != mask.shape:
+            raise InputError(f"positions as a mask is bool [batch, pos] = {list(mask.shape)}, not "
+                             f"{list(positions.shape)}")
+        return positions.cpu() & mask
+    items = [positions] if as_index(positions) is not None else positions
+    try:
+        index = [as_index(p) for p in items]
+    except TypeError:
+        index = [None]
+    if not index or None in index:
+        raise InputError("positions are token indices in each row (-1: its last real token), one or "
+                         f"a list, or a bool mask [batch, pos]; not {positions!r}")
+    lengths = mask.sum(1)
+    out = torch.zeros_like(mask)
+    for i in index:
+        at = torch.where(torch.tensor(i) < 0, lengths + i, torch.full_like(lengths, i))
+        if bool(((at < 0) | (at >= lengths)).any()):
+            raise InputError(f"position {i} is outside a row of {int(lengths.min())} real tokens: use "
+                             f"-{int(lengths.min())}..{int(lengths.min()) - 1}, or a bool mask")
+        out[torch.arange(len(at)), at] = True
+    return out
+
+
+def metric_value(metric: Callable[[Tensor], Tensor | float], logits: Tensor) -> float:
+    """``metric(logits)`` as a float; ``InputError`` unless it is one number."""
+    got = metric(logits)
+    try:
+        value = torch.as_tensor(got, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        value = None
+    if value is None or value.numel() != 1:
+        raise InputError("metric takes the logits [batch, pos, vocab] and returns one number, e.g. "
+                         "with last = trace.attention_mask.sum(1) - 1 and rows = range(len(last)), "
+                         "lambda logits: (logits[rows, last, a] - logits[rows, last, b]).mean(); it "
+                         f"returned {type(got).__name__ if value is None else tuple(value.shape)}")
+    return float(value)
