@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,14 +55,14 @@ def sidebar(*, key: str = "", label: str = "Model") -> tuple[str | None, str]:
         if name == "local path…" else None
     text = st.sidebar.text_area("Text", DEFAULT_TEXT, key="text", height=150)  # kept on a path error
     if raw is not None and not raw.strip():
-        st.info("Type the path of a model folder or a .gguf file in an allowed folder: "
-                + ", ".join(map(str, allowed_dirs())))
+        st.info(plain("Type the path of a model folder or a .gguf file in an allowed folder: "
+                      + ", ".join(map(str, allowed_dirs()))))
         return None, text
     if raw is not None:
         try:
             name = check_local_path(raw)
         except ValueError as e:
-            st.error(str(e))
+            st.error(plain(str(e)))
             return None, text
     return name, text
 
@@ -104,18 +105,26 @@ def scan_progress(tokens: int, target: int, seconds: float) -> tuple[float, str]
     return min(tokens / target, 1.0), text
 
 
+def plain(text: str) -> str:
+    """``text`` with Markdown's special characters escaped: shown as typed, never formatted."""
+    return re.sub(r"([\\`*_\[\]<>$~|#])", r"\\\1", text)  # what formats mid-line in Streamlit
+
+
+def explain(e: ResidualStreamError) -> str:
+    """A library error's message for the page (Markdown-escaped), a context overflow worded for it."""
+    if isinstance(e, ContextLengthError) and e.tokens is not None:  # the app has no overflow="chunk"
+        return plain(f"The text is {e.tokens:,} tokens, over {e.model}'s limit of {e.limit:,}: "
+                     "shorten it (the Python API can split a long text into rows: overflow='chunk').")
+    return plain(str(e))
+
+
 @contextmanager
 def guarded():
     """Show library errors (bad input, unavailable analyses) in the page instead of crashing."""
     try:
         yield
-    except ContextLengthError as e:  # the app has no overflow="chunk" to offer
-        st.error(f"The text is {e.tokens:,} tokens, over {e.model}'s limit of {e.limit:,}: "
-                 "shorten it (the Python API can split a long text into rows: "
-                 "overflow='chunk')." if e.tokens is not None else str(e))
-        st.stop()
     except ResidualStreamError as e:
-        st.error(str(e))
+        st.error(explain(e))
         st.stop()
 
 

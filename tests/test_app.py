@@ -3,6 +3,7 @@ exception, a widget changes what is shown, and each bad input shows its message.
 
 import base64
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,11 @@ def app(page: str | None = None, **env) -> AppTest:
         at.switch_page(f"views/{page}.py").run()
     assert not at.exception, at.exception
     return at
+
+
+def unescaped(markdown: str) -> str:
+    """A message as the page shows it: the app escapes Markdown so typed text is never formatted."""
+    return re.sub(r"\\(.)", r"\1", markdown)
 
 
 def chart(at: AppTest, i: int = 0) -> dict:
@@ -121,10 +127,16 @@ def test_flow_page_attributes_a_logit_to_heads_and_mlps():
     assert "logit('Ġthe') − logit('ĠParis') at token 3:" in title()
     want = float(logits[3, the] - logits[3, paris])
     assert float(title().rsplit(": ", 1)[1]) == pytest.approx(want, abs=2e-3)
+    assert chart(at, 3)["layout"]["yaxis"]["dtick"] == 1  # every bar labelled
+    assert any(c.value.startswith("The 20 bars sum to") for c in at.caption)
     at.text_input(key="dla_target").input("residual stream").run()
     assert not at.exception and "The target is 2 tokens" in at.error[0].value
+    at.text_input(key="dla_target").input("**x**").run()  # shown as typed, not as Markdown
+    assert "\\*\\*" in at.error[0].value
     assert "induction score" in chart(at, 3)["layout"]["title"]["text"]  # the Heads section still runs
     at.sidebar.selectbox(key="model").select("twin-pre-ln").run()  # a byte tokenizer: one byte a token
+    positions = at.selectbox(key="dla_pos")
+    assert positions.value == len(positions.options) - 1  # a new model: its last token again
     at.text_input(key="dla_target").input("a").run()
     assert not at.exception and "The baseline is 6 tokens" in at.error[0].value  # ' Paris': 6 bytes
     at.text_input(key="dla_baseline").input("").run()
@@ -260,12 +272,12 @@ def test_local_paths_need_the_allow_list(tmp_path, monkeypatch):
     at.sidebar.selectbox(key="model").select("local path…").run()
     # nothing typed yet: what to type, not "'' is outside the allowed folders"
     assert not at.error and f"Type the path of a model folder or a .gguf file in an allowed " \
-        f"folder: {allowed}" in at.info[0].value
+        f"folder: {allowed}" in unescaped(at.info[0].value)
     at.sidebar.text_input(key="path").set_value(str(tmp_path / "elsewhere")).run()
     # one error, not also "The text is empty"; the typed text kept
-    assert [e.value for e in at.error] == [f"{str(tmp_path / 'elsewhere')!r} is outside the allowed "
-                                           "folders; start the app with `residual-stream app "
-                                           "--allow DIR` to allow one"]
+    assert [unescaped(e.value) for e in at.error] == [
+        f"{str(tmp_path / 'elsewhere')!r} is outside the allowed folders; start the app with "
+        "`residual-stream app --allow DIR` to allow one"]
     assert at.sidebar.text_area(key="text").value == "my own text"
     at.sidebar.text_input(key="path").set_value("~no_such_user_here/model").run()
     assert not at.exception and "is not a usable path" in at.error[0].value
@@ -397,7 +409,7 @@ def test_corpus_page_scans_a_file_again_once_it_changes(tmp_path, monkeypatch):
         corpus.write_text(text)
         _scan_button(at).click().run()
         assert not at.exception, at.exception
-        assert f"over {tokens():,} tokens of {corpus}" in at.caption[1].value
+        assert f"over {tokens():,} tokens of {corpus}" in unescaped(at.caption[1].value)
     shown = at.caption[1].value
     _scan_button(at).click().run()  # unchanged: the cached scan (same seconds and rate)
     assert at.caption[1].value == shown

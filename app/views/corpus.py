@@ -40,7 +40,7 @@ if submitted:
         try:
             corpus = common.check_local_path(path)
         except ValueError as e:
-            st.error(str(e))
+            st.error(common.plain(str(e)))
             st.stop()
     if not stats:
         st.error("Pick at least one statistic to scan.")
@@ -69,8 +69,8 @@ finally:
     bar.empty()
 st.session_state["scan_args"] = asked
 where = "the built-in corpus" if args[1] == "builtin" else args[1]
-st.caption(f"{name} over {result.tokens:,} tokens of {where} in {result.batches} batches, "
-           f"{result.seconds:.1f} s ({result.tokens_per_second:,.0f} tokens/s)")
+st.caption(common.plain(f"{name} over {result.tokens:,} tokens of {where} in {result.batches} batches, "
+                        f"{result.seconds:.1f} s ({result.tokens_per_second:,.0f} tokens/s)"))
 st.download_button("Scan (JSON)", json.dumps(result.to_dict()), "scan.json", "application/json",
                    key="scan-json")
 measured = result.stats

@@ -27,6 +27,9 @@ def logit_attribution(name: str, text: str, model, tr) -> None:
     """Direct logit attribution at one token of the first text: its largest terms as bars."""
     st.subheader("Direct logit attribution")
     tokens = tr.str_tokens[0]
+    if st.session_state.get("dla_for") != (name, text):  # a new text or model: its last token
+        st.session_state["dla_for"] = (name, text)
+        st.session_state["dla_pos"] = len(tokens) - 1
     c1, c2, c3 = st.columns(3)
     pos = c1.selectbox("At token (what it predicts)", range(len(tokens)), index=len(tokens) - 1,
                        format_func=lambda p: f"{p}: {tokens[p]!r}", key="dla_pos")
@@ -37,10 +40,10 @@ def logit_attribution(name: str, text: str, model, tr) -> None:
         baseline = one_token(model, typed_baseline, "baseline")
         dla = cache.logit_attribution(name, text, "top" if target is None else target, baseline)
     except ValueError as e:
-        st.error(str(e))
+        st.error(common.plain(str(e)))
         return
     except NotAvailableError as e:
-        st.info(str(e))
+        st.info(common.plain(str(e)))
         return
     frame = dla.to_frame("each")
     frame = frame[(frame.batch == 0) & (frame.pos == pos)]
@@ -49,6 +52,7 @@ def logit_attribution(name: str, text: str, model, tr) -> None:
     what = f"logit({names[0]!r})" + (f" − logit({names[1]!r})" if baseline is not None else "")
     capped = " before the soft-cap" if dla.softcap else ""
     title = f"{escape(what)} at token {pos}{capped}: {float(dla.total()[0, pos]):.3f}"
+    top = frame.reindex(frame.logit.abs().sort_values(ascending=False).index).head(20)
     common.show(plotting.contribution_bars(frame, "logit", title=title, top=20, unit="logit"),
                 frame, key="dla", note=(
         "The final-normed stream at that token is an exact sum of contributions (embeddings, each "
@@ -57,7 +61,10 @@ def logit_attribution(name: str, text: str, model, tr) -> None:
         "size). With a baseline, the terms are of the logit difference, which does not depend on "
         "a shift of every logit. The title's total is every term plus the head's bias. A model "
         "that soft-caps its logits (Gemma 2) is attributed before the cap, where the map is "
-        "linear; the cap keeps the order of the logits."))
+        "linear; the cap keeps the order of the logits. The CSV holds every term."))
+    if len(frame) > len(top):
+        st.caption(f"The {len(top)} bars sum to {top.logit.sum():.3f}; the other {len(frame) - len(top)} "
+                   f"terms to {frame.logit.sum() - top.logit.sum():.3f}.")
 
 
 name, text = common.selection()

@@ -1,6 +1,7 @@
 """Models page: the registry, and the anatomy and stream program of the chosen model."""
 
 import cache
+import common
 import streamlit as st
 
 from residual_stream.errors import ResidualStreamError
@@ -20,7 +21,7 @@ name = st.selectbox("Model", installed, key="models_model")
 try:
     model = cache.model(name)
 except ResidualStreamError as e:
-    st.error(f"Could not load {name}: {e}")
+    st.error(common.plain(f"Could not load {name}: {e}"))
     st.stop()
 left, right = st.columns(2)
 with left:
@@ -40,7 +41,7 @@ if not text.strip():
 try:
     report = cache.conservation(name, text)
 except ResidualStreamError as e:
-    st.error(str(e))
+    st.error(common.explain(e))
 else:
     worst = report.relative_error.max()
     (st.success if report.ok.all() else st.error)(

@@ -13,7 +13,8 @@ with common.guarded():
     growth = cache.norm_growth(name, text)
     report = cache.conservation(name, text)
 a = model.anatomy
-st.caption(f"{name}: {a.architecture}, {a.placement}-norm ({a.norm_kind}), {a.n_layers} layers, "
+st.caption(f"{common.plain(name)}: {a.architecture}, {a.placement}-norm ({a.norm_kind}), "
+           f"{a.n_layers} layers, "
            f"d_model {a.d_model}, {a.n_heads} heads · conservation worst relative error "
            f"{report.relative_error.max():.1e} over {len(report)} checks")
 common.show(plotting.program_figure(a), a.to_frame(), key="program", note=(

@@ -26,5 +26,6 @@ def contribution_bars(frame, value: str, *, title: str, top: int = 20, unit: str
     fig = go.Figure(go.Bar(x=f[value], y=[escape(x) for x in f["label"]], orientation="h",
                            hovertemplate="%{y}: %{x:.4g}<extra></extra>"))
     fig.update_layout(title=title, xaxis_title=unit or value, yaxis_title="contribution",
-                      yaxis_autorange="reversed")
+                      yaxis_autorange="reversed", yaxis_dtick=1,  # every bar labelled
+                      height=max(400, 160 + 22 * len(f)))
     return fig
