@@ -59,7 +59,9 @@ with common.guarded():
 fig = go.Figure([go.Scatter(x=f.relative_depth, y=f.value, name=escape(m), mode="lines+markers")
                  for m, f in frame.groupby("model", sort=False)])
 fig.update_layout(title=f"{measure}: {escape(name)} vs {escape(other)}",
-                  xaxis_title="relative depth (0 = embeddings, 1 = last block)",
+                  xaxis_title="relative depth (0 = first block's update, 1 = last block's)"
+                  if measure.startswith("relative update") else
+                  "relative depth (0 = embeddings, 1 = after the last block)",
                   yaxis_title=measure, yaxis_type="log" if "norm" in measure else "linear")
 common.show(fig, frame, key="compare", note=(
     "Both models on the same text, or on the first tokens of the built-in corpus (each model's "

@@ -22,7 +22,7 @@ common.show(plotting.program_figure(a), a.to_frame(), key="program", note=(
     "the norm named on hover). Green circles: a write is added (through its own norm in sandwich "
     "models). Red squares: the whole stream is normalized (after every block in post-norm). In "
     "pre-norm programs the only red square is the final norm, so every write reaches it "
-    "unchanged."))
+    "unchanged; a model without norms has none."))
 common.show(plotting.norm_growth_figure(growth, name=name), growth.to_frame(), key="growth", note=(
     "Mean, median and the 5–95 % band of the stream's L2 norm over tokens, entering each block; "
     "the first token is drawn apart because BOS/CLS tokens often carry outsized norms. The title "
