@@ -93,7 +93,8 @@ def position_mask(trace, positions) -> Tensor | None:
     lengths = mask.sum(1)
     out = torch.zeros_like(mask)
     for i in index:
-        at = torch.where(torch.tensor(i) < 0, lengths + i, torch.full_like(lengths, i))
+        i_in = max(min(i, mask.shape[1]), -mask.shape[1] - 1)  # out of range either way, not overflowing
+        at = lengths + i_in if i < 0 else torch.full_like(lengths, i_in)
         if bool(((at < 0) | (at >= lengths)).any()):
             raise InputError(f"position {i} is outside a row of {int(lengths.min())} real tokens: use "
                              f"-{int(lengths.min())}..{int(lengths.min()) - 1}, or a bool mask")
