@@ -51,6 +51,8 @@ def test_writes_page_reacts_to_layer_write_and_measure():
     assert chart(at)["data"][0]["x"][0] != first and chart(at)["data"][0]["x"][0].startswith("L5")
     at.selectbox(key="write").select("L5H2").run()
     assert chart(at)["data"][0]["x"][0] == "L5H2 @ 0"
+    labels = at.selectbox(key="token").options  # tokens as shown: a space is ␣, never 'Ġ' or a repr
+    assert labels[1].startswith("1: ␣") and not any("Ġ" in x or "'" in x for x in labels), labels
     before = chart(at, 1)["layout"]["title"]["text"]
     at.selectbox(key="measure").select(at.selectbox(key="measure").options[-1]).run()
     assert chart(at, 1)["layout"]["title"]["text"] != before
@@ -124,7 +126,7 @@ def test_flow_page_attributes_a_logit_to_heads_and_mlps():
     at.selectbox(key="dla_pos").select(3).run()
     at.text_input(key="dla_target").input(" the").run()
     at.text_input(key="dla_baseline").input(" Paris").run()
-    assert "logit('Ġthe') − logit('ĠParis') at token 3:" in title()
+    assert "logit(␣the) − logit(␣Paris) at token 3:" in title()
     want = float(logits[3, the] - logits[3, paris])
     assert float(title().rsplit(": ", 1)[1]) == pytest.approx(want, abs=2e-3)
     assert chart(at, 3)["layout"]["yaxis"]["dtick"] == 1  # every bar labelled
@@ -140,7 +142,7 @@ def test_flow_page_attributes_a_logit_to_heads_and_mlps():
     at.text_input(key="dla_target").input("a").run()
     assert not at.exception and "The baseline is 6 tokens" in at.error[0].value  # ' Paris': 6 bytes
     at.text_input(key="dla_baseline").input("").run()
-    assert not at.exception and "logit('a')" in title(), title()
+    assert not at.exception and "logit(a)" in title(), title()
 
 
 def test_compare_page_overlays_two_models():

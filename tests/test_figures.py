@@ -18,10 +18,11 @@ def trace():
 def test_labels_escape_tags_and_keep_quotes():
     """Plotly's label markup decodes ``&lt; &gt; &amp;`` but not ``&quot;`` (before, a token
     ``say "hi"`` showed as ``say &quot;hi&quot;``); by hand."""
-    from residual_stream.plotting.labels import escape, token_labels
+    from residual_stream.plotting.labels import escape, readable, token_labels
 
     assert escape('say "hi" <b>it\'s</b> & co') == 'say "hi" &lt;b&gt;it\'s&lt;/b&gt; &amp; co'
     assert token_labels(['"q"', "<s>"]) == ['0 "q"', "1 &lt;s&gt;"]
+    assert readable("Ġthe") == readable(" the") == "␣the" and readable("ĊĊ") == readable("\n\n") == "↵↵"
 
 
 def test_program_figure_shows_the_blocks_it_says_and_names_each_write():

@@ -9,7 +9,7 @@ import streamlit as st
 
 from residual_stream import plotting
 from residual_stream.errors import NotAvailableError
-from residual_stream.plotting.labels import escape
+from residual_stream.plotting.labels import escape, readable
 
 
 def one_token(model, typed: str, what: str) -> int | None:
@@ -32,7 +32,7 @@ def logit_attribution(name: str, text: str, model, tr) -> None:
         st.session_state["dla_pos"] = len(tokens) - 1
     c1, c2, c3 = st.columns(3)
     pos = c1.selectbox("At token (what it predicts)", range(len(tokens)), index=len(tokens) - 1,
-                       format_func=lambda p: f"{p}: {tokens[p]!r}", key="dla_pos")
+                       format_func=lambda p: f"{p}: {readable(tokens[p])}", key="dla_pos")
     typed_target = c2.text_input("Target token (empty: the model's top prediction)", key="dla_target")
     typed_baseline = c3.text_input("Baseline token (optional: a logit difference)", key="dla_baseline")
     try:  # on a problem the section says why, and the rest of the page still runs
@@ -48,8 +48,8 @@ def logit_attribution(name: str, text: str, model, tr) -> None:
     frame = dla.to_frame("each")
     frame = frame[(frame.batch == 0) & (frame.pos == pos)]
     ids = [int(dla.targets[0, pos])] + ([] if baseline is None else [baseline])
-    names = model.tokenizer.convert_ids_to_tokens(ids)
-    what = f"logit({names[0]!r})" + (f" − logit({names[1]!r})" if baseline is not None else "")
+    names = [readable(t) for t in model.tokenizer.convert_ids_to_tokens(ids)]
+    what = f"logit({names[0]})" + (f" − logit({names[1]})" if baseline is not None else "")
     capped = " before the soft-cap" if dla.softcap else ""
     title = f"{escape(what)} at token {pos}{capped}: {float(dla.total()[0, pos]):.3f}"
     top = frame.reindex(frame.logit.abs().sort_values(ascending=False).index).head(20)

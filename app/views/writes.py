@@ -6,6 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from residual_stream import plotting
+from residual_stream.plotting.labels import readable
 
 name, text = common.selection()
 st.title("Writes")
@@ -19,7 +20,7 @@ if any(c.name == f"L{layer}.mlp" for c in a.components):
     options.append(f"L{layer}.mlp")
 write = mid.selectbox("Write", options, key="write")
 tokens = tr.str_tokens[0]
-pos = right.selectbox("Token", range(len(tokens)), format_func=lambda i: f"{i}: {tokens[i]!r}",
+pos = right.selectbox("Token", range(len(tokens)), format_func=lambda i: f"{i}: {readable(tokens[i])}",
                       key="token")
 with common.guarded():
     names, fractions = cache.split(name, text, write, pos)

@@ -10,13 +10,14 @@ from __future__ import annotations
 import html
 
 
+def readable(token: str) -> str:
+    """A token as shown: byte-level BPE's space and newline marks (and real ones) as ␣ and ↵."""
+    return token.replace("Ġ", "␣").replace("Ċ", "↵").replace("\n", "↵").replace(" ", "␣")
+
+
 def token_labels(tokens: list[str]) -> list[str]:
     """``["The", " cat", "The"]`` → ``["0 The", "1 ␣cat", "2 The"]``, HTML-escaped."""
-    out = []
-    for i, tok in enumerate(tokens):
-        shown = tok.replace("Ġ", "␣").replace("Ċ", "↵").replace("\n", "↵").replace(" ", "␣")
-        out.append(f"{i} {html.escape(shown, quote=False)}")
-    return out
+    return [f"{i} {html.escape(readable(tok), quote=False)}" for i, tok in enumerate(tokens)]
 
 
 def escape(text: object) -> str:
