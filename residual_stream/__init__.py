@@ -17,6 +17,7 @@ from .analyses import (
     logit_lens,
     mixing_ratio,
     norm_growth,
+    patch_stream,
     read_attribution,
     survival,
     write_subspaces,
@@ -32,8 +33,8 @@ from .trace import Trace, trace
 __all__ = [
     "Anatomy", "Contributions", "Corpus", "Model", "Trace", "ablation_check", "composition",
     "direct_logit_attribution", "errors", "head_scores", "list_models", "load", "logit_lens", "mixing_ratio",
-    "norm_growth", "read_attribution", "scan", "supported_architectures", "survival", "trace", "twin",
-    "write_subspaces",
+    "norm_growth", "patch_stream", "read_attribution", "scan", "supported_architectures", "survival",
+    "trace", "twin", "write_subspaces",
 ]
 
 

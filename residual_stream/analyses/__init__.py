@@ -11,6 +11,7 @@ from .growth import NormGrowth, norm_growth
 from .heads import HeadScores, head_scores
 from .lens import DirectLogitAttribution, LogitLens, direct_logit_attribution, logit_lens
 from .mixing import MixingRatio, mixing_ratio
+from .patching import StreamPatching, patch_stream
 from .subspaces import Subspace, WriteSubspaces, orthogonal_split, write_subspaces
 
 __all__ = [
@@ -18,5 +19,5 @@ __all__ = [
     "attention_read_maps", "head_scores",
     "NormGrowth", "ReadAttribution", "Subspace", "Survival", "WriteSubspaces", "ablation_check",
     "composition", "direct_logit_attribution", "logit_lens", "mixing_ratio", "norm_growth",
-    "orthogonal_split", "read_attribution", "survival", "write_subspaces",
+    "orthogonal_split", "patch_stream", "read_attribution", "StreamPatching", "survival", "write_subspaces",
 ]

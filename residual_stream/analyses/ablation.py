@@ -39,10 +39,10 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from ..capture import capture, first_output
-from ..errors import InputError, NotAvailableError, check_choice, check_flag, need_trace
+from ..errors import NotAvailableError, check_choice, check_flag, need_trace
 from ..walk import component_of, head_of, read_inputs
 from ..weights import attn_W_O
-from .ablation_args import checked_writes, metric_value, position_mask, reference_trace
+from .ablation_args import checked_metric, checked_writes, metric_value, position_mask, reference_trace
 from .flow import read_attribution
 from .lens import log_probs
 from .results import CompactRepr
@@ -240,9 +240,8 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
     """
     need_trace(trace, "ablation_check")
     check_flag("reads", reads)
-    if metric is not None and not callable(metric):
-        raise InputError(f"metric is a function of the logits, e.g. lambda logits: logits[0, -1, 5], "
-                         f"not a {type(metric).__name__}")
+    if metric is not None:
+        checked_metric(metric)
     a = trace.anatomy
     check_choice("mode", mode, get_args(Mode))
     source = reference_trace(trace, reference, mode)

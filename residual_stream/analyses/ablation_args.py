@@ -102,6 +102,13 @@ def position_mask(trace, positions) -> Tensor | None:
     return out
 
 
+def checked_metric(metric: object) -> None:
+    """``InputError`` unless ``metric`` is a function (of the logits)."""
+    if not callable(metric):
+        raise InputError(f"metric is a function of the logits, e.g. lambda logits: logits[0, -1, 5], "
+                         f"not a {type(metric).__name__}")
+
+
 def metric_value(metric: Callable[[Tensor], Tensor | float], logits: Tensor) -> float:
     """``metric(logits)`` as a float; ``InputError`` unless it is one number."""
     got = metric(logits)

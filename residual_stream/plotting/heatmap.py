@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .labels import escape, token_labels
+from .labels import escape, readable, token_labels
 
 
 def heatmap(frame: pd.DataFrame, *, title: str, x_title: str, y_title: str,
@@ -45,4 +45,25 @@ def lens_figure(result, batch: int, str_tokens: list[str]) -> go.Figure:
         hovertemplate="point %{y}<br>%{x}<br>lens top-1: %{text}<br>KL %{z:.3f}<extra></extra>"))
     fig.update_layout(title="Logit lens: top-1 token and KL(final ‖ lens)",
                       xaxis_title="token", yaxis_title="point (stream entering block L)")
+    return fig
+
+
+def patching_figure(result, measure: str = "share") -> go.Figure:
+    """Stream patching per stream point (rows) and token (columns, the first text's).
+
+    ``measure``: ``"share"``, the metric's part of the way from the clean run's value to the
+    reference's, or ``"change"``, its difference from the clean run's.
+    """
+    if measure not in ("share", "change"):
+        raise ValueError(f"measure is 'share' or 'change', not {measure!r}")
+    z = result.share() if measure == "share" else result.metric - result.metric_clean
+    labels = [f"{p} {escape(readable(t))}" for p, t in zip(result.positions, result.tokens, strict=True)]
+    title = ("Patching the stream: share of the way to the reference run's metric" if measure == "share"
+             else "Patching the stream: change of the metric from the clean run")
+    fig = go.Figure(go.Heatmap(
+        z=z.numpy(), x=labels, y=list(result.points), colorscale="RdBu", zmid=0,
+        colorbar={"title": "share" if measure == "share" else "Δ metric"},
+        hovertemplate="point %{y}<br>token %{x}<br>%{z:.3f}<extra></extra>"))
+    fig.update_layout(title=title, xaxis_title="token patched", yaxis_title="point (stream entering block L)",
+                      yaxis_autorange="reversed")
     return fig

@@ -1,0 +1,211 @@
+"""Activation patching of the residual stream: where, in depth and position, a behaviour lives.
+
+The stream at point ``L`` (what enters block ``L``; ``n_layers``: the last block's output, as
+``Trace.stream``) of a clean run is replaced at one token by the same point of a ``reference``
+run (usually a corrupted prompt: another name, another fact) and the model runs on; a
+``metric`` of the logits (a logit difference) is measured on each patched run. Every later
+write reads the patched state, so ``metric_share`` near 1 at ``(L, p)`` says the whole
+difference between the runs passes through the stream at that point and token.
+
+Patched runs are stacked along the batch (``batch_size`` of them per forward pass), and a
+patch that changes nothing is not run: where the reference's state equals the clean one (in
+a causal model, every token before the first that differs), its metric is the clean run's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from ..capture import _forward_kwargs, _logits_of, first_output, untouched
+from ..errors import InputError, NotAvailableError, OutOfRangeError, as_index, layer_index, need_trace
+from .ablation_args import checked_metric, metric_value, position_mask, reference_trace
+from .results import CompactRepr
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class StreamPatching(CompactRepr):
+    """The metric with the stream patched at each ``(point, position)``.
+
+    ``metric [point, position]``: the metric of the run patched there; ``metric_clean`` and
+    ``metric_reference``: of the two runs themselves. ``points``: stream points (``Trace.stream``'s
+    numbering); ``positions``: token indices into each row (negative: from its last real token);
+    ``tokens``: the first row's token at each position. ``run [point, position]``: whether that
+    patch needed a forward pass (False: the two states were equal there, the metric is the clean
+    one's).
+    """
+
+    points: tuple[int, ...]
+    positions: tuple[int, ...]
+    tokens: tuple[str, ...]
+    metric: Float[Tensor, "point position"]
+    metric_clean: float
+    metric_reference: float
+    run: Bool[Tensor, "point position"]
+
+    def share(self) -> Float[Tensor, "point position"]:
+        """``(metric − clean) / (reference − clean)``: the part of the way to the reference's value.
+
+        All NaN when the two runs have the same metric (no difference to locate).
+        """
+        gap = self.metric_reference - self.metric_clean
+        return (self.metric - self.metric_clean) / gap if gap else torch.full_like(self.metric, float("nan"))
+
+    def to_frame(self) -> pd.DataFrame:
+        """Long frame: ``point, position, token, metric, metric_change, metric_share, run``."""
+        n, m = self.metric.shape
+        return pd.DataFrame({
+            "point": np.repeat(self.points, m), "position": list(self.positions) * n,
+            "token": list(self.tokens) * n, "metric": self.metric.flatten().numpy(),
+            "metric_change": (self.metric - self.metric_clean).flatten().numpy(),
+            "metric_share": self.share().flatten().numpy(), "run": self.run.flatten().numpy()})
+
+
+def _points(trace, points) -> tuple[int, ...]:
+    n = trace.anatomy.n_layers
+    if points is None:
+        return tuple(range(n + 1))
+    items = [points] if as_index(points) is not None else points
+    try:
+        items = list(items)
+    except TypeError:
+        raise InputError(f"points are stream points 0..{n} (what enters block L; {n}: the last "
+                         f"block's output), one or a list, not {points!r}") from None
+    if not items:
+        raise InputError("points is empty: name stream points, or leave it out (None) for all")
+    out = []
+    for p in items:
+        i = as_index(p)
+        try:
+            out.append(layer_index(i + n + 1 if i is not None and -n - 1 <= i < 0 else p, n + 1,
+                                   "a stream point", n, " (negative: from the end)"))
+        except OutOfRangeError:
+            raise OutOfRangeError(f"a stream point is in 0..{n} (what enters block L; {n}: the last "
+                                  f"block's output; negative from the end), not {p!r}") from None
+    return tuple(out)
+
+
+def _positions(trace, positions) -> tuple[tuple[int, ...], list[Tensor]]:
+    """The positions and, for each, its ``[batch, pos]`` mask of real tokens."""
+    if positions is None:
+        real = trace.attention_mask.bool().cpu()
+        at = torch.arange(real.shape[1])
+        return tuple(range(real.shape[1])), [(at == i) & real for i in range(real.shape[1])]
+    if isinstance(positions, Tensor) and positions.dtype == torch.bool:
+        raise InputError("positions here are token indices (one patch each), not a mask")
+    items = [positions] if as_index(positions) is not None else positions
+    try:
+        items = list(items)
+    except TypeError:
+        items = [None]
+    if not items or any(as_index(p) is None for p in items):
+        raise InputError("positions are token indices in each row (-1: its last real token), one or "
+                         f"a list; not {positions!r}")
+    return tuple(as_index(p) for p in items), [position_mask(trace, p) for p in items]
+
+
+@contextmanager
+def _patched(model, paths: list[str], n: int, plan: dict[int, tuple[Tensor, Tensor]]) -> Iterator[None]:
+    """Hooks replacing the stream at each planned point: ``point → (where [rows, pos], value)``."""
+
+    def swap(x: Tensor, point: int) -> Tensor:
+        where, value = plan[point]
+        return torch.where(where.to(x.device)[..., None], value.to(x.device, x.dtype), x)
+
+    def pre(point):
+        def hook(module, args, kwargs):
+            if args:
+                return (swap(args[0], point), *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": swap(kwargs["hidden_states"], point)}
+        return hook
+
+    def post(module, args, output):
+        new = swap(first_output(output), n)
+        return (new, *output[1:]) if isinstance(output, tuple) else new
+
+    handles = []
+    try:
+        for point in plan:
+            module = model.get_submodule(paths[min(point, n - 1)])
+            handles.append(module.register_forward_pre_hook(pre(point), with_kwargs=True) if point < n
+                           else module.register_forward_hook(post))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def patch_stream(trace, reference, metric: Callable[[Tensor], Tensor | float], *,
+                 points: int | Sequence[int] | None = None,
+                 positions: int | Sequence[int] | None = None, batch_size: int = 8) -> StreamPatching:
+    """Patch the clean ``trace``'s stream with ``reference``'s at each point and token; measure ``metric``.
+
+    ``reference``: a trace of the same model and ``[batch, pos]`` shape, real tokens in the same
+    places (a corrupted prompt). ``metric``: a function of the logits ``[batch, pos, vocab]``
+    (float32, pads included) returning one number, as ``ablation_check``'s. ``points``: stream
+    points ``0..n_layers`` (negative from the end; default all); ``positions``: token indices in
+    each row (negative from its last real token; default every position, each patched in the
+    rows where it is a real token). ``batch_size``: patched runs per forward pass (memory grows
+    with it: ``batch_size`` copies of the batch and their logits).
+    """
+    need_trace(trace, "patch_stream")
+    if reference is None:
+        raise InputError("patch_stream takes the stream from a reference run: "
+                         "reference=rs.trace(model, corrupted_texts), as many tokens as the trace")
+    checked_metric(metric)
+    if as_index(batch_size) is None or as_index(batch_size) < 1:
+        raise InputError(f"batch_size is the number of patched runs per forward pass, an int ≥ 1, "
+                         f"not {batch_size!r}")
+    a = trace.anatomy
+    if not a.has_lm_head:
+        raise NotAvailableError(f"the metric reads logits; {a.lm_head_note or 'this model has no LM head'}")
+    reference_trace(trace, reference, "patch")
+    pts, (pos, masks) = _points(trace, points), _positions(trace, positions)
+    clean = metric_value(metric, trace.logits.float().clone())
+    out = torch.full((len(pts), len(pos)), clean, dtype=torch.float64)
+    run = torch.zeros(len(pts), len(pos), dtype=torch.bool)
+    todo = []
+    for i, point in enumerate(pts):
+        mine, theirs = trace.captured.resid[point], reference.captured.resid[point]
+        for j, where in enumerate(masks):
+            w = where.to(mine.device)
+            if not torch.equal(mine[w], theirs[w]):
+                todo.append((i, j))
+                run[i, j] = True
+    for start in range(0, len(todo), batch_size):
+        chunk = todo[start:start + batch_size]
+        for (i, j), value in zip(chunk, _run_chunk(trace, reference, [(pts[i], masks[j]) for i, j in chunk],
+                                                   metric), strict=True):
+            out[i, j] = value
+    first = trace.str_tokens[0]
+    tokens = tuple(first[p] if -len(first) <= p < len(first) else "" for p in pos)
+    return StreamPatching(pts, pos, tokens, out.float(), clean,
+                          metric_value(metric, reference.logits.float().clone()), run)
+
+
+def _run_chunk(trace, reference, patches: list[tuple[int, Tensor]], metric) -> list[float]:
+    """The metric of each patch ``(point, mask)``, all run as one forward pass of stacked copies."""
+    k, model = len(patches), trace.model
+    device = model.device
+    tokens, mask = trace.tokens.to(device).repeat(k, 1), trace.attention_mask.to(device).repeat(k, 1)
+    plan: dict[int, tuple[Tensor, Tensor]] = {}
+    for c, (point, where) in enumerate(patches):
+        if point not in plan:
+            plan[point] = (torch.zeros(mask.shape, dtype=torch.bool),
+                           reference.captured.resid[point].repeat(k, 1, 1))
+        plan[point][0][c * len(where):(c + 1) * len(where)] = where
+    a = trace.anatomy
+    kwargs = _forward_kwargs(model.module, tokens, mask, headless=False)
+    with torch.inference_mode(), untouched(model.module, hooks=False), \
+            _patched(model.module, list(a.modules.layers), a.n_layers, plan):
+        logits = _logits_of(model.module(**kwargs))
+    rows = len(trace.tokens)
+    return [metric_value(metric, logits[c * rows:(c + 1) * rows].to(trace.tokens.device, torch.float32,
+                                                                      copy=True)) for c in range(k)]

@@ -1,0 +1,202 @@
+"""Stream patching (``rs.patch_stream``) against hooks of the test's own on the Hugging Face module."""
+
+import pytest
+import torch
+from conftest import TEXTS
+from tiny_hf import build
+
+import residual_stream as rs
+from residual_stream.errors import InputError, NotAvailableError, OutOfRangeError
+from residual_stream.inputs import ByteTokenizer
+
+ATOL = 2e-5  # float32: a patched run stacked with others vs alone (batched matmuls round differently)
+CORRUPT = [t[:4] + "X" + t[5:] for t in TEXTS]  # one byte differs: token 5 (after BOS)
+BLOCKS = {"llama": "model.layers", "gpt2": "transformer.h", "gemma2": "model.layers",
+          "gpt_neox_parallel": "gpt_neox.layers", "bert_mlm": "bert.encoder.layer"}
+
+
+def _diff(trace):
+    """The metric: logit(101) − logit(32) at each row's last real token and at token 6 (just
+    after the corrupted one: a bidirectional model's last token barely sees it), mean over rows."""
+    last = trace.attention_mask.sum(1) - 1
+    rows = torch.arange(len(last))
+    return lambda logits: (logits[rows, last, 101] - logits[rows, last, 32]
+                           + logits[:, 6, 101] - logits[:, 6, 32]).mean()
+
+
+def _setup(name):
+    module = build(name)
+    with torch.no_grad():  # writes large enough that patching one token moves the metric
+        for n, w in module.named_parameters():
+            if n.endswith(("o_proj.weight", "down_proj.weight", "c_proj.weight", "dense.weight",
+                           "dense_4h_to_h.weight", "output.dense.weight")):
+                w.mul_(10)
+    model = rs.load(module, tokenizer=ByteTokenizer())
+    return module, model, rs.trace(model, TEXTS), rs.trace(model, CORRUPT)
+
+
+def _by_hand(module, blocks, tokens, mask, reference_tokens, point, where, metric):
+    """The HF module run on the reference with our own hooks recording the stream at ``point``
+    (block input, or the last block's output), then on the clean tokens with it written in
+    at ``where`` [batch, pos]; the metric of those logits."""
+    n, seen = len(blocks), []
+    block = blocks[min(point, n - 1)]
+
+    def record_pre(m, args, kwargs):
+        seen.append((args[0] if args else kwargs["hidden_states"]).clone())
+
+    def record_post(m, args, out):
+        seen.append((out[0] if isinstance(out, tuple) else out).clone())
+
+    def patch_pre(m, args, kwargs):
+        x = args[0] if args else kwargs["hidden_states"]
+        x = torch.where(where[..., None], seen[0], x)
+        return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": x})
+
+    def patch_post(m, args, out):
+        x = out[0] if isinstance(out, tuple) else out
+        x = torch.where(where[..., None], seen[0], x)
+        return (x, *out[1:]) if isinstance(out, tuple) else x
+
+    with torch.no_grad():
+        for inputs, pre, post in ((reference_tokens, record_pre, record_post),
+                                  (tokens, patch_pre, patch_post)):
+            h = block.register_forward_pre_hook(pre, with_kwargs=True) if point < n \
+                else block.register_forward_hook(post)
+            try:
+                logits = module(input_ids=inputs, attention_mask=mask).logits
+            finally:
+                h.remove()
+    return float(metric(logits.double()))
+
+
+@pytest.mark.parametrize("name", list(BLOCKS))
+def test_patching_the_stream_matches_hooks_of_our_own(name):
+    """Every stream point × four positions (the corrupted token, one before it, one after, the
+    last real token), batched 5 per pass, against the HF module patched by the test's hooks."""
+    module, model, clean, other = _setup(name)
+    metric = _diff(clean)
+    positions = [4, 5, 7, -1]
+    got = rs.patch_stream(clean, other, metric, positions=positions, batch_size=5)
+    blocks = list(module.get_submodule(BLOCKS[name]))
+    n = len(blocks)
+    assert got.points == tuple(range(n + 1)) and got.positions == tuple(positions)
+    lengths = clean.attention_mask.sum(1)
+    moved = 0
+    for i in range(n + 1):
+        for j, p in enumerate(positions):
+            where = torch.zeros_like(clean.attention_mask, dtype=torch.bool)
+            where[torch.arange(2), lengths + p if p < 0 else torch.full_like(lengths, p)] = True
+            want = _by_hand(module, blocks, clean.tokens, clean.attention_mask, other.tokens, i, where,
+                            metric)
+            assert float(got.metric[i, j]) == pytest.approx(want, abs=ATOL), (i, p)
+            moved += abs(want - got.metric_clean) > 10 * ATOL
+    assert moved >= n  # the check has teeth: patches move the metric
+    assert got.metric_clean == pytest.approx(float(metric(clean.logits)), abs=1e-6)
+    assert got.metric_reference == pytest.approx(float(metric(other.logits)), abs=1e-6)
+    if model.anatomy.causal:  # before the corrupted token the two runs are equal: nothing to run
+        assert not got.run[:, 0].any() and got.run[:, 1].all()
+        assert (got.metric[:, 0] == got.metric_clean).all()
+
+
+def test_patching_the_only_differing_token_at_the_embedding_gives_the_reference_run():
+    """Point 0 holds the embeddings: patching the one token that differs there *is* the
+    corrupted run, so the metric is the reference's (and its share 1); at the last point the
+    last token's state is all the final logits read there."""
+    _, model, clean, other = _setup("llama")
+    last = clean.attention_mask.sum(1) - 1
+
+    def metric(logits):  # read at the last token only
+        return (logits[[0, 1], last, 101] - logits[[0, 1], last, 32]).mean()
+
+    got = rs.patch_stream(clean, other, metric, points=[0, -1], positions=[5, -1])
+    assert float(got.metric[0, 0]) == pytest.approx(got.metric_reference, abs=ATOL)
+    assert float(got.metric[1, 1]) == pytest.approx(got.metric_reference, abs=ATOL)
+    assert float(got.share()[0, 0]) == pytest.approx(1.0, abs=1e-4)
+    assert float(got.metric[1, 0]) == pytest.approx(got.metric_clean, abs=ATOL)  # token 5's last state
+    assert abs(got.metric_reference - got.metric_clean) > 100 * ATOL
+
+
+def test_batched_patches_equal_patches_one_at_a_time_and_the_frame_is_the_grid():
+    _, model, clean, other = _setup("gpt2")
+    metric = _diff(clean)
+    one = rs.patch_stream(clean, other, metric, batch_size=1)
+    many = rs.patch_stream(clean, other, metric, batch_size=64)
+    assert one.metric.shape == (model.anatomy.n_layers + 1, clean.tokens.shape[1])
+    assert torch.allclose(one.metric, many.metric, atol=ATOL) and torch.equal(one.run, many.run)
+    frame = many.to_frame()
+    assert len(frame) == many.metric.numel()
+    row = frame[(frame.point == 2) & (frame.position == 5)].iloc[0]
+    assert row.metric == pytest.approx(float(many.metric[2, 5]))
+    assert row.metric_change == pytest.approx(float(many.metric[2, 5]) - many.metric_clean, abs=1e-6)
+    assert row.token == clean.str_tokens[0][5] == "c"
+    # positions past row 0's end are pads there: patched in row 1 only, labelled ""
+    assert many.tokens[-1] == "" and bool(many.run[1, -1])
+    assert "StreamPatching(points=(4 items)" in repr(many) and len(repr(many)) < 300
+
+
+def test_patching_leaves_the_model_as_it_was_even_when_the_metric_fails():
+    module, model, clean, other = _setup("llama")
+    before = [dict(m._forward_pre_hooks) | dict(m._forward_hooks) for m in module.modules()]
+    calls = []
+
+    def bad(logits):
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("metric failed")
+        return logits[0, -1, 0]
+
+    with pytest.raises(RuntimeError, match="metric failed"):
+        rs.patch_stream(clean, other, bad)
+    assert [dict(m._forward_pre_hooks) | dict(m._forward_hooks) for m in module.modules()] == before
+    with torch.no_grad():  # and it computes as before: no patch left behind
+        logits = module(input_ids=clean.tokens, attention_mask=clean.attention_mask).logits
+    assert torch.allclose(logits, clean.logits, atol=1e-5)
+
+
+def test_patch_stream_refuses_bad_arguments_saying_what_to_pass():
+    _, model, clean, other = _setup("llama")
+    metric = _diff(clean)
+    shorter = rs.trace(model, [t[:-1] for t in TEXTS])
+    with pytest.raises(InputError, match="reference=rs.trace"):
+        rs.patch_stream(clean, None, metric)
+    with pytest.raises(InputError, match="same token length"):
+        rs.patch_stream(clean, shorter, metric)
+    with pytest.raises(InputError, match="metric is a function of the logits"):
+        rs.patch_stream.__wrapped__(clean, other, 3.0)  # a user's call, past the tests' type checker
+    with pytest.raises(InputError, match="returns one number"):
+        rs.patch_stream(clean, other, lambda logits: logits[:, -1, :2], points=[1])
+    with pytest.raises(OutOfRangeError, match=r"a stream point is in 0..3"):
+        rs.patch_stream(clean, other, metric, points=[4])
+    with pytest.raises(OutOfRangeError, match=r"a stream point is in 0..3"):
+        rs.patch_stream(clean, other, metric, points=[-5])
+    with pytest.raises(InputError, match="points is empty"):
+        rs.patch_stream(clean, other, metric, points=[])
+    with pytest.raises(InputError, match="position 30 is outside a row of 25 real tokens"):
+        rs.patch_stream(clean, other, metric, positions=[30])
+    with pytest.raises(InputError, match="token indices"):
+        rs.patch_stream.__wrapped__(clean, other, metric, positions="last")
+    with pytest.raises(InputError, match="batch_size is the number of patched runs"):
+        rs.patch_stream(clean, other, metric, batch_size=0)
+    with pytest.raises(InputError, match="batch_size is the number of patched runs"):
+        rs.patch_stream.__wrapped__(clean, other, metric, batch_size=2.5)
+    headless = rs.load(build("bert"), tokenizer=ByteTokenizer())
+    with pytest.raises(NotAvailableError, match="metric reads logits"):
+        rs.patch_stream(rs.trace(headless, TEXTS), rs.trace(headless, CORRUPT), metric)
+
+
+def test_patching_figure_shows_the_share_per_point_and_token():
+    """The heatmap's cells are the result's share (or change), rows the points, columns the
+    first text's tokens as shown (a space as ␣)."""
+    from residual_stream.plotting import patching_figure
+
+    _, model, clean, other = _setup("gpt2")
+    got = rs.patch_stream(clean, other, _diff(clean), points=[0, 2], positions=[3, 4, 5])
+    fig = patching_figure(got)
+    z = torch.tensor(fig.data[0].z, dtype=torch.float32)
+    assert torch.allclose(z, got.share(), equal_nan=True) and list(fig.data[0].y) == [0, 2]
+    assert list(fig.data[0].x) == ["3 e", "4 ␣", "5 c"]  # "<bos>The capital": token 4 is the space
+    change = torch.tensor(patching_figure(got, "change").data[0].z, dtype=torch.float32)
+    assert torch.allclose(change, got.metric - got.metric_clean)
+    with pytest.raises(ValueError, match="'share' or 'change'"):
+        patching_figure(got, "kl")
