@@ -92,6 +92,19 @@ def logit_attribution(name: str, text: str, target: str | int, baseline: int | N
     return rs.direct_logit_attribution(trace(name, text), target=target, baseline=baseline)
 
 
+@st.cache_data(show_spinner="Patching the stream at every point and token (SmolLM2: about 10 s)…",
+               max_entries=TEXT_RESULTS)
+def stream_patching(name: str, text: str, corrupted: str, pos: int, target: int, baseline: int | None):
+    """``rs.patch_stream`` from ``corrupted`` into ``text``.
+
+    The metric: the ``target``'s logit (minus the ``baseline``'s) at token ``pos``.
+    """
+    def metric(logits):
+        return logits[0, pos, target] - (0.0 if baseline is None else logits[0, pos, baseline])
+
+    return rs.patch_stream(trace(name, text), trace(name, corrupted), metric)
+
+
 @st.cache_data(show_spinner=False)  # the page's spinner says how long each one takes
 def experiment(kind: str):
     """One norm-lab experiment at sizes that keep the app responsive."""

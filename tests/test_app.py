@@ -432,3 +432,37 @@ def test_the_scan_progress_gives_the_rate_and_the_time_left(monkeypatch):
     assert common.scan_progress(4100, 4096, 1.0)[0] == 1.0  # never past the end
     whole = rs.scan(rs.load("twin-pre-ln"), "builtin", "growth", progress=False)
     assert cache.builtin_tokens("twin-pre-ln") == whole.tokens
+
+
+def test_flow_page_patches_the_stream_from_a_corrupted_text():
+    """The DLA logit's stream patching: with one token changed, patching that token at point 0
+    (the embeddings) *is* the corrupted run (share 1), tokens before it change nothing (share
+    0), and the note's two values are the logits of plain HF forwards of the two texts. A
+    corrupted text of another token count is refused in the section."""
+    import torch
+
+    import residual_stream as rs
+
+    at = app("flow")
+    text = at.sidebar.text_area(key="text").value
+    corrupted = text.replace(" back.", " out.")
+    model = rs.load("smollm2-135m", progress=False)
+    ids = [model.tokenizer(t, return_tensors="pt")["input_ids"] for t in (text, corrupted)]
+    assert ids[0].shape == ids[1].shape
+    differ = int((ids[0] != ids[1]).nonzero()[0, 1])
+    with torch.no_grad():
+        clean, other = (model.module(input_ids=i).logits[0, -1].double() for i in ids)
+    top = int(clean.argmax())
+    at.text_input(key="patch_text").input(corrupted).run()
+    assert not at.exception, at.exception
+    fig = chart(at, 4)
+    assert "Patching the stream" in fig["layout"]["title"]["text"]
+    z = _grid(fig["data"][0]["z"])  # [point, token]
+    assert z.shape == (model.anatomy.n_layers + 1, ids[0].shape[1])
+    assert z[0, differ] == pytest.approx(1.0, abs=1e-3)
+    assert (z[:, :differ] == 0).all()
+    notes = [unescaped(m.value) for m in at.markdown]
+    note = next(n for n in notes if "corrupted text's" in n)
+    assert f"({float(clean[top]):.3f})" in note and f"({float(other[top]):.3f})" in note
+    at.text_input(key="patch_text").input(corrupted + " And more.").run()
+    assert not at.exception and "the same token length" in unescaped(at.error[0].value)

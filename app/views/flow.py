@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from residual_stream import plotting
-from residual_stream.errors import NotAvailableError
+from residual_stream.errors import NotAvailableError, ResidualStreamError
 from residual_stream.plotting.labels import escape, readable
 
 
@@ -65,6 +65,29 @@ def logit_attribution(name: str, text: str, model, tr) -> None:
     if len(frame) > len(top):
         st.caption(f"The {len(top)} bars sum to {top.logit.sum():.3f}; the other {len(frame) - len(top)} "
                    f"terms to {frame.logit.sum() - top.logit.sum():.3f}.")
+    stream_patching(name, text, pos, ids, what)
+
+
+def stream_patching(name: str, text: str, pos: int, ids: list[int], what: str) -> None:
+    """Patch the stream from a corrupted text at every point and token; the DLA's logit as metric."""
+    st.markdown(f"**Where {common.plain(what)} at token {pos} comes from: patch the stream from another "
+                "text**")
+    corrupted = st.text_input("Corrupted text (as many tokens as the text, e.g. one name changed)",
+                              key="patch_text")
+    if not corrupted:
+        return
+    try:
+        grid = cache.stream_patching(name, text, corrupted, pos, ids[0], ids[1] if len(ids) > 1 else None)
+    except ResidualStreamError as e:  # another token count, an empty or too long text
+        st.error(common.explain(e))
+        return
+    measure = st.radio("Measure", ["share", "change"], horizontal=True, key="patch_measure")
+    common.show(plotting.patching_figure(grid, measure), grid.to_frame(), key="patching", note=(
+        f"Each cell is a run of the text with the stream at one point (rows: what enters block L) "
+        f"and one token (columns) taken from the corrupted text's run; the colour is how far "
+        f"{common.plain(what)} at token {pos} moves: 'share' is the part of the way from the text's value "
+        f"({grid.metric_clean:.3f}) to the corrupted text's ({grid.metric_reference:.3f}). A token "
+        f"whose stream is the same in both runs changes nothing (not run)."))
 
 
 name, text = common.selection()

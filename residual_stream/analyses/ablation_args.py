@@ -38,8 +38,11 @@ def checked_writes(trace, writes: object) -> tuple[tuple[str, ...], list[str]]:
     return writes, [component_label(w) for w in writes]
 
 
-def reference_trace(trace, reference, mode: str):
-    """The trace whose writes replace: ``reference`` (checked) or, without one, ``trace``."""
+def reference_trace(trace, reference, mode: str, what: str = "each write"):
+    """The trace whose writes replace: ``reference`` (checked) or, without one, ``trace``.
+
+    ``what`` names what is patched in the messages ("the stream").
+    """
     if reference is None:
         if mode == "patch":
             raise InputError("mode='patch' takes each write from a reference run: "
@@ -55,14 +58,14 @@ def reference_trace(trace, reference, mode: str):
         raise InputError("reference is a trace of another loaded model object (a second rs.load, "
                          "or another model): trace both with the same model")
     if mode == "patch" and reference.tokens.shape != trace.tokens.shape:
-        raise InputError(f"patching takes each write at the same position: the reference is "
+        raise InputError(f"patching takes {what} at the same position: the reference is "
                          f"{list(reference.tokens.shape)} tokens [batch, pos], the trace "
                          f"{list(trace.tokens.shape)}; give both texts of the same token length")
     if mode == "patch" and not torch.equal(reference.attention_mask.cpu(), trace.attention_mask.cpu()):
         rows = (trace.attention_mask != reference.attention_mask.to(trace.attention_mask.device)).any(1)
         row = int(rows.nonzero()[0, 0])
         mine, theirs = (int(t.attention_mask[row].sum()) for t in (trace, reference))
-        raise InputError(f"patching takes each write at the same position, real tokens only: row {row} "
+        raise InputError(f"patching takes {what} at the same position, real tokens only: row {row} "
                          f"is {mine} real tokens in the trace and {theirs} in the reference (a pad's "
                          "write would be patched in); give each row texts of the same token length")
     return reference

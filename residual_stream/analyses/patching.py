@@ -144,7 +144,7 @@ def _patched(model, paths: list[str], n: int, plan: dict[int, tuple[Tensor, Tens
 
 def patch_stream(trace, reference, metric: Callable[[Tensor], Tensor | float], *,
                  points: int | Sequence[int] | None = None,
-                 positions: int | Sequence[int] | None = None, batch_size: int = 8) -> StreamPatching:
+                 positions: int | Sequence[int] | None = None, batch_size: int = 16) -> StreamPatching:
     """Patch the clean ``trace``'s stream with ``reference``'s at each point and token; measure ``metric``.
 
     ``reference``: a trace of the same model and ``[batch, pos]`` shape, real tokens in the same
@@ -166,7 +166,7 @@ def patch_stream(trace, reference, metric: Callable[[Tensor], Tensor | float], *
     a = trace.anatomy
     if not a.has_lm_head:
         raise NotAvailableError(f"the metric reads logits; {a.lm_head_note or 'this model has no LM head'}")
-    reference_trace(trace, reference, "patch")
+    reference_trace(trace, reference, "patch", "the stream")
     pts, (pos, masks) = _points(trace, points), _positions(trace, positions)
     clean = metric_value(metric, trace.logits.float().clone())
     out = torch.full((len(pts), len(pos)), clean, dtype=torch.float64)
