@@ -190,12 +190,18 @@ def _untouched(model: nn.Module, hooks: bool) -> Iterator[None]:
 
 
 @contextmanager
-def edited(model: nn.Module, edits: Sequence[tuple[str, Callable]]) -> Iterator[None]:
-    """Attach intervention hooks for the duration of the block, and remove them on any exit."""
+def edited(model: nn.Module, edits: Sequence[tuple]) -> Iterator[None]:
+    """Attach intervention hooks for the duration of the block, and remove them on any exit.
+
+    Each edit is ``(module path, forward hook)``, or ``(module path, hook, True)`` for a forward
+    pre-hook taking ``(module, args, kwargs)`` (one that changes a block's input).
+    """
     handles = []
     try:
-        for path, hook in edits:
-            handles.append(model.get_submodule(path).register_forward_hook(hook))
+        for path, hook, *pre in edits:
+            module = model.get_submodule(path)
+            handles.append(module.register_forward_pre_hook(hook, with_kwargs=True) if pre and pre[0]
+                           else module.register_forward_hook(hook))
         yield
     finally:
         for h in handles:
@@ -288,11 +294,14 @@ def _forward_kwargs(model: nn.Module, tokens: Tensor, attention_mask: Tensor, *,
 
 
 def model_logits(model: nn.Module, anatomy: Anatomy, tokens: Int[Tensor, "batch pos"],
-                 attention_mask: Int[Tensor, "batch pos"]) -> Tensor:
-    """The model's own logits ``[batch, pos, d_vocab]`` in its dtype: one forward pass, no hooks."""
+                 attention_mask: Int[Tensor, "batch pos"], edits: Sequence[tuple] = ()) -> Tensor:
+    """The model's own logits ``[batch, pos, d_vocab]`` in its dtype: one forward pass.
+
+    No capture hooks; ``edits`` (as ``edited``'s) are attached for this pass only.
+    """
     if not anatomy.has_lm_head:
         raise NotAvailableError(anatomy.lm_head_note or "this model has no LM head")
-    with torch.inference_mode(), untouched(model, hooks=False):
+    with torch.inference_mode(), untouched(model, hooks=False), edited(model, edits):
         raw = _logits_of(model(**_forward_kwargs(model, tokens, attention_mask, headless=False)))
     if raw is None:
         raise NotAvailableError(f"{type(model).__name__}'s forward pass returned no logits")

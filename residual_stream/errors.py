@@ -86,6 +86,14 @@ def top_count(value: object, what: str) -> int:
     return n
 
 
+def batch_count(value: object, what: str) -> int:
+    """``value`` as a number of ``what`` stacked per forward pass, at least 1; else ``InputError``."""
+    n = as_index(value)
+    if n is None or n < 1:
+        raise InputError(f"batch_size is the number of {what} per forward pass, an int ≥ 1, not {value!r}")
+    return n
+
+
 def need_trace(value: object, fn: str) -> None:
     """``InputError`` unless ``value`` is a trace (``rs.trace``), saying how to make one."""
     if hasattr(value, "captured") and hasattr(value, "anatomy"):

@@ -200,3 +200,29 @@ def test_patching_figure_shows_the_share_per_point_and_token():
     assert torch.allclose(change, got.metric - got.metric_clean)
     with pytest.raises(ValueError, match="'share' or 'change'"):
         patching_figure(got, "kl")
+
+
+@pytest.mark.parametrize("mode", ["patch", "mean", "zero"])
+def test_ablated_runs_stacked_in_one_pass_equal_runs_one_at_a_time(mode):
+    """``ablation_check(reads=False)`` stacks ``batch_size`` ablated runs per pass, each copy's
+    hook confined to its rows: two heads of one layer, that layer's whole attention and its MLP
+    land in one pass next to each other; every output equals the run alone (``batch_size=1``,
+    which the tests against the HF module's own hooks in ``test_analyses.py`` pin down)."""
+    _, model, clean, other = _setup("llama")
+    writes = ["L1H0", "L1H2", "L1.attn", "L1.mlp", "L0H3", "L2.mlp", "L0.attn"]
+    ref = other if mode != "zero" else None
+    kw = dict(writes=writes, mode=mode, reference=ref, metric=_diff(clean), reads=False)
+    for positions in (None, [5, -1]):
+        one = rs.ablation_check(clean, batch_size=1, positions=positions, **kw).outputs()
+        stacked = rs.ablation_check(clean, batch_size=3, positions=positions, **kw).outputs()
+        for col in ("logit_kl", "last_kl", "top_logit_change", "loss_change", "metric"):
+            assert stacked[col].to_numpy() == pytest.approx(one[col].to_numpy(), abs=ATOL), (col, positions)
+        assert (one.metric_change.abs() > 10 * ATOL).sum() >= 5  # the writes matter
+
+
+def test_outputs_only_of_a_model_without_an_lm_head_is_refused():
+    headless = rs.load(build("bert"), tokenizer=ByteTokenizer())
+    with pytest.raises(NotAvailableError, match="reads=False measures only the output, the logits"):
+        rs.ablation_check(rs.trace(headless, TEXTS), writes=["L0.attn"], reads=False)
+    with pytest.raises(InputError, match="batch_size is the number of ablated runs"):
+        rs.ablation_check.__wrapped__(rs.trace(headless, TEXTS), batch_size=-1)

@@ -39,12 +39,13 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from ..capture import capture, first_output
-from ..errors import NotAvailableError, check_choice, check_flag, need_trace
+from ..errors import NotAvailableError, batch_count, check_choice, check_flag, need_trace
 from ..walk import component_of, head_of, read_inputs
 from ..weights import attn_W_O
 from .ablation_args import checked_metric, checked_writes, metric_value, position_mask, reference_trace
 from .flow import read_attribution
 from .lens import log_probs
+from .patching import stacked_logits
 from .results import CompactRepr
 from .tokens import masked_mean
 
@@ -109,27 +110,41 @@ class AblationCheck(CompactRepr):
         return pd.DataFrame(out)
 
 
-def _replacement(clean: Tensor, mask: Tensor, mode: Mode) -> Tensor:
+def _replacement(clean: Tensor, mask: Tensor, mode: Mode, copies: int = 1) -> Tensor:
     """What a write ``clean [batch, pos, k]`` is replaced by.
 
-    Zeros or its mean over real tokens (``[k]``), or itself (``"patch"``: the reference's write).
+    Zeros or its mean over real tokens (``[k]``), or itself (``"patch"``: the reference's write,
+    tiled for ``copies`` stacked copies of the batch).
     """
     if mode == "zero":
         return clean.new_zeros(clean.shape[-1])
     if mode == "patch":
-        return clean
+        return clean.repeat(copies, 1, 1)
     return clean[mask.bool().to(clean.device)].mean(0)
 
 
-def _ablated_output(trace, write: str, mode: Mode, source, where: Tensor | None):
+def _rows(where: Tensor | None, batch: tuple[int, int], copy: int, copies: int) -> Tensor | None:
+    """``where`` ``[batch, pos]`` (None: everywhere) placed in copy ``copy`` of ``copies`` stacked batches.
+
+    None when there is one copy and no mask (every row, every position).
+    """
+    if copies == 1:
+        return where
+    out = torch.zeros(copies * batch[0], batch[1], dtype=torch.bool)
+    out[copy * batch[0]:(copy + 1) * batch[0]] = True if where is None else where
+    return out
+
+
+def _ablated_output(trace, write: str, mode: Mode, source, where: Tensor | None, copies: int = 1):
     """``(module path, forward hook)`` replacing a whole attention's or MLP's output.
 
     ``source``: the trace whose real tokens give the mean (``trace`` or a reference);
-    ``where``: the ``[batch, pos]`` positions replaced (None: every one).
+    ``where``: the positions replaced (None: every one), ``[batch, pos]`` or, for ``copies``
+    stacked copies of the batch, ``[copies · batch, pos]``.
     """
     layer, kind = component_of(write)
     clean = source.attn_write(layer) if kind == "attn" else source.mlp_write(layer)
-    value = _replacement(clean, source.attention_mask, mode)
+    value = _replacement(clean, source.attention_mask, mode, copies)
     path = (trace.anatomy.modules.attn_out if kind == "attn" else trace.anatomy.modules.mlp_out)[layer]
 
     def hook(module, args, output):
@@ -142,20 +157,21 @@ def _ablated_output(trace, write: str, mode: Mode, source, where: Tensor | None)
     return path, hook
 
 
-def _ablated_head(trace, write: str, mode: Mode, source, where: Tensor | None):
+def _ablated_head(trace, write: str, mode: Mode, source, where: Tensor | None, copies: int = 1):
     """``(module path, forward hook)`` replacing one head's part of the attention's output.
 
     The output projection is linear, so head ``h``'s part is ``z_h W_O[h]`` of the projection's
     own input ``z`` in this run: the hook adds ``(v − z_h) W_O[h]`` (``v`` zeros, or the clean
     ``z_h``'s mean over ``source``'s real tokens), leaving the other heads and ``b_O`` as they are;
-    only at ``where`` (``[batch, pos]``) when given.
+    only at ``where`` when given (as ``_ablated_output``'s).
     """
     layer, h, _ = head_of(write)
     a = trace.anatomy
     path = a.modules.attn_out[layer]
     W_O = attn_W_O(trace.model.module.get_submodule(path), a.n_heads)[h].float()  # (d_head, d)
     k = W_O.shape[0]
-    value = _replacement(source.captured.z[layer][..., h * k:(h + 1) * k], source.attention_mask, mode)
+    value = _replacement(source.captured.z[layer][..., h * k:(h + 1) * k], source.attention_mask, mode,
+                         copies)
 
     def hook(module, args, output):
         z = args[0][..., h * k:(h + 1) * k].float()
@@ -215,10 +231,69 @@ def _linear(trace, writes: tuple[str, ...], readers: tuple[str, ...], later: Ten
     return out
 
 
+@dataclass(frozen=True)
+class _Edit:
+    """How each write is ablated: ``mode``, from ``source``, at ``where`` (None: everywhere)."""
+
+    trace: object
+    mode: str
+    source: object
+    where: Tensor | None
+
+    def __call__(self, write: str, copy: int = 0, copies: int = 1) -> tuple:
+        """``(module path, hook)`` ablating ``write`` in copy ``copy`` of ``copies`` stacked batches."""
+        where = _rows(self.where, tuple(self.trace.attention_mask.shape), copy, copies)
+        build = _ablated_head if head_of(write) else _ablated_output
+        return build(self.trace, write, self.mode, self.source, where, copies)
+
+
+def _with_reads(trace, writes, readers, later, edit: _Edit, metric) -> tuple[Tensor, Tensor, Tensor]:
+    """``(effect, outputs, metric)`` of each write's ablation, one pass each, every read captured."""
+    a, mask = trace.anatomy, trace.attention_mask
+    tokens, dev_mask = trace.tokens.to(trace.model.device), mask.to(trace.model.device)
+    # every pass, the clean one too, with attention outputs whole: as the edit leaves them (per-
+    # head z would be before it), and rounded as the model rounds them (a 16-bit model's own
+    # output projection), so that an ablation changing nothing measures 0
+    clean = read_inputs(trace, capture(trace.model.module, a, tokens, dev_mask, heads=False))
+    effect = torch.full((len(writes), len(readers)), float("nan"))
+    outputs = torch.full((len(writes), 4), float("nan"))  # logit_kl, last_kl, top, loss
+    measured = torch.full((len(writes),), float("nan"))
+    for i, write in enumerate(writes):
+        cap = capture(trace.model.module, a, tokens, dev_mask, edits=[edit(write)], heads=False)
+        inputs = read_inputs(trace, cap)
+        for j, reader in enumerate(readers):
+            if later[i, j]:
+                change = (inputs[reader] - clean[reader]).norm(dim=-1) / clean[reader].norm(dim=-1)
+                effect[i, j] = float(masked_mean(change, mask))
+        if a.has_lm_head:
+            outputs[i] = torch.tensor(_output_changes(trace, cap.logits))
+        if metric is not None:
+            measured[i] = metric_value(metric, cap.logits.float())
+    return effect, outputs, measured
+
+
+def _outputs_only(trace, writes, edit: _Edit, metric, batch_size: int) -> tuple[Tensor, Tensor]:
+    """``(outputs, metric)`` of each write's ablation, ``batch_size`` ablated runs per pass."""
+    outputs = torch.full((len(writes), 4), float("nan"))
+    measured = torch.full((len(writes),), float("nan"))
+    rows = trace.tokens.shape[0]
+    for start in range(0, len(writes), batch_size):
+        chunk = range(start, min(start + batch_size, len(writes)))
+        logits = stacked_logits(trace, [edit(writes[i], c, len(chunk)) for c, i in enumerate(chunk)],
+                                len(chunk))
+        for c, i in enumerate(chunk):
+            mine = logits[c * rows:(c + 1) * rows].to(trace.tokens.device, torch.float32)
+            outputs[i] = torch.tensor(_output_changes(trace, mine))
+            if metric is not None:
+                measured[i] = metric_value(metric, mine.clone())
+    return outputs, measured
+
+
 def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "mean",
                    reads: bool = True, reference=None,
                    metric: Callable[[Tensor], Tensor | float] | None = None,
-                   positions: int | Sequence[int] | Tensor | None = None) -> AblationCheck:
+                   positions: int | Sequence[int] | Tensor | None = None,
+                   batch_size: int = 16) -> AblationCheck:
     """Ablate each write in a fresh forward pass and compare with linear read attribution.
 
     ``writes``: component names (``"L0.attn"``, ``"L2.mlp"``) or heads (``"L1H3"``); default
@@ -236,10 +311,13 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
     the part of the way from the clean value to it that the ablation moves: patching from a
     corrupted run, the share of the effect a write carries). ``positions``: replace only
     there, token indices in each row (``-1``: each row's last real token; a list of them) or
-    a ``[batch, pos]`` bool mask; a mean is still over every real token.
+    a ``[batch, pos]`` bool mask; a mean is still over every real token. ``batch_size``: with
+    ``reads=False``, ablated runs stacked per forward pass (memory grows with it: that many
+    copies of the batch and their logits); with reads, each write is one pass.
     """
     need_trace(trace, "ablation_check")
     check_flag("reads", reads)
+    batch_size = batch_count(batch_size, "ablated runs")
     if metric is not None:
         checked_metric(metric)
     a = trace.anatomy
@@ -247,35 +325,20 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
     source = reference_trace(trace, reference, mode)
     where = position_mask(trace, positions)
     writes, owners = checked_writes(trace, writes)
-    if metric is not None and not a.has_lm_head:
-        raise NotAvailableError(f"metric reads logits; {a.lm_head_note or 'this model has no LM head'}")
+    if (metric is not None or not reads) and not a.has_lm_head:
+        what = "metric reads" if metric is not None else "reads=False measures only the output, the"
+        raise NotAvailableError(f"{what} logits; {a.lm_head_note or 'this model has no LM head'}")
     clean_metric = None if metric is None else metric_value(metric, trace.logits.float().clone())
     ref_metric = None if metric is None or mode != "patch" else \
         metric_value(metric, reference.logits.float().clone())
-    measured = torch.full((len(writes),), float("nan"))
     readers = tuple(c.name for c in a.components)
-    mask = trace.attention_mask
-    tokens, dev_mask = trace.tokens.to(trace.model.device), mask.to(trace.model.device)
-    # every pass, the clean one too, with attention outputs whole: as the edit leaves them (per-
-    # head z would be before it), and rounded as the model rounds them (a 16-bit model's own
-    # output projection), so that an ablation changing nothing measures 0
-    clean = read_inputs(trace, capture(trace.model.module, a, tokens, dev_mask, heads=False)) \
-        if reads else {}
     later = a.sees(owners, readers) & reads  # the pairs that count: the reader reads after the write
-    effect = torch.full((len(writes), len(readers)), float("nan"))
-    outputs = torch.full((len(writes), 4), float("nan"))  # logit_kl, last_kl, top, loss
-    for i, write in enumerate(writes):
-        edit = (_ablated_head if head_of(write) else _ablated_output)(trace, write, mode, source, where)
-        cap = capture(trace.model.module, a, tokens, dev_mask, edits=[edit], heads=False)
-        inputs = read_inputs(trace, cap) if reads else {}
-        for j, reader in enumerate(readers):
-            if later[i, j]:
-                change = (inputs[reader] - clean[reader]).norm(dim=-1) / clean[reader].norm(dim=-1)
-                effect[i, j] = float(masked_mean(change, mask))
-        if a.has_lm_head:
-            outputs[i] = torch.tensor(_output_changes(trace, cap.logits))
-        if metric is not None:
-            measured[i] = metric_value(metric, cap.logits.float())
+    edit = _Edit(trace, mode, source, where)
+    if reads:
+        effect, outputs, measured = _with_reads(trace, writes, readers, later, edit, metric)
+    else:
+        effect = torch.full((len(writes), len(readers)), float("nan"))
+        outputs, measured = _outputs_only(trace, writes, edit, metric, batch_size)
     linear = _linear(trace, writes, readers, later) if reads else torch.full_like(effect, float("nan"))
     both = ~(effect.isnan() | linear.isnan())
     e, lin = effect[both].numpy(), linear[both].numpy()

@@ -14,8 +14,7 @@ a causal model, every token before the first that differs), its metric is the cl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,8 +23,16 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from ..capture import _forward_kwargs, _logits_of, first_output, untouched
-from ..errors import InputError, NotAvailableError, OutOfRangeError, as_index, layer_index, need_trace
+from ..capture import first_output, model_logits
+from ..errors import (
+    InputError,
+    NotAvailableError,
+    OutOfRangeError,
+    as_index,
+    batch_count,
+    layer_index,
+    need_trace,
+)
 from .ablation_args import checked_metric, metric_value, position_mask, reference_trace
 from .results import CompactRepr
 
@@ -111,9 +118,13 @@ def _positions(trace, positions) -> tuple[tuple[int, ...], list[Tensor]]:
     return tuple(as_index(p) for p in items), [position_mask(trace, p) for p in items]
 
 
-@contextmanager
-def _patched(model, paths: list[str], n: int, plan: dict[int, tuple[Tensor, Tensor]]) -> Iterator[None]:
-    """Hooks replacing the stream at each planned point: ``point → (where [rows, pos], value)``."""
+def _stream_edits(anatomy, plan: dict[int, tuple[Tensor, Tensor]]) -> list[tuple]:
+    """Edits replacing the stream at each planned point: ``point → (where [rows, pos], value)``.
+
+    A pre-hook on block ``L``'s input for ``L < n_layers``, a hook on the last block's output
+    for ``n_layers`` (the points ``capture`` records).
+    """
+    n, paths = anatomy.n_layers, anatomy.modules.layers
 
     def swap(x: Tensor, point: int) -> Tensor:
         where, value = plan[point]
@@ -130,16 +141,19 @@ def _patched(model, paths: list[str], n: int, plan: dict[int, tuple[Tensor, Tens
         new = swap(first_output(output), n)
         return (new, *output[1:]) if isinstance(output, tuple) else new
 
-    handles = []
-    try:
-        for point in plan:
-            module = model.get_submodule(paths[min(point, n - 1)])
-            handles.append(module.register_forward_pre_hook(pre(point), with_kwargs=True) if point < n
-                           else module.register_forward_hook(post))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+    return [(paths[point], pre(point), True) if point < n else (paths[-1], post) for point in plan]
+
+
+def stacked_logits(trace, edits: list[tuple], copies: int) -> Tensor:
+    """The logits of one pass over ``copies`` stacked copies of ``trace``'s batch with ``edits``.
+
+    ``[copies · batch, pos, vocab]`` in the model's dtype; copy ``c`` is rows
+    ``c · batch … (c + 1) · batch``, each edit confined to its copy's rows by its own mask.
+    """
+    model = trace.model
+    tokens = trace.tokens.to(model.device).repeat(copies, 1)
+    mask = trace.attention_mask.to(model.device).repeat(copies, 1)
+    return model_logits(model.module, trace.anatomy, tokens, mask, edits)
 
 
 def patch_stream(trace, reference, metric: Callable[[Tensor], Tensor | float], *,
@@ -160,9 +174,7 @@ def patch_stream(trace, reference, metric: Callable[[Tensor], Tensor | float], *
         raise InputError("patch_stream takes the stream from a reference run: "
                          "reference=rs.trace(model, corrupted_texts), as many tokens as the trace")
     checked_metric(metric)
-    if as_index(batch_size) is None or as_index(batch_size) < 1:
-        raise InputError(f"batch_size is the number of patched runs per forward pass, an int ≥ 1, "
-                         f"not {batch_size!r}")
+    batch_size = batch_count(batch_size, "patched runs")
     a = trace.anatomy
     if not a.has_lm_head:
         raise NotAvailableError(f"the metric reads logits; {a.lm_head_note or 'this model has no LM head'}")
@@ -192,20 +204,13 @@ def patch_stream(trace, reference, metric: Callable[[Tensor], Tensor | float], *
 
 def _run_chunk(trace, reference, patches: list[tuple[int, Tensor]], metric) -> list[float]:
     """The metric of each patch ``(point, mask)``, all run as one forward pass of stacked copies."""
-    k, model = len(patches), trace.model
-    device = model.device
-    tokens, mask = trace.tokens.to(device).repeat(k, 1), trace.attention_mask.to(device).repeat(k, 1)
+    k, (rows, pos) = len(patches), trace.tokens.shape
     plan: dict[int, tuple[Tensor, Tensor]] = {}
     for c, (point, where) in enumerate(patches):
         if point not in plan:
-            plan[point] = (torch.zeros(mask.shape, dtype=torch.bool),
+            plan[point] = (torch.zeros(k * rows, pos, dtype=torch.bool),
                            reference.captured.resid[point].repeat(k, 1, 1))
-        plan[point][0][c * len(where):(c + 1) * len(where)] = where
-    a = trace.anatomy
-    kwargs = _forward_kwargs(model.module, tokens, mask, headless=False)
-    with torch.inference_mode(), untouched(model.module, hooks=False), \
-            _patched(model.module, list(a.modules.layers), a.n_layers, plan):
-        logits = _logits_of(model.module(**kwargs))
-    rows = len(trace.tokens)
+        plan[point][0][c * rows:(c + 1) * rows] = where
+    logits = stacked_logits(trace, _stream_edits(trace.anatomy, plan), k)
     return [metric_value(metric, logits[c * rows:(c + 1) * rows].to(trace.tokens.device, torch.float32,
                                                                       copy=True)) for c in range(k)]
