@@ -64,8 +64,8 @@ def as_index(value: object) -> int | None:
 
     None for anything else, ``bool`` included.
     """
-    if isinstance(value, bool):
-        return None
+    if isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("torch.bool", "bool"):
+        return None  # True is not index 1, nor is a bool tensor or numpy bool
     try:
         return operator.index(value)
     except TypeError:

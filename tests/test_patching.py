@@ -194,10 +194,10 @@ def test_patching_figure_shows_the_share_per_point_and_token():
     got = rs.patch_stream(clean, other, _diff(clean), points=[0, 2], positions=[3, 4, 5])
     fig = patching_figure(got)
     z = torch.tensor(fig.data[0].z, dtype=torch.float32)
-    assert torch.allclose(z, got.share(), equal_nan=True) and list(fig.data[0].y) == [0, 2]
+    assert torch.allclose(z, got.share().float(), equal_nan=True) and list(fig.data[0].y) == [0, 2]
     assert list(fig.data[0].x) == ["3 e", "4 ␣", "5 c"]  # "<bos>The capital": token 4 is the space
     change = torch.tensor(patching_figure(got, "change").data[0].z, dtype=torch.float32)
-    assert torch.allclose(change, got.metric - got.metric_clean)
+    assert torch.allclose(change, (got.metric - got.metric_clean).float())
     with pytest.raises(ValueError, match="'share' or 'change'"):
         patching_figure(got, "kl")
 
@@ -226,3 +226,44 @@ def test_outputs_only_of_a_model_without_an_lm_head_is_refused():
         rs.ablation_check(rs.trace(headless, TEXTS), writes=["L0.attn"], reads=False)
     with pytest.raises(InputError, match="batch_size is the number of ablated runs"):
         rs.ablation_check.__wrapped__(rs.trace(headless, TEXTS), batch_size=-1)
+
+
+def test_default_stack_fits_the_logit_budget_and_equals_one_run_per_pass(monkeypatch):
+    """``batch_size=None`` stacks as many runs as keep ``[copies·batch, pos, vocab]`` logits
+    within the budget: with the budget set to three copies' worth, every pass holds at most
+    three copies of the batch (counted at the model's input), and the grid equals one run per
+    pass. Metrics are float64: a constant offset of 300 leaves the shares as they were."""
+    import residual_stream.analyses.patching as patching
+
+    module, model, clean, other = _setup("llama")
+    b, p = clean.tokens.shape
+    monkeypatch.setattr(patching, "LOGIT_BUDGET", 3 * b * p * 257 * 4 + 1)
+    seen = []
+    handle = module.model.embed_tokens.register_forward_hook(lambda m, a, out: seen.append(out.shape[0]))
+    try:
+        got = rs.patch_stream(clean, other, _diff(clean), positions=[5, 6, -1])
+    finally:
+        handle.remove()
+    runs = int(got.run.sum())
+    assert max(seen) == 3 * b and sum(seen) == runs * b and len(seen) == -(-runs // 3)
+    one = rs.patch_stream(clean, other, _diff(clean), positions=[5, 6, -1], batch_size=1)
+    assert torch.allclose(got.metric, one.metric, atol=ATOL) and got.metric.dtype == torch.float64
+    offset = rs.patch_stream(clean, other, lambda logits: 300 + _diff(clean)(logits.double()),
+                             positions=[5, 6, -1], batch_size=1)
+    assert torch.allclose(offset.share(), one.share(), atol=1e-9, equal_nan=True)
+    monkeypatch.setattr(patching, "LOGIT_BUDGET", 1)  # less than one copy: one run per pass
+    assert patching.stack_size(clean, None, "runs") == 1
+    monkeypatch.setattr(patching, "LOGIT_BUDGET", 2**40)
+    assert patching.stack_size(clean, None, "runs") == patching.MAX_STACK
+
+
+def test_points_as_bools_or_strings_are_refused():
+    from residual_stream.errors import as_index
+
+    _, model, clean, other = _setup("llama")
+    assert as_index(torch.tensor(True)) is None and as_index(torch.tensor(2)) == 2
+    for bad in (torch.tensor(True), "12", [True]):
+        with pytest.raises((InputError, OutOfRangeError), match="stream point"):
+            rs.patch_stream.__wrapped__(clean, other, _diff(clean), points=bad)
+    with pytest.raises(InputError, match="batch_size"):
+        rs.patch_stream.__wrapped__(clean, other, _diff(clean), batch_size=torch.tensor(True))

@@ -39,13 +39,13 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from ..capture import capture, first_output
-from ..errors import NotAvailableError, batch_count, check_choice, check_flag, need_trace
+from ..errors import NotAvailableError, check_choice, check_flag, need_trace
 from ..walk import component_of, head_of, read_inputs
 from ..weights import attn_W_O
 from .ablation_args import checked_metric, checked_writes, metric_value, position_mask, reference_trace
 from .flow import read_attribution
 from .lens import log_probs
-from .patching import stacked_logits
+from .patching import ALL, copy_rows, in_rows, stack_size, stacked_logits
 from .results import CompactRepr
 from .tokens import masked_mean
 
@@ -110,105 +110,96 @@ class AblationCheck(CompactRepr):
         return pd.DataFrame(out)
 
 
-def _replacement(clean: Tensor, mask: Tensor, mode: Mode, copies: int = 1) -> Tensor:
+def _replacement(clean: Tensor, mask: Tensor, mode: Mode) -> Tensor:
     """What a write ``clean [batch, pos, k]`` is replaced by.
 
-    Zeros or its mean over real tokens (``[k]``), or itself (``"patch"``: the reference's write,
-    tiled for ``copies`` stacked copies of the batch).
+    Zeros or its mean over real tokens (``[k]``), or itself (``"patch"``: the reference's write).
     """
     if mode == "zero":
         return clean.new_zeros(clean.shape[-1])
     if mode == "patch":
-        return clean.repeat(copies, 1, 1)
+        return clean
     return clean[mask.bool().to(clean.device)].mean(0)
 
 
-def _rows(where: Tensor | None, batch: tuple[int, int], copy: int, copies: int) -> Tensor | None:
-    """``where`` ``[batch, pos]`` (None: everywhere) placed in copy ``copy`` of ``copies`` stacked batches.
-
-    None when there is one copy and no mask (every row, every position).
-    """
-    if copies == 1:
-        return where
-    out = torch.zeros(copies * batch[0], batch[1], dtype=torch.bool)
-    out[copy * batch[0]:(copy + 1) * batch[0]] = True if where is None else where
-    return out
-
-
-def _ablated_output(trace, write: str, mode: Mode, source, where: Tensor | None, copies: int = 1):
+def _ablated_output(trace, write: str, mode: Mode, source, where: Tensor | None, rows: slice = ALL):
     """``(module path, forward hook)`` replacing a whole attention's or MLP's output.
 
     ``source``: the trace whose real tokens give the mean (``trace`` or a reference);
-    ``where``: the positions replaced (None: every one), ``[batch, pos]`` or, for ``copies``
-    stacked copies of the batch, ``[copies · batch, pos]``.
+    ``where``: the ``[batch, pos]`` positions replaced (None: every one); ``rows``: the rows of
+    the pass that are this ablation's (one copy of the batch among several stacked).
     """
     layer, kind = component_of(write)
     clean = source.attn_write(layer) if kind == "attn" else source.mlp_write(layer)
-    value = _replacement(clean, source.attention_mask, mode, copies)
+    value = _replacement(clean, source.attention_mask, mode)
     path = (trace.anatomy.modules.attn_out if kind == "attn" else trace.anatomy.modules.mlp_out)[layer]
 
     def hook(module, args, output):
-        out = first_output(output)
+        out = first_output(output)[rows]
         new = value.to(out.device, out.dtype).expand_as(out)
         if where is not None:
             new = torch.where(where.to(out.device)[..., None], new, out)
-        return _replaced(output, new)
+        return in_rows(output, rows, new)
 
     return path, hook
 
 
-def _ablated_head(trace, write: str, mode: Mode, source, where: Tensor | None, copies: int = 1):
+def _ablated_head(trace, write: str, mode: Mode, source, where: Tensor | None, rows: slice = ALL):
     """``(module path, forward hook)`` replacing one head's part of the attention's output.
 
     The output projection is linear, so head ``h``'s part is ``z_h W_O[h]`` of the projection's
     own input ``z`` in this run: the hook adds ``(v − z_h) W_O[h]`` (``v`` zeros, or the clean
     ``z_h``'s mean over ``source``'s real tokens), leaving the other heads and ``b_O`` as they are;
-    only at ``where`` when given (as ``_ablated_output``'s).
+    only at ``where`` and in ``rows`` (as ``_ablated_output``'s).
     """
     layer, h, _ = head_of(write)
     a = trace.anatomy
     path = a.modules.attn_out[layer]
     W_O = attn_W_O(trace.model.module.get_submodule(path), a.n_heads)[h].float()  # (d_head, d)
     k = W_O.shape[0]
-    value = _replacement(source.captured.z[layer][..., h * k:(h + 1) * k], source.attention_mask, mode,
-                         copies)
+    value = _replacement(source.captured.z[layer][..., h * k:(h + 1) * k], source.attention_mask, mode)
 
     def hook(module, args, output):
-        z = args[0][..., h * k:(h + 1) * k].float()
-        out = first_output(output)
+        z = args[0][rows][..., h * k:(h + 1) * k].float()
+        out = first_output(output)[rows]
         delta = value.to(z.device) - z
         if where is not None:
             delta = delta * where.to(z.device)[..., None]
-        return _replaced(output, (out.float() + delta @ W_O.to(z.device)).to(out.dtype))
+        return in_rows(output, rows, (out.float() + delta @ W_O.to(z.device)).to(out.dtype))
 
     return path, hook
-
-
-def _replaced(output, new: Tensor):
-    """A module's ``output`` with its first tensor replaced by ``new``."""
-    return (new, *output[1:]) if isinstance(output, tuple) else new
 
 
 def _rank(x: np.ndarray) -> np.ndarray:
     return pd.Series(x).rank().to_numpy()
 
 
-def _output_changes(trace, logits: Tensor) -> tuple[float, float, float, float]:
-    """``(logit_kl, last_kl, top_logit_change, loss_change)`` of ``logits`` against the clean run."""
-    mask = trace.attention_mask
-    clean = trace.logits
-    p, q = log_probs(clean), log_probs(logits)
-    kl = (p.exp() * (p - q)).sum(-1).clamp_min(0)  # (batch, pos); ≥ 0 but for float32 rounding
-    last = (mask.sum(1) - 1).clamp_min(0).to(kl.device)
+def _output_meter(trace) -> Callable[[Tensor], Tensor]:
+    """``f(logits)``: ``[logit_kl, last_kl, top_logit_change, loss_change]`` against the clean run.
+
+    The clean run's log-probabilities, top tokens and next-token terms are computed once.
+    """
+    mask, clean = trace.attention_mask, trace.logits
+    p = log_probs(clean)
+    prob = p.exp()
+    last = (mask.sum(1) - 1).clamp_min(0).to(p.device)[:, None]
     top = clean.argmax(-1, keepdim=True)
-    dtop = (logits.gather(-1, top) - clean.gather(-1, top))[..., 0]
-    nxt = trace.tokens[:, 1:, None].to(p.device)                          # next-token loss change
-    dloss = (p[:, :-1].gather(-1, nxt) - q[:, :-1].gather(-1, nxt))[..., 0]
+    clean_top = clean.gather(-1, top)
+    nxt = trace.tokens[:, 1:, None].to(p.device)
+    clean_next = p[:, :-1].gather(-1, nxt)
     has_next = mask[:, 1:].bool()
-    causal = trace.anatomy.causal  # a masked LM does not predict the next token
-    loss = float(masked_mean(dloss, has_next)) if causal and bool(has_next.any()) else float("nan")
-    return (float(masked_mean(kl, mask)), float(kl.gather(1, last[:, None]).mean()),
-            float(masked_mean(dtop, mask)), loss)
+    causal = trace.anatomy.causal and bool(has_next.any())  # a masked LM does not predict the next token
+
+    def measure(logits: Tensor) -> Tensor:
+        q = log_probs(logits)
+        kl = (prob * (p - q)).sum(-1).clamp_min(0)  # (batch, pos); ≥ 0 but for float32 rounding
+        dtop = (logits.gather(-1, top) - clean_top)[..., 0]
+        dloss = (clean_next - q[:, :-1].gather(-1, nxt))[..., 0]  # next-token loss change
+        loss = float(masked_mean(dloss, has_next)) if causal else float("nan")
+        return torch.tensor([float(masked_mean(kl, mask)), float(kl.gather(1, last).mean()),
+                             float(masked_mean(dtop, mask)), loss])
+
+    return measure
 
 
 def _linear(trace, writes: tuple[str, ...], readers: tuple[str, ...], later: Tensor) -> Tensor:
@@ -242,9 +233,9 @@ class _Edit:
 
     def __call__(self, write: str, copy: int = 0, copies: int = 1) -> tuple:
         """``(module path, hook)`` ablating ``write`` in copy ``copy`` of ``copies`` stacked batches."""
-        where = _rows(self.where, tuple(self.trace.attention_mask.shape), copy, copies)
+        rows = copy_rows(self.trace, copy) if copies > 1 else ALL
         build = _ablated_head if head_of(write) else _ablated_output
-        return build(self.trace, write, self.mode, self.source, where, copies)
+        return build(self.trace, write, self.mode, self.source, self.where, rows)
 
 
 def _with_reads(trace, writes, readers, later, edit: _Edit, metric) -> tuple[Tensor, Tensor, Tensor]:
@@ -257,7 +248,8 @@ def _with_reads(trace, writes, readers, later, edit: _Edit, metric) -> tuple[Ten
     clean = read_inputs(trace, capture(trace.model.module, a, tokens, dev_mask, heads=False))
     effect = torch.full((len(writes), len(readers)), float("nan"))
     outputs = torch.full((len(writes), 4), float("nan"))  # logit_kl, last_kl, top, loss
-    measured = torch.full((len(writes),), float("nan"))
+    measured = torch.full((len(writes),), float("nan"), dtype=torch.float64)
+    meter = _output_meter(trace) if a.has_lm_head else None
     for i, write in enumerate(writes):
         cap = capture(trace.model.module, a, tokens, dev_mask, edits=[edit(write)], heads=False)
         inputs = read_inputs(trace, cap)
@@ -265,8 +257,8 @@ def _with_reads(trace, writes, readers, later, edit: _Edit, metric) -> tuple[Ten
             if later[i, j]:
                 change = (inputs[reader] - clean[reader]).norm(dim=-1) / clean[reader].norm(dim=-1)
                 effect[i, j] = float(masked_mean(change, mask))
-        if a.has_lm_head:
-            outputs[i] = torch.tensor(_output_changes(trace, cap.logits))
+        if meter is not None:
+            outputs[i] = meter(cap.logits)
         if metric is not None:
             measured[i] = metric_value(metric, cap.logits.float())
     return effect, outputs, measured
@@ -275,15 +267,15 @@ def _with_reads(trace, writes, readers, later, edit: _Edit, metric) -> tuple[Ten
 def _outputs_only(trace, writes, edit: _Edit, metric, batch_size: int) -> tuple[Tensor, Tensor]:
     """``(outputs, metric)`` of each write's ablation, ``batch_size`` ablated runs per pass."""
     outputs = torch.full((len(writes), 4), float("nan"))
-    measured = torch.full((len(writes),), float("nan"))
-    rows = trace.tokens.shape[0]
+    measured = torch.full((len(writes),), float("nan"), dtype=torch.float64)
+    rows, meter = trace.tokens.shape[0], _output_meter(trace)
     for start in range(0, len(writes), batch_size):
         chunk = range(start, min(start + batch_size, len(writes)))
         logits = stacked_logits(trace, [edit(writes[i], c, len(chunk)) for c, i in enumerate(chunk)],
                                 len(chunk))
         for c, i in enumerate(chunk):
             mine = logits[c * rows:(c + 1) * rows].to(trace.tokens.device, torch.float32)
-            outputs[i] = torch.tensor(_output_changes(trace, mine))
+            outputs[i] = meter(mine)
             if metric is not None:
                 measured[i] = metric_value(metric, mine.clone())
     return outputs, measured
@@ -293,7 +285,7 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
                    reads: bool = True, reference=None,
                    metric: Callable[[Tensor], Tensor | float] | None = None,
                    positions: int | Sequence[int] | Tensor | None = None,
-                   batch_size: int = 16) -> AblationCheck:
+                   batch_size: int | None = None) -> AblationCheck:
     """Ablate each write in a fresh forward pass and compare with linear read attribution.
 
     ``writes``: component names (``"L0.attn"``, ``"L2.mlp"``) or heads (``"L1H3"``); default
@@ -312,12 +304,13 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
     corrupted run, the share of the effect a write carries). ``positions``: replace only
     there, token indices in each row (``-1``: each row's last real token; a list of them) or
     a ``[batch, pos]`` bool mask; a mean is still over every real token. ``batch_size``: with
-    ``reads=False``, ablated runs stacked per forward pass (memory grows with it: that many
-    copies of the batch and their logits); with reads, each write is one pass.
+    ``reads=False``, ablated runs stacked per forward pass (default: as many as keep their logits
+    within 1 GiB, at most 16; memory grows with it: that many copies of the batch's activations
+    and logits); with reads, each write is one pass.
     """
     need_trace(trace, "ablation_check")
     check_flag("reads", reads)
-    batch_size = batch_count(batch_size, "ablated runs")
+    batch_size = stack_size(trace, batch_size, "ablated runs")
     if metric is not None:
         checked_metric(metric)
     a = trace.anatomy

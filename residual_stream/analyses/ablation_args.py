@@ -115,6 +115,8 @@ def checked_metric(metric: object) -> None:
 def metric_value(metric: Callable[[Tensor], Tensor | float], logits: Tensor) -> float:
     """``metric(logits)`` as a float; ``InputError`` unless it is one number."""
     got = metric(logits)
+    if isinstance(got, Tensor):
+        got = got.detach()  # a metric through a parameter of the user's
     try:
         value = torch.as_tensor(got, dtype=torch.float64)
     except (TypeError, ValueError, RuntimeError):

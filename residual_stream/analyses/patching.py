@@ -36,6 +36,10 @@ from ..errors import (
 from .ablation_args import checked_metric, metric_value, position_mask, reference_trace
 from .results import CompactRepr
 
+ALL = slice(None)      # every row of a pass: one copy of the batch
+LOGIT_BUDGET = 2**30   # bytes of stacked logits a default batch_size allows
+MAX_STACK = 16         # copies stacked per pass by default
+
 
 @dataclass(frozen=True, eq=False, repr=False)
 class StreamPatching(CompactRepr):
@@ -79,6 +83,8 @@ def _points(trace, points) -> tuple[int, ...]:
     n = trace.anatomy.n_layers
     if points is None:
         return tuple(range(n + 1))
+    if isinstance(points, (str, bytes)) or (isinstance(points, Tensor) and points.dtype == torch.bool):
+        raise InputError(f"points are stream points 0..{n} as ints, one or a list, not {points!r}")
     items = [points] if as_index(points) is not None else points
     try:
         items = list(items)
@@ -118,37 +124,67 @@ def _positions(trace, positions) -> tuple[tuple[int, ...], list[Tensor]]:
     return tuple(as_index(p) for p in items), [position_mask(trace, p) for p in items]
 
 
-def _stream_edits(anatomy, plan: dict[int, tuple[Tensor, Tensor]]) -> list[tuple]:
-    """Edits replacing the stream at each planned point: ``point → (where [rows, pos], value)``.
+def copy_rows(trace, copy: int) -> slice:
+    """The rows of copy ``copy`` when copies of ``trace``'s batch are stacked along the batch."""
+    b = trace.tokens.shape[0]
+    return slice(copy * b, (copy + 1) * b)
+
+
+def in_rows(output, rows: slice, new: Tensor):
+    """A module's ``output`` (a tensor, or a tuple led by one), ``rows`` of its first replaced by ``new``.
+
+    The module's tensor itself is never written to: a copy is, unless ``rows`` is every row.
+    """
+    if rows != ALL:
+        full = first_output(output).clone()
+        full[rows] = new
+        new = full
+    return (new, *output[1:]) if isinstance(output, tuple) else new
+
+
+def stack_size(trace, batch_size: object, what: str) -> int:
+    """Copies of the batch stacked per pass: ``batch_size`` checked, or a default for None.
+
+    The default: as many as keep the stacked logits within ``LOGIT_BUDGET`` bytes in the
+    model's dtype (at most ``MAX_STACK``, at least one).
+    """
+    if batch_size is not None:
+        return batch_count(batch_size, what)
+    b, p = trace.tokens.shape
+    per_copy = b * p * trace.anatomy.d_vocab * trace.model.dtype.itemsize
+    return max(1, min(MAX_STACK, LOGIT_BUDGET // per_copy))
+
+
+def _stream_edit(trace, reference, point: int, where: Tensor, rows: slice) -> tuple:
+    """The edit writing ``reference``'s stream at ``point`` into ``rows`` of the pass, at ``where``.
 
     A pre-hook on block ``L``'s input for ``L < n_layers``, a hook on the last block's output
     for ``n_layers`` (the points ``capture`` records).
     """
-    n, paths = anatomy.n_layers, anatomy.modules.layers
+    a = trace.anatomy
+    value = reference.captured.resid[point]
 
-    def swap(x: Tensor, point: int) -> Tensor:
-        where, value = plan[point]
-        return torch.where(where.to(x.device)[..., None], value.to(x.device, x.dtype), x)
+    def swap(x: Tensor) -> Tensor:
+        part = x[rows]
+        return torch.where(where.to(x.device)[..., None], value.to(x.device, x.dtype), part)
 
-    def pre(point):
-        def hook(module, args, kwargs):
-            if args:
-                return (swap(args[0], point), *args[1:]), kwargs
-            return args, {**kwargs, "hidden_states": swap(kwargs["hidden_states"], point)}
-        return hook
+    def pre(module, args, kwargs):
+        if args:
+            return (in_rows(args[0], rows, swap(args[0])), *args[1:]), kwargs
+        x = kwargs["hidden_states"]
+        return args, {**kwargs, "hidden_states": in_rows(x, rows, swap(x))}
 
     def post(module, args, output):
-        new = swap(first_output(output), n)
-        return (new, *output[1:]) if isinstance(output, tuple) else new
+        return in_rows(output, rows, swap(first_output(output)))
 
-    return [(paths[point], pre(point), True) if point < n else (paths[-1], post) for point in plan]
+    return (a.modules.layers[point], pre, True) if point < a.n_layers else (a.modules.layers[-1], post)
 
 
 def stacked_logits(trace, edits: list[tuple], copies: int) -> Tensor:
     """The logits of one pass over ``copies`` stacked copies of ``trace``'s batch with ``edits``.
 
-    ``[copies · batch, pos, vocab]`` in the model's dtype; copy ``c`` is rows
-    ``c · batch … (c + 1) · batch``, each edit confined to its copy's rows by its own mask.
+    ``[copies · batch, pos, vocab]`` in the model's dtype; copy ``c`` is rows ``copy_rows(trace,
+    c)``, each edit confined to its copy's rows.
     """
     model = trace.model
     tokens = trace.tokens.to(model.device).repeat(copies, 1)
@@ -158,23 +194,26 @@ def stacked_logits(trace, edits: list[tuple], copies: int) -> Tensor:
 
 def patch_stream(trace, reference, metric: Callable[[Tensor], Tensor | float], *,
                  points: int | Sequence[int] | None = None,
-                 positions: int | Sequence[int] | None = None, batch_size: int = 16) -> StreamPatching:
+                 positions: int | Sequence[int] | None = None,
+                 batch_size: int | None = None) -> StreamPatching:
     """Patch the clean ``trace``'s stream with ``reference``'s at each point and token; measure ``metric``.
 
     ``reference``: a trace of the same model and ``[batch, pos]`` shape, real tokens in the same
     places (a corrupted prompt). ``metric``: a function of the logits ``[batch, pos, vocab]``
     (float32, pads included) returning one number, as ``ablation_check``'s. ``points``: stream
-    points ``0..n_layers`` (negative from the end; default all); ``positions``: token indices in
-    each row (negative from its last real token; default every position, each patched in the
-    rows where it is a real token). ``batch_size``: patched runs per forward pass (memory grows
-    with it: ``batch_size`` copies of the batch and their logits).
+    points ``0..n_layers`` (what enters block L; ``n_layers``: the last block's output; negative
+    from the end; default all); ``positions``: token indices in each row (negative from its last
+    real token; default every position, each patched in the rows where it is a real token).
+    ``batch_size``: patched runs stacked per forward pass; default as many as keep their logits
+    within 1 GiB, at most 16 (memory grows with it: that many copies of the batch's
+    activations and logits).
     """
     need_trace(trace, "patch_stream")
     if reference is None:
         raise InputError("patch_stream takes the stream from a reference run: "
                          "reference=rs.trace(model, corrupted_texts), as many tokens as the trace")
     checked_metric(metric)
-    batch_size = batch_count(batch_size, "patched runs")
+    stack = stack_size(trace, batch_size, "patched runs")
     a = trace.anatomy
     if not a.has_lm_head:
         raise NotAvailableError(f"the metric reads logits; {a.lm_head_note or 'this model has no LM head'}")
@@ -191,26 +230,17 @@ def patch_stream(trace, reference, metric: Callable[[Tensor], Tensor | float], *
             if not torch.equal(mine[w], theirs[w]):
                 todo.append((i, j))
                 run[i, j] = True
-    for start in range(0, len(todo), batch_size):
-        chunk = todo[start:start + batch_size]
-        for (i, j), value in zip(chunk, _run_chunk(trace, reference, [(pts[i], masks[j]) for i, j in chunk],
-                                                   metric), strict=True):
-            out[i, j] = value
+    rows = trace.tokens.shape[0]
+    for start in range(0, len(todo), stack):
+        chunk = todo[start:start + stack]
+        stacked = len(chunk) > 1
+        edits = [_stream_edit(trace, reference, pts[i], masks[j], copy_rows(trace, c) if stacked else ALL)
+                 for c, (i, j) in enumerate(chunk)]
+        logits = stacked_logits(trace, edits, len(chunk))
+        for c, (i, j) in enumerate(chunk):
+            mine = logits[c * rows:(c + 1) * rows].to(trace.tokens.device, torch.float32, copy=True)
+            out[i, j] = metric_value(metric, mine)
     first = trace.str_tokens[0]
     tokens = tuple(first[p] if -len(first) <= p < len(first) else "" for p in pos)
-    return StreamPatching(pts, pos, tokens, out.float(), clean,
-                          metric_value(metric, reference.logits.float().clone()), run)
-
-
-def _run_chunk(trace, reference, patches: list[tuple[int, Tensor]], metric) -> list[float]:
-    """The metric of each patch ``(point, mask)``, all run as one forward pass of stacked copies."""
-    k, (rows, pos) = len(patches), trace.tokens.shape
-    plan: dict[int, tuple[Tensor, Tensor]] = {}
-    for c, (point, where) in enumerate(patches):
-        if point not in plan:
-            plan[point] = (torch.zeros(k * rows, pos, dtype=torch.bool),
-                           reference.captured.resid[point].repeat(k, 1, 1))
-        plan[point][0][c * rows:(c + 1) * rows] = where
-    logits = stacked_logits(trace, _stream_edits(trace.anatomy, plan), k)
-    return [metric_value(metric, logits[c * rows:(c + 1) * rows].to(trace.tokens.device, torch.float32,
-                                                                      copy=True)) for c in range(k)]
+    reference_value = metric_value(metric, reference.logits.float().clone())
+    return StreamPatching(pts, pos, tokens, out, clean, reference_value, run)

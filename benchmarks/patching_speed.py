@@ -1,0 +1,100 @@
+"""What patching costs: stream patching and head patching, runs one per pass vs stacked.
+
+IOI prompts on SmolLM2 (or ``--model``). Side by side in this process: a plain forward pass of
+the batch (the baseline); ``rs.patch_stream`` over every point and token with
+``batch_size=1`` (one patched run per forward pass) and ``--stack`` (that many per pass);
+``rs.ablation_check(mode="patch", reads=False)`` of ``--heads`` heads, likewise. Each is timed
+once after a warm-up pass; the results of the two settings are compared (max difference of
+the metric). Prints one JSON line and a Markdown table.
+
+    python benchmarks/patching_speed.py [--model smollm2-135m] [--prompts 6] [--heads 45] [--stack 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+import residual_stream as rs
+
+NAMES = [(" Mary", " John", " Anna"), (" Tom", " James", " Paul"), (" Sarah", " Emma", " Lucy")]
+PLACES = [("store", "gave a drink"), ("park", "handed a ball"), ("office", "sent a letter")]
+
+
+def prompts(n: int) -> tuple[list[str], list[str], list[tuple[str, str]]]:
+    """``n`` clean IOI prompts, their corrupted twins (the second subject renamed), and the names."""
+    clean, corrupt, pairs = [], [], []
+    for i in range(n):
+        (io, s, other), (place, act) = NAMES[i % 3], PLACES[(i // 3) % 3]
+        clean.append(f"When{io} and{s} went to the {place},{s} {act} to")
+        corrupt.append(f"When{io} and{s} went to the {place},{other} {act} to")
+        pairs.append((io, s))
+    return clean, corrupt, pairs
+
+
+def timed(fn):
+    """``(seconds, result)`` of one call."""
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, out
+
+
+def main() -> None:
+    """Time the baseline and both settings of each patching; print JSON and a table."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--prompts", type=int, default=6)
+    parser.add_argument("--heads", type=int, default=45)
+    parser.add_argument("--stack", type=int, default=16)
+    args = parser.parse_args()
+    model = rs.load(args.model)
+    clean, corrupt, pairs = prompts(args.prompts)
+    tr, other = rs.trace(model, clean), rs.trace(model, corrupt)
+    ids = [[model.tokenizer(t, add_special_tokens=False)["input_ids"][0] for t in p] for p in pairs]
+    io, s = torch.tensor(ids).T
+    last = tr.attention_mask.sum(1) - 1
+    rows = torch.arange(len(last))
+
+    def metric(logits):
+        return (logits[rows, last, io] - logits[rows, last, s]).mean()
+
+    tokens, mask = tr.tokens.to(model.device), tr.attention_mask.to(model.device)
+    with torch.inference_mode():
+        model.module(input_ids=tokens, attention_mask=mask)  # warm-up
+        forward, _ = timed(lambda: model.module(input_ids=tokens, attention_mask=mask))
+    heads = model.anatomy.heads[-args.heads:]
+    out = {"model": args.model, "batch": list(tr.tokens.shape), "threads": torch.get_num_threads(),
+           "forward_s": forward, "stack": args.stack}
+    for name, call in (
+        ("stream", lambda k: rs.patch_stream(tr, other, metric, batch_size=k)),
+        ("heads", lambda k: rs.ablation_check(tr, writes=heads, mode="patch", reference=other,
+                                              metric=metric, reads=False, batch_size=k)),
+    ):
+        one_s, one = timed(lambda call=call: call(1))
+        stacked_s, stacked = timed(lambda call=call: call(args.stack))
+        runs = int(one.run.sum()) if name == "stream" else len(heads)
+        a, b = (one.metric, stacked.metric)
+        out[name] = {"runs": runs, "one_s": one_s, "stacked_s": stacked_s, "speedup": one_s / stacked_s,
+                     "one_per_run_vs_forward": one_s / runs / forward,
+                     "stacked_per_run_vs_forward": stacked_s / runs / forward,
+                     "max_metric_difference": float((a - b).abs().max())}
+        if name == "stream":
+            out[name]["grid"] = list(one.metric.shape)
+    print(json.dumps(out))
+    print(f"\n{args.model}, {out['batch'][0]} prompts × {out['batch'][1]} tokens, "
+          f"{out['threads']} threads; plain forward {forward:.3f} s\n")
+    print(f"| what | runs | one per pass | stacked ×{args.stack} | speed-up "
+          "| per run / forward (one, stacked) | max metric difference |")
+    print("|---|---|---|---|---|---|---|")
+    for name in ("stream", "heads"):
+        r = out[name]
+        print(f"| {name} | {r['runs']} | {r['one_s']:.1f} s | {r['stacked_s']:.1f} s | ×{r['speedup']:.2f} | "
+              f"{r['one_per_run_vs_forward']:.2f}, {r['stacked_per_run_vs_forward']:.2f} | "
+              f"{r['max_metric_difference']:.1e} |")
+
+
+if __name__ == "__main__":
+    main()
