@@ -5,7 +5,9 @@ the batch (the baseline); ``rs.patch_stream`` over every point and token with
 ``batch_size=1`` (one patched run per forward pass) and ``--stack`` (that many per pass);
 ``rs.ablation_check(mode="patch", reads=False)`` of ``--heads`` heads, likewise. Each is timed
 once after a warm-up pass; the results of the two settings are compared (max difference of
-the metric). Prints one JSON line and a Markdown table.
+the metric). ``rs.attribution_patching`` estimates the stream grid from one forward and one
+backward pass: its time, and how well it agrees with the measured grid (Pearson over cells,
+largest difference of the share). Prints one JSON line and a Markdown table.
 
     python benchmarks/patching_speed.py [--model smollm2-135m] [--prompts 6] [--heads 45] [--stack 16]
 """
@@ -83,6 +85,12 @@ def main() -> None:
                      "max_metric_difference": float((a - b).abs().max())}
         if name == "stream":
             out[name]["grid"] = list(one.metric.shape)
+            attr_s, attr = timed(lambda: rs.attribution_patching(tr, other, metric))
+            x, y = (attr.metric - attr.metric_clean).flatten(), (one.metric - one.metric_clean).flatten()
+            out["attribution"] = {"s": attr_s, "vs_forward": attr_s / forward,
+                                  "vs_stacked": stacked_s / attr_s,
+                                  "pearson": float(torch.corrcoef(torch.stack([x, y]))[0, 1]),
+                                  "max_share_difference": float((attr.share() - one.share()).abs().max())}
     print(json.dumps(out))
     print(f"\n{args.model}, {out['batch'][0]} prompts × {out['batch'][1]} tokens, "
           f"{out['threads']} threads; plain forward {forward:.3f} s\n")
@@ -94,6 +102,10 @@ def main() -> None:
         print(f"| {name} | {r['runs']} | {r['one_s']:.1f} s | {r['stacked_s']:.1f} s | ×{r['speedup']:.2f} | "
               f"{r['one_per_run_vs_forward']:.2f}, {r['stacked_per_run_vs_forward']:.2f} | "
               f"{r['max_metric_difference']:.1e} |")
+    r = out["attribution"]
+    print(f"\nattribution patching of the stream grid: {r['s']:.2f} s ({r['vs_forward']:.1f} plain forwards; "
+          f"the stacked grid takes ×{r['vs_stacked']:.0f} as long); Pearson with the measured grid "
+          f"{r['pearson']:.3f}, largest share difference {r['max_share_difference']:.2f}")
 
 
 if __name__ == "__main__":

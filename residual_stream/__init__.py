@@ -11,6 +11,7 @@ scan = rs.scan(model, "builtin", stats=["growth", "lens"])   # corpus statistics
 from . import errors
 from .analyses import (
     ablation_check,
+    attribution_patching,
     composition,
     direct_logit_attribution,
     head_scores,
@@ -31,10 +32,10 @@ from .streaming import Corpus, scan
 from .trace import Trace, trace
 
 __all__ = [
-    "Anatomy", "Contributions", "Corpus", "Model", "Trace", "ablation_check", "composition",
-    "direct_logit_attribution", "errors", "head_scores", "list_models", "load", "logit_lens", "mixing_ratio",
-    "norm_growth", "patch_stream", "read_attribution", "scan", "supported_architectures", "survival",
-    "trace", "twin", "write_subspaces",
+    "Anatomy", "Contributions", "Corpus", "Model", "Trace", "ablation_check", "attribution_patching",
+    "composition", "direct_logit_attribution", "errors", "head_scores", "list_models", "load", "logit_lens",
+    "mixing_ratio", "norm_growth", "patch_stream", "read_attribution", "scan", "supported_architectures",
+    "survival", "trace", "twin", "write_subspaces",
 ]
 
 

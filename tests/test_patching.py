@@ -267,3 +267,86 @@ def test_points_as_bools_or_strings_are_refused():
             rs.patch_stream.__wrapped__(clean, other, _diff(clean), points=bad)
     with pytest.raises(InputError, match="batch_size"):
         rs.patch_stream.__wrapped__(clean, other, _diff(clean), batch_size=torch.tensor(True))
+
+
+def _nudged_metric(module, blocks, tokens, mask, reference_tokens, point, where, metric, eps):
+    """The metric with the clean stream at ``point`` moved by ``eps · (reference − clean)`` at
+    ``where``: both states recorded, then the nudge written, by the test's own hooks."""
+    n, seen = len(blocks), {}
+    block = blocks[min(point, n - 1)]
+
+    def get(x):
+        return x[0] if isinstance(x, tuple) else x
+
+    def record(key):
+        if point < n:
+            return block.register_forward_pre_hook(
+                lambda m, args, kwargs: seen.__setitem__(key, (args[0] if args else kwargs["hidden_states"])),
+                with_kwargs=True)
+        return block.register_forward_hook(lambda m, args, out: seen.__setitem__(key, get(out)))
+
+    with torch.no_grad():
+        for key, inputs in (("ref", reference_tokens), ("clean", tokens)):
+            h = record(key)
+            module(input_ids=inputs, attention_mask=mask)
+            h.remove()
+        step = torch.where(where[..., None], eps * (seen["ref"] - seen["clean"]), 0)
+        if point < n:
+            h = block.register_forward_pre_hook(
+                lambda m, args, kwargs: ((args[0] + step, *args[1:]), kwargs) if args
+                else (args, {**kwargs, "hidden_states": kwargs["hidden_states"] + step}), with_kwargs=True)
+        else:
+            h = block.register_forward_hook(
+                lambda m, args, out: (out[0] + step, *out[1:]) if isinstance(out, tuple) else out + step)
+        try:
+            return float(metric(module(input_ids=tokens, attention_mask=mask).logits))
+        finally:
+            h.remove()
+
+
+# (ε, relative tolerance) of the central difference. GPT-2 and BERT compute in float64 throughout
+# (error O(ε²); the tolerance is the trace's float32 copy of the two states, whose difference Δ
+# the library uses); Llama's and Gemma 2's RMSNorm casts to float32 inside, whose rounding (~1e-7
+# of each activation) an ε below ~1e-2 divides into noise (ε = 1e-4 is 1 % off), so a larger ε
+STEPS = {"gpt2": (1e-5, 1e-4), "bert_mlm": (1e-5, 1e-4), "llama": (3e-2, 2e-3), "gemma2": (3e-2, 2e-3)}
+
+
+@pytest.mark.parametrize("name", list(STEPS))
+def test_attribution_patching_is_the_derivative_along_each_patch(name):
+    """Each cell is ``clean + ∂metric/∂x · Δx``: with the model in float64 it equals the central
+    difference ``(m(x + εΔ) − m(x − εΔ)) / 2ε`` of the HF module nudged by the test's own hooks.
+    The parameters' gradients and modes are left as they were. Against real patching it is an
+    estimate, not pinned here; the grid has the same axes and measured clean and reference values."""
+    module, _, _, _ = _setup(name)
+    module = module.double()
+    model = rs.load(module, tokenizer=ByteTokenizer())
+    clean, other = rs.trace(model, TEXTS), rs.trace(model, CORRUPT)
+    metric = _diff(clean)
+    positions = [5, 6, -1]
+    got = rs.attribution_patching(clean, other, metric, positions=positions)
+    assert got.method == "attribution" and not got.run.any() and got.metric.shape == (4, 3)
+    blocks = list(module.get_submodule(BLOCKS[name]))
+    lengths = clean.attention_mask.sum(1)
+    (eps, rel), checked = STEPS[name], 0
+    for i in range(len(blocks) + 1):
+        for j, p in enumerate(positions):
+            where = torch.zeros_like(clean.attention_mask, dtype=torch.bool)
+            where[torch.arange(2), lengths + p if p < 0 else torch.full_like(lengths, p)] = True
+            args = (module, blocks, clean.tokens, clean.attention_mask, other.tokens, i, where, metric)
+            slope = (_nudged_metric(*args, eps) - _nudged_metric(*args, -eps)) / (2 * eps)
+            estimate = float(got.metric[i, j]) - got.metric_clean
+            assert estimate == pytest.approx(slope, rel=rel, abs=1e-9), (i, p)
+            checked += abs(slope) > 1e-4
+    assert checked >= 4
+    assert all(p.grad is None for p in module.parameters()) and not module.training
+    exact = rs.patch_stream(clean, other, metric, positions=positions)
+    assert exact.points == got.points and exact.tokens == got.tokens
+    assert exact.metric_clean == got.metric_clean and exact.metric_reference == got.metric_reference
+
+
+def test_attribution_patching_needs_a_differentiable_metric():
+    _, model, clean, other = _setup("llama")
+    with pytest.raises(InputError, match=r"no \.item\(\) or float\(\)"):
+        rs.attribution_patching(clean, other, lambda logits: logits[0, -1, 0].item())
+    with pytest.raises(InputError, match="reference=rs.trace"):
+        rs.attribution_patching(clean, None, _diff(clean))

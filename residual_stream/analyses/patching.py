@@ -50,7 +50,8 @@ class StreamPatching(CompactRepr):
     numbering); ``positions``: token indices into each row (negative: from its last real token);
     ``tokens``: the first row's token at each position. ``run [point, position]``: whether that
     patch needed a forward pass (False: the two states were equal there, the metric is the clean
-    one's).
+    one's). ``method``: ``"patch"`` (each metric measured) or ``"attribution"`` (each estimated to
+    first order from one backward pass, ``rs.attribution_patching``; ``run`` is then all False).
     """
 
     points: tuple[int, ...]
@@ -60,6 +61,7 @@ class StreamPatching(CompactRepr):
     metric_clean: float
     metric_reference: float
     run: Bool[Tensor, "point position"]
+    method: str = "patch"
 
     def share(self) -> Float[Tensor, "point position"]:
         """``(metric − clean) / (reference − clean)``: the part of the way to the reference's value.
@@ -77,6 +79,13 @@ class StreamPatching(CompactRepr):
             "token": list(self.tokens) * n, "metric": self.metric.flatten().numpy(),
             "metric_change": (self.metric - self.metric_clean).flatten().numpy(),
             "metric_share": self.share().flatten().numpy(), "run": self.run.flatten().numpy()})
+
+
+def grid_axes(trace, points, positions) -> tuple[tuple[int, ...], tuple[int, ...], list[Tensor], tuple]:
+    """``(points, positions, masks, tokens)`` of a patching grid, checked (see ``patch_stream``)."""
+    pts, (pos, masks) = _points(trace, points), _positions(trace, positions)
+    first = trace.str_tokens[0]
+    return pts, pos, masks, tuple(first[p] if -len(first) <= p < len(first) else "" for p in pos)
 
 
 def _points(trace, points) -> tuple[int, ...]:
@@ -218,7 +227,7 @@ def patch_stream(trace, reference, metric: Callable[[Tensor], Tensor | float], *
     if not a.has_lm_head:
         raise NotAvailableError(f"the metric reads logits; {a.lm_head_note or 'this model has no LM head'}")
     reference_trace(trace, reference, "patch", "the stream")
-    pts, (pos, masks) = _points(trace, points), _positions(trace, positions)
+    pts, pos, masks, tokens = grid_axes(trace, points, positions)
     clean = metric_value(metric, trace.logits.float().clone())
     out = torch.full((len(pts), len(pos)), clean, dtype=torch.float64)
     run = torch.zeros(len(pts), len(pos), dtype=torch.bool)
@@ -240,7 +249,5 @@ def patch_stream(trace, reference, metric: Callable[[Tensor], Tensor | float], *
         for c, (i, j) in enumerate(chunk):
             mine = logits[c * rows:(c + 1) * rows].to(trace.tokens.device, torch.float32, copy=True)
             out[i, j] = metric_value(metric, mine)
-    first = trace.str_tokens[0]
-    tokens = tuple(first[p] if -len(first) <= p < len(first) else "" for p in pos)
     reference_value = metric_value(metric, reference.logits.float().clone())
     return StreamPatching(pts, pos, tokens, out, clean, reference_value, run)
