@@ -12,6 +12,7 @@ from collections import OrderedDict
 
 import pandas as pd
 import streamlit as st
+import torch
 
 import residual_stream as rs
 import residual_stream.experiments as ex
@@ -94,15 +95,18 @@ def logit_attribution(name: str, text: str, target: str | int, baseline: int | N
 
 @st.cache_data(show_spinner="Patching the stream at every point and token (SmolLM2: about 10 s)…",
                max_entries=TEXT_RESULTS)
-def stream_patching(name: str, text: str, corrupted: str, pos: int, target: int, baseline: int | None):
-    """``rs.patch_stream`` from ``corrupted`` into ``text``.
+def stream_patching(name: str, text: str, corrupted: str, pos: int, target: int, baseline: int | None,
+                    estimate: bool = False):
+    """``rs.patch_stream`` from ``corrupted`` into ``text`` (``estimate``: ``rs.attribution_patching``).
 
     The metric: the ``target``'s logit (minus the ``baseline``'s) at token ``pos``.
     """
     def metric(logits):
-        return logits[0, pos, target] - (0.0 if baseline is None else logits[0, pos, baseline])
+        base = logits[0, pos, baseline] if baseline is not None else torch.zeros((), device=logits.device)
+        return logits[0, pos, target] - base
 
-    return rs.patch_stream(trace(name, text), trace(name, corrupted), metric)
+    run = rs.attribution_patching if estimate else rs.patch_stream
+    return run(trace(name, text), trace(name, corrupted), metric)
 
 
 @st.cache_data(show_spinner=False)  # the page's spinner says how long each one takes

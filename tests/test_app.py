@@ -464,5 +464,10 @@ def test_flow_page_patches_the_stream_from_a_corrupted_text():
     notes = [unescaped(m.value) for m in at.markdown]
     note = next(n for n in notes if "corrupted text's" in n)
     assert f"({float(clean[top]):.3f})" in note and f"({float(other[top]):.3f})" in note
+    at.radio(key="patch_method").set_value("estimated").run()  # attribution patching: same axes
+    assert not at.exception, at.exception
+    estimated = _grid(chart(at, 4)["data"][0]["z"])
+    assert estimated.shape == z.shape and (estimated[:, :differ] == 0).all()
+    assert np.corrcoef(estimated.flatten(), z.flatten())[0, 1] > 0.5 and not np.allclose(estimated, z)
     at.text_input(key="patch_text").input(corrupted + " And more.").run()
     assert not at.exception and "the same token length" in unescaped(at.error[0].value)

@@ -76,18 +76,26 @@ def stream_patching(name: str, text: str, pos: int, ids: list[int], what: str) -
                               key="patch_text")
     if not corrupted:
         return
+    left, right = st.columns(2)
+    method = left.radio("Method", ["measured", "estimated"], horizontal=True, key="patch_method",
+                        help="measured: one run per cell; estimated: attribution patching, every cell to "
+                             "first order from one backward pass (fast, off where the patch is large)")
+    measure = right.radio("Measure", ["share", "change"], horizontal=True, key="patch_measure")
     try:
-        grid = cache.stream_patching(name, text, corrupted, pos, ids[0], ids[1] if len(ids) > 1 else None)
+        grid = cache.stream_patching(name, text, corrupted, pos, ids[0], ids[1] if len(ids) > 1 else None,
+                                     method == "estimated")
     except ResidualStreamError as e:  # another token count, an empty or too long text
         st.error(common.explain(e))
         return
-    measure = st.radio("Measure", ["share", "change"], horizontal=True, key="patch_measure")
     common.show(plotting.patching_figure(grid, measure), grid.to_frame(), key="patching", note=(
         f"Each cell is a run of the text with the stream at one point (rows: what enters block L) "
         f"and one token (columns) taken from the corrupted text's run; the colour is how far "
         f"{common.plain(what)} at token {pos} moves: 'share' is the part of the way from the text's value "
         f"({grid.metric_clean:.3f}) to the corrupted text's ({grid.metric_reference:.3f}). A token "
-        f"whose stream is the same in both runs changes nothing (not run)."))
+        f"whose stream is the same in both runs changes nothing (not run). 'estimated' computes "
+        f"every cell to first order (the gradient of {common.plain(what)} at each point and token "
+        f"times the change of the stream there) from one backward pass; where a patch is large, "
+        f"as a changed word at the first points, it can be far from the measured value."))
 
 
 name, text = common.selection()
