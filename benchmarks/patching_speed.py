@@ -78,6 +78,12 @@ def main() -> None:
         one_s, one = timed(lambda call=call: call(1))
         stacked_s, stacked = timed(lambda call=call: call(args.stack))
         runs = int(one.run.sum()) if name == "stream" else len(heads)
+        if name == "heads":
+            every_s, every = timed(lambda: rs.attribution_patching_writes(tr, other, metric))
+            est = every.total[[every.writes.index(h) for h in heads]] - every.metric_clean
+            got = one.metric.double() - one.metric_clean
+            out["attribution_heads"] = {"s": every_s, "heads": len(every.writes), "measured": len(heads),
+                                        "pearson": float(torch.corrcoef(torch.stack([est, got]))[0, 1])}
         a, b = (one.metric, stacked.metric)
         out[name] = {"runs": runs, "one_s": one_s, "stacked_s": stacked_s, "speedup": one_s / stacked_s,
                      "one_per_run_vs_forward": one_s / runs / forward,
@@ -102,6 +108,9 @@ def main() -> None:
         print(f"| {name} | {r['runs']} | {r['one_s']:.1f} s | {r['stacked_s']:.1f} s | ×{r['speedup']:.2f} | "
               f"{r['one_per_run_vs_forward']:.2f}, {r['stacked_per_run_vs_forward']:.2f} | "
               f"{r['max_metric_difference']:.1e} |")
+    r = out["attribution_heads"]
+    print(f"attribution patching of every head ({r['heads']}): {r['s']:.2f} s; Pearson with the measured "
+          f"{r['measured']} heads {r['pearson']:.3f}")
     r = out["attribution"]
     print(f"\nattribution patching of the stream grid: {r['s']:.2f} s ({r['vs_forward']:.1f} plain forwards; "
           f"the stacked grid takes ×{r['vs_stacked']:.0f} as long); Pearson with the measured grid "

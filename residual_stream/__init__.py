@@ -12,6 +12,7 @@ from . import errors
 from .analyses import (
     ablation_check,
     attribution_patching,
+    attribution_patching_writes,
     composition,
     direct_logit_attribution,
     head_scores,
@@ -33,7 +34,8 @@ from .trace import Trace, trace
 
 __all__ = [
     "Anatomy", "Contributions", "Corpus", "Model", "Trace", "ablation_check", "attribution_patching",
-    "composition", "direct_logit_attribution", "errors", "head_scores", "list_models", "load", "logit_lens",
+    "attribution_patching_writes", "composition", "direct_logit_attribution", "errors", "head_scores",
+    "list_models", "load", "logit_lens",
     "mixing_ratio", "norm_growth", "patch_stream", "read_attribution", "scan", "supported_architectures",
     "survival", "trace", "twin", "write_subspaces",
 ]

@@ -6,7 +6,7 @@ from conftest import TEXTS
 from tiny_hf import build
 
 import residual_stream as rs
-from residual_stream.errors import InputError, NotAvailableError, OutOfRangeError
+from residual_stream.errors import InputError, NotAvailableError, OutOfRangeError, UnknownNameError
 from residual_stream.inputs import ByteTokenizer
 
 ATOL = 2e-5  # float32: a patched run stacked with others vs alone (batched matmuls round differently)
@@ -350,3 +350,79 @@ def test_attribution_patching_needs_a_differentiable_metric():
         rs.attribution_patching(clean, other, lambda logits: logits[0, -1, 0].item())
     with pytest.raises(InputError, match="reference=rs.trace"):
         rs.attribution_patching(clean, None, _diff(clean))
+    with pytest.raises(InputError, match=r"no \.item\(\) or float\(\)"):
+        rs.attribution_patching_writes(clean, other, lambda logits: logits[0, -1, 0].item())
+    with pytest.raises(UnknownNameError, match="no component 'L9H0'"):
+        rs.attribution_patching_writes(clean, other, _diff(clean), writes=["L9H0"])
+    with pytest.raises(InputError, match="writes is empty"):
+        rs.attribution_patching_writes(clean, other, _diff(clean), writes=[])
+
+
+WRITE_PATHS = {"gpt2": ("transformer.h.{}.attn.c_proj", "transformer.h.{}.mlp"),
+               "llama": ("model.layers.{}.self_attn.o_proj", "model.layers.{}.mlp")}
+
+
+def _nudged_write(module, name, write, tokens, mask, reference_tokens, where, metric, eps, d_head):
+    """The metric with one write moved by ``eps · (reference − clean)`` at ``where``: a head
+    through its slice of the output projection's input, an MLP through its output; both runs'
+    values recorded, then the nudge written, by the test's own hooks."""
+    if write.endswith(".mlp"):
+        target, head = module.get_submodule(WRITE_PATHS[name][1].format(int(write[1]))), None
+    else:
+        layer, h = (int(x) for x in write[1:].split("H"))
+        target = module.get_submodule(WRITE_PATHS[name][0].format(layer))
+        head = slice(h * d_head, (h + 1) * d_head)
+    seen = {}
+    with torch.no_grad():
+        for key, inputs in (("ref", reference_tokens), ("clean", tokens)):
+            h = target.register_forward_pre_hook(lambda m, a, key=key: seen.__setitem__(key, a[0])) if head \
+                else target.register_forward_hook(lambda m, a, out, key=key: seen.__setitem__(key, out))
+            module(input_ids=inputs, attention_mask=mask)
+            h.remove()
+        step = torch.zeros_like(seen["clean"])
+        sl = head or slice(None)
+        step[..., sl] = torch.where(where[..., None], eps * (seen["ref"] - seen["clean"])[..., sl], 0)
+        h = target.register_forward_pre_hook(lambda m, a: (a[0] + step, *a[1:])) if head \
+            else target.register_forward_hook(lambda m, a, out: out + step)
+        try:
+            return float(metric(module(input_ids=tokens, attention_mask=mask).logits))
+        finally:
+            h.remove()
+
+
+@pytest.mark.parametrize("name", list(WRITE_PATHS))
+def test_attribution_patching_of_writes_is_the_derivative_along_each_write(name):
+    """Each head's and MLP's estimate, per token and over every real token, equals the float64
+    central difference of the HF module with that write nudged along its patch (the test's
+    own hooks on ``o_proj``'s input slice or the MLP's output); a whole attention's estimate
+    is the sum of its heads' (linear in ``z``); the default writes are every head."""
+    module, _, _, _ = _setup(name)
+    module = module.double()
+    model = rs.load(module, tokenizer=ByteTokenizer())
+    clean, other = rs.trace(model, TEXTS), rs.trace(model, CORRUPT)
+    metric = _diff(clean)
+    writes = ["L0H1", "L1H3", "L2H0", "L0.mlp", "L1.mlp", "L1.attn"]
+    got = rs.attribution_patching_writes(clean, other, metric, writes=writes, positions=[5, -1])
+    eps, rel = STEPS[name]
+    lengths, real = clean.attention_mask.sum(1), clean.attention_mask.bool()
+    last = torch.zeros_like(real)
+    last[torch.arange(2), lengths - 1] = True
+    at5 = torch.zeros_like(real)
+    at5[:, 5] = True
+    moved = 0
+    for i, w in enumerate(writes[:-1]):
+        for where, value in ((at5, got.metric[i, 0]), (last, got.metric[i, 1]), (real, got.total[i])):
+            args = (module, name, w, clean.tokens, clean.attention_mask, other.tokens, where, metric)
+            slope = (_nudged_write(*args, eps, model.anatomy.d_head)
+                     - _nudged_write(*args, -eps, model.anatomy.d_head)) / (2 * eps)
+            assert float(value) - got.metric_clean == pytest.approx(slope, rel=rel, abs=1e-9), w
+            moved += abs(slope) > 1e-4
+    assert moved >= 6
+    heads = [f"L1H{h}" for h in range(model.anatomy.n_heads)]
+    each = rs.attribution_patching_writes(clean, other, metric, writes=heads)
+    assert float(got.total[-1] - got.metric_clean) == pytest.approx(
+        float((each.total - each.metric_clean).sum()), rel=1e-9)
+    default = rs.attribution_patching_writes(clean, other, metric)
+    assert default.writes == model.anatomy.heads and default.metric.shape == (len(model.anatomy.heads), 53)
+    frame = got.to_frame()
+    assert set(frame.write) == set(writes) and frame.metric_change.abs().is_monotonic_decreasing

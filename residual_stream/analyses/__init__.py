@@ -5,7 +5,7 @@ frame) and a figure builder in ``residual_stream.plotting``.
 """
 
 from .ablation import AblationCheck, ablation_check
-from .attribution import attribution_patching
+from .attribution import WritePatching, attribution_patching, attribution_patching_writes
 from .composition import Composition, attention_read_maps, composition
 from .flow import ReadAttribution, Survival, read_attribution, survival
 from .growth import NormGrowth, norm_growth
@@ -17,7 +17,8 @@ from .subspaces import Subspace, WriteSubspaces, orthogonal_split, write_subspac
 
 __all__ = [
     "AblationCheck", "Composition", "DirectLogitAttribution", "HeadScores", "LogitLens", "MixingRatio",
-    "attention_read_maps", "attribution_patching", "head_scores",
+    "attention_read_maps", "attribution_patching", "attribution_patching_writes", "head_scores",
+    "WritePatching",
     "NormGrowth", "ReadAttribution", "Subspace", "Survival", "WriteSubspaces", "ablation_check",
     "composition", "direct_logit_attribution", "logit_lens", "mixing_ratio", "norm_growth",
     "orthogonal_split", "patch_stream", "read_attribution", "StreamPatching", "survival", "write_subspaces",

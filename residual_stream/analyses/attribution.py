@@ -15,40 +15,50 @@ on many.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+import pandas as pd
 import torch
+from jaxtyping import Float
 from torch import Tensor
 
 from ..capture import _forward_kwargs, edited, first_output, untouched
 from ..errors import InputError, NotAvailableError, need_trace
-from .ablation_args import checked_metric, metric_value, reference_trace
+from ..walk import component_of, head_of
+from .ablation_args import checked_metric, checked_writes, metric_value, reference_trace
 from .patching import StreamPatching, grid_axes
+from .results import CompactRepr
 
 
-def _stream_gradients(trace, metric, points: tuple[int, ...]) -> dict[int, Tensor]:
-    """``∂metric/∂x_L`` ``[batch, pos, d_model]`` at each of ``points``, from the clean run.
+def _gradients(trace, metric, wanted: dict[tuple[str, int], tuple[str, bool]]) -> dict[tuple, Tensor]:
+    """``∂metric/∂t`` for each tensor ``t`` of the clean run named in ``wanted``.
 
-    Forward hooks keep the stream at each point (block 0's input turned into a leaf when
-    nothing before it needs a gradient: a model with frozen weights); ``autograd.grad`` then
-    computes those gradients only, leaving every parameter's ``.grad`` as it was.
+    ``wanted``: ``key → (module path, is_input)``: the module's first input (a block's stream,
+    an output projection's ``z``) or its main output. Block 0's input is turned into a leaf when
+    nothing before it needs a gradient (a model with frozen weights), so every later tensor
+    is in the graph; ``autograd.grad`` then computes these gradients only, leaving every
+    parameter's ``.grad`` as it was.
     """
     model, a = trace.model, trace.anatomy
-    n, kept = a.n_layers, {}
+    kept: dict[tuple, Tensor] = {}
 
-    def pre(point):
+    def pre(key, leaf):
         def hook(module, args, kwargs):
             x = args[0] if args else kwargs["hidden_states"]
-            if not x.requires_grad:
+            if leaf and not x.requires_grad:
                 x = x.detach().requires_grad_(True)
-            kept[point] = x
+            if key is not None:
+                kept[key] = x
             return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": x})
         return hook
 
-    def post(module, args, output):
-        kept[n] = first_output(output)
+    def post(key):
+        return lambda module, args, output: kept.__setitem__(key, first_output(output))
 
-    edits = [(a.modules.layers[p], pre(p), True) for p in sorted({0, *points}) if p < n]
-    edits += [(a.modules.layers[-1], post)] if n in points else []
+    first = ("point", 0)
+    edits = [(a.modules.layers[0], pre(first if first in wanted else None, True), True)]
+    edits += [(path, pre(key, False), True) if is_input else (path, post(key))
+              for key, (path, is_input) in wanted.items() if key != first]
     tokens = trace.tokens.to(model.device)
     kwargs = _forward_kwargs(model.module, tokens, trace.attention_mask.to(model.device), headless=False)
     with torch.inference_mode(False), torch.enable_grad(), untouched(model.module, hooks=False), \
@@ -61,9 +71,30 @@ def _stream_gradients(trace, metric, points: tuple[int, ...]) -> dict[int, Tenso
             raise InputError("attribution patching differentiates the metric: return one number as a "
                              "tensor computed from the logits (no .item() or float()), e.g. "
                              "(logits[rows, last, a] - logits[rows, last, b]).mean()")
-        grads = torch.autograd.grad(value.sum(), [kept[p] for p in points], allow_unused=True)
-    return {p: torch.zeros_like(kept[p]) if g is None else g.detach()
-            for p, g in zip(points, grads, strict=True)}
+        keys = list(wanted)
+        grads = torch.autograd.grad(value.sum(), [kept[k] for k in keys], allow_unused=True)
+    return {k: torch.zeros_like(kept[k]) if g is None else g.detach()
+            for k, g in zip(keys, grads, strict=True)}
+
+
+def _checked(trace, reference, metric, fn: str, what: str) -> None:
+    """The checks every attribution patching makes of its arguments."""
+    need_trace(trace, fn)
+    if reference is None:
+        raise InputError(f"{fn} takes {what} from a reference run: "
+                         "reference=rs.trace(model, corrupted_texts), as many tokens as the trace")
+    checked_metric(metric)
+    a = trace.anatomy
+    if not a.has_lm_head:
+        raise NotAvailableError(f"the metric reads logits; {a.lm_head_note or 'this model has no LM head'}")
+    reference_trace(trace, reference, "patch", what)
+
+
+def _estimate(clean: float, grad: Tensor, delta: Tensor, masks: list[Tensor]) -> Tensor:
+    """``clean + Σ grad · delta`` over the tokens of each mask (float64): one estimate per mask."""
+    per_token = (grad.double() * delta.double().to(grad.device)).sum(-1).cpu()  # [batch, pos]
+    return torch.stack([clean + per_token[m.cpu()].sum() for m in masks]) if masks else \
+        torch.empty(0, dtype=torch.float64)
 
 
 def attribution_patching(trace, reference, metric: Callable[[Tensor], Tensor], *,
@@ -77,25 +108,97 @@ def attribution_patching(trace, reference, metric: Callable[[Tensor], Tensor], *
     ``metric_reference`` are the two runs' measured values, so ``share()`` compares the
     estimate with the real gap. Memory: one forward pass's autograd graph.
     """
-    need_trace(trace, "attribution_patching")
-    if reference is None:
-        raise InputError("attribution_patching takes the stream from a reference run: "
-                         "reference=rs.trace(model, corrupted_texts), as many tokens as the trace")
-    checked_metric(metric)
-    a = trace.anatomy
-    if not a.has_lm_head:
-        raise NotAvailableError(f"the metric reads logits; {a.lm_head_note or 'this model has no LM head'}")
-    reference_trace(trace, reference, "patch", "the stream")
+    _checked(trace, reference, metric, "attribution_patching", "the stream")
     pts, pos, masks, tokens = grid_axes(trace, points, positions)
     clean = metric_value(metric, trace.logits.float().clone())
-    grads = _stream_gradients(trace, metric, pts)
-    out = torch.empty(len(pts), len(pos), dtype=torch.float64)
-    for i, point in enumerate(pts):
-        g = grads[point].to(trace.tokens.device, torch.float64)
-        delta = reference.captured.resid[point].double() - trace.captured.resid[point].double()
-        per_token = (g * delta.to(g.device)).sum(-1)  # [batch, pos]: each token's first-order change
-        for j, where in enumerate(masks):
-            out[i, j] = clean + float(per_token[where.to(per_token.device)].sum())
+    layers = trace.anatomy.modules.layers
+    grads = _gradients(trace, metric, {("point", p): (layers[min(p, len(layers) - 1)], p < len(layers))
+                                       for p in pts})
+    out = torch.stack([_estimate(clean, grads["point", p],
+                                 reference.captured.resid[p] - trace.captured.resid[p], masks) for p in pts])
     reference_value = metric_value(metric, reference.logits.float().clone())
     return StreamPatching(pts, pos, tokens, out, clean, reference_value,
                           torch.zeros(len(pts), len(pos), dtype=torch.bool), "attribution")
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class WritePatching(CompactRepr):
+    """Estimated metric with each write patched from the reference run (attribution patching).
+
+    ``metric [write, position]``: the metric estimated with that write (a head's part of the
+    attention output, a whole attention or an MLP, before any sandwich norm) patched at that
+    token in every row where it is real; ``total [write]``: patched at every real token, the
+    estimate of ``ablation_check(mode="patch", reads=False)``'s ``metric``. ``metric_clean``,
+    ``metric_reference``: the two runs' measured values.
+    """
+
+    writes: tuple[str, ...]
+    positions: tuple[int, ...]
+    tokens: tuple[str, ...]
+    metric: Float[Tensor, "write position"]
+    total: Float[Tensor, " write"]
+    metric_clean: float
+    metric_reference: float
+
+    def share(self) -> Float[Tensor, " write"]:
+        """Each write's ``(total − clean) / (reference − clean)``: the part of the gap it carries."""
+        gap = self.metric_reference - self.metric_clean
+        return (self.total - self.metric_clean) / gap if gap else torch.full_like(self.total, float("nan"))
+
+    def to_frame(self) -> pd.DataFrame:
+        """Per write: ``write, metric, metric_change, metric_share``, largest change first."""
+        frame = pd.DataFrame({"write": self.writes, "metric": self.total.numpy(),
+                              "metric_change": (self.total - self.metric_clean).numpy(),
+                              "metric_share": self.share().numpy()})
+        order = frame.metric_change.abs().sort_values(ascending=False).index
+        return frame.reindex(order).reset_index(drop=True)
+
+
+def attribution_patching_writes(trace, reference, metric: Callable[[Tensor], Tensor], *,
+                                writes: Sequence[str] | None = None,
+                                positions: int | Sequence[int] | None = None) -> WritePatching:
+    """Every write's patch estimated to first order from one forward and one backward pass.
+
+    ``writes``: head names (``"L3H5"``) or components (``"L3.attn"``, ``"L3.mlp"``), default
+    every head of the model; ``positions`` as ``patch_stream``'s (default every position).
+    A head's estimate is ``∂metric/∂z_h · Δz_h`` through its slice ``z_h`` of the output
+    projection's input (so a whole attention's is the sum of its heads'), an MLP's through its
+    output. Measure the writes that matter with ``ablation_check(mode="patch", reads=False)``.
+    """
+    _checked(trace, reference, metric, "attribution_patching_writes", "each write")
+    a = trace.anatomy
+    names, owners = checked_writes(trace, a.heads if writes is None else writes)
+    _, pos, masks, tokens = grid_axes(trace, [0], positions)
+    clean = metric_value(metric, trace.logits.float().clone())
+    wanted = {}
+    for owner in owners:
+        layer, kind = component_of(owner)
+        wanted[kind if kind == "mlp" else "z", layer] = (a.modules.mlp_out[layer], False) if kind == "mlp" \
+            else (a.modules.attn_out[layer], True)
+    grads = _gradients(trace, metric, wanted)
+    real = [trace.attention_mask.bool()]
+    out, total = [], []
+    for w, owner in zip(names, owners, strict=True):
+        grad, delta = _write_delta(trace, reference, w, owner, grads)
+        out.append(_estimate(clean, grad, delta, masks))
+        total.append(_estimate(clean, grad, delta, real)[0])
+    return WritePatching(tuple(names), pos, tokens, torch.stack(out), torch.stack(total), clean,
+                         metric_value(metric, reference.logits.float().clone()))
+
+
+def _write_delta(trace, reference, write: str, owner: str, grads: dict) -> tuple[Tensor, Tensor]:
+    """``(gradient, reference − clean)`` of ``write``.
+
+    A head's slice of ``z``, an attention's whole ``z`` (its heads' estimates summed), or an
+    MLP's output. ``owner``: the component ``write`` is (part of).
+    """
+    layer, kind = component_of(owner)
+    if kind == "mlp":
+        return grads["mlp", layer], reference.mlp_write(layer) - trace.mlp_write(layer)
+    z = reference.captured.z[layer] - trace.captured.z[layer]
+    head = head_of(write)
+    if head is None:
+        return grads["z", layer], z
+    k = z.shape[-1] // trace.anatomy.n_heads
+    part = slice(head[1] * k, (head[1] + 1) * k)
+    return grads["z", layer][..., part], z[..., part]
