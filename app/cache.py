@@ -93,7 +93,8 @@ def logit_attribution(name: str, text: str, target: str | int, baseline: int | N
     return rs.direct_logit_attribution(trace(name, text), target=target, baseline=baseline)
 
 
-@st.cache_data(show_spinner="Patching the stream at every point and token (SmolLM2: about 10 s)…",
+@st.cache_data(show_spinner="Patching the stream at every point and token (SmolLM2: about 10 s measured, "
+                            "under a second estimated)…",
                max_entries=TEXT_RESULTS)
 def stream_patching(name: str, text: str, corrupted: str, pos: int, target: int, baseline: int | None,
                     estimate: bool = False):

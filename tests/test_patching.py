@@ -346,12 +346,22 @@ def test_attribution_patching_is_the_derivative_along_each_patch(name):
 
 def test_attribution_patching_needs_a_differentiable_metric():
     _, model, clean, other = _setup("llama")
-    with pytest.raises(InputError, match=r"no \.item\(\) or float\(\)"):
+    with pytest.raises(InputError, match=r"no \.item\(\), float\(\)"):
         rs.attribution_patching(clean, other, lambda logits: logits[0, -1, 0].item())
     with pytest.raises(InputError, match="reference=rs.trace"):
         rs.attribution_patching(clean, None, _diff(clean))
-    with pytest.raises(InputError, match=r"no \.item\(\) or float\(\)"):
+    with pytest.raises(InputError, match=r"no \.item\(\), float\(\)"):
         rs.attribution_patching_writes(clean, other, lambda logits: logits[0, -1, 0].item())
+    with pytest.raises(InputError, match=r"no \.item\(\), float\(\) or \.numpy\(\)"):
+        rs.attribution_patching(clean, other, lambda logits: float(logits[0, -1, 5].numpy()), points=[1])
+    with pytest.raises(InputError, match="no in-place change of the logits"):
+        rs.attribution_patching(clean, other,
+                                lambda logits: logits.sub_(logits.logsumexp(-1, keepdim=True))[0, -1, 5])
+    with torch.inference_mode():
+        frozen = build("llama")
+    made_inside = rs.load(frozen, tokenizer=ByteTokenizer())
+    with pytest.raises(InputError, match="made inside torch.inference_mode"):
+        rs.attribution_patching(rs.trace(made_inside, TEXTS), rs.trace(made_inside, CORRUPT), _diff(clean))
     with pytest.raises(UnknownNameError, match="no component 'L9H0'"):
         rs.attribution_patching_writes(clean, other, _diff(clean), writes=["L9H0"])
     with pytest.raises(InputError, match="writes is empty"):

@@ -87,15 +87,17 @@ def stream_patching(name: str, text: str, pos: int, ids: list[int], what: str) -
     except ResidualStreamError as e:  # another token count, an empty or too long text
         st.error(common.explain(e))
         return
+    cell = ("Each cell estimates, to first order, a run of the text" if method == "estimated"
+            else "Each cell is a run of the text")
     common.show(plotting.patching_figure(grid, measure), grid.to_frame(), key="patching", note=(
-        f"Each cell is a run of the text with the stream at one point (rows: what enters block L) "
-        f"and one token (columns) taken from the corrupted text's run; the colour is how far "
-        f"{common.plain(what)} at token {pos} moves: 'share' is the part of the way from the text's value "
-        f"({grid.metric_clean:.3f}) to the corrupted text's ({grid.metric_reference:.3f}). A token "
-        f"whose stream is the same in both runs changes nothing (not run). 'estimated' computes "
-        f"every cell to first order (the gradient of {common.plain(what)} at each point and token "
-        f"times the change of the stream there) from one backward pass; where a patch is large, "
-        f"as a changed word at the first points, it can be far from the measured value."))
+        f"{cell} with the stream at one point (rows: what enters block L) and one token (columns) "
+        f"taken from the corrupted text's run; the colour is how far {common.plain(what)} at token "
+        f"{pos} moves: 'share' is the part of the way from the text's value ({grid.metric_clean:.3f}) "
+        f"to the corrupted text's ({grid.metric_reference:.3f}), both measured. A token whose stream "
+        f"is the same in both runs changes nothing. 'measured' runs every cell; 'estimated' computes "
+        f"every cell from one backward pass (the gradient of {common.plain(what)} at each point and "
+        f"token times the change of the stream there): fast, but where a patch is large, as a "
+        f"changed word at the first points, it can be far from the measured value."))
 
 
 name, text = common.selection()

@@ -29,6 +29,10 @@ from .ablation_args import checked_metric, checked_writes, metric_value, referen
 from .patching import StreamPatching, grid_axes
 from .results import CompactRepr
 
+NOT_DIFFERENTIABLE = ("attribution patching differentiates the metric: return one number as a tensor "
+                      "computed from the logits (no .item(), float() or .numpy(), and no in-place change "
+                      "of the logits), e.g. (logits[rows, last, a] - logits[rows, last, b]).mean()")
+
 
 def _gradients(trace, metric, wanted: dict[tuple[str, int], tuple[str, bool]]) -> dict[tuple, Tensor]:
     """``∂metric/∂t`` for each tensor ``t`` of the clean run named in ``wanted``.
@@ -63,18 +67,32 @@ def _gradients(trace, metric, wanted: dict[tuple[str, int], tuple[str, bool]]) -
     kwargs = _forward_kwargs(model.module, tokens, trace.attention_mask.to(model.device), headless=False)
     with torch.inference_mode(False), torch.enable_grad(), untouched(model.module, hooks=False), \
             edited(model.module, edits):
-        logits = getattr(model.module(**kwargs), "logits", None)
-        if logits is None:
-            raise NotAvailableError(f"{type(model.module).__name__}'s forward pass returned no logits")
-        value = metric(logits.to(trace.tokens.device, torch.float32))
-        if not isinstance(value, Tensor) or value.numel() != 1 or not value.requires_grad:
-            raise InputError("attribution patching differentiates the metric: return one number as a "
-                             "tensor computed from the logits (no .item() or float()), e.g. "
-                             "(logits[rows, last, a] - logits[rows, last, b]).mean()")
-        keys = list(wanted)
-        grads = torch.autograd.grad(value.sum(), [kept[k] for k in keys], allow_unused=True)
+        try:
+            logits = getattr(model.module(**kwargs), "logits", None)
+            if logits is None:
+                raise NotAvailableError(f"{type(model.module).__name__}'s forward pass returned no logits")
+            value = metric(logits.to(trace.tokens.device, torch.float32))
+            if not isinstance(value, Tensor) or value.numel() != 1 or not value.requires_grad:
+                raise InputError(NOT_DIFFERENTIABLE)
+            keys = list(wanted)
+            grads = torch.autograd.grad(value.sum(), [kept[k] for k in keys], allow_unused=True)
+        except RuntimeError as e:
+            explained = _explained(e)
+            if explained is None:
+                raise
+            raise explained from e
     return {k: torch.zeros_like(kept[k]) if g is None else g.detach()
             for k, g in zip(keys, grads, strict=True)}
+
+
+def _explained(e: RuntimeError) -> InputError | None:
+    """Autograd's own error for a metric or model it cannot differentiate, said for this call."""
+    if "Inference tensors" in str(e):
+        return InputError("the model's weights were made inside torch.inference_mode(), which autograd "
+                          "cannot use: build or load the model outside it")
+    if "requires grad" in str(e) or "inplace" in str(e):
+        return InputError(f"{NOT_DIFFERENTIABLE} ({e})")
+    return None
 
 
 def _checked(trace, reference, metric, fn: str, what: str) -> None:

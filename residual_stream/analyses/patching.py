@@ -72,13 +72,19 @@ class StreamPatching(CompactRepr):
         return (self.metric - self.metric_clean) / gap if gap else torch.full_like(self.metric, float("nan"))
 
     def to_frame(self) -> pd.DataFrame:
-        """Long frame: ``point, position, token, metric, metric_change, metric_share, run``."""
+        """Long frame: ``point, position, token, metric, metric_change, metric_share``.
+
+        And ``run`` for measured patching (an estimate runs no patch).
+        """
         n, m = self.metric.shape
-        return pd.DataFrame({
+        frame = pd.DataFrame({
             "point": np.repeat(self.points, m), "position": list(self.positions) * n,
             "token": list(self.tokens) * n, "metric": self.metric.flatten().numpy(),
             "metric_change": (self.metric - self.metric_clean).flatten().numpy(),
-            "metric_share": self.share().flatten().numpy(), "run": self.run.flatten().numpy()})
+            "metric_share": self.share().flatten().numpy()})
+        if self.method == "patch":
+            frame["run"] = self.run.flatten().numpy()
+        return frame
 
 
 def grid_axes(trace, points, positions) -> tuple[tuple[int, ...], tuple[int, ...], list[Tensor], tuple]:

@@ -60,6 +60,8 @@ def patching_figure(result, measure: str = "share") -> go.Figure:
     labels = [f"{p} {escape(readable(t))}" for p, t in zip(result.positions, result.tokens, strict=True)]
     title = ("Patching the stream: share of the way to the reference run's metric" if measure == "share"
              else "Patching the stream: change of the metric from the clean run")
+    if getattr(result, "method", "patch") == "attribution":
+        title += " (estimated to first order: attribution patching)"
     fig = go.Figure(go.Heatmap(
         z=z.numpy(), x=labels, y=list(result.points), colorscale="RdBu", zmid=0,
         colorbar={"title": "share" if measure == "share" else "Δ metric"},
