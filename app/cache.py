@@ -102,12 +102,33 @@ def stream_patching(name: str, text: str, corrupted: str, pos: int, target: int,
 
     The metric: the ``target``'s logit (minus the ``baseline``'s) at token ``pos``.
     """
+    run = rs.attribution_patching if estimate else rs.patch_stream
+    return run(trace(name, text), trace(name, corrupted), _logit_metric(pos, target, baseline))
+
+
+def _logit_metric(pos: int, target: int, baseline: int | None):
+    """The target's logit (minus the baseline's) at token ``pos`` of the first text, as a tensor."""
     def metric(logits):
         base = logits[0, pos, baseline] if baseline is not None else torch.zeros((), device=logits.device)
         return logits[0, pos, target] - base
+    return metric
 
-    run = rs.attribution_patching if estimate else rs.patch_stream
-    return run(trace(name, text), trace(name, corrupted), metric)
+
+@st.cache_data(show_spinner="Estimating every head's patch (one backward pass)…", max_entries=TEXT_RESULTS)
+def head_patching(name: str, text: str, corrupted: str, pos: int, target: int, baseline: int | None):
+    """``rs.attribution_patching_writes`` of every head, as ``stream_patching``'s metric."""
+    return rs.attribution_patching_writes(trace(name, text), trace(name, corrupted),
+                                          _logit_metric(pos, target, baseline))
+
+
+@st.cache_data(show_spinner="Patching each head in a run of its own…", max_entries=TEXT_RESULTS)
+def head_patching_measured(name: str, text: str, corrupted: str, pos: int, target: int,
+                           baseline: int | None, heads: tuple[str, ...]) -> pd.DataFrame:
+    """``ablation_check(mode="patch", reads=False)`` of ``heads``: each one's measured metric change."""
+    check = rs.ablation_check(trace(name, text), writes=list(heads), mode="patch",
+                              reference=trace(name, corrupted), metric=_logit_metric(pos, target, baseline),
+                              reads=False)
+    return check.outputs()[["write", "metric_change"]]
 
 
 @st.cache_data(show_spinner=False)  # the page's spinner says how long each one takes

@@ -469,5 +469,31 @@ def test_flow_page_patches_the_stream_from_a_corrupted_text():
     estimated = _grid(chart(at, 4)["data"][0]["z"])
     assert estimated.shape == z.shape and (estimated[:, :differ] == 0).all()
     assert np.corrcoef(estimated.flatten(), z.flatten())[0, 1] > 0.5 and not np.allclose(estimated, z)
+    heads = chart(at, 5)  # every head's patch estimated; the 20 largest measured on request
+    assert "one head patched" in heads["layout"]["title"]["text"] and len(heads["data"]) == 1
+    assert len(heads["data"][0]["y"]) == 20
+    at.checkbox(key="patch_heads_measure").check().run()
+    assert not at.exception, at.exception
+    bars = chart(at, 5)["data"]
+    assert [b["name"] for b in bars] == ["estimated", "measured"] and bars[1]["y"] == bars[0]["y"]
+    with torch.no_grad():  # the largest head's measured change by hooks of the test's own
+        largest = bars[0]["y"][0]
+        layer, h = (int(x) for x in largest[1:].split("H"))
+        o_proj, seen = model.module.model.layers[layer].self_attn.o_proj, []
+        record = o_proj.register_forward_pre_hook(lambda m, a: seen.append(a[0].clone()))
+        model.module(input_ids=ids[1])
+        record.remove()
+        part = slice(h * 64, (h + 1) * 64)
+
+        def patch(m, a):
+            z = a[0].clone()
+            z[..., part] = seen[0][..., part]
+            return (z,)
+
+        handle = o_proj.register_forward_pre_hook(patch)
+        patched = model.module(input_ids=ids[0]).logits[0, -1].double()
+        handle.remove()
+    measured = _numbers(bars[1]["x"]) if isinstance(bars[1]["x"], dict) else np.array(bars[1]["x"])
+    assert measured[0] == pytest.approx(float(patched[top] - clean[top]), abs=2e-3)
     at.text_input(key="patch_text").input(corrupted + " And more.").run()
     assert not at.exception and "the same token length" in unescaped(at.error[0].value)

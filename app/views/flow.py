@@ -98,6 +98,26 @@ def stream_patching(name: str, text: str, pos: int, ids: list[int], what: str) -
         f"every cell from one backward pass (the gradient of {common.plain(what)} at each point and "
         f"token times the change of the stream there): fast, but where a patch is large, as a "
         f"changed word at the first points, it can be far from the measured value."))
+    head_patching(name, text, corrupted, pos, ids, what)
+
+
+def head_patching(name: str, text: str, corrupted: str, pos: int, ids: list[int], what: str) -> None:
+    """Every head's patch from the corrupted text, estimated; the 20 largest measured on request."""
+    st.markdown("**Which heads carry it: each head patched from the corrupted text**")
+    args = (name, text, corrupted, pos, ids[0], ids[1] if len(ids) > 1 else None)
+    est = cache.head_patching(*args)
+    frame = est.to_frame().head(20).rename(columns={"write": "label", "metric_change": "estimated"})
+    if st.checkbox("Measure these 20 heads (a run each)", key="patch_heads_measure"):
+        measured = cache.head_patching_measured(*args, tuple(frame.label))
+        measured = measured.rename(columns={"write": "label", "metric_change": "measured"})
+        frame = frame.merge(measured, on="label")
+    title = f"Change of {escape(what)} at token {pos} with one head patched: the 20 largest estimates"
+    common.show(plotting.patching_bars(frame, title=title), est.to_frame(), key="head_patching", note=(
+        f"Each head's part of the attention output (z_h W_O[h]) taken from the corrupted text's run at "
+        f"every token. 'estimated': to first order from one backward pass (the gradient of "
+        f"{common.plain(what)} with respect to the head's z times its change), for every head at once; "
+        f"'measured': each of the 20 run with that head patched. Where they differ, the head's patch "
+        f"is too large for first order. The CSV holds every head's estimate."))
 
 
 name, text = common.selection()

@@ -29,3 +29,20 @@ def contribution_bars(frame, value: str, *, title: str, top: int = 20, unit: str
                       yaxis_autorange="reversed", yaxis_dtick=1,  # every bar labelled
                       height=max(400, 160 + 22 * len(f)))
     return fig
+
+
+def patching_bars(frame, *, title: str) -> go.Figure:
+    """Grouped bars per write (``label``): its ``estimated`` and ``measured`` metric change.
+
+    ``measured`` only if the frame has that column (NaN where a write was not measured).
+    """
+    fig = go.Figure()
+    for column in ("estimated", "measured"):
+        if column in frame:
+            fig.add_trace(go.Bar(name=column, x=frame[column], y=[escape(x) for x in frame["label"]],
+                                 orientation="h",
+                                 hovertemplate=f"%{{y}} {column}: %{{x:.4g}}<extra></extra>"))
+    fig.update_layout(title=title, xaxis_title="change of the metric", yaxis_title="write patched",
+                      yaxis_autorange="reversed", yaxis_dtick=1, barmode="group",
+                      height=max(400, 160 + 26 * len(frame)))
+    return fig
