@@ -436,3 +436,44 @@ def test_attribution_patching_of_writes_is_the_derivative_along_each_write(name)
     assert default.writes == model.anatomy.heads and default.metric.shape == (len(model.anatomy.heads), 53)
     frame = got.to_frame()
     assert set(frame.write) == set(writes) and frame.metric_change.abs().is_monotonic_decreasing
+
+
+@pytest.mark.parametrize("estimate", [False, True])
+def test_a_metric_per_text_gives_each_text_its_own_grid(estimate):
+    """A metric returning one value per text: each text's grid equals the grid of that text
+    traced alone (the other row gone: an independent run), and the summary fields are their
+    means (equal to the grid of the mean metric). A metric that changes form is refused."""
+    _, model, clean, other = _setup("llama")
+    last = clean.attention_mask.sum(1) - 1
+    rows = torch.arange(2)
+
+    def per_text(logits):
+        return logits[rows, last, 101] - logits[rows, last, 32]
+
+    call = rs.attribution_patching if estimate else rs.patch_stream
+    got = call(clean, other, per_text, positions=[5, -1])
+    assert got.per_text.shape == (4, 2, 2) and torch.allclose(got.metric, got.per_text.mean(-1))
+    mean = call(clean, other, lambda logits: per_text(logits).mean(), positions=[5, -1])
+    assert torch.allclose(mean.metric, got.metric, atol=ATOL) and mean.per_text is None
+    for r in range(2):
+        alone = call(rs.trace(model, TEXTS[r]), rs.trace(model, CORRUPT[r]),
+                     lambda logits: logits[0, -1, 101] - logits[0, -1, 32], positions=[5, -1])
+        assert torch.allclose(got.per_text[..., r], alone.metric, atol=1e-4), r
+        assert got.per_text_clean[r] == pytest.approx(alone.metric_clean, abs=1e-4)
+        share = got.text_share()[..., r]
+        assert torch.allclose(share, alone.share(), atol=1e-3, equal_nan=True), r
+    frame = got.to_frame(per_text=True)
+    assert len(frame) == 4 * 2 * 2 and set(frame.text) == {0, 1}
+    row = frame[(frame.point == 2) & (frame.position == -1) & (frame.text == 1)].iloc[0]
+    assert row.metric == pytest.approx(float(got.per_text[2, 1, 1]))
+    with pytest.raises(InputError, match="per-text results need a metric"):
+        mean.text_share()
+    if not estimate:
+        calls = []
+
+        def changes_form(logits):
+            calls.append(1)
+            return per_text(logits) if len(calls) == 1 else per_text(logits).mean()
+
+        with pytest.raises(InputError, match="every call the same"):
+            rs.patch_stream(clean, other, changes_form, positions=[5])

@@ -112,15 +112,37 @@ def checked_metric(metric: object) -> None:
                          f"not a {type(metric).__name__}")
 
 
-def metric_value(metric: Callable[[Tensor], Tensor | float], logits: Tensor) -> float:
-    """``metric(logits)`` as a float; ``InputError`` unless it is one number."""
-    got = metric(logits)
+def _numbers(got: object) -> Tensor | None:
+    """A metric's result as float64 (detached), or None when it is not numbers."""
     if isinstance(got, Tensor):
         got = got.detach()  # a metric through a parameter of the user's
     try:
-        value = torch.as_tensor(got, dtype=torch.float64)
+        return torch.as_tensor(got, dtype=torch.float64)
     except (TypeError, ValueError, RuntimeError):
-        value = None
+        return None
+
+
+def metric_values(metric: Callable[[Tensor], Tensor | float], logits: Tensor, rows: int,
+                  expect: int | None = None) -> Tensor:
+    """``metric(logits)`` as float64 ``[1]`` (one number) or ``[rows]`` (one per text).
+
+    ``expect``: the count a first call returned (a metric must keep to one form); else
+    ``InputError`` saying what to return.
+    """
+    got = metric(logits)
+    value = _numbers(got)
+    ok = value is not None and (value.numel() == 1 or tuple(value.shape) == (rows,))
+    if not ok or (expect is not None and value.numel() != expect):
+        shape = type(got).__name__ if value is None else tuple(value.shape)
+        raise InputError("metric takes the logits [batch, pos, vocab] and returns one number, or one per "
+                         f"text ([{rows}]) for per-text results, every call the same; it returned {shape}")
+    return value.reshape(-1)
+
+
+def metric_value(metric: Callable[[Tensor], Tensor | float], logits: Tensor) -> float:
+    """``metric(logits)`` as a float; ``InputError`` unless it is one number."""
+    got = metric(logits)
+    value = _numbers(got)
     if value is None or value.numel() != 1:
         raise InputError("metric takes the logits [batch, pos, vocab] and returns one number, e.g. "
                          "with last = trace.attention_mask.sum(1) - 1 and rows = range(len(last)), "

@@ -25,8 +25,8 @@ from torch import Tensor
 from ..capture import _forward_kwargs, edited, first_output, untouched
 from ..errors import InputError, NotAvailableError, need_trace
 from ..walk import component_of, head_of
-from .ablation_args import checked_metric, checked_writes, metric_value, reference_trace
-from .patching import StreamPatching, grid_axes
+from .ablation_args import checked_metric, checked_writes, metric_value, metric_values, reference_trace
+from .patching import StreamPatching, grid_axes, grid_result
 from .results import CompactRepr
 
 NOT_DIFFERENTIABLE = ("attribution patching differentiates the metric: return one number as a tensor "
@@ -72,7 +72,8 @@ def _gradients(trace, metric, wanted: dict[tuple[str, int], tuple[str, bool]]) -
             if logits is None:
                 raise NotAvailableError(f"{type(model.module).__name__}'s forward pass returned no logits")
             value = metric(logits.to(trace.tokens.device, torch.float32))
-            if not isinstance(value, Tensor) or value.numel() != 1 or not value.requires_grad:
+            rows = trace.tokens.shape[0]
+            if not isinstance(value, Tensor) or value.numel() not in (1, rows) or not value.requires_grad:
                 raise InputError(NOT_DIFFERENTIABLE)
             keys = list(wanted)
             grads = torch.autograd.grad(value.sum(), [kept[k] for k in keys], allow_unused=True)
@@ -122,21 +123,34 @@ def attribution_patching(trace, reference, metric: Callable[[Tensor], Tensor], *
 
     Same arguments as ``patch_stream`` (no ``batch_size``: one forward and one backward pass
     in all). ``metric`` must be differentiable: a tensor computed from the logits. The result
-    is a ``StreamPatching`` with ``method="attribution"``; ``metric_clean`` and
+    is a ``StreamPatching`` with ``method="attribution"`` (per text too, for a metric returning one
+    value per text: the gradient of their sum gives each text its own); ``metric_clean`` and
     ``metric_reference`` are the two runs' measured values, so ``share()`` compares the
     estimate with the real gap. Memory: one forward pass's autograd graph.
     """
     _checked(trace, reference, metric, "attribution_patching", "the stream")
     pts, pos, masks, tokens = grid_axes(trace, points, positions)
-    clean = metric_value(metric, trace.logits.float().clone())
+    rows = trace.tokens.shape[0]
+    clean = metric_values(metric, trace.logits.float().clone(), rows)
     layers = trace.anatomy.modules.layers
     grads = _gradients(trace, metric, {("point", p): (layers[min(p, len(layers) - 1)], p < len(layers))
                                        for p in pts})
-    out = torch.stack([_estimate(clean, grads["point", p],
+    out = torch.stack([_per_text(clean, grads["point", p],
                                  reference.captured.resid[p] - trace.captured.resid[p], masks) for p in pts])
-    reference_value = metric_value(metric, reference.logits.float().clone())
-    return StreamPatching(pts, pos, tokens, out, clean, reference_value,
-                          torch.zeros(len(pts), len(pos), dtype=torch.bool), "attribution")
+    reference_values = metric_values(metric, reference.logits.float().clone(), rows, len(clean))
+    return grid_result(pts, pos, tokens, out, clean, reference_values,
+                       torch.zeros(len(pts), len(pos), dtype=torch.bool), "attribution")
+
+
+def _per_text(clean: Tensor, grad: Tensor, delta: Tensor, masks: list[Tensor]) -> Tensor:
+    """``[mask, k]``: ``clean + Σ grad · delta`` over each mask's tokens.
+
+    Summed over the texts for one metric (``k = 1``), or per text for one metric per text
+    (each depends on its own row only).
+    """
+    per_token = (grad.double() * delta.double().to(grad.device)).sum(-1).cpu()  # [batch, pos]
+    sums = torch.stack([(per_token * m.cpu()).sum(1) for m in masks])          # [mask, batch]
+    return clean + (sums.sum(1, keepdim=True) if len(clean) == 1 else sums)
 
 
 @dataclass(frozen=True, eq=False, repr=False)

@@ -33,7 +33,7 @@ from ..errors import (
     layer_index,
     need_trace,
 )
-from .ablation_args import checked_metric, metric_value, position_mask, reference_trace
+from .ablation_args import checked_metric, metric_values, position_mask, reference_trace
 from .results import CompactRepr
 
 ALL = slice(None)      # every row of a pass: one copy of the batch
@@ -52,6 +52,9 @@ class StreamPatching(CompactRepr):
     patch needed a forward pass (False: the two states were equal there, the metric is the clean
     one's). ``method``: ``"patch"`` (each metric measured) or ``"attribution"`` (each estimated to
     first order from one backward pass, ``rs.attribution_patching``; ``run`` is then all False).
+    With a metric returning one value per text: ``per_text [point, position, batch]``,
+    ``per_text_clean`` and ``per_text_reference`` ``[batch]``, and the fields above their means
+    over texts (None otherwise).
     """
 
     points: tuple[int, ...]
@@ -62,6 +65,20 @@ class StreamPatching(CompactRepr):
     metric_reference: float
     run: Bool[Tensor, "point position"]
     method: str = "patch"
+    per_text: Float[Tensor, "point position batch"] | None = None
+    per_text_clean: Float[Tensor, " batch"] | None = None
+    per_text_reference: Float[Tensor, " batch"] | None = None
+
+    def text_share(self) -> Float[Tensor, "point position batch"]:
+        """Each text's ``(metric − clean) / (reference − clean)`` (NaN where its two runs agree).
+
+        ``InputError`` when the metric returned one number for all texts.
+        """
+        if self.per_text is None:
+            raise InputError("per-text results need a metric returning one value per text ([batch]), "
+                             "e.g. logits[rows, last, a] - logits[rows, last, b] without .mean()")
+        gap = self.per_text_reference - self.per_text_clean
+        return (self.per_text - self.per_text_clean) / gap.where(gap != 0, torch.nan)
 
     def share(self) -> Float[Tensor, "point position"]:
         """``(metric − clean) / (reference − clean)``: the part of the way to the reference's value.
@@ -71,11 +88,20 @@ class StreamPatching(CompactRepr):
         gap = self.metric_reference - self.metric_clean
         return (self.metric - self.metric_clean) / gap if gap else torch.full_like(self.metric, float("nan"))
 
-    def to_frame(self) -> pd.DataFrame:
+    def to_frame(self, per_text: bool = False) -> pd.DataFrame:
         """Long frame: ``point, position, token, metric, metric_change, metric_share``.
 
-        And ``run`` for measured patching (an estimate runs no patch).
+        And ``run`` for measured patching (an estimate runs no patch). ``per_text=True``: a
+        row per text too (``text``; the shares each text's own), for a per-text metric.
         """
+        if per_text:
+            share, b = self.text_share(), self.per_text.shape[-1]
+            frame = self.to_frame().loc[lambda f: f.index.repeat(b)].reset_index(drop=True)
+            frame["text"] = list(range(b)) * (len(frame) // b)
+            frame["metric"] = self.per_text.flatten().numpy()
+            frame["metric_change"] = (self.per_text - self.per_text_clean).flatten().numpy()
+            frame["metric_share"] = share.flatten().numpy()
+            return frame
         n, m = self.metric.shape
         frame = pd.DataFrame({
             "point": np.repeat(self.points, m), "position": list(self.positions) * n,
@@ -215,7 +241,8 @@ def patch_stream(trace, reference, metric: Callable[[Tensor], Tensor | float], *
 
     ``reference``: a trace of the same model and ``[batch, pos]`` shape, real tokens in the same
     places (a corrupted prompt). ``metric``: a function of the logits ``[batch, pos, vocab]``
-    (float32, pads included) returning one number, as ``ablation_check``'s. ``points``: stream
+    (float32, pads included) returning one number, as ``ablation_check``'s, or one per text
+    (``[batch]``: per-text results, ``StreamPatching.per_text``, besides their means). ``points``: stream
     points ``0..n_layers`` (what enters block L; ``n_layers``: the last block's output; negative
     from the end; default all); ``positions``: token indices in each row (negative from its last
     real token; default every position, each patched in the rows where it is a real token).
@@ -234,8 +261,9 @@ def patch_stream(trace, reference, metric: Callable[[Tensor], Tensor | float], *
         raise NotAvailableError(f"the metric reads logits; {a.lm_head_note or 'this model has no LM head'}")
     reference_trace(trace, reference, "patch", "the stream")
     pts, pos, masks, tokens = grid_axes(trace, points, positions)
-    clean = metric_value(metric, trace.logits.float().clone())
-    out = torch.full((len(pts), len(pos)), clean, dtype=torch.float64)
+    rows = trace.tokens.shape[0]
+    clean = metric_values(metric, trace.logits.float().clone(), rows)
+    out = clean.expand(len(pts), len(pos), len(clean)).clone()
     run = torch.zeros(len(pts), len(pos), dtype=torch.bool)
     todo = []
     for i, point in enumerate(pts):
@@ -245,7 +273,6 @@ def patch_stream(trace, reference, metric: Callable[[Tensor], Tensor | float], *
             if not torch.equal(mine[w], theirs[w]):
                 todo.append((i, j))
                 run[i, j] = True
-    rows = trace.tokens.shape[0]
     for start in range(0, len(todo), stack):
         chunk = todo[start:start + stack]
         stacked = len(chunk) > 1
@@ -254,6 +281,15 @@ def patch_stream(trace, reference, metric: Callable[[Tensor], Tensor | float], *
         logits = stacked_logits(trace, edits, len(chunk))
         for c, (i, j) in enumerate(chunk):
             mine = logits[c * rows:(c + 1) * rows].to(trace.tokens.device, torch.float32, copy=True)
-            out[i, j] = metric_value(metric, mine)
-    reference_value = metric_value(metric, reference.logits.float().clone())
-    return StreamPatching(pts, pos, tokens, out, clean, reference_value, run)
+            out[i, j] = metric_values(metric, mine, rows, len(clean))
+    reference_values = metric_values(metric, reference.logits.float().clone(), rows, len(clean))
+    return grid_result(pts, pos, tokens, out, clean, reference_values, run, "patch")
+
+
+def grid_result(points, positions, tokens, out: Tensor, clean: Tensor, reference: Tensor, run: Tensor,
+                method: str) -> StreamPatching:
+    """A ``StreamPatching`` from ``[point, position, k]`` values, ``k`` 1 or one per text."""
+    per_text = len(clean) > 1
+    return StreamPatching(points, positions, tokens, out.mean(-1), float(clean.mean()),
+                          float(reference.mean()), run, method, out if per_text else None,
+                          clean if per_text else None, reference if per_text else None)
