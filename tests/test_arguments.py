@@ -108,8 +108,9 @@ def unchecked(fn):
      "max_length must be a whole number between 1 and the model's context"),
     (lambda t: rs.trace(t.model, t.tokens, max_length=3), rs.errors.ContextLengthError,
      r"the token ids are \d+ positions, over max_length=3: cut them"),
-    (lambda t: rs.ablation_check(t, writes=["L0.mlp"], metric=lambda logits: logits[:, -1, 3]), InputError,
-     r"metric takes the logits \[batch, pos, vocab\] and returns one number.*it returned \(2,\)"),
+    (lambda t: rs.ablation_check(t, writes=["L0.mlp"], metric=lambda logits: logits[:, -1, :2]), InputError,
+     r"metric takes the logits \[batch, pos, vocab\] and returns one number, or one per text.*it returned "
+     r"\(2, 2\)"),
     (lambda t: rs.ablation_check(t, writes=["L0.mlp"], metric=lambda logits: "high"), InputError,
      "it returned str"),
     (lambda t: unchecked(rs.ablation_check)(t, writes=5), InputError, "not 5"),

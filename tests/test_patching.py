@@ -477,3 +477,34 @@ def test_a_metric_per_text_gives_each_text_its_own_grid(estimate):
 
         with pytest.raises(InputError, match="every call the same"):
             rs.patch_stream(clean, other, changes_form, positions=[5])
+
+
+@pytest.mark.parametrize("reads", [False, True])
+def test_ablation_check_with_a_metric_per_text_gives_each_texts_change(reads):
+    """Each text's patched metric equals the same check on that text traced alone; the
+    summary columns are the means over texts (equal to a check with the mean metric)."""
+    _, model, clean, other = _setup("gpt2")
+    last = clean.attention_mask.sum(1) - 1
+    rows = torch.arange(2)
+
+    def per_text(logits):
+        return logits[rows, last, 101] - logits[rows, last, 32]
+
+    writes = ["L1H2", "L0.mlp", "L2.attn"]
+    got = rs.ablation_check(clean, writes=writes, mode="patch", reference=other, metric=per_text, reads=reads)
+    mean = rs.ablation_check(clean, writes=writes, mode="patch", reference=other,
+                             metric=lambda logits: per_text(logits).mean(), reads=reads)
+    assert torch.allclose(got.metric, mean.metric.double(), atol=ATOL) and mean.metric_per_text is None
+    assert got.metric_clean == pytest.approx(mean.metric_clean, abs=1e-6)
+    frame = got.outputs(per_text=True)
+    assert len(frame) == 6
+    assert list(frame.columns) == ["write", "text", "metric", "metric_change", "metric_share"]
+    for r in range(2):
+        alone = rs.ablation_check(rs.trace(model, TEXTS[r]), writes=writes, mode="patch",
+                                  reference=rs.trace(model, CORRUPT[r]), reads=False,
+                                  metric=lambda logits: logits[0, -1, 101] - logits[0, -1, 32]).outputs()
+        mine = frame[frame.text == r].reset_index(drop=True)
+        assert mine.metric.to_numpy() == pytest.approx(alone.metric.to_numpy(), abs=1e-4), r
+        assert mine.metric_change.to_numpy() == pytest.approx(alone.metric_change.to_numpy(), abs=1e-4), r
+    with pytest.raises(InputError, match="per-text outputs need a metric"):
+        mean.outputs(per_text=True)

@@ -39,10 +39,10 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from ..capture import capture, first_output
-from ..errors import NotAvailableError, check_choice, check_flag, need_trace
+from ..errors import InputError, NotAvailableError, check_choice, check_flag, need_trace
 from ..walk import component_of, head_of, read_inputs
 from ..weights import attn_W_O
-from .ablation_args import checked_metric, checked_writes, metric_value, position_mask, reference_trace
+from .ablation_args import checked_metric, checked_writes, metric_values, position_mask, reference_trace
 from .flow import read_attribution
 from .lens import log_probs
 from .patching import ALL, copy_rows, in_rows, stack_size, stacked_logits
@@ -66,7 +66,9 @@ class AblationCheck(CompactRepr):
     ``[batch, pos]`` shape of the reference trace whose means or writes replaced (None: the
     trace's own means, or zeros); ``metric_reference``: the metric on its run when patching.
     ``positions``: the ``[batch, pos]`` mask of where writes were replaced (None: everywhere).
-    ``outputs()`` frames them.
+    With a metric returning one value per text: ``metric_per_text [write, text]``,
+    ``metric_clean_per_text`` and ``metric_reference_per_text`` ``[text]``, the fields above
+    their means. ``outputs()`` frames them.
     """
 
     writes: tuple[str, ...]
@@ -85,6 +87,9 @@ class AblationCheck(CompactRepr):
     reference: tuple[int, ...] | None = None
     metric_reference: float | None = None
     positions: Bool[Tensor, "batch pos"] | None = None
+    metric_per_text: Float[Tensor, "write text"] | None = None
+    metric_clean_per_text: Float[Tensor, " text"] | None = None
+    metric_reference_per_text: Float[Tensor, " text"] | None = None
 
     def to_frame(self) -> pd.DataFrame:
         """Long frame: ``write, reader, effect, linear`` for pairs where the reader sees the write."""
@@ -94,12 +99,16 @@ class AblationCheck(CompactRepr):
             "effect": self.effect.flatten().numpy(), "linear": self.linear.flatten().numpy()})
         return f.dropna().reset_index(drop=True)
 
-    def outputs(self) -> pd.DataFrame:
+    def outputs(self, per_text: bool = False) -> pd.DataFrame:
         """Per write: ``logit_kl, last_kl, top_logit_change, loss_change``.
 
         With a ``metric``, also its ablated value (``metric``) and ``metric_change`` from the clean
         run; with a reference too, ``metric_share``: that change over the reference's.
+        ``per_text=True``: per write and text, the metric's ``metric, metric_change,
+        metric_share`` for a metric returning one value per text.
         """
+        if per_text:
+            return _per_text_frame(self)
         out = {"write": self.writes, "logit_kl": self.logit_kl.numpy(), "last_kl": self.last_kl.numpy(),
                "top_logit_change": self.top_logit_change.numpy(), "loss_change": self.loss_change.numpy()}
         if self.metric is not None:
@@ -108,6 +117,21 @@ class AblationCheck(CompactRepr):
             gap = self.metric_reference - self.metric_clean
             out["metric_share"] = (self.metric - self.metric_clean).numpy() / gap if gap else np.nan
         return pd.DataFrame(out)
+
+
+def _per_text_frame(check: AblationCheck) -> pd.DataFrame:
+    """``AblationCheck.outputs(per_text=True)``."""
+    if check.metric_per_text is None:
+        raise InputError("per-text outputs need a metric returning one value per text ([batch]), e.g. "
+                         "logits[rows, last, a] - logits[rows, last, b] without .mean()")
+    m, clean = check.metric_per_text, check.metric_clean_per_text
+    n, b = m.shape
+    out = {"write": np.repeat(check.writes, b), "text": list(range(b)) * n, "metric": m.flatten().numpy(),
+           "metric_change": (m - clean).flatten().numpy()}
+    if check.metric_reference_per_text is not None:  # NaN where a text's two runs agree
+        gap = check.metric_reference_per_text - clean
+        out["metric_share"] = ((m - clean) / gap.where(gap != 0, torch.nan)).flatten().numpy()
+    return pd.DataFrame(out)
 
 
 def _replacement(clean: Tensor, mask: Tensor, mode: Mode) -> Tensor:
@@ -238,7 +262,7 @@ class _Edit:
         return build(self.trace, write, self.mode, self.source, self.where, rows)
 
 
-def _with_reads(trace, writes, readers, later, edit: _Edit, metric) -> tuple[Tensor, Tensor, Tensor]:
+def _with_reads(trace, writes, readers, later, edit: _Edit, metric, k: int) -> tuple[Tensor, Tensor, Tensor]:
     """``(effect, outputs, metric)`` of each write's ablation, one pass each, every read captured."""
     a, mask = trace.anatomy, trace.attention_mask
     tokens, dev_mask = trace.tokens.to(trace.model.device), mask.to(trace.model.device)
@@ -248,7 +272,7 @@ def _with_reads(trace, writes, readers, later, edit: _Edit, metric) -> tuple[Ten
     clean = read_inputs(trace, capture(trace.model.module, a, tokens, dev_mask, heads=False))
     effect = torch.full((len(writes), len(readers)), float("nan"))
     outputs = torch.full((len(writes), 4), float("nan"))  # logit_kl, last_kl, top, loss
-    measured = torch.full((len(writes),), float("nan"), dtype=torch.float64)
+    measured = torch.full((len(writes), k), float("nan"), dtype=torch.float64)
     meter = _output_meter(trace) if a.has_lm_head else None
     for i, write in enumerate(writes):
         cap = capture(trace.model.module, a, tokens, dev_mask, edits=[edit(write)], heads=False)
@@ -260,14 +284,14 @@ def _with_reads(trace, writes, readers, later, edit: _Edit, metric) -> tuple[Ten
         if meter is not None:
             outputs[i] = meter(cap.logits)
         if metric is not None:
-            measured[i] = metric_value(metric, cap.logits.float())
+            measured[i] = metric_values(metric, cap.logits.float(), len(tokens), k)
     return effect, outputs, measured
 
 
-def _outputs_only(trace, writes, edit: _Edit, metric, batch_size: int) -> tuple[Tensor, Tensor]:
-    """``(outputs, metric)`` of each write's ablation, ``batch_size`` ablated runs per pass."""
+def _outputs_only(trace, writes, edit: _Edit, metric, batch_size: int, k: int) -> tuple[Tensor, Tensor]:
+    """``(outputs, metric [write, k])`` of each write's ablation, ``batch_size`` ablated runs per pass."""
     outputs = torch.full((len(writes), 4), float("nan"))
-    measured = torch.full((len(writes),), float("nan"), dtype=torch.float64)
+    measured = torch.full((len(writes), k), float("nan"), dtype=torch.float64)
     rows, meter = trace.tokens.shape[0], _output_meter(trace)
     for start in range(0, len(writes), batch_size):
         chunk = range(start, min(start + batch_size, len(writes)))
@@ -277,7 +301,7 @@ def _outputs_only(trace, writes, edit: _Edit, metric, batch_size: int) -> tuple[
             mine = logits[c * rows:(c + 1) * rows].to(trace.tokens.device, torch.float32)
             outputs[i] = meter(mine)
             if metric is not None:
-                measured[i] = metric_value(metric, mine.clone())
+                measured[i] = metric_values(metric, mine.clone(), rows, k)
     return outputs, measured
 
 
@@ -297,7 +321,8 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
     ``reads=False`` measures only the output (``outputs()``): no later read's change, no
     linear attribution (``effect``, ``linear`` and the correlations NaN), several times faster.
     ``metric``: a function of the logits ``[batch, pos, vocab]`` (float32, pads included: mask
-    with ``trace.attention_mask``) returning one number, measured on the clean run and on each
+    with ``trace.attention_mask``) returning one number (or one per text, ``[batch]``: per-text
+    results besides their means, ``outputs(per_text=True)``), measured on the clean run and on each
     ablated one (``AblationCheck.metric``, ``outputs()``'s ``metric_change``), and, patching, on
     the ``reference`` run (``metric_reference``; ``outputs()``'s ``metric_share``,
     the part of the way from the clean value to it that the ablation moves: patching from a
@@ -321,23 +346,30 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
     if (metric is not None or not reads) and not a.has_lm_head:
         what = "metric reads" if metric is not None else "reads=False measures only the output, the"
         raise NotAvailableError(f"{what} logits; {a.lm_head_note or 'this model has no LM head'}")
-    clean_metric = None if metric is None else metric_value(metric, trace.logits.float().clone())
+    rows = trace.tokens.shape[0]
+    clean_metric = None if metric is None else metric_values(metric, trace.logits.float().clone(), rows)
+    k = 0 if clean_metric is None else len(clean_metric)
     ref_metric = None if metric is None or mode != "patch" else \
-        metric_value(metric, reference.logits.float().clone())
+        metric_values(metric, reference.logits.float().clone(), rows, k)
     readers = tuple(c.name for c in a.components)
     later = a.sees(owners, readers) & reads  # the pairs that count: the reader reads after the write
     edit = _Edit(trace, mode, source, where)
     if reads:
-        effect, outputs, measured = _with_reads(trace, writes, readers, later, edit, metric)
+        effect, outputs, measured = _with_reads(trace, writes, readers, later, edit, metric, k)
     else:
         effect = torch.full((len(writes), len(readers)), float("nan"))
-        outputs, measured = _outputs_only(trace, writes, edit, metric, batch_size)
+        outputs, measured = _outputs_only(trace, writes, edit, metric, batch_size, k)
     linear = _linear(trace, writes, readers, later) if reads else torch.full_like(effect, float("nan"))
     both = ~(effect.isnan() | linear.isnan())
     e, lin = effect[both].numpy(), linear[both].numpy()
     pearson = float(np.corrcoef(e, lin)[0, 1]) if len(e) > 2 else float("nan")
     spearman = float(np.corrcoef(_rank(e), _rank(lin))[0, 1]) if len(e) > 2 else float("nan")
     kl, last_kl, dtop, dloss = outputs.T
+    per_text = k > 1
     return AblationCheck(writes, readers, effect, linear, kl, dtop, pearson, spearman, mode,
-                         last_kl, dloss, None if metric is None else measured, clean_metric,
-                         None if reference is None else tuple(reference.tokens.shape), ref_metric, where)
+                         last_kl, dloss, None if metric is None else measured.mean(-1),
+                         None if metric is None else float(clean_metric.mean()),
+                         None if reference is None else tuple(reference.tokens.shape),
+                         None if ref_metric is None else float(ref_metric.mean()), where,
+                         measured if per_text else None, clean_metric if per_text else None,
+                         ref_metric if per_text else None)
