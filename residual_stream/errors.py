@@ -72,6 +72,22 @@ def as_index(value: object) -> int | None:
         return None
 
 
+def listed(value: object, wrong: str, empty: str, *, indices: bool = True) -> list:
+    """``value`` as a list: one index as ``[value]`` (``indices``), an iterable as its items.
+
+    ``InputError(wrong)`` when it is neither, ``InputError(empty)`` when it has no items.
+    """
+    if indices and as_index(value) is not None:
+        return [value]
+    try:
+        items = list(value)
+    except TypeError:
+        raise InputError(wrong) from None
+    if not items:
+        raise InputError(empty)
+    return items
+
+
 def check_flag(name: str, value: object) -> None:
     """``InputError`` unless ``value`` is True or False (a string such as "no" would count as True)."""
     if not isinstance(value, bool):

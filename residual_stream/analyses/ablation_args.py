@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ..errors import InputError, UnknownNameError, as_index
+from ..errors import InputError, NotAvailableError, UnknownNameError, as_index, listed, need_trace
 from .flow import component_label
 
 
@@ -22,20 +22,28 @@ def checked_writes(trace, writes: object) -> tuple[tuple[str, ...], list[str]]:
         raise InputError(f"writes is a list of component names, e.g. [{writes!r}], not a string")
     if writes is None:
         return tuple(names), names
-    try:
-        writes = tuple(writes)
-    except TypeError:
-        raise InputError(f"writes is a list of component or head names (['L0.attn', 'L1H2']), "
-                         f"not {writes!r}") from None
-    if not writes:
-        raise InputError("writes is empty: name the writes to ablate, or leave it out (None) for "
-                         "every component")
+    writes = tuple(listed(writes, f"writes is a list of component or head names (['L0.attn', 'L1H2']), "
+                                  f"not {writes!r}", "writes is empty: name the writes to ablate, or leave "
+                                  "it out (None) for every component", indices=False))
     for w in writes:
         if w in names or a.head(w):
             continue
         raise UnknownNameError(f"no component {w!r} to ablate; components are {names[:4]}... "
                                f"and heads L0H0…L{a.n_layers - 1}H{a.n_heads - 1}")
     return writes, [component_label(w) for w in writes]
+
+
+def checked_patching(trace, reference, metric: object, fn: str, what: str) -> None:
+    """The checks every patching of ``what`` from a ``reference`` run makes of its arguments."""
+    need_trace(trace, fn)
+    if reference is None:
+        raise InputError(f"{fn} takes {what} from a reference run: "
+                         "reference=rs.trace(model, corrupted_texts), as many tokens as the trace")
+    checked_metric(metric)
+    a = trace.anatomy
+    if not a.has_lm_head:
+        raise NotAvailableError(f"the metric reads logits; {a.lm_head_note or 'this model has no LM head'}")
+    reference_trace(trace, reference, "patch", what)
 
 
 def reference_trace(trace, reference, mode: str, what: str = "each write"):

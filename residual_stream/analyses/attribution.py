@@ -23,10 +23,10 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..capture import _forward_kwargs, edited, first_output, untouched
-from ..errors import InputError, NotAvailableError, need_trace
+from ..errors import InputError, NotAvailableError
 from ..walk import component_of, head_of
-from .ablation_args import checked_metric, checked_writes, metric_value, metric_values, reference_trace
-from .patching import StreamPatching, grid_axes, grid_result
+from .ablation_args import checked_patching, checked_writes, metric_value, metric_values
+from .patching import StreamPatching, grid_axes, grid_result, position_axis
 from .results import CompactRepr
 
 NOT_DIFFERENTIABLE = ("attribution patching differentiates the metric: return one number as a tensor "
@@ -96,26 +96,6 @@ def _explained(e: RuntimeError) -> InputError | None:
     return None
 
 
-def _checked(trace, reference, metric, fn: str, what: str) -> None:
-    """The checks every attribution patching makes of its arguments."""
-    need_trace(trace, fn)
-    if reference is None:
-        raise InputError(f"{fn} takes {what} from a reference run: "
-                         "reference=rs.trace(model, corrupted_texts), as many tokens as the trace")
-    checked_metric(metric)
-    a = trace.anatomy
-    if not a.has_lm_head:
-        raise NotAvailableError(f"the metric reads logits; {a.lm_head_note or 'this model has no LM head'}")
-    reference_trace(trace, reference, "patch", what)
-
-
-def _estimate(clean: float, grad: Tensor, delta: Tensor, masks: list[Tensor]) -> Tensor:
-    """``clean + Σ grad · delta`` over the tokens of each mask (float64): one estimate per mask."""
-    per_token = (grad.double() * delta.double().to(grad.device)).sum(-1).cpu()  # [batch, pos]
-    return torch.stack([clean + per_token[m.cpu()].sum() for m in masks]) if masks else \
-        torch.empty(0, dtype=torch.float64)
-
-
 def attribution_patching(trace, reference, metric: Callable[[Tensor], Tensor], *,
                          points: int | Sequence[int] | None = None,
                          positions: int | Sequence[int] | None = None) -> StreamPatching:
@@ -128,7 +108,7 @@ def attribution_patching(trace, reference, metric: Callable[[Tensor], Tensor], *
     ``metric_reference`` are the two runs' measured values, so ``share()`` compares the
     estimate with the real gap. Memory: one forward pass's autograd graph.
     """
-    _checked(trace, reference, metric, "attribution_patching", "the stream")
+    checked_patching(trace, reference, metric, "attribution_patching", "the stream")
     pts, pos, masks, tokens = grid_axes(trace, points, positions)
     rows = trace.tokens.shape[0]
     clean = metric_values(metric, trace.logits.float().clone(), rows)
@@ -197,24 +177,21 @@ def attribution_patching_writes(trace, reference, metric: Callable[[Tensor], Ten
     projection's input (so a whole attention's is the sum of its heads'), an MLP's through its
     output. Measure the writes that matter with ``ablation_check(mode="patch", reads=False)``.
     """
-    _checked(trace, reference, metric, "attribution_patching_writes", "each write")
+    checked_patching(trace, reference, metric, "attribution_patching_writes", "each write")
     a = trace.anatomy
     names, owners = checked_writes(trace, a.heads if writes is None else writes)
-    _, pos, masks, tokens = grid_axes(trace, [0], positions)
-    clean = metric_value(metric, trace.logits.float().clone())
+    pos, masks, tokens = position_axis(trace, positions)
+    clean = torch.tensor([metric_value(metric, trace.logits.float().clone())], dtype=torch.float64)
     wanted = {}
     for owner in owners:
         layer, kind = component_of(owner)
         wanted[kind if kind == "mlp" else "z", layer] = (a.modules.mlp_out[layer], False) if kind == "mlp" \
             else (a.modules.attn_out[layer], True)
     grads = _gradients(trace, metric, wanted)
-    real = [trace.attention_mask.bool()]
-    out, total = [], []
-    for w, owner in zip(names, owners, strict=True):
-        grad, delta = _write_delta(trace, reference, w, owner, grads)
-        out.append(_estimate(clean, grad, delta, masks))
-        total.append(_estimate(clean, grad, delta, real)[0])
-    return WritePatching(tuple(names), pos, tokens, torch.stack(out), torch.stack(total), clean,
+    each = masks + [trace.attention_mask.bool()]  # every position's, then every real token's
+    out = torch.stack([_per_text(clean, *_write_delta(trace, reference, w, owner, grads), each)[:, 0]
+                       for w, owner in zip(names, owners, strict=True)])   # [write, mask]
+    return WritePatching(tuple(names), pos, tokens, out[:, :-1], out[:, -1], float(clean),
                          metric_value(metric, reference.logits.float().clone()))
 
 

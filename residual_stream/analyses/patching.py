@@ -24,16 +24,8 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from ..capture import first_output, model_logits
-from ..errors import (
-    InputError,
-    NotAvailableError,
-    OutOfRangeError,
-    as_index,
-    batch_count,
-    layer_index,
-    need_trace,
-)
-from .ablation_args import checked_metric, metric_values, position_mask, reference_trace
+from ..errors import InputError, OutOfRangeError, as_index, batch_count, layer_index, listed
+from .ablation_args import checked_patching, metric_values, position_mask
 from .results import CompactRepr
 
 ALL = slice(None)      # every row of a pass: one copy of the batch
@@ -115,9 +107,18 @@ class StreamPatching(CompactRepr):
 
 def grid_axes(trace, points, positions) -> tuple[tuple[int, ...], tuple[int, ...], list[Tensor], tuple]:
     """``(points, positions, masks, tokens)`` of a patching grid, checked (see ``patch_stream``)."""
-    pts, (pos, masks) = _points(trace, points), _positions(trace, positions)
+    return (_points(trace, points), *position_axis(trace, positions))
+
+
+def position_axis(trace, positions) -> tuple[tuple[int, ...], list[Tensor], tuple]:
+    """``(positions, masks, tokens)`` of a patching, checked.
+
+    Each position's ``[batch, pos]`` mask of real tokens, and the first row's token there
+    (``""`` past its end).
+    """
+    pos, masks = _positions(trace, positions)
     first = trace.str_tokens[0]
-    return pts, pos, masks, tuple(first[p] if -len(first) <= p < len(first) else "" for p in pos)
+    return pos, masks, tuple(first[p] if -len(first) <= p < len(first) else "" for p in pos)
 
 
 def _points(trace, points) -> tuple[int, ...]:
@@ -126,14 +127,9 @@ def _points(trace, points) -> tuple[int, ...]:
         return tuple(range(n + 1))
     if isinstance(points, (str, bytes)) or (isinstance(points, Tensor) and points.dtype == torch.bool):
         raise InputError(f"points are stream points 0..{n} as ints, one or a list, not {points!r}")
-    items = [points] if as_index(points) is not None else points
-    try:
-        items = list(items)
-    except TypeError:
-        raise InputError(f"points are stream points 0..{n} (what enters block L; {n}: the last "
-                         f"block's output), one or a list, not {points!r}") from None
-    if not items:
-        raise InputError("points is empty: name stream points, or leave it out (None) for all")
+    items = listed(points, f"points are stream points 0..{n} (what enters block L; {n}: the last "
+                           f"block's output), one or a list, not {points!r}",
+                   "points is empty: name stream points, or leave it out (None) for all")
     out = []
     for p in items:
         i = as_index(p)
@@ -154,14 +150,11 @@ def _positions(trace, positions) -> tuple[tuple[int, ...], list[Tensor]]:
         return tuple(range(real.shape[1])), [(at == i) & real for i in range(real.shape[1])]
     if isinstance(positions, Tensor) and positions.dtype == torch.bool:
         raise InputError("positions here are token indices (one patch each), not a mask")
-    items = [positions] if as_index(positions) is not None else positions
-    try:
-        items = list(items)
-    except TypeError:
-        items = [None]
-    if not items or any(as_index(p) is None for p in items):
-        raise InputError("positions are token indices in each row (-1: its last real token), one or "
-                         f"a list; not {positions!r}")
+    wrong = ("positions are token indices in each row (-1: its last real token), one or a list; "
+             f"not {positions!r}")
+    items = listed(positions, wrong, wrong)
+    if any(as_index(p) is None for p in items):
+        raise InputError(wrong)
     return tuple(as_index(p) for p in items), [position_mask(trace, p) for p in items]
 
 
@@ -250,16 +243,8 @@ def patch_stream(trace, reference, metric: Callable[[Tensor], Tensor | float], *
     within 1 GiB, at most 16 (memory grows with it: that many copies of the batch's
     activations and logits).
     """
-    need_trace(trace, "patch_stream")
-    if reference is None:
-        raise InputError("patch_stream takes the stream from a reference run: "
-                         "reference=rs.trace(model, corrupted_texts), as many tokens as the trace")
-    checked_metric(metric)
+    checked_patching(trace, reference, metric, "patch_stream", "the stream")
     stack = stack_size(trace, batch_size, "patched runs")
-    a = trace.anatomy
-    if not a.has_lm_head:
-        raise NotAvailableError(f"the metric reads logits; {a.lm_head_note or 'this model has no LM head'}")
-    reference_trace(trace, reference, "patch", "the stream")
     pts, pos, masks, tokens = grid_axes(trace, points, positions)
     rows = trace.tokens.shape[0]
     clean = metric_values(metric, trace.logits.float().clone(), rows)
