@@ -20,6 +20,7 @@ from .analyses import (
     mixing_ratio,
     norm_growth,
     patch_stream,
+    path_patch,
     read_attribution,
     survival,
     write_subspaces,
@@ -36,7 +37,8 @@ __all__ = [
     "Anatomy", "Contributions", "Corpus", "Model", "Trace", "ablation_check", "attribution_patching",
     "attribution_patching_writes", "composition", "direct_logit_attribution", "errors", "head_scores",
     "list_models", "load", "logit_lens",
-    "mixing_ratio", "norm_growth", "patch_stream", "read_attribution", "scan", "supported_architectures",
+    "mixing_ratio", "norm_growth", "patch_stream", "path_patch", "read_attribution", "scan",
+    "supported_architectures",
     "survival", "trace", "twin", "write_subspaces",
 ]
 

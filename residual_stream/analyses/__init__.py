@@ -13,6 +13,7 @@ from .heads import HeadScores, head_scores
 from .lens import DirectLogitAttribution, LogitLens, direct_logit_attribution, logit_lens
 from .mixing import MixingRatio, mixing_ratio
 from .patching import StreamPatching, patch_stream
+from .paths import PathPatching, path_patch
 from .subspaces import Subspace, WriteSubspaces, orthogonal_split, write_subspaces
 
 __all__ = [
@@ -21,5 +22,6 @@ __all__ = [
     "WritePatching",
     "NormGrowth", "ReadAttribution", "Subspace", "Survival", "WriteSubspaces", "ablation_check",
     "composition", "direct_logit_attribution", "logit_lens", "mixing_ratio", "norm_growth",
-    "orthogonal_split", "patch_stream", "read_attribution", "StreamPatching", "survival", "write_subspaces",
+    "orthogonal_split", "PathPatching", "path_patch", "patch_stream", "read_attribution", "StreamPatching",
+    "survival", "write_subspaces",
 ]

@@ -33,8 +33,54 @@ LOGIT_BUDGET = 2**30   # bytes of stacked logits a default batch_size allows
 MAX_STACK = 16         # copies stacked per pass by default
 
 
+class Shares:
+    """What every patching result shares: the metric's share of the way from clean to reference.
+
+    Fields it reads: ``metric [rows, columns]``, ``metric_clean``, ``metric_reference`` and,
+    for a metric returning one value per text, ``per_text [rows, columns, batch]``,
+    ``per_text_clean`` and ``per_text_reference`` (None otherwise).
+    """
+
+    def text_share(self) -> Float[Tensor, "row column batch"]:
+        """Each text's ``(metric − clean) / (reference − clean)`` (NaN where its two runs agree).
+
+        ``InputError`` when the metric returned one number for all texts.
+        """
+        if self.per_text is None:
+            raise InputError("per-text results need a metric returning one value per text ([batch]), "
+                             "e.g. logits[rows, last, a] - logits[rows, last, b] without .mean()")
+        gap = self.per_text_reference - self.per_text_clean
+        return (self.per_text - self.per_text_clean) / gap.where(gap != 0, torch.nan)
+
+    def share(self) -> Float[Tensor, "row column"]:
+        """``(metric − clean) / (reference − clean)``: the part of the way to the reference's value.
+
+        All NaN when the two runs have the same metric (no difference to locate).
+        """
+        gap = self.metric_reference - self.metric_clean
+        return (self.metric - self.metric_clean) / gap if gap else torch.full_like(self.metric, float("nan"))
+
+    def long_frame(self, columns: dict[str, object], per_text: bool) -> pd.DataFrame:
+        """The grid as a long frame: ``columns`` (one value per cell, row-major), then the metric's.
+
+        ``metric, metric_change, metric_share``; ``per_text=True``: a row per cell and text
+        (``text``; the shares each text's own).
+        """
+        frame = pd.DataFrame(columns)
+        if not per_text:
+            return frame.assign(metric=self.metric.flatten().numpy(),
+                                metric_change=(self.metric - self.metric_clean).flatten().numpy(),
+                                metric_share=self.share().flatten().numpy())
+        share, b = self.text_share(), self.per_text.shape[-1]
+        frame = frame.loc[frame.index.repeat(b)].reset_index(drop=True)
+        frame["text"] = list(range(b)) * (len(frame) // b)
+        return frame.assign(metric=self.per_text.flatten().numpy(),
+                            metric_change=(self.per_text - self.per_text_clean).flatten().numpy(),
+                            metric_share=share.flatten().numpy())
+
+
 @dataclass(frozen=True, eq=False, repr=False)
-class StreamPatching(CompactRepr):
+class StreamPatching(Shares, CompactRepr):
     """The metric with the stream patched at each ``(point, position)``.
 
     ``metric [point, position]``: the metric of the run patched there; ``metric_clean`` and
@@ -61,47 +107,18 @@ class StreamPatching(CompactRepr):
     per_text_clean: Float[Tensor, " batch"] | None = None
     per_text_reference: Float[Tensor, " batch"] | None = None
 
-    def text_share(self) -> Float[Tensor, "point position batch"]:
-        """Each text's ``(metric − clean) / (reference − clean)`` (NaN where its two runs agree).
-
-        ``InputError`` when the metric returned one number for all texts.
-        """
-        if self.per_text is None:
-            raise InputError("per-text results need a metric returning one value per text ([batch]), "
-                             "e.g. logits[rows, last, a] - logits[rows, last, b] without .mean()")
-        gap = self.per_text_reference - self.per_text_clean
-        return (self.per_text - self.per_text_clean) / gap.where(gap != 0, torch.nan)
-
-    def share(self) -> Float[Tensor, "point position"]:
-        """``(metric − clean) / (reference − clean)``: the part of the way to the reference's value.
-
-        All NaN when the two runs have the same metric (no difference to locate).
-        """
-        gap = self.metric_reference - self.metric_clean
-        return (self.metric - self.metric_clean) / gap if gap else torch.full_like(self.metric, float("nan"))
-
     def to_frame(self, per_text: bool = False) -> pd.DataFrame:
         """Long frame: ``point, position, token, metric, metric_change, metric_share``.
 
         And ``run`` for measured patching (an estimate runs no patch). ``per_text=True``: a
         row per text too (``text``; the shares each text's own), for a per-text metric.
         """
-        if per_text:
-            share, b = self.text_share(), self.per_text.shape[-1]
-            frame = self.to_frame().loc[lambda f: f.index.repeat(b)].reset_index(drop=True)
-            frame["text"] = list(range(b)) * (len(frame) // b)
-            frame["metric"] = self.per_text.flatten().numpy()
-            frame["metric_change"] = (self.per_text - self.per_text_clean).flatten().numpy()
-            frame["metric_share"] = share.flatten().numpy()
-            return frame
         n, m = self.metric.shape
-        frame = pd.DataFrame({
-            "point": np.repeat(self.points, m), "position": list(self.positions) * n,
-            "token": list(self.tokens) * n, "metric": self.metric.flatten().numpy(),
-            "metric_change": (self.metric - self.metric_clean).flatten().numpy(),
-            "metric_share": self.share().flatten().numpy()})
+        columns = {"point": np.repeat(self.points, m), "position": list(self.positions) * n,
+                   "token": list(self.tokens) * n}
+        frame = self.long_frame(columns, per_text)
         if self.method == "patch":
-            frame["run"] = self.run.flatten().numpy()
+            frame["run"] = np.repeat(self.run.flatten().numpy(), len(frame) // self.run.numel())
         return frame
 
 

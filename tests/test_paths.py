@@ -1,0 +1,353 @@
+"""Path patching (``rs.path_patch``) against hooks of the test's own on the Hugging Face module.
+
+The reference is written from the HF modules alone: each sender's write difference is taken
+from its output projection's input (or the MLP's output, or the embedding's), carried by hand
+in float64 through the norms the test names between sender and receiver (with the clean run's
+scales, read from those modules' inputs), and given to the receiver by replacing its
+projections' outputs (their columns, for a head) with the projection of the HF norm module's
+output on the patched stream.
+"""
+
+import pytest
+import torch
+from conftest import TEXTS
+from test_patching import CORRUPT, _diff, _setup
+from tiny_hf import build
+
+import residual_stream as rs
+from residual_stream.errors import InputError, NotAvailableError, UnknownNameError
+from residual_stream.inputs import ByteTokenizer
+
+ATOL = 2e-6  # float32 logits (~1e-7 apart): the library's hooks add a difference, the test's replace
+# the output, and runs stacked in one pass round as their own batch
+D_HEAD, HEADS, KV = 16, 4, {"llama": 2, "gemma2": 2}
+
+# Per family: blocks, each write's module ("o": the output projection, whose input is z),
+# whether its weight is a Conv1D's [in, out], what each component reads the stream through
+# (None: raw, from the block input or the named module's input), the projections reading it,
+# the final read, and where a head's q/k/v columns are.
+FAMILIES = {
+    "llama": dict(blocks="model.layers", o="self_attn.o_proj", mlp="mlp", conv=False,
+                  read={"attn": "input_layernorm", "mlp": "post_attention_layernorm"},
+                  qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                  mlp_in=("mlp.gate_proj", "mlp.up_proj"), final="model.norm", layout="separate"),
+    "gemma2": dict(blocks="model.layers", o="self_attn.o_proj", mlp="mlp", conv=False,
+                   read={"attn": "input_layernorm", "mlp": "pre_feedforward_layernorm"},
+                   qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                   mlp_in=("mlp.gate_proj", "mlp.up_proj"), final="model.norm", layout="separate"),
+    "gpt2": dict(blocks="transformer.h", o="attn.c_proj", mlp="mlp", conv=True,
+                 read={"attn": "ln_1", "mlp": "ln_2"}, qkv=("attn.c_attn",), mlp_in=("mlp.c_fc",),
+                 final="transformer.ln_f", layout="blocks"),
+    "gpt_neox_parallel": dict(blocks="gpt_neox.layers", o="attention.dense", mlp="mlp", conv=False,
+                              read={"attn": "input_layernorm", "mlp": "post_attention_layernorm"},
+                              qkv=("attention.query_key_value",), mlp_in=("mlp.dense_h_to_4h",),
+                              final="gpt_neox.final_layer_norm", layout="per_head"),
+    "bert_mlm": dict(blocks="bert.encoder.layer", o="attention.output.dense", mlp="output.dense",
+                     conv=False, read={"attn": None, "mlp": "intermediate"}, raw_mlp=True,
+                     qkv=("attention.self.query", "attention.self.key", "attention.self.value"),
+                     mlp_in=("intermediate.dense",), final=None, layout="separate"),
+}
+
+# (family, senders, receiver, the norms between them by hand (module paths, in order))
+L = {f: FAMILIES[f]["blocks"] for f in FAMILIES}
+CASES = [
+    ("llama", ["L0H1"], "L1H2.q", []),
+    ("llama", ["L0H1"], "L1H3.k", []),              # grouped-query: key head 1, shared with head 2
+    ("llama", ["L0.mlp"], "L1.attn", []),
+    ("llama", ["L0H0", "L0H1"], "L2.mlp", []),
+    ("llama", ["L1H2"], "logits", []),
+    ("llama", ["L0.attn"], "L0.mlp", []),
+    ("gemma2", ["L0H1"], "L1H2.q", [f"{L['gemma2']}.0.post_attention_layernorm"]),
+    ("gemma2", ["L0.mlp"], "logits", [f"{L['gemma2']}.0.post_feedforward_layernorm"]),
+    ("gpt2", ["L0H1"], "L1H2.k", []),
+    ("gpt2", ["embed"], "L0H1.v", []),
+    ("gpt2", ["L0.mlp"], "logits", []),
+    ("gpt_neox_parallel", ["L0H1"], "L1H1.v", []),
+    ("gpt_neox_parallel", ["L0.mlp"], "L1.attn", []),
+    ("bert_mlm", ["L0H1"], "L1.attn", [f"{L['bert_mlm']}.0.attention.output.LayerNorm",
+                                       f"{L['bert_mlm']}.0.output.LayerNorm"]),
+    ("bert_mlm", ["L0.mlp"], "L1H2.q", [f"{L['bert_mlm']}.0.output.LayerNorm"]),
+    ("bert_mlm", ["L0H1"], "L0.mlp", [f"{L['bert_mlm']}.0.attention.output.LayerNorm"]),
+    ("bert_mlm", ["L1.attn"], "logits", [f"{L['bert_mlm']}.{i}.{n}" for i in (1, 2) for n in
+                                         ("attention.output.LayerNorm", "output.LayerNorm")]),
+]
+
+
+def _record(module, paths, tokens, mask, inputs=True):
+    """Each named module's input (or output), from one plain forward pass."""
+    seen, handles = {}, []
+
+    def keep(path):
+        def pre(m, args, kwargs):
+            seen[path] = (args[0] if args else kwargs["hidden_states"]).detach().clone()
+
+        def post(m, args, out):
+            seen[path] = (out[0] if isinstance(out, tuple) else out).detach().clone()
+        return pre, post
+
+    for path, is_input in paths:
+        pre, post = keep(path)
+        m = module.get_submodule(path)
+        handles.append(m.register_forward_pre_hook(pre, with_kwargs=True) if is_input
+                       else m.register_forward_hook(post))
+    try:
+        with torch.no_grad():
+            module(input_ids=tokens, attention_mask=mask)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+def _write_paths(f, name):
+    """What to record for sender ``name``'s write: (path, is_input), and how to make the write."""
+    blocks = FAMILIES[f]["blocks"]
+    if name == "embed":
+        path = "transformer.wte"
+        return [(path, False)], lambda seen, m: seen[path]
+    layer, rest = int(name[1]), name[2:]
+    if rest == ".mlp":
+        path = f"{blocks}.{layer}.{FAMILIES[f]['mlp']}"
+        return [(path, False)], lambda seen, m: seen[path]
+    path = f"{blocks}.{layer}.{FAMILIES[f]['o']}"
+    heads = range(HEADS) if rest == ".attn" else [int(rest[1:])]
+
+    def write(seen, module):
+        W = module.get_submodule(path).weight.double()
+        W = W if FAMILIES[f]["conv"] else W.T  # [H·d_head, d_model]
+        cols = torch.cat([torch.arange(h * D_HEAD, (h + 1) * D_HEAD) for h in heads])
+        return seen[path].double()[..., cols] @ W[cols]
+    return [(path, True)], write
+
+
+def _frozen(norm, x, delta):
+    """``delta`` through norm module ``norm`` with its scale on ``x`` frozen, by hand (float64)."""
+    x, w = x.double(), norm.weight.double()
+    if isinstance(norm, torch.nn.LayerNorm):
+        s = (x.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()
+        return w * (delta - delta.mean(-1, keepdim=True)) / s
+    s = (x.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()  # Gemma's RMSNorm: (1 + γ)
+    return (1 + w) * delta / s
+
+
+def _columns(f, head, channel):
+    c, layout = "qkv".index(channel), FAMILIES[f]["layout"]
+    group = head if c == 0 else head // (HEADS // KV.get(f, HEADS))
+    if layout == "per_head":  # NeoX: [head, (q k v), d_head]
+        start, module = (head * 3 + c) * D_HEAD, 0
+    elif layout == "blocks":  # GPT-2: [q | k | v]
+        start, module = c * HEADS * D_HEAD + group * D_HEAD, 0
+    else:
+        start, module = group * D_HEAD, c
+    return module, torch.arange(start, start + D_HEAD)
+
+
+def _receiving(module, f, receiver, read_path, patched):
+    """Hooks giving ``receiver`` the ``patched`` stream: its projections' outputs (a head's
+    columns) replaced by their projection of the HF norm module's output on it."""
+    fam, handles = FAMILIES[f], []
+    if receiver == "logits":
+        target = module.get_submodule(read_path)
+        if fam["final"]:
+            return [target.register_forward_pre_hook(lambda m, a: (patched,))]
+        return [target.register_forward_hook(lambda m, a, out: (patched, *out[1:])
+                                             if isinstance(out, tuple) else patched)]
+    layer, rest = int(receiver[1]), receiver[2:]
+    kind = "mlp" if rest == ".mlp" else "attn"
+    raw = fam["read"][kind] is None or fam.get("raw_mlp") and kind == "mlp"
+    normed = patched if raw else module.get_submodule(read_path)(patched)
+    if rest.startswith("H"):
+        head, channels = int(rest[1]), rest.split(".")[1:] or ["q", "k", "v"]
+        targets = [(fam["qkv"][i], cols) for i, cols in (_columns(f, head, c) for c in channels)]
+    else:
+        targets = [(p, None) for p in (fam["qkv"] if kind == "attn" else fam["mlp_in"])]
+    for path, cols in targets:
+        proj = module.get_submodule(f"{fam['blocks']}.{layer}.{path}")
+        with torch.no_grad():
+            new = proj(normed)
+
+        def replace(m, a, out, new=new, cols=cols):
+            if cols is None:
+                return new
+            out = out.clone()
+            out[..., cols] = new[..., cols]
+            return out
+        handles.append(proj.register_forward_hook(replace))
+    return handles
+
+
+def _by_hand(module, f, clean, other, senders, receiver, norms, metric):
+    """The metric with ``receiver`` alone reading the stream plus the senders' carried difference."""
+    fam, blocks = FAMILIES[f], FAMILIES[f]["blocks"]
+    record, makers = [(n, True) for n in norms], []
+    for s in senders:
+        paths, make = _write_paths(f, s)
+        record += paths
+        makers.append(make)
+    if receiver == "logits":
+        read_path = fam["final"] or f"{blocks}.2"
+        record.append((read_path, fam["final"] is not None))  # the final norm's input, or the last output
+    else:
+        layer, rest = int(receiver[1]), receiver[2:]
+        kind = "mlp" if rest == ".mlp" else "attn"
+        read = fam["read"][kind]
+        read_path = f"{blocks}.{layer}" + (f".{read}" if read else "")
+        record.append((read_path, True))
+    seen_clean = _record(module, record, clean.tokens, clean.attention_mask)
+    seen_other = _record(module, record, other.tokens, other.attention_mask)
+    delta = sum(make(seen_other, module) - make(seen_clean, module) for make in makers)
+    for n in norms:
+        delta = _frozen(module.get_submodule(n), seen_clean[n], delta)
+    x = seen_clean[read_path].double()
+    patched = (x + delta).float()
+    handles = _receiving(module, f, receiver, read_path, patched)
+    try:
+        with torch.no_grad():
+            logits = module(input_ids=clean.tokens, attention_mask=clean.attention_mask).logits
+    finally:
+        for h in handles:
+            h.remove()
+    return float(metric(logits.double()))
+
+
+@pytest.mark.parametrize("f", list(FAMILIES))
+def test_path_patching_matches_hooks_of_our_own(f):
+    """Every case of the family in one call (stacked 3 per pass), each against the reference."""
+    module, model, clean, other = _setup(f)
+    metric = _diff(clean)
+    cases = [c for c in CASES if c[0] == f]
+    senders = list(dict.fromkeys(tuple(c[1]) for c in cases))
+    receivers = list(dict.fromkeys(c[2] for c in cases))
+    got = rs.path_patch(clean, other, metric, senders=senders, receivers=receivers, batch_size=3)
+    assert got.senders == tuple("+".join(s) for s in senders) and got.receivers == tuple(receivers)
+    moved = 0
+    for _, s, r, norms in cases:
+        want = _by_hand(module, f, clean, other, s, r, norms, metric)
+        value = float(got.metric[senders.index(tuple(s)), receivers.index(r)])
+        assert value == pytest.approx(want, abs=ATOL), (s, r)
+        moved += abs(want - got.metric_clean) > 10 * ATOL
+    assert moved >= len(cases) - 1  # the check has teeth: the paths carry something
+    assert got.metric_clean == pytest.approx(float(metric(clean.logits)), abs=1e-6)
+    assert got.metric_reference == pytest.approx(float(metric(other.logits)), abs=1e-6)
+
+
+def test_the_carried_norms_matter_in_a_post_norm_model():
+    """Sending BERT's L1.attn to the logits without the four LayerNorms between misses the
+    library's value by far more than the tolerance: the reference's carry is what it checks."""
+    module, model, clean, other = _setup("bert_mlm")
+    metric = _diff(clean)
+    got = float(rs.path_patch(clean, other, metric, senders="L1.attn").metric[0, 0])
+    bare = _by_hand(module, "bert_mlm", clean, other, ["L1.attn"], "logits", [], metric)
+    assert abs(got - bare) > 20 * ATOL and abs(got - bare) > 0.1 * abs(got - metric(clean.logits))
+
+
+def test_all_writes_to_the_logits_is_the_reference_run_and_a_group_is_its_parts_together():
+    """In a pre-norm model the stream after the last block is exactly the sum of the embedding and
+    every write, so sending all of them to the logits gives the corrupted run's last-token logits
+    (= patching the stream there, ``patch_stream``); an attention is the group of its heads."""
+    _, model, clean, other = _setup("llama")
+    last = clean.attention_mask.sum(1) - 1
+
+    def metric(logits):
+        return (logits[[0, 1], last, 101] - logits[[0, 1], last, 32]).mean()
+
+    everything = tuple(["embed"] + [c.name for c in model.anatomy.components])
+    heads = tuple(f"L1H{h}" for h in range(HEADS))
+    got = rs.path_patch(clean, other, metric, senders=[everything, "L1.attn", heads],
+                        receivers=["logits", "L2.attn"])
+    assert float(got.metric[0, 0]) == pytest.approx(got.metric_reference, abs=1e-4)
+    stream = rs.patch_stream(clean, other, metric, points=[-1], positions=[-1])
+    assert float(got.metric[0, 0]) == pytest.approx(float(stream.metric[0, 0]), abs=1e-4)
+    assert torch.allclose(got.metric[1], got.metric[2], atol=ATOL)  # L1.attn = its four heads
+    assert float(got.share()[0, 0]) == pytest.approx(1.0, abs=1e-3)
+    assert got.run.all() and got.connected.all()
+
+
+def test_a_receiver_before_its_sender_is_not_connected_and_not_run():
+    """No path: an earlier reader, a block's own attention, a parallel block's MLP (which reads
+    the block input, not its attention's write); and a sender whose writes are equal in both
+    runs (positions before the corrupted token of a causal model) is not run either."""
+    _, model, clean, other = _setup("gpt_neox_parallel")
+    metric = _diff(clean)
+    got = rs.path_patch(clean, other, metric, senders=["L1H0", "L1.attn"],
+                        receivers=["L0.mlp", "L1.attn", "L1.mlp", "L2.attn"])
+    assert got.connected.tolist() == [[False, False, False, True]] * 2
+    assert not got.run[:, :3].any() and (got.metric[:, :3] == got.metric_clean).all()
+    early = rs.path_patch(clean, other, metric, senders=["L0.mlp"], receivers=["L1.attn"], positions=[2, 3])
+    assert early.connected.all() and not early.run.any() and float(early.metric) == early.metric_clean
+    frame = got.to_frame()
+    assert list(frame.columns[:2]) == ["sender", "receiver"] and len(frame) == 8
+    row = frame[(frame.sender == "L1H0") & (frame.receiver == "L2.attn")].iloc[0]
+    assert row.metric == pytest.approx(float(got.metric[0, 3])) and row.run and row.connected
+    assert "PathPatching(senders=(2: 'L1H0', 'L1.attn')" in repr(got)
+
+
+def test_positions_send_the_difference_at_those_tokens_only():
+    """The sender's difference sent at the corrupted token alone equals the reference computed
+    with the difference zeroed elsewhere; stacked runs equal runs one per pass."""
+    module, model, clean, other = _setup("llama")
+    metric = _diff(clean)
+    one = rs.path_patch(clean, other, metric, senders=["L0H1", "L0.mlp"], receivers=["L1.attn", "L2H0"],
+                        positions=[4], batch_size=1)
+    many = rs.path_patch(clean, other, metric, senders=["L0H1", "L0.mlp"], receivers=["L1.attn", "L2H0"],
+                         positions=[4], batch_size=4)
+    assert torch.allclose(one.metric, many.metric, atol=ATOL)
+    everywhere = rs.path_patch(clean, other, metric, senders=["L0H1"], receivers=["L1.attn"])
+    assert abs(float(everywhere.metric[0, 0]) - float(one.metric[0, 0])) > 10 * ATOL  # token 5 on matters
+
+
+def test_a_metric_per_text_gives_each_text_its_own_paths():
+    _, model, clean, other = _setup("gpt2")
+    last = clean.attention_mask.sum(1) - 1
+    rows = torch.arange(2)
+
+    def per_text(logits):
+        return logits[rows, last, 101] - logits[rows, last, 32]
+
+    kw = dict(senders=["L0H1", "L1.mlp"], receivers=["L2.attn", "logits"])
+    got = rs.path_patch(clean, other, per_text, **kw)
+    assert got.per_text.shape == (2, 2, 2) and torch.allclose(got.metric, got.per_text.mean(-1))
+    for r in range(2):
+        alone = rs.path_patch(rs.trace(model, TEXTS[r]), rs.trace(model, CORRUPT[r]),
+                              lambda logits: logits[0, -1, 101] - logits[0, -1, 32], **kw)
+        assert torch.allclose(got.per_text[..., r], alone.metric, atol=1e-4), r
+    frame = got.to_frame(per_text=True)
+    assert len(frame) == 8 and set(frame.text) == {0, 1} and frame.run.all()
+
+
+def test_path_patch_refuses_bad_arguments_saying_what_to_pass():
+    module, model, clean, other = _setup("llama")
+    metric = _diff(clean)
+    before = [dict(m._forward_pre_hooks) | dict(m._forward_hooks) for m in module.modules()]
+    with pytest.raises(UnknownNameError, match="no sender 'L3H0': senders are heads"):
+        rs.path_patch(clean, other, metric, senders=["L3H0"])
+    with pytest.raises(UnknownNameError, match="no sender 'pos_embed'"):
+        rs.path_patch(clean, other, metric, senders="pos_embed")  # Llama has none
+    with pytest.raises(UnknownNameError, match="no receiver 'L0H4.q'"):
+        rs.path_patch(clean, other, metric, senders="L0H0", receivers="L0H4.q")
+    with pytest.raises(UnknownNameError, match="no receiver 'logit'"):
+        rs.path_patch(clean, other, metric, senders="L0H0", receivers=["logit"])
+    with pytest.raises(InputError, match="senders is a name or a list"):
+        rs.path_patch(clean, other, metric, senders=[])
+    with pytest.raises(InputError, match="a tuple of names patched together"):
+        rs.path_patch.__wrapped__(clean, other, metric, senders=[("L0H0", 3)])
+    with pytest.raises(InputError, match="reference=rs.trace"):
+        rs.path_patch(clean, None, metric)
+    with pytest.raises(InputError, match="batch_size is the number of patched runs"):
+        rs.path_patch(clean, other, metric, batch_size=0)
+    with pytest.raises(InputError, match="position 30 is outside"):
+        rs.path_patch(clean, other, metric, senders="L0H0", positions=[30])
+    headless = rs.load(build("bert"), tokenizer=ByteTokenizer())
+    with pytest.raises(NotAvailableError, match="metric reads logits"):
+        rs.path_patch(rs.trace(headless, TEXTS), rs.trace(headless, CORRUPT), metric)
+    calls = []
+
+    def fails(logits):
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("metric failed")
+        return logits[0, -1, 0]
+
+    with pytest.raises(RuntimeError, match="metric failed"):
+        rs.path_patch(clean, other, fails, senders="L0H0", receivers="L1.attn")
+    assert [dict(m._forward_pre_hooks) | dict(m._forward_hooks) for m in module.modules()] == before
