@@ -351,3 +351,22 @@ def test_path_patch_refuses_bad_arguments_saying_what_to_pass():
     with pytest.raises(RuntimeError, match="metric failed"):
         rs.path_patch(clean, other, fails, senders="L0H0", receivers="L1.attn")
     assert [dict(m._forward_pre_hooks) | dict(m._forward_hooks) for m in module.modules()] == before
+
+
+def test_path_patching_figure_shows_the_largest_senders_and_blanks_pairs_without_a_path():
+    from residual_stream.plotting import path_patching_figure
+
+    _, model, clean, other = _setup("llama")
+    got = rs.path_patch(clean, other, _diff(clean), receivers=["L1.attn", "logits"])
+    assert len(got.senders) == 3 * HEADS  # every head by default
+    fig = path_patching_figure(got, top=5)
+    z = torch.tensor(fig.data[0].z, dtype=torch.float64)
+    rows = [got.senders.index(s) for s in fig.data[0].y]
+    assert len(rows) == 5 and rows == sorted(rows) and list(fig.data[0].x) == ["L1.attn", "logits"]
+    share = got.share()[rows]
+    assert torch.allclose(z.nan_to_num(), share.where(got.connected[rows], 0.0))
+    assert z[:, 0].isnan().equal(~got.connected[rows, 0])  # a block-1 or -2 head reaches no L1 read
+    largest = got.share().where(got.connected, 0.0).abs().amax(1)
+    assert largest[rows].min() >= largest.sort(descending=True).values[4]
+    every = path_patching_figure(got, "change", top=None)
+    assert len(every.data[0].y) == 12 and "largest" not in every.layout.title.text

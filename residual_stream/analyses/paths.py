@@ -88,7 +88,7 @@ class PathPatching(Shares, CompactRepr):
 class _Sender:
     name: str
     start: int                    # index of its Add (or Embed) in the program
-    delta: Tensor                 # reference write − clean write, before any write norm
+    delta: Callable[[], Tensor]   # reference write − clean write (before any write norm), when asked
 
 
 @dataclass(frozen=True)
@@ -117,26 +117,39 @@ def _groups(items: object, default: list[str], what: str, example: str) -> list[
     return [_group(i, what) for i in items]
 
 
-def _sender(trace, reference, name: str, mask: Tensor | None) -> _Sender:
+def _sender(trace, reference, name: str, mask: Tensor | None, heads: dict) -> _Sender:
+    """``name`` checked; its write's difference is made when asked, at ``mask``'s tokens.
+
+    ``heads`` keeps one layer's head-write differences while senders of that layer follow
+    each other (every head, by default).
+    """
     a, program = trace.anatomy, trace.anatomy.program
     head = a.head(name)
     component = f"L{head[0]}.attn" if head else name
     if name in a.embeds:
         start = next(i for i, op in enumerate(program) if isinstance(op, Embed) and op.label == name)
-        delta = reference.captured.embeds[name] - trace.captured.embeds[name]
     elif head or component in {c.name for c in a.components}:
         start = next(i for i, op in enumerate(program) if isinstance(op, Add) and op.component == component)
-        layer, kind = component_of(component)
-        if head:
-            delta = reference.head_writes(layer)[head[1]] - trace.head_writes(layer)[head[1]]
-        else:
-            write = (lambda t: t.attn_write(layer)) if kind == "attn" else (lambda t: t.mlp_write(layer))
-            delta = write(reference) - write(trace)
     else:
         raise UnknownNameError(f"no sender {name!r}: senders are heads (L0H0…L{a.n_layers - 1}"
                                f"H{a.n_heads - 1}), components ('L0.attn', 'L0.mlp') or embeddings "
                                f"{list(a.embeds)}")
-    return _Sender(name, start, delta if mask is None else delta * mask.to(delta.device)[..., None])
+
+    def difference() -> Tensor:
+        if name in a.embeds:
+            return reference.captured.embeds[name] - trace.captured.embeds[name]
+        layer, kind = component_of(component)
+        if head:
+            if heads.get("layer") != layer:
+                heads.update(layer=layer, writes=reference.head_writes(layer) - trace.head_writes(layer))
+            return heads["writes"][head[1]]
+        write = "attn_write" if kind == "attn" else "mlp_write"
+        return getattr(reference, write)(layer) - getattr(trace, write)(layer)
+
+    def delta() -> Tensor:
+        return difference() if mask is None else difference() * mask.to(trace.tokens.device)[..., None]
+
+    return _Sender(name, start, delta)
 
 
 def _receiver(trace, name: str) -> _Receiver:
@@ -269,7 +282,8 @@ def path_patch(trace, reference, metric: Callable[[Tensor], Tensor | float], *,
     send = _groups(senders, list(a.heads), "senders", "['L3H1', ('L4H2', 'L4H7'), 'L2.mlp']")
     receive = _groups(receivers, [LOGITS], "receivers", "['L9H6.q', 'L9.attn', 'logits']")
     mask = position_mask(trace, positions)
-    senders_of = [[_sender(trace, reference, n, mask) for n in g] for g in send]
+    heads: dict = {}
+    senders_of = [[_sender(trace, reference, n, mask, heads) for n in g] for g in send]
     receivers_of = [[_receiver(trace, n) for n in g] for g in receive]
     reads = _read_points(trace)
     rows = trace.tokens.shape[0]
@@ -277,24 +291,31 @@ def path_patch(trace, reference, metric: Callable[[Tensor], Tensor | float], *,
     out = clean.expand(len(send), len(receive), len(clean)).clone()
     run = torch.zeros(len(send), len(receive), dtype=torch.bool)
     connected = torch.zeros_like(run)
-    todo = []
-    for i, group in enumerate(senders_of):
-        for j, receiving in enumerate(receivers_of):
-            deltas = [(r, sum(_carried(trace, s.delta, s.start, r.stop) for s in group if s.start < r.stop))
-                      for r in receiving]
-            connected[i, j] = any(isinstance(d, Tensor) for _, d in deltas)
-            deltas = [(r, d) for r, d in deltas if isinstance(d, Tensor) and bool(d.any())]
-            if deltas:
-                todo.append((i, j, deltas))
-                run[i, j] = True
-    for start in range(0, len(todo), stack):
-        chunk = todo[start:start + stack]
+
+    def measure(chunk: list) -> None:
         edits = [e for c, (_, _, deltas) in enumerate(chunk) for r, d in deltas
                  for e in _edits(trace, r, d, reads, copy_rows(trace, c) if len(chunk) > 1 else ALL)]
         logits = stacked_logits(trace, edits, len(chunk))
         for c, (i, j, _) in enumerate(chunk):
             mine = logits[c * rows:(c + 1) * rows].to(trace.tokens.device, torch.float32, copy=True)
             out[i, j] = metric_values(metric, mine, rows, len(clean))
+
+    chunk: list = []  # runs planned and not yet measured: at most ``stack`` differences held
+    for i, group in enumerate(senders_of):
+        deltas = [s.delta() for s in group]
+        for j, receiving in enumerate(receivers_of):
+            carried = [(r, sum(_carried(trace, d, s.start, r.stop) for s, d in zip(group, deltas, strict=True)
+                               if s.start < r.stop)) for r in receiving]
+            connected[i, j] = any(isinstance(d, Tensor) for _, d in carried)
+            carried = [(r, d) for r, d in carried if isinstance(d, Tensor) and bool(d.any())]
+            if carried:
+                chunk.append((i, j, carried))
+                run[i, j] = True
+            if len(chunk) == stack:
+                measure(chunk)
+                chunk = []
+    if chunk:
+        measure(chunk)
     reference_values = metric_values(metric, reference.logits.float().clone(), rows, len(clean))
     per_text = len(clean) > 1
     return PathPatching(tuple("+".join(g) for g in send), tuple("+".join(g) for g in receive),

@@ -69,3 +69,27 @@ def patching_figure(result, measure: str = "share") -> go.Figure:
     fig.update_layout(title=title, xaxis_title="token patched", yaxis_title="point (stream entering block L)",
                       yaxis_autorange="reversed")
     return fig
+
+
+def path_patching_figure(result, measure: str = "share", top: int | None = 30) -> go.Figure:
+    """Path patching: each sender (rows) into each receiver (columns).
+
+    ``measure``: ``"share"`` (the part of the way from the clean run's metric to the
+    reference's) or ``"change"`` (the metric's change). ``top``: only the senders whose
+    largest ``|value|`` over receivers is among the ``top`` largest, in the result's order
+    (None: all). A pair without a path (``connected`` False) is blank.
+    """
+    if measure not in ("share", "change"):
+        raise ValueError(f"measure is 'share' or 'change', not {measure!r}")
+    z = (result.share() if measure == "share" else result.metric - result.metric_clean).numpy()
+    z = np.where(result.connected.numpy(), z, np.nan)
+    rows = np.arange(len(z))
+    if top is not None and top < len(z):
+        largest = np.nan_to_num(np.abs(z), nan=-1.0).max(1)
+        rows = np.sort(np.argsort(-largest, kind="stable")[:top])
+    frame = pd.DataFrame(z[rows], index=[result.senders[i] for i in rows], columns=list(result.receivers))
+    shown = "" if len(rows) == len(z) else f", the {len(rows)} largest of {len(z)} senders"
+    fig = heatmap(frame, title=f"Path patching: {measure} of the metric{shown}", x_title="receiver",
+                  y_title="sender", colorbar="share" if measure == "share" else "Δ metric", diverging=True)
+    fig.update_layout(height=max(400, 160 + 22 * len(rows)))
+    return fig
