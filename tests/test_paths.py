@@ -21,6 +21,7 @@ from residual_stream.inputs import ByteTokenizer
 ATOL = 2e-6  # float32 logits (~1e-7 apart): the library's hooks add a difference, the test's replace
 # the output, and runs stacked in one pass round as their own batch
 D_HEAD, HEADS, KV = 16, 4, {"llama": 2, "gemma2": 2}
+ALPHA = 6 ** 0.25  # DeepNorm's α = (2N)^¼ for the twin's 3 blocks
 
 # Per family: blocks, each write's module ("o": the output projection, whose input is z),
 # whether its weight is a Conv1D's [in, out], what each component reads the stream through
@@ -46,9 +47,14 @@ FAMILIES = {
                      conv=False, read={"attn": None, "mlp": "intermediate"}, raw_mlp=True,
                      qkv=("attention.self.query", "attention.self.key", "attention.self.value"),
                      mlp_in=("intermediate.dense",), final=None, layout="separate"),
+    "twin_deepnorm": dict(blocks="blocks", o="attn.o_proj", mlp="mlp", conv=False,
+                          read={"attn": None, "mlp": "mlp"}, raw_mlp=True,
+                          qkv=("attn.q_proj", "attn.k_proj", "attn.v_proj"), mlp_in=("mlp.fc_in",),
+                          final=None, layout="separate"),
 }
 
-# (family, senders, receiver, the norms between them by hand (module paths, in order))
+# (family, senders, receiver, what stands between them by hand, in order: a norm module's path,
+# or DeepNorm's α as a number)
 L = {f: FAMILIES[f]["blocks"] for f in FAMILIES}
 CASES = [
     ("llama", ["L0H1"], "L1H2.q", []),
@@ -70,7 +76,26 @@ CASES = [
     ("bert_mlm", ["L0H1"], "L0.mlp", [f"{L['bert_mlm']}.0.attention.output.LayerNorm"]),
     ("bert_mlm", ["L1.attn"], "logits", [f"{L['bert_mlm']}.{i}.{n}" for i in (1, 2) for n in
                                          ("attention.output.LayerNorm", "output.LayerNorm")]),
+    ("twin_deepnorm", ["L0.attn"], "L1.attn", ["blocks.0.ln_resid_attn", ALPHA, "blocks.0.ln_resid_mlp"]),
+    ("twin_deepnorm", ["L0H2"], "L0.mlp", ["blocks.0.ln_resid_attn"]),
+    ("twin_deepnorm", ["L1.mlp"], "L2H1.k", ["blocks.1.ln_resid_mlp"]),
+    ("twin_deepnorm", ["L1H0"], "logits", ["blocks.1.ln_resid_attn", ALPHA, "blocks.1.ln_resid_mlp",
+                                           ALPHA, "blocks.2.ln_resid_attn", ALPHA, "blocks.2.ln_resid_mlp"]),
 ]
+
+
+def _twin_setup():
+    """A DeepNorm twin (x ← LN(α·x + F(x)), α = (2N)^¼ for 3 blocks), LayerNorm gains and biases
+    perturbed and writes made large, as ``_setup`` makes the HF families'."""
+    model = rs.twin(norm="layernorm", placement="deepnorm", n_layers=3, d_model=64, n_heads=4, n_ctx=128)
+    assert model.anatomy.alpha == pytest.approx(ALPHA)
+    with torch.no_grad():
+        for n, p in model.module.named_parameters():
+            if "ln_" in n:
+                p.add_(0.2 * torch.randn_like(p))
+            elif n.endswith(("o_proj.weight", "fc_out.weight")):
+                p.mul_(10)
+    return model.module, model, rs.trace(model, TEXTS), rs.trace(model, CORRUPT)
 
 
 def _record(module, paths, tokens, mask, inputs=True):
@@ -179,7 +204,7 @@ def _receiving(module, f, receiver, read_path, patched):
 def _by_hand(module, f, clean, other, senders, receiver, norms, metric):
     """The metric with ``receiver`` alone reading the stream plus the senders' carried difference."""
     fam, blocks = FAMILIES[f], FAMILIES[f]["blocks"]
-    record, makers = [(n, True) for n in norms], []
+    record, makers = [(n, True) for n in norms if isinstance(n, str)], []
     for s in senders:
         paths, make = _write_paths(f, s)
         record += paths
@@ -197,23 +222,23 @@ def _by_hand(module, f, clean, other, senders, receiver, norms, metric):
     seen_other = _record(module, record, other.tokens, other.attention_mask)
     delta = sum(make(seen_other, module) - make(seen_clean, module) for make in makers)
     for n in norms:
-        delta = _frozen(module.get_submodule(n), seen_clean[n], delta)
+        delta = delta * n if isinstance(n, float) else _frozen(module.get_submodule(n), seen_clean[n], delta)
     x = seen_clean[read_path].double()
     patched = (x + delta).float()
     handles = _receiving(module, f, receiver, read_path, patched)
     try:
         with torch.no_grad():
-            logits = module(input_ids=clean.tokens, attention_mask=clean.attention_mask).logits
+            logits = module(input_ids=clean.tokens, attention_mask=clean.attention_mask)
     finally:
         for h in handles:
             h.remove()
-    return float(metric(logits.double()))
+    return float(metric(getattr(logits, "logits", logits).double()))
 
 
 @pytest.mark.parametrize("f", list(FAMILIES))
 def test_path_patching_matches_hooks_of_our_own(f):
     """Every case of the family in one call (stacked 3 per pass), each against the reference."""
-    module, model, clean, other = _setup(f)
+    module, model, clean, other = _twin_setup() if f.startswith("twin") else _setup(f)
     metric = _diff(clean)
     cases = [c for c in CASES if c[0] == f]
     senders = list(dict.fromkeys(tuple(c[1]) for c in cases))
