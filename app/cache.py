@@ -131,6 +131,15 @@ def head_patching_measured(name: str, text: str, corrupted: str, pos: int, targe
     return check.outputs()[["write", "metric_change"]]
 
 
+@st.cache_data(show_spinner="Patching each head's path into the receivers (a run each)…",
+               max_entries=TEXT_RESULTS)
+def path_patching(name: str, text: str, corrupted: str, pos: int, target: int, baseline: int | None,
+                  receivers: tuple[str, ...]):
+    """``rs.path_patch`` of every head into each of ``receivers``, as ``stream_patching``'s metric."""
+    return rs.path_patch(trace(name, text), trace(name, corrupted), _logit_metric(pos, target, baseline),
+                         receivers=list(receivers))
+
+
 @st.cache_data(show_spinner=False)  # the page's spinner says how long each one takes
 def experiment(kind: str):
     """One norm-lab experiment at sizes that keep the app responsive."""

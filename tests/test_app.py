@@ -497,3 +497,37 @@ def test_flow_page_patches_the_stream_from_a_corrupted_text():
     assert measured[0] == pytest.approx(float(patched[top] - clean[top]), abs=2e-3)
     at.text_input(key="patch_text").input(corrupted + " And more.").run()
     assert not at.exception and "the same token length" in unescaped(at.error[0].value)
+
+
+def test_flow_page_patches_each_heads_path_into_the_typed_receivers():
+    """Path patching on request: every head into the typed receiver, the figure's cells the
+    shares of ``rs.path_patch`` itself (checked against hooks in ``tests/test_paths.py``), heads
+    after the receiver blank; an unknown receiver is refused in the section."""
+    import torch
+
+    import residual_stream as rs
+
+    at = app("flow")
+    text = at.sidebar.text_area(key="text").value
+    corrupted = text.replace(" back.", " out.")
+    at.text_input(key="patch_text").input(corrupted).run()
+    at.text_input(key="paths_receivers").input("L2.attn").run()
+    at.checkbox(key="paths_run").check().run()
+    assert not at.exception, at.exception
+    fig = next(chart(at, i) for i in range(len(at.get("plotly_chart")))
+               if "Path patching" in chart(at, i)["layout"]["title"]["text"])
+    z, senders = _grid(fig["data"][0]["z"])[:, 0], list(fig["data"][0]["y"])
+    assert fig["data"][0]["x"] == ["L2.attn"] and len(senders) == 20
+    model = rs.load("smollm2-135m", progress=False)
+    tr, other = rs.trace(model, text), rs.trace(model, corrupted)
+    ids = model.tokenizer(text, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        top = int(model.module(input_ids=ids).logits[0, -1].argmax())
+    want = rs.path_patch(tr, other, lambda logits: logits[0, -1, top], senders=senders, receivers="L2.attn")
+    early = np.array([int(s[1:s.index("H")]) < 2 for s in senders])
+    share = want.share()[early, 0].numpy()  # stacked runs of other sizes round differently (~1e-6)
+    assert np.allclose(z[early], share, atol=1e-4) and np.isnan(z[~early]).all()
+    assert np.abs(share).max() > 0.01  # a check with teeth: some head's path moves the logit
+    assert early.sum() == 18  # blocks 0 and 1 reach block 2; the 20 rows are all 18 and 2 blank ones
+    at.text_input(key="paths_receivers").input("L99.attn").run()
+    assert not at.exception and "no receiver 'L99.attn'" in unescaped(at.error[0].value)

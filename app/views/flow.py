@@ -118,6 +118,31 @@ def head_patching(name: str, text: str, corrupted: str, pos: int, ids: list[int]
         f"{common.plain(what)} with respect to the head's z times its change), for every head at once; "
         f"'measured': each of the 20 run with that head patched. Where they differ, the head's patch "
         f"is too large for first order. The CSV holds every head's estimate."))
+    path_patching(name, text, corrupted, pos, ids, what)
+
+
+def path_patching(name: str, text: str, corrupted: str, pos: int, ids: list[int], what: str) -> None:
+    """Every head's write from the corrupted text sent into chosen readers only (on request)."""
+    st.markdown("**By which road: each head's write sent into one reader only (path patching)**")
+    typed = st.text_input("Receivers, comma-separated: logits (the direct effect), L5.attn, L5H3 (its "
+                          "query, key and value), L5H3.q, L5.mlp", value="logits", key="paths_receivers")
+    if not st.checkbox("Patch every head's path into them (a run per head and receiver)", key="paths_run"):
+        return
+    receivers = tuple(r.strip() for r in typed.split(",") if r.strip())
+    try:
+        paths = cache.path_patching(name, text, corrupted, pos, ids[0], ids[1] if len(ids) > 1 else None,
+                                    receivers)
+    except ResidualStreamError as e:  # an unknown receiver, none at all
+        st.error(common.explain(e))
+        return
+    common.show(plotting.path_patching_figure(paths, top=20), paths.to_frame(), key="path_patching", note=(
+        f"Each cell is a run of the text in which one receiver (column) reads the stream plus the "
+        f"difference between the corrupted text's write of one head (row) and the text's own, and "
+        f"every other component reads the text's stream; the receiver's write then flows on as in "
+        f"the model. The colour is how far {common.plain(what)} at token {pos} moves, as a share of "
+        f"the way to the corrupted text's value. 'logits' receives the stream after the last block: "
+        f"the head's direct effect. A blank cell has no path (the receiver reads before the head "
+        f"writes). Rows: the 20 heads with the largest share; the CSV holds every head."))
 
 
 name, text = common.selection()
