@@ -3,7 +3,8 @@
 IOI prompts on SmolLM2 (or ``--model``). Side by side in this process: a plain forward pass of
 the batch (the baseline); ``rs.patch_stream`` over every point and token with
 ``batch_size=1`` (one patched run per forward pass) and ``--stack`` (that many per pass);
-``rs.ablation_check(mode="patch", reads=False)`` of ``--heads`` heads, likewise. Each is timed
+``rs.ablation_check(mode="patch", reads=False)`` of ``--heads`` heads, likewise, and
+``rs.path_patch`` of the same heads into the logits (their direct effects). Each is timed
 once after a warm-up pass; the results of the two settings are compared (max difference of
 the metric). ``rs.attribution_patching`` estimates the stream grid from one forward and one
 backward pass: its time, and how well it agrees with the measured grid (Pearson over cells,
@@ -74,10 +75,11 @@ def main() -> None:
         ("stream", lambda k: rs.patch_stream(tr, other, metric, batch_size=k)),
         ("heads", lambda k: rs.ablation_check(tr, writes=heads, mode="patch", reference=other,
                                               metric=metric, reads=False, batch_size=k)),
+        ("paths", lambda k: rs.path_patch(tr, other, metric, senders=list(heads), batch_size=k)),
     ):
         one_s, one = timed(lambda call=call: call(1))
         stacked_s, stacked = timed(lambda call=call: call(args.stack))
-        runs = int(one.run.sum()) if name == "stream" else len(heads)
+        runs = len(heads) if name == "heads" else int(one.run.sum())
         if name == "heads":
             every_s, every = timed(lambda: rs.attribution_patching_writes(tr, other, metric))
             est = every.total[[every.writes.index(h) for h in heads]] - every.metric_clean
@@ -103,7 +105,7 @@ def main() -> None:
     print(f"| what | runs | one per pass | stacked ×{args.stack} | speed-up "
           "| per run / forward (one, stacked) | max metric difference |")
     print("|---|---|---|---|---|---|---|")
-    for name in ("stream", "heads"):
+    for name in ("stream", "heads", "paths"):
         r = out[name]
         print(f"| {name} | {r['runs']} | {r['one_s']:.1f} s | {r['stacked_s']:.1f} s | ×{r['speedup']:.2f} | "
               f"{r['one_per_run_vs_forward']:.2f}, {r['stacked_per_run_vs_forward']:.2f} | "

@@ -479,6 +479,40 @@ def test_a_metric_per_text_gives_each_text_its_own_grid(estimate):
             rs.patch_stream(clean, other, changes_form, positions=[5])
 
 
+def test_attribution_patching_of_writes_with_a_metric_per_text_gives_each_texts_estimate():
+    """Each text's estimate of every head and MLP equals the call on that text traced alone; the
+    summary fields are their means (equal to the call with the mean metric)."""
+    _, model, clean, other = _setup("gpt2")
+    last = clean.attention_mask.sum(1) - 1
+    rows = torch.arange(2)
+
+    def per_text(logits):
+        return logits[rows, last, 101] - logits[rows, last, 32]
+
+    writes = ["L0H1", "L1.attn", "L2.mlp"]
+    got = rs.attribution_patching_writes(clean, other, per_text, writes=writes, positions=[5, -1])
+    assert got.per_text.shape == (3, 2, 2) and got.per_text_total.shape == (3, 2)
+    mean = rs.attribution_patching_writes(clean, other, lambda logits: per_text(logits).mean(), writes=writes,
+                                          positions=[5, -1])
+    assert torch.allclose(mean.total, got.total, atol=1e-6)
+    assert torch.allclose(mean.metric, got.metric, atol=1e-6)
+    assert mean.per_text is None
+    for r in range(2):
+        alone = rs.attribution_patching_writes(rs.trace(model, TEXTS[r]), rs.trace(model, CORRUPT[r]),
+                                               lambda logits: logits[0, -1, 101] - logits[0, -1, 32],
+                                               writes=writes, positions=[5, -1])
+        assert torch.allclose(got.per_text_total[:, r], alone.total, atol=1e-4), r
+        assert torch.allclose(got.per_text[..., r], alone.metric, atol=1e-4), r
+        assert torch.allclose(got.text_share()[:, r], alone.share(), atol=1e-3, equal_nan=True), r
+    assert (got.per_text_total - got.per_text_clean).abs().max() > 100 * ATOL  # the estimates move
+    frame = got.to_frame(per_text=True)
+    assert len(frame) == 6 and list(frame.write[::2]) == list(got.to_frame().write)
+    row = frame[(frame.write == "L2.mlp") & (frame.text == 1)].iloc[0]
+    assert row.metric == pytest.approx(float(got.per_text_total[2, 1]))
+    with pytest.raises(InputError, match="per-text results need a metric"):
+        mean.text_share()
+
+
 @pytest.mark.parametrize("reads", [False, True])
 def test_ablation_check_with_a_metric_per_text_gives_each_texts_change(reads):
     """Each text's patched metric equals the same check on that text traced alone; the

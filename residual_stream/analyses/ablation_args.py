@@ -145,15 +145,3 @@ def metric_values(metric: Callable[[Tensor], Tensor | float], logits: Tensor, ro
         raise InputError("metric takes the logits [batch, pos, vocab] and returns one number, or one per "
                          f"text ([{rows}]) for per-text results, every call the same; it returned {shape}")
     return value.reshape(-1)
-
-
-def metric_value(metric: Callable[[Tensor], Tensor | float], logits: Tensor) -> float:
-    """``metric(logits)`` as a float; ``InputError`` unless it is one number."""
-    got = metric(logits)
-    value = _numbers(got)
-    if value is None or value.numel() != 1:
-        raise InputError("metric takes the logits [batch, pos, vocab] and returns one number, e.g. "
-                         "with last = trace.attention_mask.sum(1) - 1 and rows = range(len(last)), "
-                         "lambda logits: (logits[rows, last, a] - logits[rows, last, b]).mean(); it "
-                         f"returned {type(got).__name__ if value is None else tuple(value.shape)}")
-    return float(value)

@@ -25,7 +25,7 @@ from torch import Tensor
 from ..capture import _forward_kwargs, edited, first_output, untouched
 from ..errors import InputError, NotAvailableError
 from ..walk import component_of, head_of
-from .ablation_args import checked_patching, checked_writes, metric_value, metric_values
+from .ablation_args import checked_patching, checked_writes, metric_values
 from .patching import StreamPatching, grid_axes, grid_result, position_axis
 from .results import CompactRepr
 
@@ -141,7 +141,10 @@ class WritePatching(CompactRepr):
     attention output, a whole attention or an MLP, before any sandwich norm) patched at that
     token in every row where it is real; ``total [write]``: patched at every real token, the
     estimate of ``ablation_check(mode="patch", reads=False)``'s ``metric``. ``metric_clean``,
-    ``metric_reference``: the two runs' measured values.
+    ``metric_reference``: the two runs' measured values. With a metric returning one value per
+    text: ``per_text [write, position, batch]``, ``per_text_total [write, batch]``,
+    ``per_text_clean`` and ``per_text_reference`` ``[batch]``, and the fields above their means
+    over texts (None otherwise).
     """
 
     writes: tuple[str, ...]
@@ -151,19 +154,43 @@ class WritePatching(CompactRepr):
     total: Float[Tensor, " write"]
     metric_clean: float
     metric_reference: float
+    per_text: Float[Tensor, "write position batch"] | None = None
+    per_text_total: Float[Tensor, "write batch"] | None = None
+    per_text_clean: Float[Tensor, " batch"] | None = None
+    per_text_reference: Float[Tensor, " batch"] | None = None
 
     def share(self) -> Float[Tensor, " write"]:
         """Each write's ``(total − clean) / (reference − clean)``: the part of the gap it carries."""
         gap = self.metric_reference - self.metric_clean
         return (self.total - self.metric_clean) / gap if gap else torch.full_like(self.total, float("nan"))
 
-    def to_frame(self) -> pd.DataFrame:
-        """Per write: ``write, metric, metric_change, metric_share``, largest change first."""
+    def text_share(self) -> Float[Tensor, "write batch"]:
+        """Each text's ``share`` (NaN where its two runs agree); needs a per-text metric."""
+        if self.per_text_total is None:
+            raise InputError("per-text results need a metric returning one value per text ([batch]), "
+                             "e.g. logits[rows, last, a] - logits[rows, last, b] without .mean()")
+        gap = self.per_text_reference - self.per_text_clean
+        return (self.per_text_total - self.per_text_clean) / gap.where(gap != 0, torch.nan)
+
+    def to_frame(self, per_text: bool = False) -> pd.DataFrame:
+        """Per write: ``write, metric, metric_change, metric_share``, largest change first.
+
+        ``per_text=True``: a row per write and text (``text``; each text's own values), the
+        writes in the same order.
+        """
         frame = pd.DataFrame({"write": self.writes, "metric": self.total.numpy(),
                               "metric_change": (self.total - self.metric_clean).numpy(),
                               "metric_share": self.share().numpy()})
         order = frame.metric_change.abs().sort_values(ascending=False).index
-        return frame.reindex(order).reset_index(drop=True)
+        if not per_text:
+            return frame.reindex(order).reset_index(drop=True)
+        share, b = self.text_share(), self.per_text_total.shape[-1]
+        rows = [(i, t) for i in order for t in range(b)]
+        return pd.DataFrame({"write": [self.writes[i] for i, _ in rows], "text": [t for _, t in rows],
+                             "metric": [float(self.per_text_total[i, t]) for i, t in rows],
+                             "metric_change": [float(self.per_text_total[i, t] - self.per_text_clean[t])
+                                               for i, t in rows],
+                             "metric_share": [float(share[i, t]) for i, t in rows]})
 
 
 def attribution_patching_writes(trace, reference, metric: Callable[[Tensor], Tensor], *,
@@ -173,6 +200,7 @@ def attribution_patching_writes(trace, reference, metric: Callable[[Tensor], Ten
 
     ``writes``: head names (``"L3H5"``) or components (``"L3.attn"``, ``"L3.mlp"``), default
     every head of the model; ``positions`` as ``patch_stream``'s (default every position).
+    ``metric``: one number, or one per text (``[batch]``: per-text results besides their means).
     A head's estimate is ``∂metric/∂z_h · Δz_h`` through its slice ``z_h`` of the output
     projection's input (so a whole attention's is the sum of its heads'), an MLP's through its
     output. Measure the writes that matter with ``ablation_check(mode="patch", reads=False)``.
@@ -181,7 +209,8 @@ def attribution_patching_writes(trace, reference, metric: Callable[[Tensor], Ten
     a = trace.anatomy
     names, owners = checked_writes(trace, a.heads if writes is None else writes)
     pos, masks, tokens = position_axis(trace, positions)
-    clean = torch.tensor([metric_value(metric, trace.logits.float().clone())], dtype=torch.float64)
+    rows = trace.tokens.shape[0]
+    clean = metric_values(metric, trace.logits.float().clone(), rows)
     wanted = {}
     for owner in owners:
         layer, kind = component_of(owner)
@@ -189,10 +218,14 @@ def attribution_patching_writes(trace, reference, metric: Callable[[Tensor], Ten
             else (a.modules.attn_out[layer], True)
     grads = _gradients(trace, metric, wanted)
     each = masks + [trace.attention_mask.bool()]  # every position's, then every real token's
-    out = torch.stack([_per_text(clean, *_write_delta(trace, reference, w, owner, grads), each)[:, 0]
-                       for w, owner in zip(names, owners, strict=True)])   # [write, mask]
-    return WritePatching(tuple(names), pos, tokens, out[:, :-1], out[:, -1], float(clean),
-                         metric_value(metric, reference.logits.float().clone()))
+    out = torch.stack([_per_text(clean, *_write_delta(trace, reference, w, owner, grads), each)
+                       for w, owner in zip(names, owners, strict=True)])   # [write, mask, k]
+    reference_values = metric_values(metric, reference.logits.float().clone(), rows, len(clean))
+    per_text = len(clean) > 1
+    return WritePatching(tuple(names), pos, tokens, out[:, :-1].mean(-1), out[:, -1].mean(-1),
+                         float(clean.mean()), float(reference_values.mean()),
+                         out[:, :-1] if per_text else None, out[:, -1] if per_text else None,
+                         clean if per_text else None, reference_values if per_text else None)
 
 
 def _write_delta(trace, reference, write: str, owner: str, grads: dict) -> tuple[Tensor, Tensor]:
