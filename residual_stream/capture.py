@@ -49,8 +49,17 @@ def first_output(x: object) -> Tensor:
     return x[0] if isinstance(x, (tuple, list)) else x
 
 
-def _input(args: tuple, kwargs: dict) -> Tensor:
+def first_input(args: tuple, kwargs: dict) -> Tensor:
+    """A forward pre-hook's view of a module's main input.
+
+    The first positional argument, or ``hidden_states=`` (how Hugging Face blocks are called).
+    """
     return args[0] if args else kwargs["hidden_states"]
+
+
+def with_first_input(args: tuple, kwargs: dict, x: Tensor) -> tuple[tuple, dict]:
+    """What a forward pre-hook returns to replace the module's main input (``first_input``) by ``x``."""
+    return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": x})
 
 
 @contextmanager
@@ -102,7 +111,7 @@ def _hook_plan(anatomy: Anatomy, out: Captured, shape: torch.Size, verify: bool,
         return lambda mod, args, y: store.__setitem__(key, keep(first_output(y)))
 
     def store_input(store: dict, key: object):
-        return lambda mod, args, kwargs: store.__setitem__(key, keep(_input(args, kwargs)))
+        return lambda mod, args, kwargs: store.__setitem__(key, keep(first_input(args, kwargs)))
 
     plan = [(path, store_output(out.embeds, label), False) for label, path in m.embeds.items()]
     plan += [(path, store_input(out.resid, L), True) for L, path in enumerate(m.layers)]
@@ -123,7 +132,7 @@ def _hook_plan(anatomy: Anatomy, out: Captured, shape: torch.Size, verify: bool,
 
 def _norm_hook(anatomy: Anatomy, names: list[str], out: Captured, verify: bool, keep):
     def hook(mod, args, kwargs):
-        x = _input(args, kwargs).detach()
+        x = first_input(args, kwargs).detach()
         kept = keep(x) if verify else None  # the full input only when verifying
         for name in names:
             out.norm_scale[name] = keep(anatomy.norms[name].scale(x)[..., None])[..., 0]

@@ -22,7 +22,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..capture import _forward_kwargs, edited, first_output, untouched
+from ..capture import _forward_kwargs, edited, first_input, first_output, untouched, with_first_input
 from ..errors import InputError, NotAvailableError
 from ..walk import component_of, head_of
 from .ablation_args import checked_patching, checked_writes, metric_values
@@ -48,12 +48,12 @@ def _gradients(trace, metric, wanted: dict[tuple[str, int], tuple[str, bool]]) -
 
     def pre(key, leaf):
         def hook(module, args, kwargs):
-            x = args[0] if args else kwargs["hidden_states"]
+            x = first_input(args, kwargs)
             if leaf and not x.requires_grad:
                 x = x.detach().requires_grad_(True)
             if key is not None:
                 kept[key] = x
-            return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": x})
+            return with_first_input(args, kwargs, x)
         return hook
 
     def post(key):

@@ -23,7 +23,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from ..capture import first_output, model_logits
+from ..capture import first_input, first_output, model_logits, with_first_input
 from ..errors import InputError, OutOfRangeError, as_index, batch_count, layer_index, listed
 from .ablation_args import checked_patching, metric_values, position_mask
 from .results import CompactRepr
@@ -220,10 +220,8 @@ def _stream_edit(trace, reference, point: int, where: Tensor, rows: slice) -> tu
         return torch.where(where.to(x.device)[..., None], value.to(x.device, x.dtype), part)
 
     def pre(module, args, kwargs):
-        if args:
-            return (in_rows(args[0], rows, swap(args[0])), *args[1:]), kwargs
-        x = kwargs["hidden_states"]
-        return args, {**kwargs, "hidden_states": in_rows(x, rows, swap(x))}
+        x = first_input(args, kwargs)
+        return with_first_input(args, kwargs, in_rows(x, rows, swap(x)))
 
     def post(module, args, output):
         return in_rows(output, rows, swap(first_output(output)))
