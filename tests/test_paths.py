@@ -20,7 +20,7 @@ from residual_stream.inputs import ByteTokenizer
 
 ATOL = 2e-6  # float32 logits (~1e-7 apart): the library's hooks add a difference, the test's replace
 # the output, and runs stacked in one pass round as their own batch
-D_HEAD, HEADS, KV = 16, 4, {"llama": 2, "gemma2": 2}
+D_HEAD, HEADS, KV = 16, 4, {"llama": 2, "gemma2": 2, "olmo2": 2}
 ALPHA = 6 ** 0.25  # DeepNorm's α = (2N)^¼ for the twin's 3 blocks
 
 # Per family: blocks, each write's module ("o": the output projection, whose input is z),
@@ -38,7 +38,7 @@ FAMILIES = {
                    mlp_in=("mlp.gate_proj", "mlp.up_proj"), final="model.norm", layout="separate"),
     "gpt2": dict(blocks="transformer.h", o="attn.c_proj", mlp="mlp", conv=True,
                  read={"attn": "ln_1", "mlp": "ln_2"}, qkv=("attn.c_attn",), mlp_in=("mlp.c_fc",),
-                 final="transformer.ln_f", layout="blocks"),
+                 final="transformer.ln_f", layout="blocks", embed="transformer.wte"),
     "gpt_neox_parallel": dict(blocks="gpt_neox.layers", o="attention.dense", mlp="mlp", conv=False,
                               read={"attn": "input_layernorm", "mlp": "post_attention_layernorm"},
                               qkv=("attention.query_key_value",), mlp_in=("mlp.dense_h_to_4h",),
@@ -47,6 +47,11 @@ FAMILIES = {
                      conv=False, read={"attn": None, "mlp": "intermediate"}, raw_mlp=True,
                      qkv=("attention.self.query", "attention.self.key", "attention.self.value"),
                      mlp_in=("intermediate.dense",), final=None, layout="separate"),
+    "olmo2": dict(blocks="model.layers", o="self_attn.o_proj", mlp="mlp", conv=False,  # reads raw
+                  read={"attn": None, "mlp": "mlp"}, raw_mlp=True, final="model.norm", layout="separate",
+                  qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                  qk_norm=("self_attn.q_norm", "self_attn.k_norm", None),  # over every head at once
+                  mlp_in=("mlp.gate_proj", "mlp.up_proj"), embed="model.embed_tokens"),
     "twin_deepnorm": dict(blocks="blocks", o="attn.o_proj", mlp="mlp", conv=False,
                           read={"attn": None, "mlp": "mlp"}, raw_mlp=True,
                           qkv=("attn.q_proj", "attn.k_proj", "attn.v_proj"), mlp_in=("mlp.fc_in",),
@@ -63,6 +68,9 @@ CASES = [
     ("llama", ["L0H0", "L0H1"], "L2.mlp", []),
     ("llama", ["L1H2"], "logits", []),
     ("llama", ["L0.attn"], "L0.mlp", []),
+    ("llama", ["L0.mlp"], ("L1H0.k", "L1H1.k"), []),  # one key head: changed once
+    ("llama", ["L0.mlp"], ("L1.attn", "L1H0"), []),
+    ("llama", ["L0.mlp"], ("L1.attn", "L2.mlp"), []),  # block 2's MLP reads what block 1 then wrote
     ("gemma2", ["L0H1"], "L1H2.q", [f"{L['gemma2']}.0.post_attention_layernorm"]),
     ("gemma2", ["L0.mlp"], "logits", [f"{L['gemma2']}.0.post_feedforward_layernorm"]),
     ("gpt2", ["L0H1"], "L1H2.k", []),
@@ -76,6 +84,9 @@ CASES = [
     ("bert_mlm", ["L0H1"], "L0.mlp", [f"{L['bert_mlm']}.0.attention.output.LayerNorm"]),
     ("bert_mlm", ["L1.attn"], "logits", [f"{L['bert_mlm']}.{i}.{n}" for i in (1, 2) for n in
                                          ("attention.output.LayerNorm", "output.LayerNorm")]),
+    ("olmo2", ["L0.mlp"], "L1H2.q", [f"{L['olmo2']}.0.post_feedforward_layernorm"]),
+    ("olmo2", ["L0H1"], "L1H3.k", [f"{L['olmo2']}.0.post_attention_layernorm"]),
+    ("olmo2", ["embed"], ("L0H0.q", "L1.mlp"), []),
     ("twin_deepnorm", ["L0.attn"], "L1.attn", ["blocks.0.ln_resid_attn", ALPHA, "blocks.0.ln_resid_mlp"]),
     ("twin_deepnorm", ["L0H2"], "L0.mlp", ["blocks.0.ln_resid_attn"]),
     ("twin_deepnorm", ["L1.mlp"], "L2H1.k", ["blocks.1.ln_resid_mlp"]),
@@ -128,7 +139,7 @@ def _write_paths(f, name):
     """What to record for sender ``name``'s write: (path, is_input), and how to make the write."""
     blocks = FAMILIES[f]["blocks"]
     if name == "embed":
-        path = "transformer.wte"
+        path = FAMILIES[f]["embed"]
         return [(path, False)], lambda seen, m: seen[path]
     layer, rest = int(name[1]), name[2:]
     if rest == ".mlp":
@@ -151,8 +162,9 @@ def _frozen(norm, x, delta):
     if isinstance(norm, torch.nn.LayerNorm):
         s = (x.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()
         return w * (delta - delta.mean(-1, keepdim=True)) / s
-    s = (x.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()  # Gemma's RMSNorm: (1 + γ)
-    return (1 + w) * delta / s
+    eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
+    s = (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+    return (1 + w if "Gemma" in type(norm).__name__ else w) * delta / s  # Gemma's RMSNorm: (1 + γ)
 
 
 def _columns(f, head, channel):
@@ -167,65 +179,68 @@ def _columns(f, head, channel):
     return module, torch.arange(start, start + D_HEAD)
 
 
-def _receiving(module, f, receiver, read_path, patched):
-    """Hooks giving ``receiver`` the ``patched`` stream: its projections' outputs (a head's
-    columns) replaced by their projection of the HF norm module's output on it."""
-    fam, handles = FAMILIES[f], []
+def _receiving(module, f, receiver, delta):
+    """Hooks giving ``receiver`` the stream as this pass has it where it reads, plus ``delta``.
+
+    A pre-hook on the module whose input is that stream (the read norm, or the block or MLP
+    for a raw read) keeps it; each projection's output (a head's columns, after a norm on the
+    queries or keys that spans every head) is replaced by its ``forward`` of the HF norm's
+    ``forward`` of stream + delta. The logits: ``delta`` added before the final norm.
+    """
+    fam, blocks = FAMILIES[f], FAMILIES[f]["blocks"]
     if receiver == "logits":
-        target = module.get_submodule(read_path)
         if fam["final"]:
-            return [target.register_forward_pre_hook(lambda m, a: (patched,))]
-        return [target.register_forward_hook(lambda m, a, out: (patched, *out[1:])
-                                             if isinstance(out, tuple) else patched)]
+            return [module.get_submodule(fam["final"]).register_forward_pre_hook(
+                lambda m, a: (a[0] + delta.to(a[0].dtype),))]
+        return [module.get_submodule(f"{blocks}.2").register_forward_hook(
+            lambda m, a, out: (out[0] + delta.to(out[0].dtype), *out[1:]) if isinstance(out, tuple)
+            else out + delta.to(out.dtype))]
     layer, rest = int(receiver[1]), receiver[2:]
     kind = "mlp" if rest == ".mlp" else "attn"
-    raw = fam["read"][kind] is None or fam.get("raw_mlp") and kind == "mlp"
-    normed = patched if raw else module.get_submodule(read_path)(patched)
+    read = fam["read"][kind]
+    source = module.get_submodule(f"{blocks}.{layer}" + (f".{read}" if read else ""))
+    raw = read is None or fam.get("raw_mlp") and kind == "mlp"
+    seen = {}
+    handles = [source.register_forward_pre_hook(
+        lambda m, a, kw: seen.__setitem__("x", a[0] if a else kw["hidden_states"]), with_kwargs=True)]
     if rest.startswith("H"):
         head, channels = int(rest[1]), rest.split(".")[1:] or ["q", "k", "v"]
-        targets = [(fam["qkv"][i], cols) for i, cols in (_columns(f, head, c) for c in channels)]
+        targets = [(fam["qkv"][i], cols, fam.get("qk_norm", (None, None, None))[i])
+                   for i, cols in (_columns(f, head, c) for c in channels)]
     else:
-        targets = [(p, None) for p in (fam["qkv"] if kind == "attn" else fam["mlp_in"])]
-    for path, cols in targets:
-        proj = module.get_submodule(f"{fam['blocks']}.{layer}.{path}")
-        with torch.no_grad():
-            new = proj(normed)
+        targets = [(p, None, None) for p in (fam["qkv"] if kind == "attn" else fam["mlp_in"])]
+    for path, cols, after in targets:
+        proj = module.get_submodule(f"{blocks}.{layer}.{path}")
+        post = after and module.get_submodule(f"{blocks}.{layer}.{after}")
 
-        def replace(m, a, out, new=new, cols=cols):
+        def replace(m, a, out, proj=proj, post=post, cols=cols):
+            x = (seen["x"].double() + delta).to(out.dtype)
+            new = proj.forward(x if raw else source.forward(x))
+            new = post.forward(new) if post else new
             if cols is None:
                 return new
             out = out.clone()
             out[..., cols] = new[..., cols]
             return out
-        handles.append(proj.register_forward_hook(replace))
+        handles.append((post or proj).register_forward_hook(replace))
     return handles
 
 
-def _by_hand(module, f, clean, other, senders, receiver, norms, metric):
-    """The metric with ``receiver`` alone reading the stream plus the senders' carried difference."""
-    fam, blocks = FAMILIES[f], FAMILIES[f]["blocks"]
+def _by_hand(module, f, clean, other, senders, receivers, norms, metric):
+    """The metric with ``receivers`` (one, or a tuple) alone reading the stream plus the senders'
+    difference carried through ``norms``."""
     record, makers = [(n, True) for n in norms if isinstance(n, str)], []
     for s in senders:
         paths, make = _write_paths(f, s)
         record += paths
         makers.append(make)
-    if receiver == "logits":
-        read_path = fam["final"] or f"{blocks}.2"
-        record.append((read_path, fam["final"] is not None))  # the final norm's input, or the last output
-    else:
-        layer, rest = int(receiver[1]), receiver[2:]
-        kind = "mlp" if rest == ".mlp" else "attn"
-        read = fam["read"][kind]
-        read_path = f"{blocks}.{layer}" + (f".{read}" if read else "")
-        record.append((read_path, True))
     seen_clean = _record(module, record, clean.tokens, clean.attention_mask)
     seen_other = _record(module, record, other.tokens, other.attention_mask)
     delta = sum(make(seen_other, module) - make(seen_clean, module) for make in makers)
     for n in norms:
         delta = delta * n if isinstance(n, float) else _frozen(module.get_submodule(n), seen_clean[n], delta)
-    x = seen_clean[read_path].double()
-    patched = (x + delta).float()
-    handles = _receiving(module, f, receiver, read_path, patched)
+    receivers = receivers if isinstance(receivers, tuple) else (receivers,)
+    handles = [h for r in receivers for h in _receiving(module, f, r, delta)]
     try:
         with torch.no_grad():
             logits = module(input_ids=clean.tokens, attention_mask=clean.attention_mask)
@@ -244,7 +259,8 @@ def test_path_patching_matches_hooks_of_our_own(f):
     senders = list(dict.fromkeys(tuple(c[1]) for c in cases))
     receivers = list(dict.fromkeys(c[2] for c in cases))
     got = rs.path_patch(clean, other, metric, senders=senders, receivers=receivers, batch_size=3)
-    assert got.senders == tuple("+".join(s) for s in senders) and got.receivers == tuple(receivers)
+    assert got.senders == tuple("+".join(s) for s in senders)
+    assert got.receivers == tuple(r if isinstance(r, str) else "+".join(r) for r in receivers)
     moved = 0
     for _, s, r, norms in cases:
         want = _by_hand(module, f, clean, other, s, r, norms, metric)
@@ -356,6 +372,10 @@ def test_path_patch_refuses_bad_arguments_saying_what_to_pass():
         rs.path_patch(clean, other, metric, senders=[])
     with pytest.raises(InputError, match="a tuple of names patched together"):
         rs.path_patch.__wrapped__(clean, other, metric, senders=[("L0H0", 3)])
+    with pytest.raises(InputError, match="senders patched together share a write: 'L0.attn' and 'L0H1'"):
+        rs.path_patch(clean, other, metric, senders=[("L0.attn", "L0H1")])  # head 1 counted twice
+    with pytest.raises(InputError, match="share a write: 'L0H1' and 'L0H1'"):
+        rs.path_patch(clean, other, metric, senders=[("L0H1", "L0H1")])
     with pytest.raises(InputError, match="reference=rs.trace"):
         rs.path_patch(clean, None, metric)
     with pytest.raises(InputError, match="batch_size is the number of patched runs"):

@@ -21,7 +21,12 @@ query, key and value), ``"L5H3.q"`` (one of them; a key or value under grouped-q
 attention is the one its group of heads shares), ``"L5.mlp"``, and ``"logits"`` (the
 unembedding's read: the stream after the last block). A receiver is patched through the
 output of the projections that read the stream (``ModulePaths.qkv``, ``mlp_in``,
-``mlp_gate``): each gets ``f(N(x + Δ)) − f(N(x))`` added on the receiver's columns.
+``mlp_gate``): each gets ``f(N(x + Δ)) − f(N(x))`` added on the receiver's columns, ``x``
+the stream where it reads, as this pass has it (so the later of two receivers patched
+together reads what the earlier one then wrote). Where the model normalizes the queries or
+keys of all heads together (OLMo 2), a head's query or key is patched after that norm, so
+that no other head's changes. Receivers of a group reading at one point are merged (each
+column changed once); senders of a group must not share a write (``L3.attn`` and ``L3H1``).
 """
 
 from __future__ import annotations
@@ -35,10 +40,12 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from ..capture import first_output
+from ..capture import first_input, first_output
+from ..devices import parameter
 from ..errors import InputError, UnknownNameError
+from ..fusion import wide
 from ..program import Add, Embed, Mark, Norm, Read, Scale
-from ..walk import component_of, walk_stream
+from ..walk import component_of
 from .ablation_args import checked_patching, metric_values, position_mask
 from .patching import ALL, Shares, copy_rows, in_rows, stack_size, stacked_logits
 from .results import CompactRepr
@@ -92,11 +99,25 @@ class _Sender:
 
 
 @dataclass(frozen=True)
+class _Reading:
+    """One module whose output a receiver changes.
+
+    ``chain`` (module paths applied in turn) maps the stream, as the receiver reads it, to that
+    output; ``columns`` are the output's that change (None: all).
+    """
+
+    hook: str
+    chain: tuple[str, ...]
+    columns: Tensor | None
+
+
+@dataclass(frozen=True)
 class _Receiver:
     name: str
     stop: int                     # index of its Read (or of Mark(n_layers) for the logits)
     component: str | None         # None: the logits
-    columns: tuple[tuple[str, Tensor | None], ...]  # (module path, its output columns; None: all)
+    norm: str | None              # the norm it reads through (None: the raw stream)
+    readings: tuple[_Reading, ...]
 
 
 def _group(item: object, what: str) -> tuple[str, ...]:
@@ -156,7 +177,7 @@ def _receiver(trace, name: str) -> _Receiver:
     a, program = trace.anatomy, trace.anatomy.program
     if name == LOGITS:
         stop = next(i for i, op in enumerate(program) if isinstance(op, Mark) and op.point == a.n_layers)
-        return _Receiver(name, stop, None, ())
+        return _Receiver(name, stop, None, None, ())
     head = a.head(name, channel=True)
     component = f"L{head[0]}.attn" if head else name
     reads = {op.component: i for i, op in enumerate(program) if isinstance(op, Read)}
@@ -166,24 +187,24 @@ def _receiver(trace, name: str) -> _Receiver:
             f"and value) or one of them 'L5H3.q', and {LOGITS!r} (layers 0..{a.n_layers - 1})")
     layer, kind = component_of(component)
     block = a.modules.layers[layer]
-    if kind == "mlp":
-        paths = [p for p in (a.modules.mlp_in, a.modules.mlp_gate) if p]
-        return _Receiver(name, reads[component], component, tuple((f"{block}.{p}", None) for p in paths))
-    if head is None:
-        return _Receiver(name, reads[component], component,
-                         tuple((f"{block}.{p}", None) for p in a.modules.qkv))
-    channels = (head[2],) if head[2] else CHANNELS
-    return _Receiver(name, reads[component], component,
-                     tuple(_head_columns(a, block, head[1], c) for c in channels))
+    if head is not None:
+        channels = (head[2],) if head[2] else CHANNELS
+        readings = tuple(_head_reading(trace, block, head[1], c) for c in channels)
+    else:
+        paths = [p for p in (a.modules.mlp_in, a.modules.mlp_gate) if p] if kind == "mlp" else a.modules.qkv
+        readings = tuple(_Reading(f"{block}.{p}", (f"{block}.{p}",), None) for p in paths)
+    return _Receiver(name, reads[component], component, program[reads[component]].norm, readings)
 
 
-def _head_columns(a, block: str, head: int, channel: str) -> tuple[str, Tensor]:
+def _head_reading(trace, block: str, head: int, channel: str) -> _Reading:
     """The module computing ``channel`` of ``head`` and its output columns, for each qkv layout.
 
     ``separate``: q, k, v modules; ``blocks``: one module, ``[q | k | v]``; ``per_head``: one
     module, ``[head, (q k v), d_head]``. A key or value head is shared by ``n_heads / n_kv_heads``
-    query heads.
+    query heads. Where a norm on the queries (keys) spans every head (OLMo 2), one head's
+    query is patched after it, so that only that head's changes.
     """
+    a = trace.anatomy
     c, d = CHANNELS.index(channel), a.d_head
     group = head if c == 0 else head // (a.n_heads // a.n_kv_heads)
     layout = a.modules.qkv_layout
@@ -192,8 +213,56 @@ def _head_columns(a, block: str, head: int, channel: str) -> tuple[str, Tensor]:
     else:
         start = group * d + (0 if layout == "separate" or c == 0 else
                              a.n_heads * d + (c - 1) * a.n_kv_heads * d)
-    path = a.modules.qkv[c if layout == "separate" else 0]
-    return f"{block}.{path}", torch.arange(start, start + d)
+    chain = (f"{block}.{a.modules.qkv[c if layout == 'separate' else 0]}",)
+    if a.modules.qk_norms is not None and c < 2:
+        norm = f"{block}.{a.modules.qk_norms[c]}"
+        if parameter(trace.model.module.get_submodule(norm), "weight").numel() != d:  # across heads
+            chain += (norm,)
+    return _Reading(chain[-1], chain, torch.arange(start, start + d))
+
+
+def _merged(receivers: list[_Receiver]) -> list[_Receiver]:
+    """A group's receivers, those reading at one point merged.
+
+    Each module once, with the union of their columns: ``("L5H0.k", "L5H1.k")`` under
+    grouped-query attention is one key head, changed once.
+    """
+    out: dict[str | None, _Receiver] = {}
+    for r in receivers:
+        if r.component not in out:
+            out[r.component] = r
+            continue
+        readings = {g.hook: g for g in out[r.component].readings}
+        for g in r.readings:
+            if g.hook in readings:
+                old = readings[g.hook].columns
+                both = None if old is None or g.columns is None else torch.cat([old, g.columns]).unique()
+                g = _Reading(g.hook, g.chain, both)
+            readings[g.hook] = g
+        out[r.component] = _Receiver(r.name, r.stop, r.component, r.norm, tuple(readings.values()))
+    return list(out.values())
+
+
+def _parts(trace, name: str) -> set:
+    """What a sender writes, as parts that two senders of a group must not share."""
+    head = trace.anatomy.head(name)
+    if head:
+        return {head[:2]}
+    if name.endswith(".attn"):
+        layer = component_of(name)[0]
+        return {(layer, h) for h in range(trace.anatomy.n_heads)} | {(layer, "b_O")}
+    return {name}
+
+
+def _checked_senders(trace, group: tuple[str, ...]) -> None:
+    """``InputError`` when senders patched together share a write (counted twice otherwise)."""
+    seen: dict = {}
+    for name in group:
+        for part in _parts(trace, name):
+            if part in seen:
+                raise InputError(f"senders patched together share a write: {seen[part]!r} and {name!r} "
+                                 "(a head is part of its attention); name each write once")
+            seen[part] = name
 
 
 def _carried(trace, delta: Tensor, start: int, stop: int) -> Tensor:
@@ -214,47 +283,59 @@ def _carried(trace, delta: Tensor, start: int, stop: int) -> Tensor:
     return delta
 
 
-def _read_points(trace) -> dict[str, tuple[Tensor, str | None]]:
-    """Every component's clean stream at its read point and the norm it reads through.
-
-    And ``"outputs"``: an empty cache of the reading projections' clean outputs (``_edits``).
-    """
-    reads: dict = {s.op.component: (s.x, s.op.norm) for s in walk_stream(trace) if isinstance(s.op, Read)}
-    return {**reads, "outputs": {}}
-
-
-def _edits(trace, receiver: _Receiver, delta: Tensor, reads: dict, rows: slice) -> list[tuple]:
+def _edits(trace, receiver: _Receiver, delta: Tensor, rows: slice) -> list[tuple]:
     """Hooks giving ``receiver`` the stream plus ``delta`` at its read, in ``rows`` of the pass.
 
-    ``reads``: ``_read_points``'s, whose ``"outputs"`` entry caches each projection's clean output.
+    A pre-hook keeps the stream where the receiver reads it in this pass (its read norm's
+    input, or a projection's for a raw read); each reading's hook adds ``f(N(x + Δ)) − f(N(x))``
+    of that stream, so a receiver after another of its group reads the stream as that one
+    left it.
     """
-    model = trace.model
+    model, a = trace.model, trace.anatomy
     if receiver.component is None:  # the logits: the stream after the last block
-        return [(trace.anatomy.modules.layers[-1], _adding(delta.to(model.device, model.dtype), rows, None))]
-    x, norm = reads[receiver.component]
-    live = (lambda s: s) if norm is None else trace.anatomy.norms[norm].apply
-    after = live(x + delta).to(model.device, model.dtype)
-    edits = []
-    with torch.inference_mode():
-        for path, columns in receiver.columns:
-            forward = model.module.get_submodule(path).forward  # not __call__: no hooks of its own
-            if path not in reads["outputs"]:
-                reads["outputs"][path] = forward(live(x).to(model.device, model.dtype))
-            edits.append((path, _adding(forward(after) - reads["outputs"][path], rows, columns)))
+        d = delta.to(model.device, model.dtype)
+        return [(a.modules.layers[-1], lambda module, args, output: in_rows(
+            output, rows, (first_output(output)[rows] if rows != ALL else first_output(output)) + d))]
+    norm = (lambda s: s) if receiver.norm is None else a.norms[receiver.norm].apply
+    named = dict(model.module.named_modules())
+    stream: dict[str, Tensor] = {}
+    edits: list[tuple] = []
+    for g in receiver.readings:
+        source = g.chain[0] if receiver.norm is None else a.modules.norms[receiver.norm]
+        if not any(e[0] == source and len(e) == 3 for e in edits):
+            edits.append((source, _keeping(stream, source), True))
+        edits.append((g.hook, _reading([named[p].forward for p in g.chain], stream, source, norm,
+                                       delta.to(model.device), rows, g.columns)))
     return edits
 
 
-def _adding(diff: Tensor, rows: slice, columns: Tensor | None) -> Callable:
-    """A forward hook adding ``diff`` (only its ``columns``) to ``rows`` of a module's output."""
-    if columns is not None:
-        kept = torch.zeros_like(diff)
-        kept[..., columns] = diff[..., columns]
-        diff = kept
+def _keeping(stream: dict, source: str) -> Callable:
+    """A forward pre-hook keeping the module's main input in ``stream[source]`` (changing nothing)."""
+    def hook(module, args, kwargs):
+        stream[source] = first_input(args, kwargs)
+    return hook
 
+
+def _reading(chain: list[Callable], stream: dict, source: str, norm: Callable, delta: Tensor, rows: slice,
+             columns: Tensor | None) -> Callable:
+    """A forward hook adding ``f(N(x + Δ)) − f(N(x))`` to ``rows`` of the output, on ``columns`` only.
+
+    ``f``: ``chain`` in turn, each module's ``forward`` (not ``__call__``: no hooks of its own);
+    ``x``: ``stream[source]``, kept by ``_keeping`` earlier in the pass.
+    """
     def hook(module, args, output):
+        x = stream[source]
+        x = x[rows] if rows != ALL else x
+        wide_x = wide(x)
+        before, after = norm(wide_x).to(x.dtype), norm(wide_x + delta.to(wide_x.dtype)).to(x.dtype)
+        for f in chain:
+            before, after = f(before), f(after)
+        diff = after - before
+        if columns is not None:
+            diff = torch.zeros_like(diff).index_copy_(-1, columns.to(diff.device),
+                                                      diff.index_select(-1, columns.to(diff.device)))
         y = first_output(output)
         return in_rows(output, rows, (y[rows] if rows != ALL else y) + diff.to(y.dtype))
-
     return hook
 
 
@@ -283,9 +364,10 @@ def path_patch(trace, reference, metric: Callable[[Tensor], Tensor | float], *,
     receive = _groups(receivers, [LOGITS], "receivers", "['L9H6.q', 'L9.attn', 'logits']")
     mask = position_mask(trace, positions)
     heads: dict = {}
+    for g in send:
+        _checked_senders(trace, g)
     senders_of = [[_sender(trace, reference, n, mask, heads) for n in g] for g in send]
-    receivers_of = [[_receiver(trace, n) for n in g] for g in receive]
-    reads = _read_points(trace)
+    receivers_of = [_merged([_receiver(trace, n) for n in g]) for g in receive]
     rows = trace.tokens.shape[0]
     clean = metric_values(metric, trace.logits.float().clone(), rows)
     out = clean.expand(len(send), len(receive), len(clean)).clone()
@@ -294,7 +376,7 @@ def path_patch(trace, reference, metric: Callable[[Tensor], Tensor | float], *,
 
     def measure(chunk: list) -> None:
         edits = [e for c, (_, _, deltas) in enumerate(chunk) for r, d in deltas
-                 for e in _edits(trace, r, d, reads, copy_rows(trace, c) if len(chunk) > 1 else ALL)]
+                 for e in _edits(trace, r, d, copy_rows(trace, c) if len(chunk) > 1 else ALL)]
         logits = stacked_logits(trace, edits, len(chunk))
         for c, (i, j, _) in enumerate(chunk):
             mine = logits[c * rows:(c + 1) * rows].to(trace.tokens.device, torch.float32, copy=True)
