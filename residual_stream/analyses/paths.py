@@ -302,7 +302,7 @@ def _edits(trace, receiver: _Receiver, delta: Tensor, rows: slice) -> list[tuple
     edits: list[tuple] = []
     for g in receiver.readings:
         source = g.chain[0] if receiver.norm is None else a.modules.norms[receiver.norm]
-        if not any(e[0] == source and len(e) == 3 for e in edits):
+        if source not in {e[0] for e in edits if len(e) == 3}:  # one pre-hook per source
             edits.append((source, _keeping(stream, source), True))
         edits.append((g.hook, _reading([named[p].forward for p in g.chain], stream, source, norm,
                                        delta.to(model.device), rows, g.columns)))
