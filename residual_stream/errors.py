@@ -158,6 +158,10 @@ class ContextLengthError(InputError):
         self.tokens, self.limit, self.model = tokens, limit, model
 
 
+class TraceTooLargeError(InputError, MemoryError):
+    """The tensors a trace keeps would not fit in the memory available where it is made."""
+
+
 class NonFiniteError(ResidualStreamError, FloatingPointError):
     """NaN or inf appeared in the residual stream."""
 

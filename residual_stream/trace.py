@@ -29,6 +29,7 @@ from .capture import Captured, capture
 from .decomposition import Contributions, Sources, Write, replay, replay_to_read
 from .errors import NonFiniteError, NotAvailableError, UnknownNameError, check_flag, layer_index, need_model
 from .inputs import Batch, Overflow, encode
+from .memory import check_trace_fits
 from .program import Point, Read
 from .walk import component_of, final_stream, walk_stream
 from .weights import attn_W_O, bias_of, head_writes
@@ -248,6 +249,8 @@ def trace(
         EmptyTextError: A text is empty.
         ContextLengthError: A text is too long and ``overflow="error"``.
         NonFiniteError: NaN or inf appears in the stream (names the first layer and component).
+        TraceTooLargeError: What the trace keeps (``memory.trace_bytes``) exceeds the memory
+            available where the model runs; nothing is run.
     """
     need_model(model, "trace")
     check_flag("verify", verify)
@@ -257,7 +260,11 @@ def trace(
 
 
 def trace_batch(model: Model, batch: Batch, *, verify: bool = False, patterns: bool = False) -> Trace:
-    """Capture one forward pass over an already tokenized ``Batch`` (see ``trace``)."""
+    """Capture one forward pass over an already tokenized ``Batch`` (see ``trace``).
+
+    Refused first (``TraceTooLargeError``) when what it keeps would not fit in memory.
+    """
+    check_trace_fits(model, tuple(batch.tokens.shape), verify=verify, patterns=patterns)
     captured = capture(model.module, model.anatomy, batch.tokens.to(model.device),
                        batch.attention_mask.to(model.device), verify=verify, patterns=patterns)
     result = Trace(model, batch, captured)

@@ -1,0 +1,75 @@
+"""What a trace will hold, counted before the forward pass, and the memory there is for it.
+
+A trace keeps every stream point, every attention's ``z`` and MLP write, every norm's scale
+and the logits of every token, in float32: for SmolLM2 about 400 KB a token, half of it the
+logits over 49,152 tokens. ``rs.trace`` of a corpus-sized batch would fill the machine and
+end in the system's out-of-memory kill; counting first turns that into an error that says
+what to do (fewer or shorter texts, or ``rs.scan``, which keeps statistics, not tensors).
+"""
+
+from __future__ import annotations
+
+import psutil
+import torch
+
+from .errors import TraceTooLargeError
+
+FLOAT32 = 4  # bytes: every captured tensor is float32
+
+
+def trace_bytes(anatomy, shape: tuple[int, int], *, verify: bool = False, patterns: bool = False) -> int:
+    """The bytes ``capture`` keeps for a batch of ``shape`` ``(batch, pos)``, counted from the anatomy.
+
+    Exactly the tensors of ``Captured``: the stream at every point, each embedding's output,
+    each attention's ``z`` (``n_heads × d_head``), each MLP write, a scale per norm and token,
+    the logits (with an LM head); with ``verify``, each norm module's input and each attention
+    output; with ``patterns``, every layer's ``[batch, head, query, key]`` attention.
+    """
+    a, m = anatomy, anatomy.modules
+    tokens = shape[0] * shape[1]
+    per_token = (len(m.layers) + 1 + len(m.embeds) + len(m.mlp_out)) * a.d_model
+    per_token += len(m.attn_out) * a.n_heads * a.d_head + len(m.norms)
+    per_token += a.d_vocab if a.has_lm_head else 0
+    if verify:
+        per_token += (len(set(m.norms.values())) + len(m.attn_out)) * a.d_model
+    total = tokens * per_token
+    if patterns:
+        total += a.n_layers * a.n_heads * shape[0] * shape[1] ** 2
+    return total * FLOAT32
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Memory free for new tensors on ``device``.
+
+    The system's available memory for the CPU, the driver's free memory for a CUDA device,
+    None where neither can say (MPS, meta).
+    """
+    if device.type == "cpu":
+        return int(psutil.virtual_memory().available)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    return None
+
+
+def check_trace_fits(model, shape: tuple[int, int], *, verify: bool = False, patterns: bool = False) -> None:
+    """``TraceTooLargeError`` when a trace of ``shape`` would hold more than the memory available.
+
+    Checked before the forward pass, so nothing is run, hooked or kept when it is refused.
+    """
+    need = trace_bytes(model.anatomy, shape, verify=verify, patterns=patterns)
+    free = available_bytes(torch.device(model.device))
+    if free is None or need <= free:
+        return
+    tokens = shape[0] * shape[1]
+    raise TraceTooLargeError(
+        f"tracing {shape[0]} × {shape[1]} tokens would keep {_size(need)} ({_size(need // tokens)} a "
+        f"token: every stream point, write and norm scale, and the logits) and {model.device} has "
+        f"{_size(free)} available: trace fewer or shorter texts (a trace per batch), or use rs.scan, "
+        "which streams a corpus's statistics without keeping the tensors")
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"

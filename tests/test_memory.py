@@ -1,0 +1,72 @@
+"""The memory a trace keeps, counted before the forward pass, and the refusal when it will not fit."""
+
+import pytest
+import torch
+from conftest import TEXTS
+from tiny_hf import build
+
+import residual_stream as rs
+from residual_stream import memory
+from residual_stream.errors import InputError, TraceTooLargeError
+from residual_stream.inputs import ByteTokenizer, encode
+
+
+def _kept(cap) -> int:
+    """Bytes of every tensor a finished trace holds, walked from the ``Captured`` itself (a norm
+    module's input kept once for all the names it serves)."""
+    tensors = [t for f in ("resid", "embeds", "z", "mlp_out", "norm_scale", "attn_out")
+               for t in getattr(cap, f).values()]
+    tensors += list({id(t): t for t in cap.norm_in.values()}.values())
+    tensors += [cap.logits] if cap.logits is not None else []
+    tensors += list(cap.patterns or ())
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "bert", "gemma2", "gpt_neox_parallel"])
+@pytest.mark.parametrize("extra", [False, True])
+def test_the_count_is_what_a_trace_keeps(name, extra):
+    model = rs.load(build(name), tokenizer=ByteTokenizer())
+    t = rs.trace(model, TEXTS, verify=extra, patterns=extra)
+    counted = memory.trace_bytes(model.anatomy, tuple(t.tokens.shape), verify=extra, patterns=extra)
+    assert counted == _kept(t.captured)
+
+
+@pytest.mark.parametrize("placement", ["post", "sandwich", "deepnorm"])
+def test_the_count_is_what_a_twins_trace_keeps(placement):
+    for d_mlp in (None, 0):  # with an MLP, and attention only
+        options = {} if d_mlp is None else {"d_mlp": d_mlp}
+        model = rs.twin(norm="layernorm", placement=placement, n_layers=2, d_model=32, **options)
+        t = rs.trace(model, TEXTS, verify=True)
+        assert memory.trace_bytes(model.anatomy, tuple(t.tokens.shape), verify=True) == _kept(t.captured)
+
+
+def test_a_trace_that_would_not_fit_is_refused_before_anything_runs(monkeypatch):
+    """One byte short of the count: refused, saying how much and what to do, with no forward
+    pass (a spy on the model) and no hook left; exactly the count: traced."""
+    module = build("llama")
+    model = rs.load(module, tokenizer=ByteTokenizer())
+    shape = tuple(encode(model, TEXTS).tokens.shape)
+    need = memory.trace_bytes(model.anatomy, shape)
+    calls = []
+    module.register_forward_pre_hook(lambda m, a: calls.append(1))
+    before = [dict(m._forward_pre_hooks) | dict(m._forward_hooks) for m in module.modules()]
+    monkeypatch.setattr(memory, "available_bytes", lambda device: need - 1)
+    with pytest.raises(TraceTooLargeError) as err:
+        rs.trace(model, TEXTS)
+    kb = f"{need / 1024:.1f} KB"
+    assert f"tracing 2 × {shape[1]} tokens would keep {kb} (" in str(err.value)
+    assert f"cpu has {(need - 1) / 1024:.1f} KB available: trace fewer or shorter texts" in str(err.value)
+    assert "rs.scan" in str(err.value)
+    assert isinstance(err.value, InputError) and isinstance(err.value, MemoryError)
+    assert not calls
+    assert [dict(m._forward_pre_hooks) | dict(m._forward_hooks) for m in module.modules()] == before
+    monkeypatch.setattr(memory, "available_bytes", lambda device: need)
+    assert rs.trace(model, TEXTS).tokens.shape == shape and calls == [1]
+
+
+def test_available_memory_is_the_systems():
+    """On Linux, the kernel's own MemAvailable (within what changes between the two reads)."""
+    with open("/proc/meminfo") as f:
+        kernel = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    assert memory.available_bytes(torch.device("cpu")) == pytest.approx(kernel, rel=0.05)
+    assert memory.available_bytes(torch.device("meta")) is None
