@@ -203,21 +203,45 @@ def test_patching_figure_shows_the_share_per_point_and_token():
 
 
 @pytest.mark.parametrize("mode", ["patch", "mean", "zero"])
-def test_ablated_runs_stacked_in_one_pass_equal_runs_one_at_a_time(mode):
-    """``ablation_check(reads=False)`` stacks ``batch_size`` ablated runs per pass, each copy's
-    hook confined to its rows: two heads of one layer, that layer's whole attention and its MLP
-    land in one pass next to each other; every output equals the run alone (``batch_size=1``,
-    which the tests against the HF module's own hooks in ``test_analyses.py`` pin down)."""
+@pytest.mark.parametrize("reads", [False, True])
+def test_ablated_runs_stacked_in_one_pass_equal_runs_one_at_a_time(mode, reads):
+    """``ablation_check`` stacks ``batch_size`` ablated runs per pass, each copy's hook confined
+    to its rows: two heads of one layer, that layer's whole attention and its MLP land in one
+    pass next to each other; every output (with reads, every later read's change, walked from
+    the copy's rows of the capture) equals the run alone (``batch_size=1``, which the tests
+    against the HF module's own hooks in ``test_analyses.py`` pin down)."""
     _, model, clean, other = _setup("llama")
     writes = ["L1H0", "L1H2", "L1.attn", "L1.mlp", "L0H3", "L2.mlp", "L0.attn"]
     ref = other if mode != "zero" else None
-    kw = dict(writes=writes, mode=mode, reference=ref, metric=_diff(clean), reads=False)
+    kw = dict(writes=writes, mode=mode, reference=ref, metric=_diff(clean), reads=reads)
     for positions in (None, [5, -1]):
-        one = rs.ablation_check(clean, batch_size=1, positions=positions, **kw).outputs()
-        stacked = rs.ablation_check(clean, batch_size=3, positions=positions, **kw).outputs()
+        one = rs.ablation_check(clean, batch_size=1, positions=positions, **kw)
+        stacked = rs.ablation_check(clean, batch_size=3, positions=positions, **kw)
         for col in ("logit_kl", "last_kl", "top_logit_change", "loss_change", "metric"):
-            assert stacked[col].to_numpy() == pytest.approx(one[col].to_numpy(), abs=ATOL), (col, positions)
-        assert (one.metric_change.abs() > 10 * ATOL).sum() >= 5  # the writes matter
+            want = one.outputs()[col].to_numpy()
+            assert stacked.outputs()[col].to_numpy() == pytest.approx(want, abs=ATOL), (col, positions)
+        assert (one.outputs().metric_change.abs() > 10 * ATOL).sum() >= 5  # the writes matter
+        assert torch.allclose(stacked.effect, one.effect, atol=1e-6, equal_nan=True)
+        assert (one.effect > 1e-3).sum() >= (5 if reads else 0) and one.effect.isnan().all() == (not reads)
+
+
+def test_stacked_captures_keep_to_their_budget(monkeypatch):
+    """With reads, a pass holds no more copies than keep their captures within the budget: two
+    copies' worth of ``memory.trace_bytes`` gives passes of at most two copies."""
+    import residual_stream.analyses.ablation as ablation
+    from residual_stream.memory import trace_bytes
+
+    module, model, clean, other = _setup("llama")
+    b = clean.tokens.shape[0]
+    monkeypatch.setattr(ablation, "CAPTURE_BUDGET", 2 * trace_bytes(model.anatomy, tuple(clean.tokens.shape)))
+    seen = []
+    handle = module.model.embed_tokens.register_forward_hook(lambda m, a, out: seen.append(out.shape[0]))
+    try:
+        check = rs.ablation_check(clean, writes=["L0H0", "L0H1", "L1.mlp", "L2.attn", "L2.mlp"])
+    finally:
+        handle.remove()
+    assert seen == [b, 2 * b, 2 * b, b]  # the clean pass, then 2 + 2 + 1 ablated runs
+    assert check.effect.shape == (5, 6)
 
 
 def test_outputs_only_of_a_model_without_an_lm_head_is_refused():

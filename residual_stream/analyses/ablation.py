@@ -29,7 +29,7 @@ head granularity), a whole attention's that of its summed write.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal, get_args
 
 import numpy as np
@@ -38,8 +38,9 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from ..capture import capture, first_output
+from ..capture import Captured, capture, first_output
 from ..errors import InputError, NotAvailableError, check_choice, check_flag, need_trace
+from ..memory import trace_bytes
 from ..walk import component_of, head_of, read_inputs
 from ..weights import attn_W_O
 from .ablation_args import checked_metric, checked_writes, metric_values, position_mask, reference_trace
@@ -48,6 +49,8 @@ from .lens import log_probs
 from .patching import ALL, copy_rows, in_rows, stack_size, stacked_logits
 from .results import CompactRepr
 from .tokens import masked_mean
+
+CAPTURE_BUDGET = 2**30  # bytes of stacked captures (every read kept) an ablation pass may hold
 
 Mode = Literal["mean", "zero", "patch"]
 
@@ -262,8 +265,14 @@ class _Edit:
         return build(self.trace, write, self.mode, self.source, self.where, rows)
 
 
-def _with_reads(trace, writes, readers, later, edit: _Edit, metric, k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``(effect, outputs, metric)`` of each write's ablation, one pass each, every read captured."""
+def _with_reads(trace, writes, readers, later, edit: _Edit, metric, k: int,
+                batch_size: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``(effect, outputs, metric)`` of each write's ablation, every read captured.
+
+    Ablated runs are stacked ``batch_size`` per pass, fewer where their captures would pass
+    ``CAPTURE_BUDGET`` bytes (``memory.trace_bytes`` per copy); each copy's reads are walked
+    from its rows of the capture.
+    """
     a, mask = trace.anatomy, trace.attention_mask
     tokens, dev_mask = trace.tokens.to(trace.model.device), mask.to(trace.model.device)
     # every pass, the clean one too, with attention outputs whole: as the edit leaves them (per-
@@ -274,18 +283,31 @@ def _with_reads(trace, writes, readers, later, edit: _Edit, metric, k: int) -> t
     outputs = torch.full((len(writes), 4), float("nan"))  # logit_kl, last_kl, top, loss
     measured = torch.full((len(writes), k), float("nan"), dtype=torch.float64)
     meter = _output_meter(trace) if a.has_lm_head else None
-    for i, write in enumerate(writes):
-        cap = capture(trace.model.module, a, tokens, dev_mask, edits=[edit(write)], heads=False)
-        inputs = read_inputs(trace, cap)
-        for j, reader in enumerate(readers):
-            if later[i, j]:
-                change = (inputs[reader] - clean[reader]).norm(dim=-1) / clean[reader].norm(dim=-1)
-                effect[i, j] = float(masked_mean(change, mask))
-        if meter is not None:
-            outputs[i] = meter(cap.logits)
-        if metric is not None:
-            measured[i] = metric_values(metric, cap.logits.float(), len(tokens), k)
+    stack = max(1, min(batch_size, CAPTURE_BUDGET // trace_bytes(a, tuple(tokens.shape))))
+    for start in range(0, len(writes), stack):
+        chunk = range(start, min(start + stack, len(writes)))
+        n = len(chunk)
+        cap = capture(trace.model.module, a, tokens.repeat(n, 1), dev_mask.repeat(n, 1), heads=False,
+                      edits=[edit(writes[i], c, n) for c, i in enumerate(chunk)])
+        for c, i in enumerate(chunk):
+            mine = _copy_of(cap, copy_rows(trace, c)) if n > 1 else cap
+            inputs = read_inputs(trace, mine)
+            for j, reader in enumerate(readers):
+                if later[i, j]:
+                    change = (inputs[reader] - clean[reader]).norm(dim=-1) / clean[reader].norm(dim=-1)
+                    effect[i, j] = float(masked_mean(change, mask))
+            if meter is not None:
+                outputs[i] = meter(mine.logits)
+            if metric is not None:
+                measured[i] = metric_values(metric, mine.logits.float().clone(), len(tokens), k)
     return effect, outputs, measured
+
+
+def _copy_of(cap: Captured, rows: slice) -> Captured:
+    """``rows`` of every tensor of a capture of stacked copies: one copy's own capture (views)."""
+    parts = {f.name: {key: t[rows] for key, t in getattr(cap, f.name).items()}
+             for f in fields(cap) if isinstance(getattr(cap, f.name), dict)}
+    return Captured(**parts, logits=None if cap.logits is None else cap.logits[rows])
 
 
 def _outputs_only(trace, writes, edit: _Edit, metric, batch_size: int, k: int) -> tuple[Tensor, Tensor]:
@@ -328,10 +350,10 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
     the part of the way from the clean value to it that the ablation moves: patching from a
     corrupted run, the share of the effect a write carries). ``positions``: replace only
     there, token indices in each row (``-1``: each row's last real token; a list of them) or
-    a ``[batch, pos]`` bool mask; a mean is still over every real token. ``batch_size``: with
-    ``reads=False``, ablated runs stacked per forward pass (default: as many as keep their logits
-    within 1 GiB, at most 16; memory grows with it: that many copies of the batch's activations
-    and logits); with reads, each write is one pass.
+    a ``[batch, pos]`` bool mask; a mean is still over every real token. ``batch_size``:
+    ablated runs stacked per forward pass (default: as many as keep their logits within 1 GiB,
+    at most 16; memory grows with it: that many copies of the batch's activations and logits);
+    with reads, also no more than keep their captures within 1 GiB.
     """
     need_trace(trace, "ablation_check")
     check_flag("reads", reads)
@@ -355,7 +377,7 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
     later = a.sees(owners, readers) & reads  # the pairs that count: the reader reads after the write
     edit = _Edit(trace, mode, source, where)
     if reads:
-        effect, outputs, measured = _with_reads(trace, writes, readers, later, edit, metric, k)
+        effect, outputs, measured = _with_reads(trace, writes, readers, later, edit, metric, k, batch_size)
     else:
         effect = torch.full((len(writes), len(readers)), float("nan"))
         outputs, measured = _outputs_only(trace, writes, edit, metric, batch_size, k)

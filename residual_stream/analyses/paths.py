@@ -41,17 +41,13 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from ..capture import first_input, first_output
-from ..devices import parameter
-from ..errors import InputError, UnknownNameError
 from ..fusion import wide
-from ..program import Add, Embed, Mark, Norm, Read, Scale
-from ..walk import component_of
+from ..program import Add, Norm, Scale
+from . import path_args
 from .ablation_args import checked_patching, metric_values, position_mask
 from .patching import ALL, Shares, copy_rows, in_rows, stack_size, stacked_logits
+from .path_args import LOGITS, Receiver
 from .results import CompactRepr
-
-LOGITS = "logits"  # the receiver that is the unembedding's read
-CHANNELS = ("q", "k", "v")
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -91,180 +87,6 @@ class PathPatching(Shares, CompactRepr):
         return frame
 
 
-@dataclass(frozen=True)
-class _Sender:
-    name: str
-    start: int                    # index of its Add (or Embed) in the program
-    delta: Callable[[], Tensor]   # reference write − clean write (before any write norm), when asked
-
-
-@dataclass(frozen=True)
-class _Reading:
-    """One module whose output a receiver changes.
-
-    ``chain`` (module paths applied in turn) maps the stream, as the receiver reads it, to that
-    output; ``columns`` are the output's that change (None: all).
-    """
-
-    hook: str
-    chain: tuple[str, ...]
-    columns: Tensor | None
-
-
-@dataclass(frozen=True)
-class _Receiver:
-    name: str
-    stop: int                     # index of its Read (or of Mark(n_layers) for the logits)
-    component: str | None         # None: the logits
-    norm: str | None              # the norm it reads through (None: the raw stream)
-    readings: tuple[_Reading, ...]
-
-
-def _group(item: object, what: str) -> tuple[str, ...]:
-    names = (item,) if isinstance(item, str) else tuple(item) if isinstance(item, (list, tuple)) else None
-    if not names or not all(isinstance(n, str) for n in names):
-        raise InputError(f"each of {what} is a name or a tuple of names patched together, not {item!r}")
-    return names
-
-
-def _groups(items: object, default: list[str], what: str, example: str) -> list[tuple[str, ...]]:
-    if items is None:
-        return [(n,) for n in default]
-    if isinstance(items, str):
-        return [(items,)]
-    if not isinstance(items, (list, tuple)) or not items:
-        raise InputError(f"{what} is a name or a list of them (a tuple in it: patched together), e.g. "
-                         f"{example}; not {items!r}")
-    return [_group(i, what) for i in items]
-
-
-def _sender(trace, reference, name: str, mask: Tensor | None, heads: dict) -> _Sender:
-    """``name`` checked; its write's difference is made when asked, at ``mask``'s tokens.
-
-    ``heads`` keeps one layer's head-write differences while senders of that layer follow
-    each other (every head, by default).
-    """
-    a, program = trace.anatomy, trace.anatomy.program
-    head = a.head(name)
-    component = f"L{head[0]}.attn" if head else name
-    if name in a.embeds:
-        start = next(i for i, op in enumerate(program) if isinstance(op, Embed) and op.label == name)
-    elif head or component in {c.name for c in a.components}:
-        start = next(i for i, op in enumerate(program) if isinstance(op, Add) and op.component == component)
-    else:
-        raise UnknownNameError(f"no sender {name!r}: senders are heads (L0H0…L{a.n_layers - 1}"
-                               f"H{a.n_heads - 1}), components ('L0.attn', 'L0.mlp') or embeddings "
-                               f"{list(a.embeds)}")
-
-    def difference() -> Tensor:
-        if name in a.embeds:
-            return reference.captured.embeds[name] - trace.captured.embeds[name]
-        layer, kind = component_of(component)
-        if head:
-            if heads.get("layer") != layer:
-                heads.update(layer=layer, writes=reference.head_writes(layer) - trace.head_writes(layer))
-            return heads["writes"][head[1]]
-        write = "attn_write" if kind == "attn" else "mlp_write"
-        return getattr(reference, write)(layer) - getattr(trace, write)(layer)
-
-    def delta() -> Tensor:
-        return difference() if mask is None else difference() * mask.to(trace.tokens.device)[..., None]
-
-    return _Sender(name, start, delta)
-
-
-def _receiver(trace, name: str) -> _Receiver:
-    a, program = trace.anatomy, trace.anatomy.program
-    if name == LOGITS:
-        stop = next(i for i, op in enumerate(program) if isinstance(op, Mark) and op.point == a.n_layers)
-        return _Receiver(name, stop, None, None, ())
-    head = a.head(name, channel=True)
-    component = f"L{head[0]}.attn" if head else name
-    reads = {op.component: i for i, op in enumerate(program) if isinstance(op, Read)}
-    if component not in reads:
-        raise UnknownNameError(
-            f"no receiver {name!r}: receivers are 'L5.attn', 'L5.mlp', a head 'L5H3' (its query, key "
-            f"and value) or one of them 'L5H3.q', and {LOGITS!r} (layers 0..{a.n_layers - 1})")
-    layer, kind = component_of(component)
-    block = a.modules.layers[layer]
-    if head is not None:
-        channels = (head[2],) if head[2] else CHANNELS
-        readings = tuple(_head_reading(trace, block, head[1], c) for c in channels)
-    else:
-        paths = [p for p in (a.modules.mlp_in, a.modules.mlp_gate) if p] if kind == "mlp" else a.modules.qkv
-        readings = tuple(_Reading(f"{block}.{p}", (f"{block}.{p}",), None) for p in paths)
-    return _Receiver(name, reads[component], component, program[reads[component]].norm, readings)
-
-
-def _head_reading(trace, block: str, head: int, channel: str) -> _Reading:
-    """The module computing ``channel`` of ``head`` and its output columns, for each qkv layout.
-
-    ``separate``: q, k, v modules; ``blocks``: one module, ``[q | k | v]``; ``per_head``: one
-    module, ``[head, (q k v), d_head]``. A key or value head is shared by ``n_heads / n_kv_heads``
-    query heads. Where a norm on the queries (keys) spans every head (OLMo 2), one head's
-    query is patched after it, so that only that head's changes.
-    """
-    a = trace.anatomy
-    c, d = CHANNELS.index(channel), a.d_head
-    group = head if c == 0 else head // (a.n_heads // a.n_kv_heads)
-    layout = a.modules.qkv_layout
-    if layout == "per_head":
-        start = (head * 3 + c) * d
-    else:
-        start = group * d + (0 if layout == "separate" or c == 0 else
-                             a.n_heads * d + (c - 1) * a.n_kv_heads * d)
-    chain = (f"{block}.{a.modules.qkv[c if layout == 'separate' else 0]}",)
-    if a.modules.qk_norms is not None and c < 2:
-        norm = f"{block}.{a.modules.qk_norms[c]}"
-        if parameter(trace.model.module.get_submodule(norm), "weight").numel() != d:  # across heads
-            chain += (norm,)
-    return _Reading(chain[-1], chain, torch.arange(start, start + d))
-
-
-def _merged(receivers: list[_Receiver]) -> list[_Receiver]:
-    """A group's receivers, those reading at one point merged.
-
-    Each module once, with the union of their columns: ``("L5H0.k", "L5H1.k")`` under
-    grouped-query attention is one key head, changed once.
-    """
-    out: dict[str | None, _Receiver] = {}
-    for r in receivers:
-        if r.component not in out:
-            out[r.component] = r
-            continue
-        readings = {g.hook: g for g in out[r.component].readings}
-        for g in r.readings:
-            if g.hook in readings:
-                old = readings[g.hook].columns
-                both = None if old is None or g.columns is None else torch.cat([old, g.columns]).unique()
-                g = _Reading(g.hook, g.chain, both)
-            readings[g.hook] = g
-        out[r.component] = _Receiver(r.name, r.stop, r.component, r.norm, tuple(readings.values()))
-    return list(out.values())
-
-
-def _parts(trace, name: str) -> set:
-    """What a sender writes, as parts that two senders of a group must not share."""
-    head = trace.anatomy.head(name)
-    if head:
-        return {head[:2]}
-    if name.endswith(".attn"):
-        layer = component_of(name)[0]
-        return {(layer, h) for h in range(trace.anatomy.n_heads)} | {(layer, "b_O")}
-    return {name}
-
-
-def _checked_senders(trace, group: tuple[str, ...]) -> None:
-    """``InputError`` when senders patched together share a write (counted twice otherwise)."""
-    seen: dict = {}
-    for name in group:
-        for part in _parts(trace, name):
-            if part in seen:
-                raise InputError(f"senders patched together share a write: {seen[part]!r} and {name!r} "
-                                 "(a head is part of its attention); name each write once")
-            seen[part] = name
-
-
 def _carried(trace, delta: Tensor, start: int, stop: int) -> Tensor:
     """``delta``, added by the op at ``start``, as the stream holds it at op ``stop``.
 
@@ -283,7 +105,7 @@ def _carried(trace, delta: Tensor, start: int, stop: int) -> Tensor:
     return delta
 
 
-def _edits(trace, receiver: _Receiver, delta: Tensor, rows: slice) -> list[tuple]:
+def _edits(trace, receiver: Receiver, delta: Tensor, rows: slice) -> list[tuple]:
     """Hooks giving ``receiver`` the stream plus ``delta`` at its read, in ``rows`` of the pass.
 
     A pre-hook keeps the stream where the receiver reads it in this pass (its read norm's
@@ -360,14 +182,14 @@ def path_patch(trace, reference, metric: Callable[[Tensor], Tensor | float], *,
     checked_patching(trace, reference, metric, "path_patch", "each sender's write")
     stack = stack_size(trace, batch_size, "patched runs")
     a = trace.anatomy
-    send = _groups(senders, list(a.heads), "senders", "['L3H1', ('L4H2', 'L4H7'), 'L2.mlp']")
-    receive = _groups(receivers, [LOGITS], "receivers", "['L9H6.q', 'L9.attn', 'logits']")
+    send = path_args.groups(senders, list(a.heads), "senders", "['L3H1', ('L4H2', 'L4H7'), 'L2.mlp']")
+    receive = path_args.groups(receivers, [LOGITS], "receivers", "['L9H6.q', 'L9.attn', 'logits']")
     mask = position_mask(trace, positions)
     heads: dict = {}
     for g in send:
-        _checked_senders(trace, g)
-    senders_of = [[_sender(trace, reference, n, mask, heads) for n in g] for g in send]
-    receivers_of = [_merged([_receiver(trace, n) for n in g]) for g in receive]
+        path_args.checked_senders(trace, g)
+    senders_of = [[path_args.sender(trace, reference, n, mask, heads) for n in g] for g in send]
+    receivers_of = [path_args.merged([path_args.receiver(trace, n) for n in g]) for g in receive]
     rows = trace.tokens.shape[0]
     clean = metric_values(metric, trace.logits.float().clone(), rows)
     out = clean.expand(len(send), len(receive), len(clean)).clone()

@@ -1,0 +1,202 @@
+"""The senders and receivers of ``path_patch``, checked and resolved to what the hooks need.
+
+A sender is where its write enters the program and how to make the difference of its two
+runs' writes; a receiver is where it reads and which module outputs (and columns) read for
+it. Every function raises the library's error saying what to pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..devices import parameter
+from ..errors import InputError, UnknownNameError
+from ..program import Add, Embed, Mark, Read
+from ..walk import component_of
+
+LOGITS = "logits"  # the receiver that is the unembedding's read
+CHANNELS = ("q", "k", "v")
+
+
+@dataclass(frozen=True)
+class Sender:
+    """A sender: its name, where its write enters the program, and its difference, made when asked."""
+
+    name: str
+    start: int                    # index of its Add (or Embed) in the program
+    delta: Callable[[], Tensor]   # reference write − clean write (before any write norm), when asked
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One module whose output a receiver changes.
+
+    ``chain`` (module paths applied in turn) maps the stream, as the receiver reads it, to that
+    output; ``columns`` are the output's that change (None: all).
+    """
+
+    hook: str
+    chain: tuple[str, ...]
+    columns: Tensor | None
+
+
+@dataclass(frozen=True)
+class Receiver:
+    """A receiver: where it reads, through which norm, and the module outputs that read for it."""
+
+    name: str
+    stop: int                     # index of its Read (or of Mark(n_layers) for the logits)
+    component: str | None         # None: the logits
+    norm: str | None              # the norm it reads through (None: the raw stream)
+    readings: tuple[Reading, ...]
+
+
+def _group(item: object, what: str) -> tuple[str, ...]:
+    names = (item,) if isinstance(item, str) else tuple(item) if isinstance(item, (list, tuple)) else None
+    if not names or not all(isinstance(n, str) for n in names):
+        raise InputError(f"each of {what} is a name or a tuple of names patched together, not {item!r}")
+    return names
+
+
+def groups(items: object, default: list[str], what: str, example: str) -> list[tuple[str, ...]]:
+    """``items`` (a name, or a list of names and tuples of names) as groups; ``default`` for None."""
+    if items is None:
+        return [(n,) for n in default]
+    if isinstance(items, str):
+        return [(items,)]
+    if not isinstance(items, (list, tuple)) or not items:
+        raise InputError(f"{what} is a name or a list of them (a tuple in it: patched together), e.g. "
+                         f"{example}; not {items!r}")
+    return [_group(i, what) for i in items]
+
+
+def sender(trace, reference, name: str, mask: Tensor | None, heads: dict) -> Sender:
+    """``name`` checked; its write's difference is made when asked, at ``mask``'s tokens.
+
+    ``heads`` keeps one layer's head-write differences while senders of that layer follow
+    each other (every head, by default).
+    """
+    a, program = trace.anatomy, trace.anatomy.program
+    head = a.head(name)
+    component = f"L{head[0]}.attn" if head else name
+    if name in a.embeds:
+        start = next(i for i, op in enumerate(program) if isinstance(op, Embed) and op.label == name)
+    elif head or component in {c.name for c in a.components}:
+        start = next(i for i, op in enumerate(program) if isinstance(op, Add) and op.component == component)
+    else:
+        raise UnknownNameError(f"no sender {name!r}: senders are heads (L0H0…L{a.n_layers - 1}"
+                               f"H{a.n_heads - 1}), components ('L0.attn', 'L0.mlp') or embeddings "
+                               f"{list(a.embeds)}")
+
+    def difference() -> Tensor:
+        if name in a.embeds:
+            return reference.captured.embeds[name] - trace.captured.embeds[name]
+        layer, kind = component_of(component)
+        if head:
+            if heads.get("layer") != layer:
+                heads.update(layer=layer, writes=reference.head_writes(layer) - trace.head_writes(layer))
+            return heads["writes"][head[1]]
+        write = "attn_write" if kind == "attn" else "mlp_write"
+        return getattr(reference, write)(layer) - getattr(trace, write)(layer)
+
+    def delta() -> Tensor:
+        return difference() if mask is None else difference() * mask.to(trace.tokens.device)[..., None]
+
+    return Sender(name, start, delta)
+
+
+def receiver(trace, name: str) -> Receiver:
+    """Receiver ``name`` checked and resolved: its read point and the outputs to change."""
+    a, program = trace.anatomy, trace.anatomy.program
+    if name == LOGITS:
+        stop = next(i for i, op in enumerate(program) if isinstance(op, Mark) and op.point == a.n_layers)
+        return Receiver(name, stop, None, None, ())
+    head = a.head(name, channel=True)
+    component = f"L{head[0]}.attn" if head else name
+    reads = {op.component: i for i, op in enumerate(program) if isinstance(op, Read)}
+    if component not in reads:
+        raise UnknownNameError(
+            f"no receiver {name!r}: receivers are 'L5.attn', 'L5.mlp', a head 'L5H3' (its query, key "
+            f"and value) or one of them 'L5H3.q', and {LOGITS!r} (layers 0..{a.n_layers - 1})")
+    layer, kind = component_of(component)
+    block = a.modules.layers[layer]
+    if head is not None:
+        channels = (head[2],) if head[2] else CHANNELS
+        readings = tuple(_head_reading(trace, block, head[1], c) for c in channels)
+    else:
+        paths = [p for p in (a.modules.mlp_in, a.modules.mlp_gate) if p] if kind == "mlp" else a.modules.qkv
+        readings = tuple(Reading(f"{block}.{p}", (f"{block}.{p}",), None) for p in paths)
+    return Receiver(name, reads[component], component, program[reads[component]].norm, readings)
+
+
+def _head_reading(trace, block: str, head: int, channel: str) -> Reading:
+    """The module computing ``channel`` of ``head`` and its output columns, for each qkv layout.
+
+    ``separate``: q, k, v modules; ``blocks``: one module, ``[q | k | v]``; ``per_head``: one
+    module, ``[head, (q k v), d_head]``. A key or value head is shared by ``n_heads / n_kv_heads``
+    query heads. Where a norm on the queries (keys) spans every head (OLMo 2), one head's
+    query is patched after it, so that only that head's changes.
+    """
+    a = trace.anatomy
+    c, d = CHANNELS.index(channel), a.d_head
+    group = head if c == 0 else head // (a.n_heads // a.n_kv_heads)
+    layout = a.modules.qkv_layout
+    if layout == "per_head":
+        start = (head * 3 + c) * d
+    else:
+        start = group * d + (0 if layout == "separate" or c == 0 else
+                             a.n_heads * d + (c - 1) * a.n_kv_heads * d)
+    chain = (f"{block}.{a.modules.qkv[c if layout == 'separate' else 0]}",)
+    if a.modules.qk_norms is not None and c < 2:
+        norm = f"{block}.{a.modules.qk_norms[c]}"
+        if parameter(trace.model.module.get_submodule(norm), "weight").numel() != d:  # across heads
+            chain += (norm,)
+    return Reading(chain[-1], chain, torch.arange(start, start + d))
+
+
+def merged(receivers: list[Receiver]) -> list[Receiver]:
+    """A group's receivers, those reading at one point merged.
+
+    Each module once, with the union of their columns: ``("L5H0.k", "L5H1.k")`` under
+    grouped-query attention is one key head, changed once.
+    """
+    out: dict[str | None, Receiver] = {}
+    for r in receivers:
+        if r.component not in out:
+            out[r.component] = r
+            continue
+        readings = {g.hook: g for g in out[r.component].readings}
+        for g in r.readings:
+            if g.hook in readings:
+                old = readings[g.hook].columns
+                both = None if old is None or g.columns is None else torch.cat([old, g.columns]).unique()
+                g = Reading(g.hook, g.chain, both)
+            readings[g.hook] = g
+        out[r.component] = Receiver(r.name, r.stop, r.component, r.norm, tuple(readings.values()))
+    return list(out.values())
+
+
+def _parts(trace, name: str) -> set:
+    """What a sender writes, as parts that two senders of a group must not share."""
+    head = trace.anatomy.head(name)
+    if head:
+        return {head[:2]}
+    if name.endswith(".attn"):
+        layer = component_of(name)[0]
+        return {(layer, h) for h in range(trace.anatomy.n_heads)} | {(layer, "b_O")}
+    return {name}
+
+
+def checked_senders(trace, group: tuple[str, ...]) -> None:
+    """``InputError`` when senders patched together share a write (counted twice otherwise)."""
+    seen: dict = {}
+    for name in group:
+        for part in _parts(trace, name):
+            if part in seen:
+                raise InputError(f"senders patched together share a write: {seen[part]!r} and {name!r} "
+                                 "(a head is part of its attention); name each write once")
+            seen[part] = name
