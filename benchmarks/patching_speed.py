@@ -4,7 +4,9 @@ IOI prompts on SmolLM2 (or ``--model``). Side by side in this process: a plain f
 the batch (the baseline); ``rs.patch_stream`` over every point and token with
 ``batch_size=1`` (one patched run per forward pass) and ``--stack`` (that many per pass);
 ``rs.ablation_check(mode="patch", reads=False)`` of ``--heads`` heads, likewise, and
-``rs.path_patch`` of the same heads into the logits (their direct effects). Each is timed
+``rs.path_patch`` of the same heads into the logits (their direct effects), and
+``rs.ablation_check(mode="patch")`` of every component with every later read captured
+(``reads``). Each is timed
 once after a warm-up pass; the results of the two settings are compared (max difference of
 the metric). ``rs.attribution_patching`` estimates the stream grid from one forward and one
 backward pass: its time, and how well it agrees with the measured grid (Pearson over cells,
@@ -69,6 +71,7 @@ def main() -> None:
         model.module(input_ids=tokens, attention_mask=mask)  # warm-up
         forward, _ = timed(lambda: model.module(input_ids=tokens, attention_mask=mask))
     heads = model.anatomy.heads[-args.heads:]
+    components = [c.name for c in model.anatomy.components]
     out = {"model": args.model, "batch": list(tr.tokens.shape), "threads": torch.get_num_threads(),
            "forward_s": forward, "stack": args.stack}
     for name, call in (
@@ -76,10 +79,12 @@ def main() -> None:
         ("heads", lambda k: rs.ablation_check(tr, writes=heads, mode="patch", reference=other,
                                               metric=metric, reads=False, batch_size=k)),
         ("paths", lambda k: rs.path_patch(tr, other, metric, senders=list(heads), batch_size=k)),
+        ("reads", lambda k: rs.ablation_check(tr, writes=components, mode="patch", reference=other,
+                                              metric=metric, batch_size=k)),
     ):
         one_s, one = timed(lambda call=call: call(1))
         stacked_s, stacked = timed(lambda call=call: call(args.stack))
-        runs = len(heads) if name == "heads" else int(one.run.sum())
+        runs = {"heads": len(heads), "reads": len(components)}.get(name) or int(one.run.sum())
         if name == "heads":
             every_s, every = timed(lambda: rs.attribution_patching_writes(tr, other, metric))
             est = every.total[[every.writes.index(h) for h in heads]] - every.metric_clean
@@ -87,6 +92,9 @@ def main() -> None:
             out["attribution_heads"] = {"s": every_s, "heads": len(every.writes), "measured": len(heads),
                                         "pearson": float(torch.corrcoef(torch.stack([est, got]))[0, 1])}
         a, b = (one.metric, stacked.metric)
+        if name == "reads":  # every later read's change, too
+            a = torch.cat([a, one.effect.nan_to_num().flatten()])
+            b = torch.cat([b, stacked.effect.nan_to_num().flatten()])
         out[name] = {"runs": runs, "one_s": one_s, "stacked_s": stacked_s, "speedup": one_s / stacked_s,
                      "one_per_run_vs_forward": one_s / runs / forward,
                      "stacked_per_run_vs_forward": stacked_s / runs / forward,
@@ -105,7 +113,7 @@ def main() -> None:
     print(f"| what | runs | one per pass | stacked ×{args.stack} | speed-up "
           "| per run / forward (one, stacked) | max metric difference |")
     print("|---|---|---|---|---|---|---|")
-    for name in ("stream", "heads", "paths"):
+    for name in ("stream", "heads", "paths", "reads"):
         r = out[name]
         print(f"| {name} | {r['runs']} | {r['one_s']:.1f} s | {r['stacked_s']:.1f} s | ×{r['speedup']:.2f} | "
               f"{r['one_per_run_vs_forward']:.2f}, {r['stacked_per_run_vs_forward']:.2f} | "
