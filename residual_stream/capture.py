@@ -19,7 +19,7 @@ import weakref
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 from jaxtyping import Float, Int
@@ -42,6 +42,13 @@ class Captured:
     attn_out: dict[int, Tensor] = field(default_factory=dict)
     logits: Tensor | None = None
     patterns: tuple[Tensor, ...] | None = None  # per layer [batch, head, query, key]
+
+    def rows(self, rows: slice) -> Captured:
+        """``rows`` of every tensor (views): one copy's own capture, from a pass over stacked copies."""
+        parts = {f.name: {key: t[rows] for key, t in getattr(self, f.name).items()}
+                 for f in fields(self) if isinstance(getattr(self, f.name), dict)}
+        return Captured(**parts, logits=None if self.logits is None else self.logits[rows],
+                        patterns=None if self.patterns is None else tuple(p[rows] for p in self.patterns))
 
 
 def first_output(x: object) -> Tensor:

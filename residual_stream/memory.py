@@ -41,20 +41,25 @@ def trace_bytes(anatomy, shape: tuple[int, int], *, verify: bool = False, patter
 def available_bytes(device: torch.device) -> int | None:
     """Memory free for new tensors on ``device``.
 
-    The system's available memory for the CPU, the driver's free memory for a CUDA device,
-    None where neither can say (MPS, meta).
+    The system's available memory for the CPU; for a CUDA device the driver's free memory
+    plus what PyTorch's allocator holds cached but unused; None where neither can say (MPS,
+    meta).
     """
     if device.type == "cpu":
         return int(psutil.virtual_memory().available)
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type == "cuda":  # the driver's free memory and what PyTorch holds cached, unused
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(torch.cuda.mem_get_info(device)[0] + cached)
     return None
 
 
 def check_trace_fits(model, shape: tuple[int, int], *, verify: bool = False, patterns: bool = False) -> None:
     """``TraceTooLargeError`` when a trace of ``shape`` would hold more than the memory available.
 
-    Checked before the forward pass, so nothing is run, hooked or kept when it is refused.
+    Checked before the forward pass, so nothing is run, hooked or kept when it is refused. A
+    lower bound of the need: the pass's own activations, and the logits in the model's dtype
+    while their float32 copy is made, come on top, so a trace that passes can still be refused
+    by the system.
     """
     need = trace_bytes(model.anatomy, shape, verify=verify, patterns=patterns)
     free = available_bytes(torch.device(model.device))
@@ -62,10 +67,11 @@ def check_trace_fits(model, shape: tuple[int, int], *, verify: bool = False, pat
         return
     tokens = shape[0] * shape[1]
     raise TraceTooLargeError(
-        f"tracing {shape[0]} × {shape[1]} tokens would keep {_size(need)} ({_size(need // tokens)} a "
-        f"token: every stream point, write and norm scale, and the logits) and {model.device} has "
-        f"{_size(free)} available: trace fewer or shorter texts (a trace per batch), or use rs.scan, "
-        "which streams a corpus's statistics without keeping the tensors")
+        f"tracing {shape[0]} × {shape[1]} tokens would keep at least {_size(need)} "
+        f"({_size(need // tokens)} a token: every stream point, write and norm scale, and the logits) "
+        f"and {model.device} has {_size(free)} available: trace fewer or shorter texts at a time (in "
+        "rs.scan, a smaller batch_size); for a corpus's statistics, rs.scan streams them without "
+        "keeping the tensors")
 
 
 def _size(n: int) -> str:

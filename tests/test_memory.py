@@ -54,7 +54,7 @@ def test_a_trace_that_would_not_fit_is_refused_before_anything_runs(monkeypatch)
     with pytest.raises(TraceTooLargeError) as err:
         rs.trace(model, TEXTS)
     kb = f"{need / 1024:.1f} KB"
-    assert f"tracing 2 × {shape[1]} tokens would keep {kb} (" in str(err.value)
+    assert f"tracing 2 × {shape[1]} tokens would keep at least {kb} (" in str(err.value)
     assert f"cpu has {(need - 1) / 1024:.1f} KB available: trace fewer or shorter texts" in str(err.value)
     assert "rs.scan" in str(err.value)
     assert isinstance(err.value, InputError) and isinstance(err.value, MemoryError)

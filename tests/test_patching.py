@@ -198,7 +198,7 @@ def test_patching_figure_shows_the_share_per_point_and_token():
     assert list(fig.data[0].x) == ["3 e", "4 ␣", "5 c"]  # "<bos>The capital": token 4 is the space
     change = torch.tensor(patching_figure(got, "change").data[0].z, dtype=torch.float32)
     assert torch.allclose(change, (got.metric - got.metric_clean).float())
-    with pytest.raises(ValueError, match="'share' or 'change'"):
+    with pytest.raises(InputError, match=r"measure must be one of \['share', 'change'\], not 'kl'"):
         patching_figure(got, "kl")
 
 
@@ -564,5 +564,5 @@ def test_ablation_check_with_a_metric_per_text_gives_each_texts_change(reads):
         mine = frame[frame.text == r].reset_index(drop=True)
         assert mine.metric.to_numpy() == pytest.approx(alone.metric.to_numpy(), abs=1e-4), r
         assert mine.metric_change.to_numpy() == pytest.approx(alone.metric_change.to_numpy(), abs=1e-4), r
-    with pytest.raises(InputError, match="per-text outputs need a metric"):
+    with pytest.raises(InputError, match="per-text results need a metric"):
         mean.outputs(per_text=True)

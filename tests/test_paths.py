@@ -87,6 +87,7 @@ CASES = [
     ("olmo2", ["L0.mlp"], "L1H2.q", [f"{L['olmo2']}.0.post_feedforward_layernorm"]),
     ("olmo2", ["L0H1"], "L1H3.k", [f"{L['olmo2']}.0.post_attention_layernorm"]),
     ("olmo2", ["embed"], ("L0H0.q", "L1.mlp"), []),
+    ("olmo2", ["L0.mlp"], ("L1.attn", "L1H0"), [f"{L['olmo2']}.0.post_feedforward_layernorm"]),
     ("twin_deepnorm", ["L0.attn"], "L1.attn", ["blocks.0.ln_resid_attn", ALPHA, "blocks.0.ln_resid_mlp"]),
     ("twin_deepnorm", ["L0H2"], "L0.mlp", ["blocks.0.ln_resid_attn"]),
     ("twin_deepnorm", ["L1.mlp"], "L2H1.k", ["blocks.1.ln_resid_mlp"]),
@@ -415,3 +416,8 @@ def test_path_patching_figure_shows_the_largest_senders_and_blanks_pairs_without
     assert largest[rows].min() >= largest.sort(descending=True).values[4]
     every = path_patching_figure(got, "change", top=None)
     assert len(every.data[0].y) == 12 and "largest" not in every.layout.title.text
+    for bad in (0, -1, 2.5, "3"):
+        with pytest.raises(InputError, match="top is how many senders to show"):
+            path_patching_figure.__wrapped__(got, top=bad)
+    with pytest.raises(InputError, match="measure must be one of"):
+        path_patching_figure(got, "kl")

@@ -29,7 +29,7 @@ head granularity), a whole attention's that of its summed write.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Literal, get_args
 
 import numpy as np
@@ -38,12 +38,20 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from ..capture import Captured, capture, first_output
+from ..capture import capture, first_output
 from ..errors import InputError, NotAvailableError, check_choice, check_flag, need_trace
 from ..memory import trace_bytes
 from ..walk import component_of, head_of, read_inputs
 from ..weights import attn_W_O
-from .ablation_args import checked_metric, checked_writes, metric_values, position_mask, reference_trace
+from .ablation_args import (
+    PER_TEXT,
+    checked_metric,
+    checked_writes,
+    metric_values,
+    position_mask,
+    reference_trace,
+    text_shares,
+)
 from .flow import read_attribution
 from .lens import log_probs
 from .patching import ALL, copy_rows, in_rows, stack_size, stacked_logits
@@ -125,15 +133,13 @@ class AblationCheck(CompactRepr):
 def _per_text_frame(check: AblationCheck) -> pd.DataFrame:
     """``AblationCheck.outputs(per_text=True)``."""
     if check.metric_per_text is None:
-        raise InputError("per-text outputs need a metric returning one value per text ([batch]), e.g. "
-                         "logits[rows, last, a] - logits[rows, last, b] without .mean()")
+        raise InputError(PER_TEXT)
     m, clean = check.metric_per_text, check.metric_clean_per_text
     n, b = m.shape
     out = {"write": np.repeat(check.writes, b), "text": list(range(b)) * n, "metric": m.flatten().numpy(),
            "metric_change": (m - clean).flatten().numpy()}
     if check.metric_reference_per_text is not None:  # NaN where a text's two runs agree
-        gap = check.metric_reference_per_text - clean
-        out["metric_share"] = ((m - clean) / gap.where(gap != 0, torch.nan)).flatten().numpy()
+        out["metric_share"] = text_shares(m, clean, check.metric_reference_per_text).flatten().numpy()
     return pd.DataFrame(out)
 
 
@@ -290,7 +296,7 @@ def _with_reads(trace, writes, readers, later, edit: _Edit, metric, k: int,
         cap = capture(trace.model.module, a, tokens.repeat(n, 1), dev_mask.repeat(n, 1), heads=False,
                       edits=[edit(writes[i], c, n) for c, i in enumerate(chunk)])
         for c, i in enumerate(chunk):
-            mine = _copy_of(cap, copy_rows(trace, c)) if n > 1 else cap
+            mine = cap.rows(copy_rows(trace, c)) if n > 1 else cap
             inputs = read_inputs(trace, mine)
             for j, reader in enumerate(readers):
                 if later[i, j]:
@@ -301,13 +307,6 @@ def _with_reads(trace, writes, readers, later, edit: _Edit, metric, k: int,
             if metric is not None:
                 measured[i] = metric_values(metric, mine.logits.float().clone(), len(tokens), k)
     return effect, outputs, measured
-
-
-def _copy_of(cap: Captured, rows: slice) -> Captured:
-    """``rows`` of every tensor of a capture of stacked copies: one copy's own capture (views)."""
-    parts = {f.name: {key: t[rows] for key, t in getattr(cap, f.name).items()}
-             for f in fields(cap) if isinstance(getattr(cap, f.name), dict)}
-    return Captured(**parts, logits=None if cap.logits is None else cap.logits[rows])
 
 
 def _outputs_only(trace, writes, edit: _Edit, metric, batch_size: int, k: int) -> tuple[Tensor, Tensor]:

@@ -145,3 +145,19 @@ def metric_values(metric: Callable[[Tensor], Tensor | float], logits: Tensor, ro
         raise InputError("metric takes the logits [batch, pos, vocab] and returns one number, or one per "
                          f"text ([{rows}]) for per-text results, every call the same; it returned {shape}")
     return value.reshape(-1)
+
+
+PER_TEXT = ("per-text results need a metric returning one value per text ([batch]), e.g. "
+            "logits[rows, last, a] - logits[rows, last, b] without .mean()")
+
+
+def text_shares(values: Tensor | None, clean: Tensor | None, reference: Tensor | None) -> Tensor:
+    """Each text's ``(values − clean) / (reference − clean)``, ``values [..., batch]``.
+
+    NaN where a text's two runs agree; ``InputError`` (``PER_TEXT``) when ``values`` is None
+    (the metric returned one number for all texts).
+    """
+    if values is None:
+        raise InputError(PER_TEXT)
+    gap = reference - clean
+    return (values - clean) / gap.where(gap != 0, torch.nan)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float
@@ -25,7 +26,7 @@ from torch import Tensor
 from ..capture import _forward_kwargs, edited, first_input, first_output, untouched, with_first_input
 from ..errors import InputError, NotAvailableError
 from ..walk import component_of, head_of
-from .ablation_args import checked_patching, checked_writes, metric_values
+from .ablation_args import checked_patching, checked_writes, metric_values, text_shares
 from .patching import StreamPatching, grid_axes, grid_result, position_axis
 from .results import CompactRepr
 
@@ -166,11 +167,7 @@ class WritePatching(CompactRepr):
 
     def text_share(self) -> Float[Tensor, "write batch"]:
         """Each text's ``share`` (NaN where its two runs agree); needs a per-text metric."""
-        if self.per_text_total is None:
-            raise InputError("per-text results need a metric returning one value per text ([batch]), "
-                             "e.g. logits[rows, last, a] - logits[rows, last, b] without .mean()")
-        gap = self.per_text_reference - self.per_text_clean
-        return (self.per_text_total - self.per_text_clean) / gap.where(gap != 0, torch.nan)
+        return text_shares(self.per_text_total, self.per_text_clean, self.per_text_reference)
 
     def to_frame(self, per_text: bool = False) -> pd.DataFrame:
         """Per write: ``write, metric, metric_change, metric_share``, largest change first.
@@ -184,13 +181,12 @@ class WritePatching(CompactRepr):
         order = frame.metric_change.abs().sort_values(ascending=False).index
         if not per_text:
             return frame.reindex(order).reset_index(drop=True)
-        share, b = self.text_share(), self.per_text_total.shape[-1]
-        rows = [(i, t) for i in order for t in range(b)]
-        return pd.DataFrame({"write": [self.writes[i] for i, _ in rows], "text": [t for _, t in rows],
-                             "metric": [float(self.per_text_total[i, t]) for i, t in rows],
-                             "metric_change": [float(self.per_text_total[i, t] - self.per_text_clean[t])
-                                               for i, t in rows],
-                             "metric_share": [float(share[i, t]) for i, t in rows]})
+        share, b = self.text_share()[list(order)], self.per_text_total.shape[-1]
+        total = self.per_text_total[list(order)]
+        return pd.DataFrame({"write": np.repeat([self.writes[i] for i in order], b),
+                             "text": list(range(b)) * len(order), "metric": total.flatten().numpy(),
+                             "metric_change": (total - self.per_text_clean).flatten().numpy(),
+                             "metric_share": share.flatten().numpy()})
 
 
 def attribution_patching_writes(trace, reference, metric: Callable[[Tensor], Tensor], *,

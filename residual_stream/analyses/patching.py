@@ -25,7 +25,7 @@ from torch import Tensor
 
 from ..capture import first_input, first_output, model_logits, with_first_input
 from ..errors import InputError, OutOfRangeError, as_index, batch_count, layer_index, listed
-from .ablation_args import checked_patching, metric_values, position_mask
+from .ablation_args import checked_patching, metric_values, position_mask, text_shares
 from .results import CompactRepr
 
 ALL = slice(None)      # every row of a pass: one copy of the batch
@@ -46,11 +46,7 @@ class Shares:
 
         ``InputError`` when the metric returned one number for all texts.
         """
-        if self.per_text is None:
-            raise InputError("per-text results need a metric returning one value per text ([batch]), "
-                             "e.g. logits[rows, last, a] - logits[rows, last, b] without .mean()")
-        gap = self.per_text_reference - self.per_text_clean
-        return (self.per_text - self.per_text_clean) / gap.where(gap != 0, torch.nan)
+        return text_shares(self.per_text, self.per_text_clean, self.per_text_reference)
 
     def share(self) -> Float[Tensor, "row column"]:
         """``(metric − clean) / (reference − clean)``: the part of the way to the reference's value.

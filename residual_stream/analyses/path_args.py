@@ -162,7 +162,8 @@ def merged(receivers: list[Receiver]) -> list[Receiver]:
     """A group's receivers, those reading at one point merged.
 
     Each module once, with the union of their columns: ``("L5H0.k", "L5H1.k")`` under
-    grouped-query attention is one key head, changed once.
+    grouped-query attention is one key head, changed once. A projection changed whole also
+    covers a head's reading after its norm (OLMo 2's ``("L5.attn", "L5H0")``).
     """
     out: dict[str | None, Receiver] = {}
     for r in receivers:
@@ -176,7 +177,9 @@ def merged(receivers: list[Receiver]) -> list[Receiver]:
                 both = None if old is None or g.columns is None else torch.cat([old, g.columns]).unique()
                 g = Reading(g.hook, g.chain, both)
             readings[g.hook] = g
-        out[r.component] = Receiver(r.name, r.stop, r.component, r.norm, tuple(readings.values()))
+        whole = {g.chain[0] for g in readings.values() if g.columns is None and len(g.chain) == 1}
+        kept = tuple(g for g in readings.values() if len(g.chain) == 1 or g.chain[0] not in whole)
+        out[r.component] = Receiver(r.name, r.stop, r.component, r.norm, kept)
     return list(out.values())
 
 

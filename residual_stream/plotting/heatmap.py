@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..errors import InputError, as_index, check_choice
 from .labels import escape, readable, token_labels
 
 
@@ -54,8 +55,7 @@ def patching_figure(result, measure: str = "share") -> go.Figure:
     ``measure``: ``"share"``, the metric's part of the way from the clean run's value to the
     reference's, or ``"change"``, its difference from the clean run's.
     """
-    if measure not in ("share", "change"):
-        raise ValueError(f"measure is 'share' or 'change', not {measure!r}")
+    check_choice("measure", measure, ("share", "change"))
     z = result.share() if measure == "share" else result.metric - result.metric_clean
     labels = [f"{p} {escape(readable(t))}" for p, t in zip(result.positions, result.tokens, strict=True)]
     title = ("Patching the stream: share of the way to the reference run's metric" if measure == "share"
@@ -79,8 +79,9 @@ def path_patching_figure(result, measure: str = "share", top: int | None = 30) -
     largest ``|value|`` over receivers is among the ``top`` largest, in the result's order
     (None: all). A pair without a path (``connected`` False) is blank.
     """
-    if measure not in ("share", "change"):
-        raise ValueError(f"measure is 'share' or 'change', not {measure!r}")
+    check_choice("measure", measure, ("share", "change"))
+    if top is not None and (as_index(top) is None or as_index(top) < 1):
+        raise InputError(f"top is how many senders to show (1 or more), or None for all; not {top!r}")
     z = (result.share() if measure == "share" else result.metric - result.metric_clean).numpy()
     z = np.where(result.connected.numpy(), z, np.nan)
     rows = np.arange(len(z))
