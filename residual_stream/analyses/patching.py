@@ -25,12 +25,14 @@ from torch import Tensor
 
 from ..capture import first_input, first_output, model_logits, with_first_input
 from ..errors import InputError, OutOfRangeError, as_index, batch_count, layer_index, listed
+from ..skipping import skipping
 from .ablation_args import checked_patching, metric_values, position_mask, text_shares
 from .results import CompactRepr
 
 ALL = slice(None)      # every row of a pass: one copy of the batch
 LOGIT_BUDGET = 2**30   # bytes of stacked logits a default batch_size allows
 MAX_STACK = 16         # copies stacked per pass by default
+SKIP_CLEAN_BLOCKS = True  # patched passes take the blocks before the first edit from the trace
 
 
 class Shares:
@@ -225,16 +227,23 @@ def _stream_edit(trace, reference, point: int, where: Tensor, rows: slice) -> tu
     return (a.modules.layers[point], pre, True) if point < a.n_layers else (a.modules.layers[-1], post)
 
 
-def stacked_logits(trace, edits: list[tuple], copies: int) -> Tensor:
+def stacked_logits(trace, edits: list[tuple], copies: int, skip: int = 0) -> Tensor:
     """The logits of one pass over ``copies`` stacked copies of ``trace``'s batch with ``edits``.
 
     ``[copies · batch, pos, vocab]`` in the model's dtype; copy ``c`` is rows ``copy_rows(trace,
-    c)``, each edit confined to its copy's rows.
+    c)``, each edit confined to its copy's rows. ``skip``: blocks ``0..skip-1``, which no edit
+    changes, return the clean stream at point ``skip`` from the trace instead of computing it
+    (``skipping``; not with ``SKIP_CLEAN_BLOCKS`` False).
     """
     model = trace.model
     tokens = trace.tokens.to(model.device).repeat(copies, 1)
     mask = trace.attention_mask.to(model.device).repeat(copies, 1)
-    return model_logits(model.module, trace.anatomy, tokens, mask, edits)
+
+    def probe() -> None:
+        model_logits(model.module, trace.anatomy, tokens[:1, :1], mask[:1, :1])
+
+    with skipping(trace, skip if SKIP_CLEAN_BLOCKS else 0, copies, probe):
+        return model_logits(model.module, trace.anatomy, tokens, mask, edits)
 
 
 def patch_stream(trace, reference, metric: Callable[[Tensor], Tensor | float], *,
@@ -274,7 +283,7 @@ def patch_stream(trace, reference, metric: Callable[[Tensor], Tensor | float], *
         stacked = len(chunk) > 1
         edits = [_stream_edit(trace, reference, pts[i], masks[j], copy_rows(trace, c) if stacked else ALL)
                  for c, (i, j) in enumerate(chunk)]
-        logits = stacked_logits(trace, edits, len(chunk))
+        logits = stacked_logits(trace, edits, len(chunk), skip=min(pts[i] for i, _ in chunk))
         for c, (i, j) in enumerate(chunk):
             mine = logits[c * rows:(c + 1) * rows].to(trace.tokens.device, torch.float32, copy=True)
             out[i, j] = metric_values(metric, mine, rows, len(clean))

@@ -199,7 +199,9 @@ def path_patch(trace, reference, metric: Callable[[Tensor], Tensor | float], *,
     def measure(chunk: list) -> None:
         edits = [e for c, (_, _, deltas) in enumerate(chunk) for r, d in deltas
                  for e in _edits(trace, r, d, copy_rows(trace, c) if len(chunk) > 1 else ALL)]
-        logits = stacked_logits(trace, edits, len(chunk))
+        first = min(a.n_layers if r.component is None else int(r.component[1:r.component.index(".")])
+                    for _, _, deltas in chunk for r, _ in deltas)
+        logits = stacked_logits(trace, edits, len(chunk), skip=first)
         for c, (i, j, _) in enumerate(chunk):
             mine = logits[c * rows:(c + 1) * rows].to(trace.tokens.device, torch.float32, copy=True)
             out[i, j] = metric_values(metric, mine, rows, len(clean))

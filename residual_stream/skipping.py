@@ -1,0 +1,81 @@
+"""Skipping the blocks of a patched run that would only compute the clean run again.
+
+A patch at block ``L`` (the stream entering it, a receiver reading there) leaves blocks
+``0..L-1`` exactly as in the clean run, whose output at ``L`` the trace already holds. While
+``skipping`` is open, those blocks return that state instead of computing it: their
+``forward`` is replaced on the instance (``__call__`` still runs, so hooks on a skipped
+block, such as the patch on the last block's output, still act), and restored on any exit,
+including a ``forward`` that accelerate had set on the instance. For SmolLM2 with a receiver
+in block 23 of 30, a patched pass computes 7 blocks instead of 30.
+
+Skipped only where the saved state is the model's own: a float32 or 16-bit model (the trace
+keeps float32, which holds a 16-bit state exactly), every skipped block returning its hidden
+state as a tensor (probed once per model), and the first block that runs on a real device.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor, nn
+
+from .capture import model_lock
+
+_RETURNS_TENSOR: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _returns_tensor(module: nn.Module, first_block: nn.Module, run_probe) -> bool:
+    """Whether the model's blocks return their hidden state as a bare tensor.
+
+    Learned from ``first_block`` in one tiny pass (``run_probe``), once per model.
+    """
+    if module not in _RETURNS_TENSOR:
+        seen = []
+        handle = first_block.register_forward_hook(lambda m, a, out: seen.append(isinstance(out, Tensor)))
+        try:
+            run_probe()
+        finally:
+            handle.remove()
+        _RETURNS_TENSOR[module] = bool(seen) and seen[0]
+    return _RETURNS_TENSOR[module]
+
+
+def can_skip(trace) -> bool:
+    """Whether a patched run of ``trace``'s model may take blocks' clean outputs from the trace."""
+    model = trace.model
+    kept = trace.captured.resid[0].dtype
+    return model.dtype == kept or model.dtype in (torch.bfloat16, torch.float16)
+
+
+@contextmanager
+def skipping(trace, upto: int, copies: int, run_probe) -> Iterator[None]:
+    """Blocks ``0..upto-1`` return the clean stream at point ``upto`` (``copies`` of the batch).
+
+    ``run_probe``: a tiny forward pass of the model, run once per model to learn how its
+    blocks return. Does nothing where skipping is not safe (``can_skip``, the probe, a block
+    on the meta device).
+    """
+    module, a = trace.model.module, trace.anatomy
+    blocks = [module.get_submodule(p) for p in a.modules.layers[:upto]]
+    after = module.get_submodule(a.modules.layers[min(upto, a.n_layers - 1)])
+    device = next(after.parameters()).device
+    if not blocks or device.type == "meta" or not can_skip(trace) or \
+            not _returns_tensor(module, blocks[0], run_probe):
+        yield
+        return
+    state = trace.captured.resid[upto].to(device, trace.model.dtype).repeat(copies, 1, 1)
+    with model_lock(module):
+        saved = [(b, b.__dict__.get("forward")) for b in blocks]
+        try:
+            for b in blocks:
+                b.forward = lambda *args, **kwargs: state
+            yield
+        finally:
+            for b, own in saved:
+                if own is None:
+                    del b.forward
+                else:
+                    b.forward = own

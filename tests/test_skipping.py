@@ -1,0 +1,90 @@
+"""Patched passes skip the blocks before the first edit, taking their clean output from the trace."""
+
+import pytest
+import torch
+from conftest import TEXTS
+from test_patching import CORRUPT, _diff, _setup
+
+import residual_stream as rs
+import residual_stream.analyses.patching as patching
+
+
+def _calls(module, model):
+    """Count each block's attention output projection's calls: one per pass that computes it."""
+    counts, handles = {}, []
+    for layer, path in enumerate(model.anatomy.modules.attn_out):
+        handles.append(module.get_submodule(path).register_forward_pre_hook(
+            lambda m, a, layer=layer: counts.__setitem__(layer, counts.get(layer, 0) + 1)))
+    return counts, handles
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "bert_mlm"])
+def test_skipped_blocks_give_the_results_of_computed_ones_and_are_not_computed(name, monkeypatch):
+    """Path patching into block 2 and the logits, and stream patching at points 2 and 3: equal
+    with and without skipping (a run computes only from its first edit's block on: nothing of
+    blocks 0–1 runs in the patched passes); every block's ``forward`` is the class's afterwards."""
+    module, model, clean, other = _setup(name)
+    metric = _diff(clean)
+
+    def both():
+        return (rs.path_patch(clean, other, metric, senders=["L0H1", "L1.mlp"],
+                              receivers=["L2.attn", "logits"], batch_size=1),
+                rs.patch_stream(clean, other, metric, points=[2, 3], positions=[5, -1], batch_size=1))
+
+    counts, handles = _calls(module, model)
+    try:
+        skipped = both()
+        seen = dict(counts)
+        monkeypatch.setattr(patching, "SKIP_CLEAN_BLOCKS", False)
+        counts.clear()
+        computed = both()
+    finally:
+        for h in handles:
+            h.remove()
+    assert torch.allclose(skipped[0].metric, computed[0].metric, atol=1e-6)
+    assert torch.allclose(skipped[1].metric, computed[1].metric, atol=1e-6)
+    assert (skipped[0].metric - skipped[0].metric_clean).abs().max() > 1e-3  # the patches matter
+    # one pass per run: 4 path runs (2 into block 2) and 4 stream patches (2 at point 2); with
+    # skipping, blocks 0 and 1 run only in the probe, block 2 in the runs patched there
+    assert seen.get(0, 0) <= 1 and seen.get(1, 0) <= 1 and seen[2] - seen.get(0, 0) == 4
+    assert counts[0] == counts[2] == 8  # without skipping every block runs in every pass
+    blocks = [module.get_submodule(p) for p in model.anatomy.modules.layers]
+    assert all("forward" not in b.__dict__ for b in blocks)
+
+
+def test_a_forward_set_on_the_instance_is_restored_even_when_the_metric_fails():
+    """accelerate sets ``forward`` on a module instance: skipping puts that one back, also after an error."""
+    module, model, clean, other = _setup("llama")
+    block = module.model.layers[0]
+    own = block.forward  # the bound method, set on the instance as accelerate's wrapper would be
+    block.forward = own
+    calls = []
+
+    def fails(logits):
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("metric failed")
+        return logits[0, -1, 0]
+
+    with pytest.raises(RuntimeError, match="metric failed"):
+        rs.path_patch(clean, other, fails, senders="L0H1", receivers="L2.attn")
+    assert block.__dict__["forward"] is own
+    assert all("forward" not in b.__dict__ for b in module.model.layers[1:])
+    with torch.no_grad():  # and the model computes as before
+        logits = module(input_ids=clean.tokens, attention_mask=clean.attention_mask).logits
+    assert torch.allclose(logits, clean.logits, atol=1e-5)
+
+
+def test_a_float64_model_is_not_skipped():
+    """A float64 model's trace keeps float32 states, not its own: its blocks always run."""
+    module, model, clean, other = _setup("llama")
+    module.double()
+    model = rs.load(module, tokenizer=model.tokenizer)
+    clean, other = rs.trace(model, TEXTS), rs.trace(model, CORRUPT)
+    counts, handles = _calls(module, model)
+    try:
+        rs.path_patch(clean, other, _diff(clean), senders=["L0H1"], receivers=["L2.attn"])
+    finally:
+        for h in handles:
+            h.remove()
+    assert counts[0] == counts[2] > 0
