@@ -9,8 +9,9 @@ including a ``forward`` that accelerate had set on the instance. For SmolLM2 wit
 in block 23 of 30, a patched pass computes 7 blocks instead of 30.
 
 Skipped only where the saved state is the model's own: a float32 or 16-bit model (the trace
-keeps float32, which holds a 16-bit state exactly), every skipped block returning its hidden
-state as a tensor (probed once per model), and the first block that runs on a real device.
+keeps float32, which holds a 16-bit state exactly), blocks that return their hidden state as
+a tensor (probed once per model), and the first block that runs on the model's own device
+(not a model split over devices or offloaded by accelerate, which computes every block).
 """
 
 from __future__ import annotations
@@ -56,13 +57,13 @@ def skipping(trace, upto: int, copies: int, run_probe) -> Iterator[None]:
 
     ``run_probe``: a tiny forward pass of the model, run once per model to learn how its
     blocks return. Does nothing where skipping is not safe (``can_skip``, the probe, a block
-    on the meta device).
+    on another device than the model's).
     """
     module, a = trace.model.module, trace.anatomy
     blocks = [module.get_submodule(p) for p in a.modules.layers[:upto]]
     after = module.get_submodule(a.modules.layers[min(upto, a.n_layers - 1)])
     device = next(after.parameters()).device
-    if not blocks or device.type == "meta" or not can_skip(trace) or \
+    if not blocks or device != torch.device(trace.model.device) or not can_skip(trace) or \
             not _returns_tensor(module, blocks[0], run_probe):
         yield
         return

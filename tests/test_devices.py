@@ -122,3 +122,22 @@ def test_a_device_map_of_one_device_places_the_whole_model(pair):
         placed = rs.load(folder, device="cpu", dtype="float32", device_map=device_map)
         torch.testing.assert_close(rs.trace(placed, TEXTS).stream(3), rs.trace(whole, TEXTS).stream(3),
                                    rtol=0, atol=ATOL)
+
+
+def test_patching_a_split_model_equals_patching_the_whole(pair):
+    """Stream and path patching run on the split model (blocks offloaded, none skipped: a skipped
+    block's state would have to live where accelerate puts it) as on the whole one."""
+    corrupt = [t[:4] + "X" + t[5:] for t in TEXTS]
+    got = []
+    for model in pair:
+        clean, other = rs.trace(model, TEXTS), rs.trace(model, corrupt)
+
+        def metric(logits):
+            return (logits[:, -1, 101] - logits[:, -1, 32]).mean()
+
+        paths = rs.path_patch(clean, other, metric, senders=["L0H1", "L1.mlp"], receivers=["L2.attn", "logits"])
+        got.append((paths, rs.patch_stream(clean, other, metric, points=[1, 3], positions=[5, -1])))
+    (path_a, stream_a), (path_b, stream_b) = got
+    torch.testing.assert_close(path_b.metric, path_a.metric, atol=ATOL, rtol=0)
+    torch.testing.assert_close(stream_b.metric, stream_a.metric, atol=ATOL, rtol=0)
+    assert (path_a.metric - path_a.metric_clean).abs().max() > 100 * ATOL
