@@ -135,7 +135,8 @@ def test_patching_a_split_model_equals_patching_the_whole(pair):
         def metric(logits):
             return (logits[:, -1, 101] - logits[:, -1, 32]).mean()
 
-        paths = rs.path_patch(clean, other, metric, senders=["L0H1", "L1.mlp"], receivers=["L2.attn", "logits"])
+        paths = rs.path_patch(clean, other, metric, senders=["L0H1", "L1.mlp"],
+                              receivers=["L2.attn", "logits"])
         got.append((paths, rs.patch_stream(clean, other, metric, points=[1, 3], positions=[5, -1])))
     (path_a, stream_a), (path_b, stream_b) = got
     torch.testing.assert_close(path_b.metric, path_a.metric, atol=ATOL, rtol=0)
