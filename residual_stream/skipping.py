@@ -33,15 +33,16 @@ def _returns_tensor(module: nn.Module, first_block: nn.Module, run_probe) -> boo
 
     Learned from ``first_block`` in one tiny pass (``run_probe``), once per model.
     """
-    if module not in _RETURNS_TENSOR:
-        seen = []
-        handle = first_block.register_forward_hook(lambda m, a, out: seen.append(isinstance(out, Tensor)))
-        try:
-            run_probe()
-        finally:
-            handle.remove()
-        _RETURNS_TENSOR[module] = bool(seen) and seen[0]
-    return _RETURNS_TENSOR[module]
+    with model_lock(module):  # no other pass in between to drop the probe's hook
+        if module not in _RETURNS_TENSOR:
+            seen = []
+            handle = first_block.register_forward_hook(lambda m, a, out: seen.append(isinstance(out, Tensor)))
+            try:
+                run_probe()
+            finally:
+                handle.remove()
+            _RETURNS_TENSOR[module] = bool(seen) and seen[0]
+        return _RETURNS_TENSOR[module]
 
 
 def can_skip(trace) -> bool:
@@ -69,14 +70,23 @@ def skipping(trace, upto: int, copies: int, run_probe) -> Iterator[None]:
         return
     state = trace.captured.resid[upto].to(device, trace.model.dtype).repeat(copies, 1, 1)
     with model_lock(module):
+        # the instance's own dict, written directly: a wrapper's __setattr__ (TransformerLens's
+        # BlockBridge) would pass the stub on to the module it wraps
         saved = [(b, b.__dict__.get("forward")) for b in blocks]
         try:
             for b in blocks:
-                b.forward = lambda *args, **kwargs: state
+                b.__dict__["forward"] = _stub(state)
             yield
         finally:
             for b, own in saved:
                 if own is None:
-                    del b.forward
+                    b.__dict__.pop("forward", None)
                 else:
-                    b.forward = own
+                    b.__dict__["forward"] = own
+
+
+def _stub(state: Tensor):
+    """A block's ``forward`` that returns ``state`` whatever it is given."""
+    def forward(*args, **kwargs) -> Tensor:
+        return state
+    return forward

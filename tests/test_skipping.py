@@ -88,3 +88,51 @@ def test_a_float64_model_is_not_skipped():
         for h in handles:
             h.remove()
     assert counts[0] == counts[2] > 0
+
+
+def test_a_transformer_lens_bridge_is_skipped_and_left_as_it_was(monkeypatch):
+    """A bridge's blocks wrap the HF layers and pass attribute writes on to them; the stub goes
+    into the block's own ``__dict__`` and comes out again: the results equal computed blocks,
+    no ``forward`` is left on any block or wrapped layer, and the model traces other texts."""
+    import copy
+
+    import transformers as tf
+    from transformers import AutoTokenizer
+
+    from residual_stream.registry import REGISTRY
+    from residual_stream.tl_compat import boot_bridge
+
+    tok = AutoTokenizer.from_pretrained(REGISTRY["minilm-l6"].location())
+    torch.manual_seed(0)
+    hf = tf.LlamaForCausalLM(tf.LlamaConfig(vocab_size=tok.vocab_size, hidden_size=64, intermediate_size=96,
+                                            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                                            max_position_embeddings=128)).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                p.mul_(10)
+    model = rs.load(boot_bridge(copy.deepcopy(hf), tok, "tiny-llama"), tokenizer=tok)
+    texts = ["the capital of france is paris", "residual streams grow with depth"]
+    clean = rs.trace(model, texts)
+    other = rs.trace(model, ["the capital of germany is paris", "residual streams shrink with depth"])
+
+    def metric(logits):
+        return (logits[:, -1, 1000] - logits[:, -1, 2000]).mean()
+
+    def both():
+        paths = rs.path_patch(clean, other, metric, senders=["L0H1", "L1.mlp"],
+                              receivers=["L2.attn", "logits"])
+        return paths, rs.patch_stream(clean, other, metric, points=[2, 3], positions=[3, -1])
+
+    skipped = both()
+    monkeypatch.setattr(patching, "SKIP_CLEAN_BLOCKS", False)
+    computed = both()
+    for a, b in zip(skipped, computed, strict=True):
+        assert torch.allclose(a.metric, b.metric, atol=1e-6)
+    assert (skipped[1].metric - skipped[1].metric_clean).abs().max() > 1e-3  # the patches matter
+    everything = [m for m in model.module.modules()]
+    assert not [m for m in everything if "forward" in m.__dict__]
+    again = rs.trace(model, ["a text of another shape"])
+    with torch.no_grad():
+        want = hf(input_ids=again.tokens).logits
+    assert torch.allclose(again.logits, want, atol=1e-4)

@@ -119,15 +119,15 @@ def _edits(trace, receiver: Receiver, delta: Tensor, rows: slice) -> list[tuple]
         return [(a.modules.layers[-1], lambda module, args, output: in_rows(
             output, rows, (first_output(output)[rows] if rows != ALL else first_output(output)) + d))]
     norm = (lambda s: s) if receiver.norm is None else a.norms[receiver.norm].apply
-    named = dict(model.module.named_modules())
+    module = model.module  # get_submodule, not named_modules: a bridge reaches its layers' parts by name
     stream: dict[str, Tensor] = {}
     edits: list[tuple] = []
     for g in receiver.readings:
         source = g.chain[0] if receiver.norm is None else a.modules.norms[receiver.norm]
         if source not in {e[0] for e in edits if len(e) == 3}:  # one pre-hook per source
             edits.append((source, _keeping(stream, source), True))
-        edits.append((g.hook, _reading([named[p].forward for p in g.chain], stream, source, norm,
-                                       delta.to(model.device), rows, g.columns)))
+        chain = [module.get_submodule(p).forward for p in g.chain]
+        edits.append((g.hook, _reading(chain, stream, source, norm, delta.to(model.device), rows, g.columns)))
     return edits
 
 
