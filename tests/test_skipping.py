@@ -136,3 +136,24 @@ def test_a_transformer_lens_bridge_is_skipped_and_left_as_it_was(monkeypatch):
     with torch.no_grad():
         want = hf(input_ids=again.tokens).logits
     assert torch.allclose(again.logits, want, atol=1e-4)
+
+
+def test_ablated_runs_of_outputs_only_skip_the_blocks_before_their_write(monkeypatch):
+    """``ablation_check(reads=False)`` of writes in blocks 1–2: equal with and without skipping,
+    and block 0 computes only in the probe."""
+    module, model, clean, other = _setup("gpt2")
+    kw = dict(writes=["L1H0", "L2.mlp", "L1.attn"], mode="patch", reference=other, metric=_diff(clean),
+              reads=False)
+    counts, handles = _calls(module, model)
+    try:
+        skipped = rs.ablation_check(clean, **kw).outputs()
+        seen = dict(counts)
+        monkeypatch.setattr(patching, "SKIP_CLEAN_BLOCKS", False)
+        computed = rs.ablation_check(clean, **kw).outputs()
+    finally:
+        for h in handles:
+            h.remove()
+    for col in ("logit_kl", "last_kl", "top_logit_change", "metric"):
+        assert skipped[col].to_numpy() == pytest.approx(computed[col].to_numpy(), abs=1e-6), col
+    assert (computed.metric_change.abs() > 1e-3).all()
+    assert seen.get(0, 0) <= 1 and seen[1] >= 1

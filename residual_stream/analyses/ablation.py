@@ -310,14 +310,15 @@ def _with_reads(trace, writes, readers, later, edit: _Edit, metric, k: int,
 
 
 def _outputs_only(trace, writes, edit: _Edit, metric, batch_size: int, k: int) -> tuple[Tensor, Tensor]:
-    """``(outputs, metric [write, k])`` of each write's ablation, ``batch_size`` ablated runs per pass."""
+    """``(outputs, metric [write, k])`` of each write's ablation, ``batch_size`` runs per pass (skipping)."""
     outputs = torch.full((len(writes), 4), float("nan"))
     measured = torch.full((len(writes), k), float("nan"), dtype=torch.float64)
     rows, meter = trace.tokens.shape[0], _output_meter(trace)
     for start in range(0, len(writes), batch_size):
         chunk = range(start, min(start + batch_size, len(writes)))
+        first = min((head_of(writes[i]) or component_of(writes[i]))[0] for i in chunk)  # blocks before: clean
         logits = stacked_logits(trace, [edit(writes[i], c, len(chunk)) for c, i in enumerate(chunk)],
-                                len(chunk))
+                                len(chunk), skip=first)
         for c, i in enumerate(chunk):
             mine = logits[c * rows:(c + 1) * rows].to(trace.tokens.device, torch.float32)
             outputs[i] = meter(mine)
