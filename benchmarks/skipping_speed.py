@@ -4,7 +4,8 @@ IOI prompts on SmolLM2 (or ``--model``), side by side in this process, each call
 skipping on (patched passes take the blocks before their first edit from the trace) and
 once with it off (every block computed, the baseline): ``rs.path_patch`` of every head into
 the logits (their direct effects: every block skipped) and into one late head's query
-(``--receiver``), and ``rs.patch_stream`` over every point and token. Prints one JSON line
+(``--receiver``), ``rs.patch_stream`` over every point and token, and
+``rs.ablation_check(mode="patch", reads=False)`` of the last 45 heads. Prints one JSON line
 and a Markdown table: times, speed-up and the largest difference of the metric.
 
     python benchmarks/skipping_speed.py [--model smollm2-135m] [--prompts 2] [--receiver L23H3.q]
@@ -44,6 +45,8 @@ def main() -> None:
         "heads → logits": lambda: rs.path_patch(tr, other, metric),
         f"heads → {args.receiver}": lambda: rs.path_patch(tr, other, metric, receivers=args.receiver),
         "stream grid": lambda: rs.patch_stream(tr, other, metric),
+        "last 45 heads patched (ablation_check)": lambda: rs.ablation_check(
+            tr, writes=model.anatomy.heads[-45:], mode="patch", reference=other, metric=metric, reads=False),
     }
     rs.path_patch(tr, other, metric, senders="L0H0", receivers="L1.attn")  # warm-up, and the probe
     out = {"model": args.model, "batch": list(tr.tokens.shape), "threads": torch.get_num_threads()}
@@ -53,7 +56,8 @@ def main() -> None:
         patching.SKIP_CLEAN_BLOCKS = False
         full_s, full = timed(call)
         patching.SKIP_CLEAN_BLOCKS = True
-        out[name] = {"runs": int(full.run.sum()), "skipped_s": skip_s, "computed_s": full_s,
+        runs = int(full.run.sum()) if hasattr(full, "run") else len(full.writes)
+        out[name] = {"runs": runs, "skipped_s": skip_s, "computed_s": full_s,
                      "speedup": full_s / skip_s,
                      "max_metric_difference": float((skipped.metric - full.metric).abs().max())}
     print(json.dumps(out))
