@@ -40,6 +40,24 @@ def prompts(n: int) -> tuple[list[str], list[str], list[tuple[str, str]]]:
     return clean, corrupt, pairs
 
 
+def ioi(model, n: int):
+    """``(clean trace, corrupted trace, metric)`` of ``n`` IOI prompts.
+
+    The metric: the mean logit difference (indirect object − subject) at each row's last token.
+    """
+    clean, corrupt, pairs = prompts(n)
+    tr, other = rs.trace(model, clean), rs.trace(model, corrupt)
+    ids = [[model.tokenizer(t, add_special_tokens=False)["input_ids"][0] for t in p] for p in pairs]
+    io, s = torch.tensor(ids).T
+    last = tr.attention_mask.sum(1) - 1
+    rows = torch.arange(len(last))
+
+    def metric(logits):
+        return (logits[rows, last, io] - logits[rows, last, s]).mean()
+
+    return tr, other, metric
+
+
 def timed(fn):
     """``(seconds, result)`` of one call."""
     t = time.perf_counter()
@@ -56,15 +74,7 @@ def main() -> None:
     parser.add_argument("--stack", type=int, default=16)
     args = parser.parse_args()
     model = rs.load(args.model)
-    clean, corrupt, pairs = prompts(args.prompts)
-    tr, other = rs.trace(model, clean), rs.trace(model, corrupt)
-    ids = [[model.tokenizer(t, add_special_tokens=False)["input_ids"][0] for t in p] for p in pairs]
-    io, s = torch.tensor(ids).T
-    last = tr.attention_mask.sum(1) - 1
-    rows = torch.arange(len(last))
-
-    def metric(logits):
-        return (logits[rows, last, io] - logits[rows, last, s]).mean()
+    tr, other, metric = ioi(model, args.prompts)
 
     tokens, mask = tr.tokens.to(model.device), tr.attention_mask.to(model.device)
     with torch.inference_mode():

@@ -17,7 +17,7 @@ import argparse
 import json
 
 import torch
-from patching_speed import prompts, timed
+from patching_speed import ioi, timed
 
 import residual_stream as rs
 import residual_stream.analyses.patching as patching
@@ -31,15 +31,7 @@ def main() -> None:
     parser.add_argument("--receiver", default="L23H3.q")
     args = parser.parse_args()
     model = rs.load(args.model)
-    clean, corrupt, pairs = prompts(args.prompts)
-    tr, other = rs.trace(model, clean), rs.trace(model, corrupt)
-    ids = [[model.tokenizer(t, add_special_tokens=False)["input_ids"][0] for t in p] for p in pairs]
-    io, s = torch.tensor(ids).T
-    last = tr.attention_mask.sum(1) - 1
-    rows = torch.arange(len(last))
-
-    def metric(logits):
-        return (logits[rows, last, io] - logits[rows, last, s]).mean()
+    tr, other, metric = ioi(model, args.prompts)
 
     calls = {
         "heads → logits": lambda: rs.path_patch(tr, other, metric),
