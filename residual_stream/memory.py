@@ -17,21 +17,24 @@ from .errors import TraceTooLargeError
 FLOAT32 = 4  # bytes: every captured tensor is float32
 
 
-def trace_bytes(anatomy, shape: tuple[int, int], *, verify: bool = False, patterns: bool = False) -> int:
+def trace_bytes(anatomy, shape: tuple[int, int], *, verify: bool = False, patterns: bool = False,
+                heads: bool = True) -> int:
     """The bytes ``capture`` keeps for a batch of ``shape`` ``(batch, pos)``, counted from the anatomy.
 
     Exactly the tensors of ``Captured``: the stream at every point, each embedding's output,
-    each attention's ``z`` (``n_heads × d_head``), each MLP write, a scale per norm and token,
-    the logits (with an LM head); with ``verify``, each norm module's input and each attention
-    output; with ``patterns``, every layer's ``[batch, head, query, key]`` attention.
+    each attention's ``z`` (``n_heads × d_head``; with ``heads=False`` its output,
+    ``d_model``, instead), each MLP write, a scale per norm and token, the logits (with an LM
+    head); with ``verify``, each norm module's input and each attention output; with
+    ``patterns``, every layer's ``[batch, head, query, key]`` attention.
     """
     a, m = anatomy, anatomy.modules
     tokens = shape[0] * shape[1]
-    per_token = (len(m.layers) + 1 + len(m.embeds) + len(m.mlp_out)) * a.d_model
-    per_token += len(m.attn_out) * a.n_heads * a.d_head + len(m.norms)
+    per_token = (len(m.layers) + 1 + len(m.embeds) + len(m.mlp_out)) * a.d_model + len(m.norms)
+    per_attention = (a.n_heads * a.d_head if heads else 0) + (a.d_model if verify or not heads else 0)
+    per_token += len(m.attn_out) * per_attention
     per_token += a.d_vocab if a.has_lm_head else 0
     if verify:
-        per_token += (len(set(m.norms.values())) + len(m.attn_out)) * a.d_model
+        per_token += len(set(m.norms.values())) * a.d_model
     total = tokens * per_token
     if patterns:
         total += a.n_layers * a.n_heads * shape[0] * shape[1] ** 2

@@ -43,6 +43,26 @@ def max_rel_error(actual: torch.Tensor, expected: torch.Tensor, mask: torch.Tens
     return float((a - e).abs().max() / r.pow(2).mean().sqrt())
 
 
+def hooks_of(module: torch.nn.Module) -> list[dict]:
+    """Every forward and forward-pre hook on every submodule: equal before and after a call
+    that must leave the model as it was."""
+    return [dict(m._forward_pre_hooks) | dict(m._forward_hooks) for m in module.modules()]
+
+
+def metric_failing_after_clean():
+    """A metric that measures the clean run (the first call) and raises on every later one:
+    for checks that a patched pass cleans up after an error in the caller's metric."""
+    calls = []
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("metric failed")
+        return logits[0, -1, 0]
+
+    return metric
+
+
 @pytest.fixture(scope="session")
 def smollm2(device: str) -> rs.Model:
     return rs.load("smollm2-135m", device=device, dtype="float32", progress=False)

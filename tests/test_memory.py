@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import TEXTS
+from conftest import TEXTS, hooks_of
 from tiny_hf import build
 
 import residual_stream as rs
@@ -40,6 +40,28 @@ def test_the_count_is_what_a_twins_trace_keeps(placement):
         assert memory.trace_bytes(model.anatomy, tuple(t.tokens.shape), verify=True) == _kept(t.captured)
 
 
+@pytest.mark.parametrize("verify", [False, True])
+def test_the_count_without_heads_is_what_an_ablation_capture_keeps(verify):
+    """``heads=False`` (``ablation_check``'s captures) keeps each attention's output, d_model,
+    not its ``z``: counted for a Qwen3 whose n_heads × d_head (32) is not d_model (64)."""
+    import transformers as tf
+    from tiny_hf import COMMON
+
+    from residual_stream.capture import capture
+
+    torch.manual_seed(0)
+    module = tf.Qwen3ForCausalLM(tf.Qwen3Config(**COMMON, intermediate_size=96, num_key_value_heads=2,
+                                                head_dim=8)).eval()
+    model = rs.load(module, tokenizer=ByteTokenizer())
+    enc = encode(model, TEXTS)
+    shape = tuple(enc.tokens.shape)
+    cap = capture(module, model.anatomy, enc.tokens, enc.attention_mask, heads=False, verify=verify)
+    assert memory.trace_bytes(model.anatomy, shape, heads=False, verify=verify) == _kept(cap)
+    with_heads = memory.trace_bytes(model.anatomy, shape, verify=verify)
+    assert with_heads - memory.trace_bytes(model.anatomy, shape, heads=False, verify=verify) == (
+        3 * shape[0] * shape[1] * (32 - (0 if verify else 64)) * 4)
+
+
 def test_a_trace_that_would_not_fit_is_refused_before_anything_runs(monkeypatch):
     """One byte short of the count: refused, saying how much and what to do, with no forward
     pass (a spy on the model) and no hook left; exactly the count: traced."""
@@ -49,7 +71,7 @@ def test_a_trace_that_would_not_fit_is_refused_before_anything_runs(monkeypatch)
     need = memory.trace_bytes(model.anatomy, shape)
     calls = []
     module.register_forward_pre_hook(lambda m, a: calls.append(1))
-    before = [dict(m._forward_pre_hooks) | dict(m._forward_hooks) for m in module.modules()]
+    before = hooks_of(module)
     monkeypatch.setattr(memory, "available_bytes", lambda device: need - 1)
     with pytest.raises(TraceTooLargeError) as err:
         rs.trace(model, TEXTS)
@@ -59,7 +81,7 @@ def test_a_trace_that_would_not_fit_is_refused_before_anything_runs(monkeypatch)
     assert "rs.scan" in str(err.value)
     assert isinstance(err.value, InputError) and isinstance(err.value, MemoryError)
     assert not calls
-    assert [dict(m._forward_pre_hooks) | dict(m._forward_hooks) for m in module.modules()] == before
+    assert hooks_of(module) == before
     monkeypatch.setattr(memory, "available_bytes", lambda device: need)
     assert rs.trace(model, TEXTS).tokens.shape == shape and calls == [1]
 

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import TEXTS
+from conftest import TEXTS, hooks_of, metric_failing_after_clean
 from tiny_hf import build
 
 import residual_stream as rs
@@ -137,18 +137,12 @@ def test_batched_patches_equal_patches_one_at_a_time_and_the_frame_is_the_grid()
 
 def test_patching_leaves_the_model_as_it_was_even_when_the_metric_fails():
     module, model, clean, other = _setup("llama")
-    before = [dict(m._forward_pre_hooks) | dict(m._forward_hooks) for m in module.modules()]
-    calls = []
-
-    def bad(logits):
-        calls.append(1)
-        if len(calls) > 1:
-            raise RuntimeError("metric failed")
-        return logits[0, -1, 0]
+    before = hooks_of(module)
+    bad = metric_failing_after_clean()
 
     with pytest.raises(RuntimeError, match="metric failed"):
         rs.patch_stream(clean, other, bad)
-    assert [dict(m._forward_pre_hooks) | dict(m._forward_hooks) for m in module.modules()] == before
+    assert hooks_of(module) == before
     with torch.no_grad():  # and it computes as before: no patch left behind
         logits = module(input_ids=clean.tokens, attention_mask=clean.attention_mask).logits
     assert torch.allclose(logits, clean.logits, atol=1e-5)
@@ -233,7 +227,8 @@ def test_stacked_captures_keep_to_their_budget(monkeypatch):
 
     module, model, clean, other = _setup("llama")
     b = clean.tokens.shape[0]
-    monkeypatch.setattr(ablation, "CAPTURE_BUDGET", 2 * trace_bytes(model.anatomy, tuple(clean.tokens.shape)))
+    monkeypatch.setattr(ablation, "CAPTURE_BUDGET",
+                        2 * trace_bytes(model.anatomy, tuple(clean.tokens.shape), heads=False))
     seen = []
     handle = module.model.embed_tokens.register_forward_hook(lambda m, a, out: seen.append(out.shape[0]))
     try:

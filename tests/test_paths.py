@@ -10,7 +10,7 @@ output on the patched stream.
 
 import pytest
 import torch
-from conftest import TEXTS
+from conftest import TEXTS, hooks_of, metric_failing_after_clean
 from test_patching import CORRUPT, _diff, _setup
 from tiny_hf import build
 
@@ -360,7 +360,7 @@ def test_a_metric_per_text_gives_each_text_its_own_paths():
 def test_path_patch_refuses_bad_arguments_saying_what_to_pass():
     module, model, clean, other = _setup("llama")
     metric = _diff(clean)
-    before = [dict(m._forward_pre_hooks) | dict(m._forward_hooks) for m in module.modules()]
+    before = hooks_of(module)
     with pytest.raises(UnknownNameError, match="no sender 'L3H0': senders are heads"):
         rs.path_patch(clean, other, metric, senders=["L3H0"])
     with pytest.raises(UnknownNameError, match="no sender 'pos_embed'"):
@@ -386,17 +386,11 @@ def test_path_patch_refuses_bad_arguments_saying_what_to_pass():
     headless = rs.load(build("bert"), tokenizer=ByteTokenizer())
     with pytest.raises(NotAvailableError, match="metric reads logits"):
         rs.path_patch(rs.trace(headless, TEXTS), rs.trace(headless, CORRUPT), metric)
-    calls = []
-
-    def fails(logits):
-        calls.append(1)
-        if len(calls) > 1:
-            raise RuntimeError("metric failed")
-        return logits[0, -1, 0]
+    fails = metric_failing_after_clean()
 
     with pytest.raises(RuntimeError, match="metric failed"):
         rs.path_patch(clean, other, fails, senders="L0H0", receivers="L1.attn")
-    assert [dict(m._forward_pre_hooks) | dict(m._forward_hooks) for m in module.modules()] == before
+    assert hooks_of(module) == before
 
 
 def test_path_patching_figure_shows_the_largest_senders_and_blanks_pairs_without_a_path():

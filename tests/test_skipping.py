@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import TEXTS
+from conftest import TEXTS, metric_failing_after_clean
 from test_patching import CORRUPT, _diff, _setup
 
 import residual_stream as rs
@@ -58,13 +58,7 @@ def test_a_forward_set_on_the_instance_is_restored_even_when_the_metric_fails():
     block = module.model.layers[0]
     own = block.forward  # the bound method, set on the instance as accelerate's wrapper would be
     block.forward = own
-    calls = []
-
-    def fails(logits):
-        calls.append(1)
-        if len(calls) > 1:
-            raise RuntimeError("metric failed")
-        return logits[0, -1, 0]
+    fails = metric_failing_after_clean()
 
     with pytest.raises(RuntimeError, match="metric failed"):
         rs.path_patch(clean, other, fails, senders="L0H1", receivers="L2.attn")

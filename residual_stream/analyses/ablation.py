@@ -289,7 +289,7 @@ def _with_reads(trace, writes, readers, later, edit: _Edit, metric, k: int,
     outputs = torch.full((len(writes), 4), float("nan"))  # logit_kl, last_kl, top, loss
     measured = torch.full((len(writes), k), float("nan"), dtype=torch.float64)
     meter = _output_meter(trace) if a.has_lm_head else None
-    stack = max(1, min(batch_size, CAPTURE_BUDGET // trace_bytes(a, tuple(tokens.shape))))
+    stack = max(1, min(batch_size, CAPTURE_BUDGET // trace_bytes(a, tuple(tokens.shape), heads=False)))
     for start in range(0, len(writes), stack):
         chunk = range(start, min(start + stack, len(writes)))
         n = len(chunk)

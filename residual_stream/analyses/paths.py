@@ -43,6 +43,7 @@ from torch import Tensor
 from ..capture import first_input, first_output
 from ..fusion import wide
 from ..program import Add, Norm, Scale
+from ..walk import component_of
 from . import path_args
 from .ablation_args import checked_patching, metric_values, position_mask
 from .patching import ALL, Shares, copy_rows, in_rows, stack_size, stacked_logits
@@ -199,7 +200,7 @@ def path_patch(trace, reference, metric: Callable[[Tensor], Tensor | float], *,
     def measure(chunk: list) -> None:
         edits = [e for c, (_, _, deltas) in enumerate(chunk) for r, d in deltas
                  for e in _edits(trace, r, d, copy_rows(trace, c) if len(chunk) > 1 else ALL)]
-        first = min(a.n_layers if r.component is None else int(r.component[1:r.component.index(".")])
+        first = min(a.n_layers if r.component is None else component_of(r.component)[0]
                     for _, _, deltas in chunk for r, _ in deltas)
         logits = stacked_logits(trace, edits, len(chunk), skip=first)
         for c, (i, j, _) in enumerate(chunk):
