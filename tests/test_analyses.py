@@ -962,6 +962,100 @@ def test_composition_of_a_sandwich_model_takes_writes_as_added():
     assert abs(got - k_score(OV)) > 1e-3 * got
 
 
+def test_composition_of_a_post_norm_model_follows_the_write_through_the_layernorms():
+    """BERT: a write reaches a later reader through every LayerNorm between them, each
+    ``C diag(γ)`` with its scale frozen (a positive factor the ratio cancels). Reference in
+    float64 from the HF module's own weights (``query``/``key``/``value``/``output.dense``
+    columns of each head, ``intermediate``/``output`` dense, each LayerNorm's γ): head → head
+    by Q, K and V two blocks on (four LayerNorms), head → its own block's MLP (one), MLP →
+    the next block's head (one). ``through_norms=False`` gives the weights alone, and the fold
+    is what the test sees: the two differ by more than the tolerance."""
+    model = rs.load(build("bert"), tokenizer=ByteTokenizer())
+    hf = model.module.encoder.layer
+    d, n = model.anatomy.d_model, model.anatomy.n_heads
+    k = d // n
+
+    def f64(t):
+        return t.detach().double()
+
+    def head(L, h):
+        att, cols = hf[L].attention, slice(h * k, (h + 1) * k)
+        W = {x: f64(getattr(att.self, x).weight).T[:, cols] for x in ("query", "key", "value")}
+        OV = W["value"] @ f64(att.output.dense.weight).T[cols]
+        return OV, W["query"] @ W["key"].T
+
+    def M(ln):  # the LayerNorm's linear part on a row vector, up to 1/s: (c - mean c) ⊙ γ
+        return (torch.eye(d, dtype=torch.float64) - 1 / d) @ torch.diag(f64(ln.weight))
+
+    def score(write, read, P):
+        fro = torch.linalg.matrix_norm
+        return float(fro(write @ P @ read) / (fro(write @ P) * fro(read)))
+
+    identity = torch.eye(d, dtype=torch.float64)
+    after_attn, after_mlp = ([M(layer.attention.output.LayerNorm) for layer in hf],
+                             [M(layer.output.LayerNorm) for layer in hf])
+    two_blocks = after_attn[0] @ after_mlp[0] @ after_attn[1] @ after_mlp[1]
+    OV, _ = head(0, 1)
+    OV_j, QK = head(2, 3)
+    W_in = f64(hf[1].intermediate.dense.weight).T
+    W_out = f64(hf[0].output.dense.weight).T
+    _, QK_1 = head(1, 0)
+    OV_12, _ = head(1, 2)
+    cases = [  # (field, index, write, read, P)
+        ("head_to_head", (0, "L0H1", "L2H3"), OV, QK, two_blocks),
+        ("head_to_head", (1, "L0H1", "L2H3"), OV, QK.T, two_blocks),
+        ("head_to_head", (2, "L0H1", "L2H3"), OV, OV_j, two_blocks),
+        ("head_to_mlp", ("L1H2", "L1.mlp"), OV_12, W_in, after_attn[1]),
+        ("mlp_to_head", (0, "L0.mlp", "L1H0"), W_out, QK_1, after_mlp[0]),
+    ]
+    folded, weights = rs.composition(model), rs.composition(model, through_norms=False)
+    assert folded.through_norms and not weights.through_norms
+
+    def at(comp, field, index):
+        *kind, writer, reader = index
+        names = {"head_to_head": (comp.heads, comp.heads), "head_to_mlp": (comp.heads, comp.mlps),
+                 "mlp_to_head": (comp.mlps, comp.heads)}[field]
+        return float(getattr(comp, field)[(*kind, names[0].index(writer), names[1].index(reader))])
+
+    for field, index, write, read, P in cases:
+        expected = score(write, read, P)
+        assert at(folded, field, index) == pytest.approx(expected, rel=1e-4)
+        assert at(weights, field, index) == pytest.approx(score(write, read, identity), rel=1e-4)
+        assert abs(expected - score(write, read, identity)) > 1e-3 * expected
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt_neox_parallel", "gemma2", "olmo2"])
+def test_composition_through_norms_changes_nothing_without_norms_between_writer_and_reader(name):
+    """Pre-norm, parallel and sandwich models normalize the whole stream only after the last
+    block: the scores with and without ``through_norms`` are the same numbers."""
+    model = rs.load(build(name), tokenizer=ByteTokenizer())
+    folded, weights = rs.composition(model), rs.composition(model, through_norms=False)
+    for field in ("head_to_head", "head_to_mlp", "mlp_to_head"):
+        assert torch.equal(getattr(folded, field), getattr(weights, field))
+
+
+def test_composition_of_a_deepnorm_model_ignores_alpha_and_folds_its_layernorms():
+    """DeepNorm ``N(α x + F(x))``: α scales a write before the LayerNorm, a positive factor
+    the ratio cancels; the LayerNorms fold as in a post-norm model. Reference: float64 maps
+    from the twin's weights and its norms' γ, K-composition of L0H1 into L2H3."""
+    model = rs.twin(norm="layernorm", placement="deepnorm", n_layers=3, d_model=32)
+    comp = rs.composition(model)
+    w0, w2, d = model.weights(0), model.weights(2), model.anatomy.d_model
+
+    def M(name):
+        spec = model.anatomy.norms[name]
+        return (torch.eye(d, dtype=torch.float64) - 1 / d) @ torch.diag(spec.gain(spec.weight).double())
+
+    P = M("L0.ln_resid_attn") @ M("L0.ln_resid_mlp") @ M("L1.ln_resid_attn") @ M("L1.ln_resid_mlp")
+    OV = w0.W_V[1].double() @ w0.W_O[1].double()
+    QK = w2.W_Q[3].double() @ w2.W_K[3].double().T
+    fro = torch.linalg.matrix_norm
+    expected = float(fro(OV @ P @ QK.T) / (fro(OV @ P) * fro(QK)))
+    got = comp.head_to_head[1, comp.heads.index("L0H1"), comp.heads.index("L2H3")].item()
+    assert got == pytest.approx(expected, rel=1e-4)
+    assert abs(got - float(fro(OV @ QK.T) / (fro(OV) * fro(QK)))) > 1e-3 * got
+
+
 def test_the_unembedding_subspace_needs_a_head_that_reads_the_stream_linearly():
     """GPT-2's head reads the final-normed stream through ``W_U``: its top directions are a
     subspace; BERT's MLM head first applies a dense layer, GELU and a LayerNorm, so ``W_U``'s

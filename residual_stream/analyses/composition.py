@@ -23,19 +23,28 @@ MLP → head (Q, K, V) likewise.
 
 Where a write passes through a norm before it is added (sandwich: Gemma 2-3, OLMo 2's
 post-norms), its map is taken as added, ``W_O C diag(γ)`` and ``W_out C diag(γ)``, as the
-reading norm's is folded into the read maps. Norms on the stream between a writer and a
-reader (post-norm models: BERT's LayerNorm after every block) are not folded: the scores
-are of the weights, not of the path; read attribution and survival follow the path.
+reading norm's is folded into the read maps. A write then reaches a later reader through
+every norm of the whole stream between them (post-norm: BERT's LayerNorms after each
+attention and MLP; DeepNorm), each, with its per-token scale frozen, ``C diag(γ)`` up to a
+positive factor per token; DeepNorm's α is another. With ``through_norms`` (the default)
+the writer's map is the one that arrives, ``W_write P`` with ``P`` the product of those
+norms' ``C diag(γ)``, in the numerator and in ``‖W_write P‖``; the positive factors cancel
+in the ratio. A pre-norm or parallel model has no such norm between a writer and a reader
+(its final norm comes after every reader), so ``P = I`` and the scores are TransformerLens's.
+``through_norms=False`` scores the weights alone, as if the stream were never normalized.
 
 Every score is computed through ``d_model × d_model`` Gram matrices: with ``W_write = A Bᵀ`` and
 ``W_read = C Dᵀ``, ``‖W_write W_read‖²_F = <B (AᵀA) Bᵀ, C (DᵀD) Cᵀ>_F``, so all pairs cost one
-matrix product of flattened Grams (readers in chunks). A random baseline, the same score for
+matrix product of flattened Grams. The stream norms act on a writer's Gram as ``Pᵀ G P``:
+the writers are carried forward norm by norm (``O(d_model²)`` each, no product of ``d × d``
+matrices) and scored against the readers between each norm and the next. A random baseline, the same score for
 Gaussian matrices of the same shapes, is reported next to them (Monte Carlo, fixed seed):
 scores are only interesting relative to it.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,6 +54,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..errors import InputError, UnknownNameError, check_choice, top_count
+from ..program import Add, Norm, Read
 from .results import CompactRepr
 
 KINDS = ("q", "k", "v")
@@ -59,7 +69,8 @@ class Composition(CompactRepr):
     ``head_to_mlp`` is ``[writer head, reader mlp]``; ``mlp_to_head`` is ``[kind, writer mlp,
     reader head]``. ``baseline`` holds the random-matrix score for each kind. ``sees`` holds the
     pairs that count, ``[writer, reader]`` booleans keyed by ``head_to_head``,
-    ``head_to_mlp`` and ``mlp_to_head``.
+    ``head_to_mlp`` and ``mlp_to_head``. ``through_norms``: whether the whole-stream norms
+    between a writer and a reader are folded into the write (``composition``).
     """
 
     heads: tuple[str, ...]
@@ -69,6 +80,7 @@ class Composition(CompactRepr):
     mlp_to_head: Float[Tensor, "kind mlp head"]
     baseline: dict[str, float]
     sees: dict[str, Tensor]
+    through_norms: bool = True
 
     def to_frame(self) -> pd.DataFrame:
         """Long frame: ``kind, writer, reader, score, baseline`` for every pair that counts.
@@ -172,6 +184,58 @@ def _scores(writer: Tensor, reader: Tensor, chunk: int = 32) -> Tensor:
     return torch.cat(out, 1)
 
 
+def _carry(spec, gram: Tensor) -> Tensor:
+    """A writer Gram ``G`` through the frozen norm ``spec``: ``Mᵀ G M``, ``M = C diag(γ)``.
+
+    ``M`` is the norm's linear part on a row vector up to its per-token ``1/s``: ``c ↦ (C c) ⊙ γ``.
+    """
+    if spec.kind == "layernorm":
+        gram = gram - gram.mean(-1, keepdim=True)
+        gram = gram - gram.mean(-2, keepdim=True)
+    g = torch.as_tensor(spec.gain(gram), dtype=gram.dtype)
+    return gram * g.reshape(-1, 1) * g.reshape(1, -1) if g.ndim else gram * g * g
+
+
+def _scores_through(writer: Tensor, w_at: list[int], readers: list[tuple[Tensor, list[int]]],
+                    norms: list) -> list[Tensor]:
+    """``_scores`` of ``writer`` against each reader stack, with the stream norms between folded in.
+
+    ``w_at[i]`` / ``r_at[j]``: how many of the whole-stream ``norms`` come before writer
+    ``i``'s write is added and before reader ``j`` reads; non-decreasing, as the stacks are in
+    layer order, so each count is one slice (no copy of a stack). Writers are carried forward
+    one norm at a time (``_carry``) and scored against the readers that read before the next
+    one; pairs with the reader before the writer stay 0 (``Anatomy.sees`` masks them).
+    """
+    assert all(list(at) == sorted(at) for at in (w_at, *(r for _, r in readers)))
+    out = [torch.zeros(writer.shape[0], r.shape[0]) for r, _ in readers]
+    last = max((r_at[-1] for _, r_at in readers if r_at), default=-1)
+    for a in sorted(set(w_at)):
+        rows = slice(bisect_left(w_at, a), bisect_right(w_at, a))
+        gram = writer[rows]
+        for b in range(a, last + 1):
+            for (r, r_at), o in zip(readers, out, strict=True):
+                cols = slice(bisect_left(r_at, b), bisect_right(r_at, b))
+                if cols.stop > cols.start:
+                    o[rows, cols] = _scores(gram, r[cols])
+            if b < last:
+                gram = _carry(norms[b], gram)
+    return out
+
+
+def _stream_norms(anatomy) -> tuple[list, dict[str, int]]:
+    """The whole-stream norms in program order, and for each ``Add`` / ``Read`` how many come first.
+
+    Keys ``"add:L3.attn"`` / ``"read:L3.attn"``; embeddings' norms and the final norm count too.
+    """
+    norms, before = [], {}
+    for op in anatomy.program:
+        if isinstance(op, Norm):
+            norms.append(anatomy.norms[op.norm])
+        elif isinstance(op, Add | Read):
+            before[f"{'add' if isinstance(op, Add) else 'read'}:{op.component}"] = len(norms)
+    return norms, before
+
+
 def _baselines(d_model: int, d_head: int, d_mlp: int, samples: int = 4) -> dict[str, float]:
     """Mean scores of Gaussian matrices with the real factors' shapes (fixed seed)."""
     g = torch.Generator().manual_seed(0)
@@ -190,10 +254,13 @@ def _baselines(d_model: int, d_head: int, d_mlp: int, samples: int = 4) -> dict[
                             float(_scores(mlp_w, heads_r).diagonal().mean()))}
 
 
-def composition(model) -> Composition:
+def composition(model, through_norms: bool = True) -> Composition:
     """Q/K/V composition between all head pairs, and head↔MLP analogues, from weights only.
 
     ``model``: a loaded model, or a trace (its model's weights: no text is read).
+    ``through_norms``: fold the whole-stream norms between each writer and reader into the
+    write, as the reader receives it (post-norm, DeepNorm; nothing to fold in a pre-norm or
+    parallel model); False scores the weights alone (the module docstring).
     """
     model = getattr(model, "model", model)  # a Trace holds its Model as ``model``
     a = model.anatomy
@@ -213,11 +280,20 @@ def composition(model) -> Composition:
     mlps = [f"L{L}.mlp" for L in mlp_layers]
     sees = {"head_to_head": a.sees(attn, attn), "head_to_mlp": a.sees(attn, mlps),
             "mlp_to_head": a.sees(mlps, attn)}
+    norms, before = _stream_norms(a) if through_norms else ([], {})
+
+    def at(kind: str, names: list[str]) -> list[int]:
+        return [before.get(f"{kind}:{n}", 0) for n in names]
+
+    head_readers = [(readers[kd], at("read", attn)) for kd in KINDS]
+    from_heads = _scores_through(head_w, at("add", attn), [*head_readers, (mlp_r, at("read", mlps))], norms)
+    from_mlps = _scores_through(mlp_w, at("add", mlps), head_readers, norms)
     return Composition(
         heads=tuple(f"L{L}H{h}" for L in range(a.n_layers) for h in range(a.n_heads)),
         mlps=tuple(mlps),
-        head_to_head=torch.stack([_scores(head_w, readers[kd]) for kd in KINDS]) * sees["head_to_head"],
-        head_to_mlp=_scores(head_w, mlp_r) * sees["head_to_mlp"],
-        mlp_to_head=torch.stack([_scores(mlp_w, readers[kd]) for kd in KINDS]) * sees["mlp_to_head"],
+        head_to_head=torch.stack(from_heads[:3]) * sees["head_to_head"],
+        head_to_mlp=from_heads[3] * sees["head_to_mlp"],
+        mlp_to_head=torch.stack(from_mlps) * sees["mlp_to_head"],
         baseline=_baselines(a.d_model, a.d_head, a.d_mlp or a.d_model), sees=sees,
+        through_norms=through_norms,
     )
