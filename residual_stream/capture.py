@@ -310,18 +310,46 @@ def _forward_kwargs(model: nn.Module, tokens: Tensor, attention_mask: Tensor, *,
 
 
 def model_logits(model: nn.Module, anatomy: Anatomy, tokens: Int[Tensor, "batch pos"],
-                 attention_mask: Int[Tensor, "batch pos"], edits: Sequence[tuple] = ()) -> Tensor:
+                 attention_mask: Int[Tensor, "batch pos"], edits: Sequence[tuple] = (),
+                 columns: Tensor | None = None) -> Tensor:
     """The model's own logits ``[batch, pos, d_vocab]`` in its dtype: one forward pass.
 
     No capture hooks; ``edits`` (as ``edited``'s) are attached for this pass only.
+    ``columns``: the positions whose logits are wanted. The unembedding
+    (``get_output_embeddings``) then reads only those, and the logits are
+    ``[batch, len(columns), d_vocab]``; a model without one returns every position, as
+    does one whose unembedding is not called on ``[batch, pos, d_model]``: the caller tells
+    them apart by the shape.
     """
     if not anatomy.has_lm_head:
         raise NotAvailableError(anatomy.lm_head_note or "this model has no LM head")
-    with torch.inference_mode(), untouched(model, hooks=False), edited(model, edits):
+    with torch.inference_mode(), untouched(model, hooks=False), edited(model, edits), \
+            _unembedding_at(model, columns, tokens.shape[1]):
         raw = _logits_of(model(**_forward_kwargs(model, tokens, attention_mask, headless=False)))
     if raw is None:
         raise NotAvailableError(f"{type(model).__name__}'s forward pass returned no logits")
     return raw.to(tokens.device)
+
+
+@contextmanager
+def _unembedding_at(model: nn.Module, columns: Tensor | None, pos: int) -> Iterator[None]:
+    """While inside, the unembedding reads its input at ``columns`` only (nothing for None)."""
+    head = getattr(model, "get_output_embeddings", lambda: None)() if columns is not None else None
+    if head is None:
+        yield
+        return
+
+    def narrow(module, args, kwargs):
+        x = first_input(args, kwargs)
+        if x.ndim != 3 or x.shape[1] != pos:
+            return None
+        return with_first_input(args, kwargs, x[:, columns.to(x.device)])
+
+    handle = head.register_forward_pre_hook(narrow, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def hidden_states_reference(

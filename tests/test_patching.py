@@ -278,6 +278,60 @@ def test_default_stack_fits_the_logit_budget_and_equals_one_run_per_pass(monkeyp
     assert patching.stack_size(clean, None, "runs") == patching.MAX_STACK
 
 
+@pytest.mark.parametrize("name", ["llama", "gpt2", "gemma2", "bert_mlm"])
+def test_logits_at_unembeds_only_the_positions_the_metric_reads(name):
+    """The metric reads each row's last real token and token 6: with ``logits_at=[-1, 6]``
+    every patched pass's unembedding computes those columns only (a spy on its output: 3
+    of them, the two rows differing in length), and stream and path patching give what the
+    full logits give (``ATOL``: the unembedding's product over fewer rows). Gemma 2 caps its
+    logits after the unembedding; BERT's MLM head transforms every position before it."""
+    module, model, clean, other = _setup(name)
+    metric, last = _diff(clean), clean.attention_mask.sum(1) - 1
+    widths = []  # of the unembedding's output in each pass (not skipping's one-token probe)
+    handle = module.get_output_embeddings().register_forward_hook(
+        lambda m, args, out: widths.append(out.shape[1]) if out.shape[0] > 1 else None)
+    try:
+        stream = rs.patch_stream(clean, other, metric, points=[1, 3], logits_at=[-1, 6])
+        paths = rs.path_patch(clean, other, metric, receivers=["logits", "L2.attn"], logits_at=[-1, 6])
+    finally:
+        handle.remove()
+    assert len(set(last.tolist()) | {6}) == 3 and widths and set(widths) == {3}
+    full_stream = rs.patch_stream(clean, other, metric, points=[1, 3])
+    full_paths = rs.path_patch(clean, other, metric, receivers=["logits", "L2.attn"])
+    torch.testing.assert_close(stream.metric, full_stream.metric, atol=ATOL, rtol=0)
+    torch.testing.assert_close(paths.metric, full_paths.metric, atol=ATOL, rtol=0)
+    assert torch.equal(stream.run, full_stream.run) and torch.equal(paths.run, full_paths.run)
+    assert float((full_stream.metric - full_stream.metric_clean).abs().max()) > 100 * ATOL
+
+
+def test_logits_at_takes_a_mask_and_refuses_a_metric_reading_elsewhere_before_any_run():
+    """A ``[batch, pos]`` mask names the positions as the indices do; a per-text metric keeps
+    its per-text results. A metric reading a position outside ``logits_at`` is refused before
+    any forward pass (the clean run's metric, NaN there, is checked first), saying which
+    positions were named, and the model is left as it was; so is a position outside a row."""
+    module, model, clean, other = _setup("llama")
+    last = clean.attention_mask.sum(1) - 1
+    rows = torch.arange(len(last))
+
+    def per_text(logits):
+        return logits[rows, last, 101] - logits[rows, last, 32]
+
+    mask = torch.zeros_like(clean.attention_mask, dtype=torch.bool)
+    mask[rows, last] = True
+    narrow = rs.patch_stream(clean, other, per_text, points=[2], logits_at=mask)
+    full = rs.patch_stream(clean, other, per_text, points=[2])
+    torch.testing.assert_close(narrow.per_text, full.per_text, atol=ATOL, rtol=0)
+    before, calls = hooks_of(module), []
+    module.register_forward_pre_hook(lambda m, a: calls.append(1))
+    with pytest.raises(InputError, match=r"the metric reads logits outside logits_at=-1 \(positions "):
+        rs.patch_stream(clean, other, _diff(clean), logits_at=-1)
+    with pytest.raises(InputError, match="reads logits outside logits_at"):
+        rs.path_patch(clean, other, _diff(clean), logits_at=[-1])
+    with pytest.raises(InputError, match="position 40 is outside a row"):
+        rs.path_patch(clean, other, per_text, logits_at=40)
+    assert not calls and hooks_of(module)[1:] == before[1:]
+
+
 def test_points_as_bools_or_strings_are_refused():
     from residual_stream.errors import as_index
 

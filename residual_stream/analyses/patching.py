@@ -191,17 +191,54 @@ def in_rows(output, rows: slice, new: Tensor):
     return (new, *output[1:]) if isinstance(output, tuple) else new
 
 
-def stack_size(trace, batch_size: object, what: str) -> int:
+def stack_size(trace, batch_size: object, what: str, columns: Tensor | None = None) -> int:
     """Copies of the batch stacked per pass: ``batch_size`` checked, or a default for None.
 
-    The default: as many as keep the stacked logits within ``LOGIT_BUDGET`` bytes in the
-    model's dtype (at most ``MAX_STACK``, at least one).
+    The default: as many as keep the stacked logits (at ``columns`` only, if given) within
+    ``LOGIT_BUDGET`` bytes in the model's dtype (at most ``MAX_STACK``, at least one).
     """
     if batch_size is not None:
         return batch_count(batch_size, what)
     b, p = trace.tokens.shape
+    p = p if columns is None else len(columns)
     per_copy = b * p * trace.anatomy.d_vocab * trace.model.dtype.itemsize
     return max(1, min(MAX_STACK, LOGIT_BUDGET // per_copy))
+
+
+def logit_columns(trace, metric: Callable, logits_at, clean: Tensor) -> Tensor | None:
+    """The positions whose logits the patched passes compute: those of ``logits_at`` in any row.
+
+    ``logits_at``: as ``positions`` (token indices in each row, negative from its last real
+    token; or a ``[batch, pos]`` bool mask); None: every position. The metric must read the
+    logits there only: measured on the clean logits with every other position NaN, it must
+    give ``clean``, its value on all of them, or ``InputError`` says which positions to name.
+    """
+    if logits_at is None:
+        return None
+    mask = position_mask(trace, logits_at)
+    columns = mask.any(0).nonzero().squeeze(1)
+    rows = trace.tokens.shape[0]
+    seen = metric_values(metric, spread_logits(trace.logits[:, columns], columns, trace), rows, len(clean))
+    if not torch.equal(seen, clean):
+        raise InputError(f"the metric reads logits outside logits_at={logits_at!r} (positions "
+                         f"{columns.tolist()}): with the others NaN it gives {seen.tolist()}, not "
+                         f"{clean.tolist()}; name every position it reads, or leave logits_at out")
+    return columns
+
+
+def spread_logits(logits: Tensor, columns: Tensor | None, trace) -> Tensor:
+    """One copy's logits as the metric takes them: float32 ``[batch, pos, vocab]`` on the trace's device.
+
+    ``logits`` at ``columns`` only (``[batch, len(columns), vocab]``) are put in their places
+    and every other position is NaN; full-width logits (``columns`` None, or a model whose
+    unembedding could not be narrowed) are copied as they are.
+    """
+    device = trace.tokens.device
+    if columns is None or logits.shape[1] == trace.tokens.shape[1]:
+        return logits.to(device, torch.float32, copy=True)
+    out = torch.full((*trace.tokens.shape, logits.shape[-1]), float("nan"), device=device)
+    out[:, columns.to(device)] = logits.to(device, torch.float32)
+    return out
 
 
 def _stream_edit(trace, reference, point: int, where: Tensor, rows: slice) -> tuple:
@@ -227,13 +264,15 @@ def _stream_edit(trace, reference, point: int, where: Tensor, rows: slice) -> tu
     return (a.modules.layers[point], pre, True) if point < a.n_layers else (a.modules.layers[-1], post)
 
 
-def stacked_logits(trace, edits: list[tuple], copies: int, skip: int = 0) -> Tensor:
+def stacked_logits(trace, edits: list[tuple], copies: int, skip: int = 0,
+                   columns: Tensor | None = None) -> Tensor:
     """The logits of one pass over ``copies`` stacked copies of ``trace``'s batch with ``edits``.
 
     ``[copies · batch, pos, vocab]`` in the model's dtype; copy ``c`` is rows ``copy_rows(trace,
     c)``, each edit confined to its copy's rows. ``skip``: blocks ``0..skip-1``, which no edit
     changes, return the clean stream at point ``skip`` from the trace instead of computing it
-    (``skipping``; not with ``SKIP_CLEAN_BLOCKS`` False).
+    (``skipping``; not with ``SKIP_CLEAN_BLOCKS`` False). ``columns``: only those positions are
+    unembedded (``model_logits``; ``spread_logits`` puts them back in place).
     """
     model = trace.model
     tokens = trace.tokens.to(model.device).repeat(copies, 1)
@@ -243,13 +282,13 @@ def stacked_logits(trace, edits: list[tuple], copies: int, skip: int = 0) -> Ten
         model_logits(model.module, trace.anatomy, tokens[:1, :1], mask[:1, :1])
 
     with skipping(trace, skip if SKIP_CLEAN_BLOCKS else 0, copies, probe):
-        return model_logits(model.module, trace.anatomy, tokens, mask, edits)
+        return model_logits(model.module, trace.anatomy, tokens, mask, edits, columns)
 
 
 def patch_stream(trace, reference, metric: Callable[[Tensor], Tensor | float], *,
                  points: int | Sequence[int] | None = None,
                  positions: int | Sequence[int] | None = None,
-                 batch_size: int | None = None) -> StreamPatching:
+                 batch_size: int | None = None, logits_at=None) -> StreamPatching:
     """Patch the clean ``trace``'s stream with ``reference``'s at each point and token; measure ``metric``.
 
     ``reference``: a trace of the same model and ``[batch, pos]`` shape, real tokens in the same
@@ -261,13 +300,16 @@ def patch_stream(trace, reference, metric: Callable[[Tensor], Tensor | float], *
     real token; default every position, each patched in the rows where it is a real token).
     ``batch_size``: patched runs stacked per forward pass; default as many as keep their logits
     within 1 GiB, at most 16 (memory grows with it: that many copies of the batch's
-    activations and logits).
+    activations and logits). ``logits_at``: the positions the metric reads (as ``positions``;
+    ``-1`` for a metric of each text's last token): patched passes unembed only those, and
+    the metric gets NaN elsewhere (checked on the clean run first); default every position.
     """
     checked_patching(trace, reference, metric, "patch_stream", "the stream")
-    stack = stack_size(trace, batch_size, "patched runs")
     pts, pos, masks, tokens = grid_axes(trace, points, positions)
     rows = trace.tokens.shape[0]
     clean = metric_values(metric, trace.logits.float().clone(), rows)
+    columns = logit_columns(trace, metric, logits_at, clean)
+    stack = stack_size(trace, batch_size, "patched runs", columns)
     out = clean.expand(len(pts), len(pos), len(clean)).clone()
     run = torch.zeros(len(pts), len(pos), dtype=torch.bool)
     todo = []
@@ -283,9 +325,9 @@ def patch_stream(trace, reference, metric: Callable[[Tensor], Tensor | float], *
         stacked = len(chunk) > 1
         edits = [_stream_edit(trace, reference, pts[i], masks[j], copy_rows(trace, c) if stacked else ALL)
                  for c, (i, j) in enumerate(chunk)]
-        logits = stacked_logits(trace, edits, len(chunk), skip=min(pts[i] for i, _ in chunk))
+        logits = stacked_logits(trace, edits, len(chunk), skip=min(pts[i] for i, _ in chunk), columns=columns)
         for c, (i, j) in enumerate(chunk):
-            mine = logits[c * rows:(c + 1) * rows].to(trace.tokens.device, torch.float32, copy=True)
+            mine = spread_logits(logits[c * rows:(c + 1) * rows], columns, trace)
             out[i, j] = metric_values(metric, mine, rows, len(clean))
     reference_values = metric_values(metric, reference.logits.float().clone(), rows, len(clean))
     return grid_result(pts, pos, tokens, out, clean, reference_values, run, "patch")

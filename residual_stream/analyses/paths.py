@@ -46,7 +46,16 @@ from ..program import Add, Norm, Scale
 from ..walk import component_of
 from . import path_args
 from .ablation_args import checked_patching, metric_values, position_mask
-from .patching import ALL, Shares, copy_rows, in_rows, stack_size, stacked_logits
+from .patching import (
+    ALL,
+    Shares,
+    copy_rows,
+    in_rows,
+    logit_columns,
+    spread_logits,
+    stack_size,
+    stacked_logits,
+)
 from .path_args import LOGITS, Receiver
 from .results import CompactRepr
 
@@ -166,7 +175,7 @@ def path_patch(trace, reference, metric: Callable[[Tensor], Tensor | float], *,
                senders: str | Sequence[str | Sequence[str]] | None = None,
                receivers: str | Sequence[str | Sequence[str]] = LOGITS,
                positions: int | Sequence[int] | Tensor | None = None,
-               batch_size: int | None = None) -> PathPatching:
+               batch_size: int | None = None, logits_at=None) -> PathPatching:
     """Patch each sender's write into each receiver's read only, from ``reference``; measure ``metric``.
 
     ``reference``: a trace of the same model and shape (a corrupted prompt). ``metric``: a
@@ -178,10 +187,10 @@ def path_patch(trace, reference, metric: Callable[[Tensor], Tensor | float], *,
     sender's direct effect). ``positions``: where the writes' difference is sent (token
     indices, -1 each row's last; or a bool mask ``[batch, pos]``; default every real token).
     ``batch_size``: patched runs stacked per forward pass (default as ``patch_stream``'s).
+    ``logits_at``: the positions the metric reads, unembedded alone (as ``patch_stream``'s).
     See the module docstring for what travels where.
     """
     checked_patching(trace, reference, metric, "path_patch", "each sender's write")
-    stack = stack_size(trace, batch_size, "patched runs")
     a = trace.anatomy
     send = path_args.groups(senders, list(a.heads), "senders", "['L3H1', ('L4H2', 'L4H7'), 'L2.mlp']")
     receive = path_args.groups(receivers, [LOGITS], "receivers", "['L9H6.q', 'L9.attn', 'logits']")
@@ -193,6 +202,8 @@ def path_patch(trace, reference, metric: Callable[[Tensor], Tensor | float], *,
     receivers_of = [path_args.merged([path_args.receiver(trace, n) for n in g]) for g in receive]
     rows = trace.tokens.shape[0]
     clean = metric_values(metric, trace.logits.float().clone(), rows)
+    columns = logit_columns(trace, metric, logits_at, clean)
+    stack = stack_size(trace, batch_size, "patched runs", columns)
     out = clean.expand(len(send), len(receive), len(clean)).clone()
     run = torch.zeros(len(send), len(receive), dtype=torch.bool)
     connected = torch.zeros_like(run)
@@ -202,10 +213,10 @@ def path_patch(trace, reference, metric: Callable[[Tensor], Tensor | float], *,
                  for e in _edits(trace, r, d, copy_rows(trace, c) if len(chunk) > 1 else ALL)]
         first = min(a.n_layers if r.component is None else component_of(r.component)[0]
                     for _, _, deltas in chunk for r, _ in deltas)
-        logits = stacked_logits(trace, edits, len(chunk), skip=first)
+        logits = stacked_logits(trace, edits, len(chunk), skip=first, columns=columns)
         for c, (i, j, _) in enumerate(chunk):
-            mine = logits[c * rows:(c + 1) * rows].to(trace.tokens.device, torch.float32, copy=True)
-            out[i, j] = metric_values(metric, mine, rows, len(clean))
+            out[i, j] = metric_values(metric, spread_logits(logits[c * rows:(c + 1) * rows], columns, trace),
+                                      rows, len(clean))
 
     chunk: list = []  # runs planned and not yet measured: at most ``stack`` differences held
     for i, group in enumerate(senders_of):
