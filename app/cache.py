@@ -100,10 +100,11 @@ def stream_patching(name: str, text: str, corrupted: str, pos: int, target: int,
                     estimate: bool = False):
     """``rs.patch_stream`` from ``corrupted`` into ``text`` (``estimate``: ``rs.attribution_patching``).
 
-    The metric: the ``target``'s logit (minus the ``baseline``'s) at token ``pos``.
+    The metric: the ``target``'s logit (minus the ``baseline``'s) at token ``pos``, the only
+    position the measured runs unembed (``logits_at``).
     """
-    run = rs.attribution_patching if estimate else rs.patch_stream
-    return run(trace(name, text), trace(name, corrupted), _logit_metric(pos, target, baseline))
+    args = trace(name, text), trace(name, corrupted), _logit_metric(pos, target, baseline)
+    return rs.attribution_patching(*args) if estimate else rs.patch_stream(*args, logits_at=pos)
 
 
 def _logit_metric(pos: int, target: int, baseline: int | None):
@@ -137,7 +138,7 @@ def path_patching(name: str, text: str, corrupted: str, pos: int, target: int, b
                   receivers: tuple[str, ...]):
     """``rs.path_patch`` of every head into each of ``receivers``, as ``stream_patching``'s metric."""
     return rs.path_patch(trace(name, text), trace(name, corrupted), _logit_metric(pos, target, baseline),
-                         receivers=list(receivers))
+                         receivers=list(receivers), logits_at=pos)
 
 
 @st.cache_data(show_spinner=False)  # the page's spinner says how long each one takes
