@@ -64,9 +64,9 @@ def read_matrix(name: str, text: str, level: str) -> pd.DataFrame:
 
 
 @st.cache_resource(show_spinner="Computing composition scores (SmolLM2: about 5 s)…", max_entries=4)
-def composition(name: str):
-    """``rs.composition`` of the model: weights only, computed once per model."""
-    return rs.composition(model(name))
+def composition(name: str, through_norms: bool = True):
+    """``rs.composition`` of the model: weights only, computed once per model and setting."""
+    return rs.composition(model(name), through_norms=through_norms)
 
 
 @st.cache_data(show_spinner="Scoring every head on repeated random tokens…")

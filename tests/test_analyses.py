@@ -9,7 +9,7 @@ from tiny_hf import build
 
 import residual_stream as rs
 from residual_stream.analyses.subspaces import Subspace, mean_direction, orthogonal_split
-from residual_stream.errors import NotAvailableError
+from residual_stream.errors import InputError, NotAvailableError
 from residual_stream.inputs import ByteTokenizer
 
 ATOL = 1e-5
@@ -1022,6 +1022,38 @@ def test_composition_of_a_post_norm_model_follows_the_write_through_the_layernor
         assert at(folded, field, index) == pytest.approx(expected, rel=1e-4)
         assert at(weights, field, index) == pytest.approx(score(write, read, identity), rel=1e-4)
         assert abs(expected - score(write, read, identity)) > 1e-3 * expected
+
+
+def test_composition_matrix_is_the_frame_as_a_grid_and_its_layer_maxima():
+    """``matrix`` against ``to_frame`` pivoted by hand: each seen pair's score in its cell,
+    NaN where the reader does not see the writer; ``level="layer"`` the largest score of
+    each pair of layers, computed by a loop over the frame's rows. The figure shows it with
+    the baseline in its title; a kind the result lacks is refused."""
+    from residual_stream.plotting import composition_figure
+
+    comp = rs.composition(perturbed(norm="layernorm", placement="post"))
+    frame = comp.to_frame()
+    for kind in ("q", "k", "v", "mlp_k", "in"):
+        rows = frame[frame.kind == kind]
+        grid = comp.matrix(kind, "head")
+        assert int(grid.notna().sum().sum()) == len(rows) > 0
+        for r in rows.itertuples():
+            assert grid.loc[r.reader, r.writer] == pytest.approx(r.score, abs=0)
+        layers = comp.matrix(kind)
+        best: dict = {}
+        for r in rows.itertuples():
+            key = (r.reader.split(".")[0].split("H")[0], r.writer.split(".")[0].split("H")[0])
+            best[key] = max(best.get(key, -1.0), r.score)
+        assert int(layers.notna().sum().sum()) == len(best)
+        for (reader, writer), score in best.items():
+            assert layers.loc[reader, writer] == pytest.approx(score, abs=0)
+    fig = composition_figure(comp, "k")
+    assert fig.layout.title.text.startswith("K composition, largest per layer pair (writes as they reach")
+    assert f"random baseline {comp.baseline['k']:.3f}" in fig.layout.title.text
+    with pytest.raises(InputError, match="kind"):
+        comp.matrix("o")
+    with pytest.raises(InputError, match="level"):
+        comp.matrix("k", "block")
 
 
 @pytest.mark.parametrize("name", ["llama", "gpt_neox_parallel", "gemma2", "olmo2"])

@@ -313,6 +313,27 @@ def test_unavailable_analysis_is_explained():
     assert "without a trained masked-LM head" in at.info[0].value
 
 
+def test_flow_page_shows_composition_with_and_without_the_norms_between():
+    """MiniLM (post-LN): the composition heatmap by layer, then by head (one row per reading
+    head); unticking 'writes as they reach the reader' shows the weights alone, which differ
+    for a post-norm model; a CSV download sits beside it."""
+    at = app("flow")
+    at.sidebar.selectbox(key="model").select("minilm-l6").run()
+    assert not at.exception, at.exception
+    figure = chart(at, -1)
+    assert figure["layout"]["title"]["text"].startswith("K composition, largest per layer pair (writes as")
+    assert len(figure["data"][0]["y"]) == 6
+    at.radio(key="comp_level").set_value("head").run()
+    folded = chart(at, -1)["data"][0]
+    assert len(folded["y"]) == 6 * 12
+    at.checkbox(key="comp_norms").uncheck().run()
+    weights = chart(at, -1)
+    assert "weights alone" in weights["layout"]["title"]["text"]
+    a, b = _grid(folded["z"]), _grid(weights["data"][0]["z"])
+    assert np.nanmax(np.abs(a - b)) > 0.01
+    assert at.get("download_button")[-2].proto.label == "Data (CSV)"
+
+
 def _scan_button(at: AppTest):
     return next(b for b in at.button if b.label == "Scan")
 

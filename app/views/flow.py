@@ -224,3 +224,27 @@ if kind == "induction":  # an induction head finds its key by the token before i
         st.markdown(f"**{best}, the top induction head, reads its keys from** (K-composition, "
                     "weights only; an induction circuit reads a previous-token head's write)")
         st.dataframe(top[["writer", "score", "baseline"]], hide_index=True)
+
+st.subheader("Composition")
+with common.guarded():
+    comp = cache.composition(name)
+c1, c2, c3 = st.columns(3)
+reads = {"q": "queries", "k": "keys", "v": "values", "in": "MLP inputs"}
+comp_kind = c1.radio("Read by", list(reads)[:3] + (["in"] if comp.mlps else []), index=1, horizontal=True,
+                     key="comp_kind", format_func=reads.get)
+comp_level = c2.radio("Cells", ["layer", "head"], horizontal=True, key="comp_level",
+                      format_func=lambda v: "largest per layer pair" if v == "layer" else "every head")
+if c3.checkbox("Writes as they reach the reader", value=True, key="comp_norms"):
+    shown = comp
+else:
+    with common.guarded():
+        shown = cache.composition(name, False)
+common.show(plotting.composition_figure(shown, comp_kind, comp_level),
+            shown.matrix(comp_kind, comp_level).rename_axis("reader").reset_index(), key="composition", note=(
+    "How strongly each reader's map from the stream lines up with each earlier head's write map, from "
+    "the weights alone (no text): ‖W_OV W_QKᵀ‖ / (‖W_OV‖ ‖W_QK‖) for keys, W_QK for queries, the reader's "
+    "W_OV for values, W_in for MLP inputs, each reading norm's gain folded in. A score means something "
+    "against the random baseline in the title. 'Writes as they reach the reader' folds every norm on "
+    "the stream between the two into the write (post-norm and DeepNorm models; a pre-norm model has "
+    "none, and the two settings agree); unticked, the weights alone. Blank: the reader reads before "
+    "the write is added."))

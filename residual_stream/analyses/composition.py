@@ -55,6 +55,7 @@ from torch import Tensor
 
 from ..errors import InputError, UnknownNameError, check_choice, top_count
 from ..program import Add, Norm, Read
+from .flow import layer_label
 from .results import CompactRepr
 
 KINDS = ("q", "k", "v")
@@ -100,6 +101,33 @@ class Composition(CompactRepr):
                 "score": scores.numpy()[k, i, j],
                 "baseline": [self.baseline.get(n, float("nan")) for n in names]}))
         return pd.concat(frames, ignore_index=True)
+
+    def matrix(self, kind: str = "k", level: str = "layer") -> pd.DataFrame:
+        """Reader × writer scores of one ``kind``, NaN where the reader does not see the writer.
+
+        ``kind``: ``q``, ``k``, ``v`` (heads reading heads), ``mlp_q``, ``mlp_k``, ``mlp_v``
+        (heads reading MLPs) or ``in`` (MLPs reading heads). ``level="head"``: a row per reader
+        and a column per writer (``L3H5``, ``L3.mlp``); ``"layer"``: the largest score of each
+        pair of reader and writer layers (``L3``).
+        """
+        check_choice("kind", kind, KINDS + tuple(f"mlp_{k}" for k in KINDS) + ("in",))
+        check_choice("level", level, ("head", "layer"))
+        if kind == "in":
+            writers, readers, scores, key = self.heads, self.mlps, self.head_to_mlp, "head_to_mlp"
+        elif kind.startswith("mlp_"):
+            writers, readers, key = self.mlps, self.heads, "mlp_to_head"
+            scores = self.mlp_to_head[KINDS.index(kind[-1])]
+        else:
+            writers, readers, key = self.heads, self.heads, "head_to_head"
+            scores = self.head_to_head[KINDS.index(kind)]
+        values = np.where(self.sees[key].numpy(), scores.numpy(), np.nan).T
+        frame = pd.DataFrame(values, index=list(readers), columns=list(writers))
+        if level == "head":
+            return frame
+        by_writer = pd.Series([layer_label(w) for w in writers], index=frame.columns)
+        frame = frame.T.groupby(by_writer, sort=False).max().T  # NaN only where no pair is seen
+        by_reader = pd.Series([layer_label(r) for r in readers], index=frame.index)
+        return frame.groupby(by_reader, sort=False).max()
 
     def top(self, reader: str, kind: str | None = None, n: int = 5) -> pd.DataFrame:
         """The ``n`` writers composing most strongly into ``reader`` by ``kind`` (``to_frame``'s rows).
