@@ -39,7 +39,8 @@ METHODS = [
     ("Logit lens", "The final norm (as the model applies it) and unembedding applied at every point; "
      "KL(final ‖ lens) in nats."),
     ("Composition", "Max K-composition ‖W_OV W_QKᵀ‖/(‖W_OV‖‖W_QK‖) into each layer's heads, with the "
-     "score of Gaussian matrices of the same shapes as baseline."),
+     "score of Gaussian matrices of the same shapes as baseline; in a post-norm or DeepNorm model "
+     "W_OV is the write as it reaches the reader, through every LayerNorm between (its gain, centred)."),
     ("Conservation", "Worst max-abs error / RMS over real tokens of: the captured stream against the "
      "framework's hidden states, every hook against the replayed program, every norm module against "
      "its frozen-affine description, and the decomposition against the stream."),
@@ -134,7 +135,9 @@ def analyse(model, texts: list[str], label: str | None = None) -> ModelSection:
         "program": plotting.program_figure(a),
         "reads": plotting.heatmap(reads, title=f"Read attribution by layer: {escape(label)}",
                                   x_title="source", y_title="reader", colorbar="mean |share|"),
+        "composition": plotting.composition_figure(comp, "k", "layer"),
     }
+    figures["composition"].update_layout(title=f"{figures['composition'].layout.title.text}: {escape(label)}")
     tables = {"conservation": check.to_frame().groupby("check").relative_error.max().to_frame(),
               "anatomy": pd.DataFrame([a.summary()])}
     return ModelSection(label, numbers, figures, tables)

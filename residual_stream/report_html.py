@@ -49,7 +49,8 @@ def render(title: str, sections: list[ModelSection], comparisons: dict[str, go.F
     for i, s in enumerate(sections):
         note = (f"Max K-composition {s.numbers['max_k_composition']:.3f} "
                 f"(random baseline {s.numbers['k_baseline']:.3f}).")
-        parts += [f"<div>{_fig(s.figures['reads'], f'reads-{i}')}<p>{e(note)}</p></div>"]
+        figures = _fig(s.figures["reads"], f"reads-{i}") + _fig(s.figures["composition"], f"comp-{i}")
+        parts += [f"<div>{figures}<p>{e(note)}</p></div>"]
     parts.append("</div>")
     if experiments:
         parts.append("<h2 id='normlab'>Norm-lab experiments</h2>")

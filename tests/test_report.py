@@ -3,6 +3,7 @@
 import json
 from html.parser import HTMLParser
 
+import numpy as np
 import pytest
 from tiny_hf import build
 
@@ -50,13 +51,28 @@ def test_report_is_well_formed_and_complete(report):
     checker = Checker()
     checker.feed(page)
     assert not checker.errors and checker.stack == []
-    assert checker.plots >= 2 * 2 + 8 + 2  # programs, reads, comparisons, norm-lab
+    assert checker.plots >= 2 * 3 + 8 + 2  # programs, reads, composition, comparisons, norm-lab
+    assert "id=\"fig-comp-0\"" in page and "id=\"fig-comp-1\"" in page
     for section in ("anatomy", "growth", "retention", "unembed", "mixing", "reads", "normlab",
                     "conservation", "methods", "metadata"):
         assert f"id='{section}'" in page
     # plotly inlined, no external script: the file opens offline
     assert "<script src=" not in page and "src=\"http" not in page and "Plotly" in page
     assert data["metadata"]["seed"] == 0 and data["metadata"]["tokens"]
+
+
+def test_the_composition_figure_is_the_apis_by_layer_pair():
+    """Each model's K-composition heatmap in the report: ``Composition.matrix("k")`` of the
+    API, its largest cell the report's ``max_k_composition``, titled with the model."""
+    from residual_stream.report import analyse
+
+    model = twins()[1]
+    section = analyse(model, builtin_corpus()[:2], label="post twin")
+    fig = section.figures["composition"]
+    expected = rs.composition(model).matrix("k")
+    assert np.allclose(np.array(fig.data[0].z, dtype=float), expected.to_numpy(), equal_nan=True)
+    assert np.nanmax(expected.to_numpy()) == pytest.approx(section.numbers["max_k_composition"], rel=1e-6)
+    assert fig.layout.title.text.endswith(": post twin") and "K composition" in fig.layout.title.text
 
 
 def test_user_text_is_escaped(report):
