@@ -5,6 +5,7 @@
     residual-stream check MODEL --text TEXT    trace TEXT and print the conservation report
     residual-stream summarize MODEL [--text T] headline numbers of every analysis
     residual-stream heads MODEL [--top N]      induction, previous- and duplicate-token heads
+    residual-stream composition MODEL [--kind k] [--reader L5H3]   Q/K/V composition from the weights
     residual-stream report --model A --model B [--builtin] --out report.html   compare models
     residual-stream trace MODEL --text T --out stats.safetensors   save a trace's statistics
     residual-stream train --norm N --placement P --out DIR   train a twin (see --help)
@@ -19,13 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from .cli_weights import add_weight_commands, composition_command, heads_command
 from .errors import InputError, ResidualStreamError
 from .files import path_kind, usual_permissions, writable
 
@@ -68,14 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("model", help="registry name, HF folder, .gguf file or cached hub id")
     m.add_argument("--text", action="append", help="text to analyse (repeat; default: 3 built-in)")
     m.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    h = sub.add_parser("heads", help="previous-token, duplicate-token and induction score of every "
-                       "head, on repeated random tokens")
-    h.add_argument("model", help="registry name, HF folder, .gguf file or cached hub id")
-    h.add_argument("--top", type=int, default=5, help="heads listed per score (default 5)")
-    h.add_argument("--length", type=int, help="random tokens per copy (default: 50, or what fits)")
-    h.add_argument("--rows", type=int, default=4, help="random sequences (default 4)")
-    h.add_argument("--seed", type=int, default=0, help="seed of the random tokens (default 0)")
-    h.add_argument("--json", action="store_true", help="print every head's scores as JSON")
+    add_weight_commands(sub)
     r = sub.add_parser("report", help="write an HTML report comparing models (plotly inlined)")
     r.add_argument("--model", action="append", required=True, help="model to compare (repeat)")
     src = r.add_mutually_exclusive_group()
@@ -175,33 +169,6 @@ def _summarize(args: argparse.Namespace) -> int:
         for key, value in numbers.items():
             shown = f"{value:.4g}" if isinstance(value, float) else value
             print(f"{key:>45}: {shown}")
-    return 0
-
-
-def _heads(args: argparse.Namespace) -> int:
-    from .analyses.heads import KINDS, head_scores
-    from .loading import load
-
-    if args.top < 1:
-        raise InputError(f"--top must be at least 1, got {args.top}")
-    model = load(args.model)
-    scores = head_scores(model, length=args.length, rows=args.rows, seed=args.seed)
-    if args.json:
-        losses = {k: None if math.isnan(v) else v  # JSON has no NaN
-                  for k, v in (("loss_first", scores.loss_first), ("loss_repeat", scores.loss_repeat))}
-        print(json.dumps({"model": model.name, "length": scores.length, "rows": args.rows, "seed": args.seed,
-                          **losses, "heads": scores.to_frame().to_dict(orient="records")}, indent=1))
-        return 0
-    print(f"{model.name}: {args.rows} rows of {scores.length} random tokens, repeated once "
-          f"(seed {args.seed})\n")
-    for kind in KINDS:
-        print(f"{kind.replace('_', '-')} score, top {args.top}:")
-        print(scores.top(kind, args.top)[["head", kind]].to_string(index=False), end="\n\n")
-    if math.isnan(scores.loss_first):
-        print("no next-token loss: the model has no next-token LM head")
-    else:
-        print(f"next-token loss on the first copy {scores.loss_first:.3g} nats, on the repeat "
-              f"{scores.loss_repeat:.3g}")
     return 0
 
 
@@ -361,8 +328,8 @@ def _scan(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"models": _models, "anatomy": _anatomy, "check": _check, "summarize": _summarize,
-            "heads": _heads, "train": _train, "report": _report, "trace": _trace_stats, "scan": _scan,
-            "app": _app}
+            "heads": heads_command, "composition": composition_command, "train": _train, "report": _report,
+            "trace": _trace_stats, "scan": _scan, "app": _app}
 
 
 def main(argv: list[str] | None = None) -> int:

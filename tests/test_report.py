@@ -255,6 +255,36 @@ def test_cli_heads_lists_the_top_heads_of_each_score(capsys):
     assert max(data["heads"], key=lambda h: h["previous_token"])["head"] == "L0H2"
 
 
+def test_cli_composition_lists_the_strongest_pairs_and_a_readers_writers(capsys):
+    """``composition`` prints the ``--top`` pairs of a kind in ``to_frame``'s order by score, or
+    one reader's writers as ``Composition.top`` gives them, with the random baseline; on a
+    post-norm model ``--weights-only`` gives the unfolded scores; bad options exit 1 or 2."""
+    import json
+
+    model = rs.load("minilm-l6")
+    folded, weights = rs.composition(model), rs.composition(model, through_norms=False)
+    assert main(["composition", "minilm-l6", "--top", "3", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    frame = folded.to_frame().query("kind == 'k'").sort_values("score", ascending=False)
+    assert [(r["writer"], r["reader"]) for r in data["rows"]] == list(zip(frame.writer[:3], frame.reader[:3],
+                                                                          strict=True))
+    assert data["rows"][0]["score"] == pytest.approx(float(frame.score.iloc[0]), rel=1e-6)
+    assert data["through_norms"] and data["baseline"] == pytest.approx(folded.baseline["k"])
+    assert main(["composition", "minilm-l6", "--reader", "L5H3", "--kind", "v", "--weights-only"]) == 0
+    out = capsys.readouterr().out
+    assert "v composition into L5H3, weights alone (random baseline" in out
+    top = weights.top("L5H3", "v", 10)
+    listed = [line.split() for line in out.strip().splitlines()[3:]]
+    assert [w for w, _, _ in listed] == list(top.writer)
+    assert [float(s) for _, _, s in listed] == pytest.approx(list(top.score), abs=1e-6)
+    assert main(["composition", "minilm-l6", "--reader", "L0H1"]) == 0
+    assert "(no writer before it: nothing composes)" in capsys.readouterr().out
+    assert main(["composition", "minilm-l6", "--kind", "o"]) == 1
+    assert "--kind" in capsys.readouterr().err
+    assert main(["composition", "minilm-l6", "--reader", "L9H9"]) == 1
+    assert "no reader 'L9H9'" in capsys.readouterr().err
+
+
 def test_cli_usage_errors_exit_2():
     with pytest.raises(SystemExit) as e:
         main(["report"])
