@@ -40,7 +40,8 @@ METHODS = [
      "KL(final ‖ lens) in nats."),
     ("Composition", "Max K-composition ‖W_OV W_QKᵀ‖/(‖W_OV‖‖W_QK‖) into each layer's heads, with the "
      "score of Gaussian matrices of the same shapes as baseline; in a post-norm or DeepNorm model "
-     "W_OV is the write as it reaches the reader, through every LayerNorm between (its gain, centred)."),
+     "W_OV is the write as it reaches the reader, through every norm between (its gain; a LayerNorm "
+     "centres too)."),
     ("Conservation", "Worst max-abs error / RMS over real tokens of: the captured stream against the "
      "framework's hidden states, every hook against the replayed program, every norm module against "
      "its frozen-affine description, and the decomposition against the stream."),

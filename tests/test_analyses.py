@@ -1024,6 +1024,25 @@ def test_composition_of_a_post_norm_model_follows_the_write_through_the_layernor
         assert abs(expected - score(write, read, identity)) > 1e-3 * expected
 
 
+def test_a_write_that_reaches_no_reader_composes_with_nothing():
+    """A head whose output is 0 scores 0 with every reader, as does, in a post-norm model, a
+    head writing only along ``1``, which the LayerNorm after it removes whole (0/0 was NaN,
+    read as "unseen" by ``matrix``); the weights alone still score the latter."""
+    model = rs.twin(norm="layernorm", placement="post", n_layers=2, d_model=32)
+    o = model.module.blocks[0].attn.o_proj.weight  # [d_model, n_heads · d_head]
+    k = o.shape[1] // model.anatomy.n_heads
+    with torch.no_grad():
+        o[:, 0:k] = 0                           # head 0 writes nothing
+        o[:, k:2 * k] = o[0:1, k:2 * k]         # head 1 writes the same value to every coordinate
+    folded, weights = rs.composition(model), rs.composition(model, through_norms=False)
+    later = [folded.heads.index(f"L1H{h}") for h in range(model.anatomy.n_heads)]
+    for comp in (folded, weights):
+        assert comp.head_to_head[:, 0, later].eq(0).all() and comp.head_to_mlp[0].eq(0).all()
+    assert folded.head_to_head[:, 1, later].eq(0).all() and not folded.head_to_head.isnan().any()
+    assert weights.head_to_head[:, 1, later].gt(0.01).all()
+    assert folded.matrix("k", "head").loc["L1H0", "L0H1"] == 0
+
+
 def test_composition_matrix_is_the_frame_as_a_grid_and_its_layer_maxima():
     """``matrix`` against ``to_frame`` pivoted by hand: each seen pair's score in its cell,
     NaN where the reader does not see the writer; ``level="layer"`` the largest score of

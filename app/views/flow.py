@@ -221,8 +221,9 @@ if kind == "induction":  # an induction head finds its key by the token before i
     else:
         with common.guarded():
             top = cache.composition(name).top(best, "k")
-        st.markdown(f"**{best}, the top induction head, reads its keys from** (K-composition, "
-                    "weights only; an induction circuit reads a previous-token head's write)")
+        st.markdown(f"**{best}, the top induction head, reads its keys from** (K-composition from "
+                    "the weights, the writes as they reach it; an induction circuit reads a "
+                    "previous-token head's write)")
         st.dataframe(top[["writer", "score", "baseline"]], hide_index=True)
 
 st.subheader("Composition")

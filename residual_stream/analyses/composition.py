@@ -197,7 +197,8 @@ def _gram_T(C: Tensor, D: Tensor) -> Tensor:
 def _scores(writer: Tensor, reader: Tensor, chunk: int = 32) -> Tensor:
     """``‖W_w W_r‖ / (‖W_w‖ ‖W_r‖)`` from writer Grams ``(W_w)ᵀW_w`` and reader Grams ``W_r W_rᵀ``.
 
-    ``trace(Gram)`` is the squared Frobenius norm of each map.
+    ``trace(Gram)`` is the squared Frobenius norm of each map. 0 where either map is 0 (a head
+    with no output, or a write that a LayerNorm on the way removes whole: along ``1``).
     """
     if reader.shape[0] == 0 or writer.shape[0] == 0:
         return torch.zeros(writer.shape[0], reader.shape[0])
@@ -208,7 +209,8 @@ def _scores(writer: Tensor, reader: Tensor, chunk: int = 32) -> Tensor:
         r = reader[start:start + chunk]
         num = (flat_w @ r.flatten(1).T).clamp_min(0).sqrt()
         norm_r = r.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(0).sqrt()
-        out.append(num / (norm_w[:, None] * norm_r[None]))
+        both = norm_w[:, None] * norm_r[None]
+        out.append(torch.where(both > 0, num / both, 0.0))  # a map that is 0 composes with nothing
     return torch.cat(out, 1)
 
 
