@@ -41,6 +41,22 @@ def trace_bytes(anatomy, shape: tuple[int, int], *, verify: bool = False, patter
     return total * FLOAT32
 
 
+def pass_bytes(anatomy, shape: tuple[int, int], itemsize: int, logit_positions: int | None = None) -> int:
+    """What one copy of the batch adds to a patched forward pass at its peak, estimated.
+
+    Its logits (at ``logit_positions`` positions per row, default every one) and the largest
+    transient tensors of a block: attention scores and probabilities as eager attention
+    makes them (``2 × n_heads × pos²`` per row: a fused kernel needs less, so this is an upper
+    estimate there), the MLP's hidden activations (three of ``d_mlp``) and four states of
+    ``d_model`` per token, in ``itemsize`` bytes. Stacking many copies of a long text is
+    bounded by the attention term, whatever the logits.
+    """
+    b, p = shape
+    per_token = 3 * (anatomy.d_mlp or 0) + 4 * anatomy.d_model
+    logits = b * (p if logit_positions is None else logit_positions) * anatomy.d_vocab
+    return (logits + b * p * per_token + 2 * b * anatomy.n_heads * p * p) * itemsize
+
+
 def available_bytes(device: torch.device) -> int | None:
     """Memory free for new tensors on ``device``.
 

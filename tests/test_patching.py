@@ -248,15 +248,17 @@ def test_outputs_only_of_a_model_without_an_lm_head_is_refused():
 
 
 def test_default_stack_fits_the_logit_budget_and_equals_one_run_per_pass(monkeypatch):
-    """``batch_size=None`` stacks as many runs as keep ``[copies·batch, pos, vocab]`` logits
-    within the budget: with the budget set to three copies' worth, every pass holds at most
+    """``batch_size=None`` stacks as many runs as keep their logits and activations
+    (``memory.pass_bytes``) within the budget: with it set to three copies' worth, every pass holds at most
     three copies of the batch (counted at the model's input), and the grid equals one run per
     pass. Metrics are float64: a constant offset of 300 leaves the shares as they were."""
     import residual_stream.analyses.patching as patching
+    from residual_stream.memory import pass_bytes
 
     module, model, clean, other = _setup("llama")
-    b, p = clean.tokens.shape
-    monkeypatch.setattr(patching, "LOGIT_BUDGET", 3 * b * p * 257 * 4 + 1)
+    b = clean.tokens.shape[0]
+    monkeypatch.setattr(patching, "STACK_BUDGET",
+                        3 * pass_bytes(model.anatomy, tuple(clean.tokens.shape), 4) + 1)
     seen = []
     handle = module.model.embed_tokens.register_forward_hook(lambda m, a, out: seen.append(out.shape[0]))
     try:
@@ -272,9 +274,9 @@ def test_default_stack_fits_the_logit_budget_and_equals_one_run_per_pass(monkeyp
     offset = rs.patch_stream(clean, other, lambda logits: 300 + _diff(clean)(logits.double()),
                              positions=[5, 6, -1], batch_size=1)
     assert torch.allclose(offset.share(), one.share(), atol=1e-9, equal_nan=True)
-    monkeypatch.setattr(patching, "LOGIT_BUDGET", 1)  # less than one copy: one run per pass
+    monkeypatch.setattr(patching, "STACK_BUDGET", 1)  # less than one copy: one run per pass
     assert patching.stack_size(clean, None, "runs") == 1
-    monkeypatch.setattr(patching, "LOGIT_BUDGET", 2**40)
+    monkeypatch.setattr(patching, "STACK_BUDGET", 2**40)
     assert patching.stack_size(clean, None, "runs") == patching.MAX_STACK
 
 
@@ -327,9 +329,47 @@ def test_logits_at_takes_a_mask_and_refuses_a_metric_reading_elsewhere_before_an
         rs.patch_stream(clean, other, _diff(clean), logits_at=-1)
     with pytest.raises(InputError, match="reads logits outside logits_at"):
         rs.path_patch(clean, other, _diff(clean), logits_at=[-1])
-    with pytest.raises(InputError, match="position 40 is outside a row"):
+    with pytest.raises(InputError, match="logits_at: position 40 is outside a row"):
         rs.path_patch(clean, other, per_text, logits_at=40)
+    c6 = clean.logits[:, 6, 101].clone()
+    assert bool((c6.abs() > 0.03).all())
+
+    def hidden(logits):  # reads token 6 through a comparison that NaN leaves False, as the clean run does
+        return per_text(logits) + ((logits[:, 6, 101] - c6).abs() > 0.05).float()
+
+    with pytest.raises(InputError, match="with the other positions changed it gives"):
+        rs.patch_stream(clean, other, hidden, logits_at=-1)
     assert not calls and hooks_of(module)[1:] == before[1:]
+
+    def partly_nan(logits):  # a clean value that is NaN is its own value, not a mismatch
+        return torch.stack([per_text(logits)[0], torch.tensor(float("nan"))])
+
+    nan = rs.patch_stream(clean, other, partly_nan, points=[2], logits_at=-1)
+    torch.testing.assert_close(nan.per_text[..., 0], full.per_text[..., 0], atol=ATOL, rtol=0)
+
+
+def test_the_default_stack_counts_a_long_texts_attention_not_only_its_logits():
+    """A copy of a 4096-token text adds SmolLM2's eager attention scores and probabilities,
+    2 · 9 heads · 4096² floats (1.2 GB), to a pass whatever the logits: one copy per pass
+    even with ``logits_at=-1``, where the logits alone (a row of 49,152 a text) would stack
+    the most (16). A short text's copies stack the most either way."""
+    from types import SimpleNamespace
+
+    import residual_stream.analyses.patching as patching
+    from residual_stream.memory import pass_bytes
+
+    anatomy = rs.load("smollm2-135m", dtype="float32", progress=False).anatomy
+    one = torch.tensor([0])
+
+    def fake(pos):
+        return SimpleNamespace(anatomy=anatomy, tokens=torch.zeros(1, pos, dtype=torch.long),
+                               model=SimpleNamespace(dtype=torch.float32))
+
+    assert 2 * 9 * 4096**2 * 4 > 2**30 and pass_bytes(anatomy, (1, 4096), 4, 1) > 2**30
+    assert patching.stack_size(fake(4096), None, "runs", one) == 1
+    assert 16 * 49152 * 4 < 2**30  # the logits alone would allow every copy
+    assert patching.stack_size(fake(14), None, "runs", one) == patching.MAX_STACK
+    assert patching.stack_size(fake(14), None, "runs") == patching.MAX_STACK
 
 
 def test_points_as_bools_or_strings_are_refused():

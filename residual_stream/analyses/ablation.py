@@ -351,8 +351,9 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
     corrupted run, the share of the effect a write carries). ``positions``: replace only
     there, token indices in each row (``-1``: each row's last real token; a list of them) or
     a ``[batch, pos]`` bool mask; a mean is still over every real token. ``batch_size``:
-    ablated runs stacked per forward pass (default: as many as keep their logits within 1 GiB,
-    at most 16; memory grows with it: that many copies of the batch's activations and logits);
+    ablated runs stacked per forward pass (default: as many as keep their logits and the pass's
+    largest activations within 1 GiB, at most 16; memory grows with it: that many copies of
+    the batch's activations and logits);
     with reads, also no more than keep their captures within 1 GiB.
     """
     need_trace(trace, "ablation_check")

@@ -25,12 +25,13 @@ from torch import Tensor
 
 from ..capture import first_input, first_output, model_logits, with_first_input
 from ..errors import InputError, OutOfRangeError, as_index, batch_count, layer_index, listed
+from ..memory import pass_bytes
 from ..skipping import skipping
 from .ablation_args import checked_patching, metric_values, position_mask, text_shares
 from .results import CompactRepr
 
 ALL = slice(None)      # every row of a pass: one copy of the batch
-LOGIT_BUDGET = 2**30   # bytes of stacked logits a default batch_size allows
+STACK_BUDGET = 2**30   # bytes of stacked logits and activations a default batch_size allows
 MAX_STACK = 16         # copies stacked per pass by default
 SKIP_CLEAN_BLOCKS = True  # patched passes take the blocks before the first edit from the trace
 
@@ -194,15 +195,15 @@ def in_rows(output, rows: slice, new: Tensor):
 def stack_size(trace, batch_size: object, what: str, columns: Tensor | None = None) -> int:
     """Copies of the batch stacked per pass: ``batch_size`` checked, or a default for None.
 
-    The default: as many as keep the stacked logits (at ``columns`` only, if given) within
-    ``LOGIT_BUDGET`` bytes in the model's dtype (at most ``MAX_STACK``, at least one).
+    The default: as many as keep what each copy adds to the pass (``memory.pass_bytes``: its
+    logits, at ``columns`` only if given, and a block's largest activations) within
+    ``STACK_BUDGET`` bytes in the model's dtype (at most ``MAX_STACK``, at least one).
     """
     if batch_size is not None:
         return batch_count(batch_size, what)
-    b, p = trace.tokens.shape
-    p = p if columns is None else len(columns)
-    per_copy = b * p * trace.anatomy.d_vocab * trace.model.dtype.itemsize
-    return max(1, min(MAX_STACK, LOGIT_BUDGET // per_copy))
+    per_copy = pass_bytes(trace.anatomy, tuple(trace.tokens.shape), trace.model.dtype.itemsize,
+                          None if columns is None else len(columns))
+    return max(1, min(MAX_STACK, STACK_BUDGET // per_copy))
 
 
 def logit_columns(trace, metric: Callable, logits_at, clean: Tensor) -> Tensor | None:
@@ -210,19 +211,33 @@ def logit_columns(trace, metric: Callable, logits_at, clean: Tensor) -> Tensor |
 
     ``logits_at``: as ``positions`` (token indices in each row, negative from its last real
     token; or a ``[batch, pos]`` bool mask); None: every position. The metric must read the
-    logits there only: measured on the clean logits with every other position NaN, it must
-    give ``clean``, its value on all of them, or ``InputError`` says which positions to name.
+    logits there only. Checked on the clean run: with every other position NaN, and again
+    with the clean logits negated there, the metric must give ``clean`` (its value on the
+    clean logits), or ``InputError``. A read the two fills cannot show (a comparison false
+    either way) goes unseen.
     """
     if logits_at is None:
         return None
-    mask = position_mask(trace, logits_at)
+    try:
+        mask = position_mask(trace, logits_at)
+    except InputError as e:
+        raise InputError(f"logits_at: {e}") from None
     columns = mask.any(0).nonzero().squeeze(1)
-    rows = trace.tokens.shape[0]
-    seen = metric_values(metric, spread_logits(trace.logits[:, columns], columns, trace), rows, len(clean))
-    if not torch.equal(seen, clean):
-        raise InputError(f"the metric reads logits outside logits_at={logits_at!r} (positions "
-                         f"{columns.tolist()}): with the others NaN it gives {seen.tolist()}, not "
-                         f"{clean.tolist()}; name every position it reads, or leave logits_at out")
+    rows, logits = trace.tokens.shape[0], trace.logits.float()
+    elsewhere = torch.ones(logits.shape[1], dtype=torch.bool, device=logits.device)
+    elsewhere[columns.to(logits.device)] = False
+    for fill in (float("nan"), None):
+        shown = logits.clone()
+        shown[:, elsewhere] = float("nan") if fill is not None else -logits[:, elsewhere]
+        seen = metric_values(metric, shown, rows, len(clean))
+        if not torch.allclose(seen, clean, rtol=0, atol=0, equal_nan=True):
+            is_mask = isinstance(logits_at, Tensor) and logits_at.dtype == torch.bool
+            raise InputError(
+                f"the metric reads logits outside logits_at={'a mask' if is_mask else repr(logits_at)} "
+                f"(positions {columns.tolist()}): with the other positions "
+                f"{'NaN' if fill is not None else 'changed'} it gives {seen.tolist()}, not {clean.tolist()}. "
+                "Name every position it reads (weighting every position by a mask, NaN × 0 is NaN: index "
+                "the named ones instead), or leave logits_at out")
     return columns
 
 
@@ -299,10 +314,11 @@ def patch_stream(trace, reference, metric: Callable[[Tensor], Tensor | float], *
     from the end; default all); ``positions``: token indices in each row (negative from its last
     real token; default every position, each patched in the rows where it is a real token).
     ``batch_size``: patched runs stacked per forward pass; default as many as keep their logits
-    within 1 GiB, at most 16 (memory grows with it: that many copies of the batch's
-    activations and logits). ``logits_at``: the positions the metric reads (as ``positions``;
-    ``-1`` for a metric of each text's last token): patched passes unembed only those, and
-    the metric gets NaN elsewhere (checked on the clean run first); default every position.
+    and the pass's largest activations within 1 GiB, at most 16 (memory grows with it: that
+    many copies of the batch's activations and logits). ``logits_at``: the positions the
+    metric reads (as ``positions``; ``-1`` for a metric of each text's last token): patched
+    passes unembed only those, and the metric gets NaN elsewhere (checked on the clean run
+    first, ``logit_columns``); default every position.
     """
     checked_patching(trace, reference, metric, "patch_stream", "the stream")
     pts, pos, masks, tokens = grid_axes(trace, points, positions)
