@@ -5,6 +5,8 @@ and the logits of every token, in float32: for SmolLM2 about 400 KB a token, hal
 logits over 49,152 tokens. ``rs.trace`` of a corpus-sized batch would fill the machine and
 end in the system's out-of-memory kill; counting first turns that into an error that says
 what to do (fewer or shorter texts, or ``rs.scan``, which keeps statistics, not tensors).
+``pass_bytes`` estimates what one copy of a batch adds to a patched pass, which sets how
+many copies patching stacks by default.
 """
 
 from __future__ import annotations

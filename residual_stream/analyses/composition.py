@@ -37,9 +37,9 @@ Every score is computed through ``d_model × d_model`` Gram matrices: with ``W_w
 ``W_read = C Dᵀ``, ``‖W_write W_read‖²_F = <B (AᵀA) Bᵀ, C (DᵀD) Cᵀ>_F``, so all pairs cost one
 matrix product of flattened Grams. The stream norms act on a writer's Gram as ``Pᵀ G P``:
 the writers are carried forward norm by norm (``O(d_model²)`` each, no product of ``d × d``
-matrices) and scored against the readers between each norm and the next. A random baseline, the same score for
-Gaussian matrices of the same shapes, is reported next to them (Monte Carlo, fixed seed):
-scores are only interesting relative to it.
+matrices) and scored against the readers between each norm and the next. A random
+baseline, the same score for Gaussian matrices of the same shapes, is reported next to them
+(Monte Carlo, fixed seed): scores are only interesting relative to it.
 """
 
 from __future__ import annotations
