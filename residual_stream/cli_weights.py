@@ -24,8 +24,8 @@ def add_weight_commands(sub) -> None:
     c = sub.add_parser("composition", help="Q/K/V composition between heads (and head-MLP) from the "
                        "weights: the strongest pairs, or the writers a reader composes with")
     c.add_argument("model", help=MODEL_HELP)
-    c.add_argument("--kind", default="k", help="q, k or v (heads reading heads), mlp_q/mlp_k/mlp_v "
-                   "(heads reading MLPs) or in (MLPs reading heads); default k")
+    c.add_argument("--kind", help="q, k or v (heads reading heads), mlp_q/mlp_k/mlp_v (heads reading "
+                   "MLPs) or in (MLPs reading heads); default k, or in for an MLP --reader")
     c.add_argument("--reader", help="list the writers this reader (L5H3, L5.mlp) composes with")
     c.add_argument("--top", type=int, default=10, help="pairs or writers listed (default 10)")
     c.add_argument("--weights-only", action="store_true",
@@ -67,30 +67,36 @@ def composition_command(args: argparse.Namespace) -> int:
 
     Rows as ``Composition.to_frame`` / ``top`` give them, with the random baseline.
     """
-    from .analyses.composition import composition
+    from .analyses.composition import TITLES, composition
     from .errors import check_choice
     from .loading import load
 
-    check_choice("--kind", args.kind, ("q", "k", "v", "mlp_q", "mlp_k", "mlp_v", "in"))
+    if args.kind is not None:
+        check_choice("--kind", args.kind, tuple(TITLES))
     if args.top < 1:
         raise InputError(f"--top must be at least 1, got {args.top}")
-    n = args.top
     model = load(args.model)
     comp = composition(model, through_norms=not args.weights_only)
     if args.reader is not None:
-        rows = comp.top(args.reader, args.kind, n)
+        kind = args.kind or ("in" if args.reader in comp.mlps else "k")
+        rows = comp.top(args.reader, kind, args.top)
+        empty = f"(no writer before {args.reader}: nothing composes into it)"
     else:
+        kind = args.kind or "k"
+        if kind not in ("q", "k", "v") and not comp.mlps:
+            raise InputError(f"{model.name} has no MLPs: --kind {kind} has nothing to score; use q, k or v")
         frame = comp.to_frame()
-        rows = frame[frame.kind == args.kind].sort_values("score", ascending=False, kind="stable").head(n)
+        rows = frame[frame.kind == kind].sort_values("score", ascending=False, kind="stable").head(args.top)
+        empty = "(no pair: no reader reads after a writer)"
     folded = "weights alone" if args.weights_only else "writes as they reach the reader"
-    baseline = comp.baseline[args.kind]
+    baseline = comp.baseline[kind]
     if args.json:
-        print(json.dumps({"model": model.name, "kind": args.kind, "reader": args.reader,
+        print(json.dumps({"model": model.name, "kind": kind, "reader": args.reader,
                           "through_norms": comp.through_norms, "baseline": baseline,
                           "rows": rows[["writer", "reader", "score"]].to_dict(orient="records")}, indent=1))
         return 0
     into = f" into {args.reader}" if args.reader else ""
-    print(f"{model.name}: {args.kind} composition{into}, {folded} (random baseline {baseline:.3f})\n")
+    print(f"{model.name}: {TITLES[kind]} composition{into}, {folded} (random baseline {baseline:.3f})\n")
     shown = rows[["writer", "reader", "score"]]
-    print(shown.to_string(index=False) if len(shown) else "(no writer before it: nothing composes)")
+    print(shown.to_string(index=False) if len(shown) else empty)
     return 0

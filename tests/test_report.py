@@ -272,13 +272,17 @@ def test_cli_composition_lists_the_strongest_pairs_and_a_readers_writers(capsys)
     assert data["through_norms"] and data["baseline"] == pytest.approx(folded.baseline["k"])
     assert main(["composition", "minilm-l6", "--reader", "L5H3", "--kind", "v", "--weights-only"]) == 0
     out = capsys.readouterr().out
-    assert "v composition into L5H3, weights alone (random baseline" in out
+    assert "V composition into L5H3, weights alone (random baseline" in out
     top = weights.top("L5H3", "v", 10)
     listed = [line.split() for line in out.strip().splitlines()[3:]]
     assert [w for w, _, _ in listed] == list(top.writer)
     assert [float(s) for _, _, s in listed] == pytest.approx(list(top.score), abs=1e-6)
     assert main(["composition", "minilm-l6", "--reader", "L0H1"]) == 0
-    assert "(no writer before it: nothing composes)" in capsys.readouterr().out
+    assert "(no writer before L0H1: nothing composes into it)" in capsys.readouterr().out
+    assert main(["composition", "minilm-l6", "--reader", "L3.mlp", "--top", "2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)  # an MLP reads by "in", its default as in Composition.top
+    assert data["kind"] == "in" and data["baseline"] == pytest.approx(folded.baseline["in"])
+    assert [r["writer"] for r in data["rows"]] == list(folded.top("L3.mlp", n=2).writer)
     assert main(["composition", "minilm-l6", "--kind", "o"]) == 1
     assert "--kind" in capsys.readouterr().err
     assert main(["composition", "minilm-l6", "--reader", "L9H9"]) == 1

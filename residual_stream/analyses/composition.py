@@ -59,6 +59,8 @@ from .flow import layer_label
 from .results import CompactRepr
 
 KINDS = ("q", "k", "v")
+TITLES = {"q": "Q", "k": "K", "v": "V", "mlp_q": "Q (from MLPs)", "mlp_k": "K (from MLPs)",
+          "mlp_v": "V (from MLPs)", "in": "MLP-input"}  # each kind as titles name it
 
 
 @dataclass(frozen=True, eq=False, repr=False)

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..analyses.composition import TITLES
 from ..errors import InputError, as_index, check_choice
 from .labels import escape, readable, token_labels
 
@@ -106,7 +107,7 @@ def composition_figure(result, kind: str = "k", level: str = "layer") -> go.Figu
     frame = result.matrix(kind, level)
     folded = "writes as they reach the reader" if result.through_norms else "weights alone"
     reduced = ", largest per layer pair" if level == "layer" else ""
-    fig = heatmap(frame, title=f"{kind.upper() if len(kind) == 1 else kind} composition{reduced} "
+    fig = heatmap(frame, title=f"{TITLES[kind]} composition{reduced} "
                                f"({folded}; random baseline {result.baseline[kind]:.3f})",
                   x_title="writer", y_title="reader", colorbar="score")
     if level == "head":
