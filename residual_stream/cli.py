@@ -345,6 +345,9 @@ def run_guarded(command, args: argparse.Namespace) -> int:
     except ResidualStreamError as e:
         print(f"residual-stream: error: {e}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # whoever read the output stopped (``| head``): end quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush
+        return 0
     except OSError as e:  # unreadable or unwritable files found late
         print(f"residual-stream: error: {e}", file=sys.stderr)
         return 1

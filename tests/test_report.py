@@ -289,6 +289,22 @@ def test_cli_composition_lists_the_strongest_pairs_and_a_readers_writers(capsys)
     assert "no reader 'L9H9'" in capsys.readouterr().err
 
 
+def test_cli_output_to_a_closed_pipe_ends_quietly():
+    """``residual-stream models | head``: when the reader has gone before the command prints,
+    the command ends with 0 and says nothing (it said "error: [Errno 32] Broken pipe", exit 1,
+    and Python added its own message at exit). The read end is closed before the child has
+    even imported the package, so the write always meets a closed pipe."""
+    import os
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-m", "residual_stream.cli", "models"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    child.stdout.close()
+    err = child.stderr.read().decode()
+    assert child.wait(timeout=120) == 0 and err == ""
+
+
 def test_cli_usage_errors_exit_2():
     with pytest.raises(SystemExit) as e:
         main(["report"])
