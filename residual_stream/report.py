@@ -124,7 +124,7 @@ def analyse(model, texts: list[str], label: str | None = None) -> ModelSection:
         "embed_retention": surv.retention[surv.sources.index("embed")].tolist(),
         "mixing_norm_res_ln": mix.norm_res_ln.tolist(),
         "subspace_fractions": {s: ws.named[:, i].tolist() for i, s in enumerate(ws.subspaces)},
-        "max_k_composition": float(comp.head_to_head[1].max()), "k_baseline": comp.baseline["k"],
+        "max_k_composition": comp.max_score("k"), "k_baseline": comp.baseline["k"],
         "conservation_worst": check.worst.relative_error, "conservation_ok": check.ok,
     }
     try:

@@ -47,8 +47,9 @@ def render(title: str, sections: list[ModelSection], comparisons: dict[str, go.F
         parts.append(_fig(fig, key))
     parts.append("<h2 id='reads'>Read attribution and composition</h2><div class='grid'>")
     for i, s in enumerate(sections):
-        note = (f"Max K-composition {s.numbers['max_k_composition']:.3f} "
-                f"(random baseline {s.numbers['k_baseline']:.3f}).")
+        best = s.numbers["max_k_composition"]
+        note = ("No head reads another head's write (one layer)." if best is None else
+                f"Max K-composition {best:.3f} (random baseline {s.numbers['k_baseline']:.3f}).")
         figures = _fig(s.figures["reads"], f"reads-{i}") + _fig(s.figures["composition"], f"comp-{i}")
         parts += [f"<div>{figures}<p>{e(note)}</p></div>"]
     parts.append("</div>")

@@ -35,7 +35,6 @@ def summarize(model, texts: Sequence[str] = DEFAULT_TEXTS) -> dict[str, float | 
     s = analyses.survival(tr)
     ra = analyses.read_attribution(tr).matrix("layer")
     comp = analyses.composition(model)
-    hh = comp.head_to_head
     mix = analyses.mixing_ratio(tr).summary()
     ab = analyses.ablation_check(tr)
     lens = _nan_or(lambda: analyses.logit_lens(tr).summary())
@@ -58,7 +57,7 @@ def summarize(model, texts: Sequence[str] = DEFAULT_TEXTS) -> dict[str, float | 
         "embed_share_at_end": float(s.share[s.sources.index("embed"), n]),
         "last_layer_read_share_from_embeddings": float(ra.loc[last, embeds].sum()),
         "last_layer_read_share_from_previous_layer": float(ra.loc[last, f"L{n - 2}"]) if n > 1 else None,
-        "max_k_composition": float(hh[1].max()),
+        "max_k_composition": comp.max_score("k"),
         "k_composition_baseline": comp.baseline["k"],
         "mixing_ratio_norm_res_ln_mean": float(mix.norm_res_ln.mean()),
         "mixing_ratio_weight_res_mean": float(mix.weight_res.mean()),

@@ -1024,6 +1024,17 @@ def test_composition_of_a_post_norm_model_follows_the_write_through_the_layernor
         assert abs(expected - score(write, read, identity)) > 1e-3 * expected
 
 
+def test_max_score_is_over_the_pairs_that_count_and_none_without_any():
+    """Two layers: the largest score of the frame's rows of each kind. One layer: no head
+    reads another's write, so None, not the 0 that the unseen pairs hold."""
+    comp = rs.composition(perturbed(norm="layernorm", placement="post"))
+    frame = comp.to_frame()
+    for kind in ("q", "k", "v", "in", "mlp_v"):
+        assert comp.max_score(kind) == pytest.approx(float(frame[frame.kind == kind].score.max()), abs=0)
+    one = rs.composition(rs.twin(norm="layernorm", placement="post", n_layers=1, d_model=32))
+    assert one.max_score("k") is None and one.max_score("in") is not None  # its MLP reads its heads
+
+
 def test_a_write_that_reaches_no_reader_composes_with_nothing():
     """A head whose output is 0 scores 0 with every reader, as does, in a post-norm model, a
     head writing only along ``1``, which the LayerNorm after it removes whole (0/0 was NaN,

@@ -75,6 +75,19 @@ def test_the_composition_figure_is_the_apis_by_layer_pair():
     assert fig.layout.title.text.endswith(": post twin") and "K composition" in fig.layout.title.text
 
 
+def test_a_one_layer_model_reports_no_composition_rather_than_0():
+    """A one-layer model has no head reading another's write: its report says so, with the
+    number None in the data, where it said "Max K-composition 0.000"."""
+    from residual_stream.report import analyse
+    from residual_stream.report_html import render
+
+    section = analyse(rs.twin(norm="layernorm", placement="post", n_layers=1), builtin_corpus()[:2],
+                      label="one layer")
+    assert section.numbers["max_k_composition"] is None
+    page = render("t", [section], {}, {}, {}, ["x"])
+    assert "No head reads another head&#x27;s write (one layer)." in page and "Max K-composition 0" not in page
+
+
 def test_user_text_is_escaped(report):
     page, _ = report
     assert "<script>window.__pwned" not in page and "&lt;script&gt;window.__pwned" in page

@@ -131,6 +131,14 @@ class Composition(CompactRepr):
         by_reader = pd.Series([layer_label(r) for r in readers], index=frame.index)
         return frame.groupby(by_reader, sort=False).max()
 
+    def max_score(self, kind: str = "k") -> float | None:
+        """The largest score of ``kind`` over the pairs that count, or None where none does.
+
+        None for a one-layer model (no head reads another's write), not the 0 of unseen pairs.
+        """
+        values = self.matrix(kind, "head").to_numpy()
+        return float(np.nanmax(values)) if np.isfinite(values).any() else None
+
     def top(self, reader: str, kind: str | None = None, n: int = 5) -> pd.DataFrame:
         """The ``n`` writers composing most strongly into ``reader`` by ``kind`` (``to_frame``'s rows).
 
