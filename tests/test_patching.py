@@ -348,7 +348,7 @@ def test_logits_at_takes_a_mask_and_refuses_a_metric_reading_elsewhere_before_an
     torch.testing.assert_close(nan.per_text[..., 0], full.per_text[..., 0], atol=ATOL, rtol=0)
 
 
-def test_the_default_stack_counts_a_long_texts_attention_not_only_its_logits():
+def test_the_default_stack_counts_a_long_texts_attention_not_only_its_logits(smollm2):
     """A copy of a 4096-token text adds SmolLM2's eager attention scores and probabilities,
     2 · 9 heads · 4096² floats (1.2 GB), to a pass whatever the logits: one copy per pass
     even with ``logits_at=-1``, where the logits alone (a row of 49,152 a text) would stack
@@ -358,7 +358,7 @@ def test_the_default_stack_counts_a_long_texts_attention_not_only_its_logits():
     import residual_stream.analyses.patching as patching
     from residual_stream.memory import pass_bytes
 
-    anatomy = rs.load("smollm2-135m", dtype="float32", progress=False).anatomy
+    anatomy = smollm2.anatomy
     one = torch.tensor([0])
 
     def fake(pos):
