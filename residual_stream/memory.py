@@ -48,15 +48,17 @@ def pass_bytes(anatomy, shape: tuple[int, int], itemsize: int, logit_positions: 
 
     Its logits (at ``logit_positions`` positions per row, default every one) and the largest
     transient tensors of a block: attention scores and probabilities as eager attention
-    makes them (``2 × n_heads × pos²`` per row: a fused kernel needs less, so this is an upper
-    estimate there), the MLP's hidden activations (three of ``d_mlp``) and four states of
-    ``d_model`` per token, in ``itemsize`` bytes. Stacking many copies of a long text is
-    bounded by the attention term, whatever the logits.
+    makes them (``2 × n_heads × pos²`` per row, in at least float32, as its softmax runs: a
+    fused kernel needs less, so this is an upper estimate there), the MLP's hidden
+    activations (three of ``d_mlp``) and four states of ``d_model`` per token, in ``itemsize``
+    bytes. Stacking many copies of a long text is bounded by the attention term, whatever
+    the logits.
     """
     b, p = shape
     per_token = 3 * (anatomy.d_mlp or 0) + 4 * anatomy.d_model
     logits = b * (p if logit_positions is None else logit_positions) * anatomy.d_vocab
-    return (logits + b * p * per_token + 2 * b * anatomy.n_heads * p * p) * itemsize
+    attention = 2 * b * anatomy.n_heads * p * p * max(itemsize, FLOAT32)
+    return (logits + b * p * per_token) * itemsize + attention
 
 
 def available_bytes(device: torch.device) -> int | None:

@@ -350,7 +350,8 @@ def test_logits_at_takes_a_mask_and_refuses_a_metric_reading_elsewhere_before_an
 
 def test_the_default_stack_counts_a_long_texts_attention_not_only_its_logits(smollm2):
     """A copy of a 4096-token text adds SmolLM2's eager attention scores and probabilities,
-    2 · 9 heads · 4096² floats (1.2 GB), to a pass whatever the logits: one copy per pass
+    2 · 9 heads · 4096² float32 values (1.2 GB; so in bf16 too, whose eager softmax runs in
+    float32), to a pass whatever the logits: one copy per pass
     even with ``logits_at=-1``, where the logits alone (a row of 49,152 a text) would stack
     the most (16). A short text's copies stack the most either way."""
     from types import SimpleNamespace
@@ -366,6 +367,7 @@ def test_the_default_stack_counts_a_long_texts_attention_not_only_its_logits(smo
                                model=SimpleNamespace(dtype=torch.float32))
 
     assert 2 * 9 * 4096**2 * 4 > 2**30 and pass_bytes(anatomy, (1, 4096), 4, 1) > 2**30
+    assert pass_bytes(anatomy, (1, 4096), 2, 1) > 2 * 9 * 4096**2 * 4  # bf16: the softmax is float32
     assert patching.stack_size(fake(4096), None, "runs", one) == 1
     assert 16 * 49152 * 4 < 2**30  # the logits alone would allow every copy
     assert patching.stack_size(fake(14), None, "runs", one) == patching.MAX_STACK
