@@ -210,12 +210,13 @@ def edited(model: nn.Module, edits: Sequence[tuple]) -> Iterator[None]:
     """Attach intervention hooks for the duration of the block, and remove them on any exit.
 
     Each edit is ``(module path, forward hook)``, or ``(module path, hook, True)`` for a forward
-    pre-hook taking ``(module, args, kwargs)`` (one that changes a block's input).
+    pre-hook taking ``(module, args, kwargs)`` (one that changes a block's input); the module
+    itself may stand for its path.
     """
     handles = []
     try:
         for path, hook, *pre in edits:
-            module = model.get_submodule(path)
+            module = model.get_submodule(path) if isinstance(path, str) else path
             handles.append(module.register_forward_pre_hook(hook, with_kwargs=True) if pre and pre[0]
                            else module.register_forward_hook(hook))
         yield
@@ -323,21 +324,22 @@ def model_logits(model: nn.Module, anatomy: Anatomy, tokens: Int[Tensor, "batch 
     """
     if not anatomy.has_lm_head:
         raise NotAvailableError(anatomy.lm_head_note or "this model has no LM head")
-    with torch.inference_mode(), untouched(model, hooks=False), edited(model, edits), \
-            _unembedding_at(model, columns, tokens.shape[1]):
+    with torch.inference_mode(), untouched(model, hooks=False), \
+            edited(model, [*edits, *_unembedding_at(model, columns, tokens.shape[1])]):
         raw = _logits_of(model(**_forward_kwargs(model, tokens, attention_mask, headless=False)))
     if raw is None:
         raise NotAvailableError(f"{type(model).__name__}'s forward pass returned no logits")
     return raw.to(tokens.device)
 
 
-@contextmanager
-def _unembedding_at(model: nn.Module, columns: Tensor | None, pos: int) -> Iterator[None]:
-    """While inside, the unembedding reads its input at ``columns`` only (nothing for None)."""
+def _unembedding_at(model: nn.Module, columns: Tensor | None, pos: int) -> list[tuple]:
+    """The edit (for ``edited``) that has the unembedding read its input at ``columns`` only.
+
+    None of it for ``columns`` None or a model without ``get_output_embeddings``.
+    """
     head = getattr(model, "get_output_embeddings", lambda: None)() if columns is not None else None
     if head is None:
-        yield
-        return
+        return []
 
     def narrow(module, args, kwargs):
         x = first_input(args, kwargs)
@@ -345,11 +347,7 @@ def _unembedding_at(model: nn.Module, columns: Tensor | None, pos: int) -> Itera
             return None
         return with_first_input(args, kwargs, x[:, columns.to(x.device)])
 
-    handle = head.register_forward_pre_hook(narrow, with_kwargs=True)
-    try:
-        yield
-    finally:
-        handle.remove()
+    return [(head, narrow, True)]
 
 
 def hidden_states_reference(

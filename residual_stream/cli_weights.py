@@ -67,7 +67,7 @@ def composition_command(args: argparse.Namespace) -> int:
 
     Rows as ``Composition.to_frame`` / ``top`` give them, with the random baseline.
     """
-    from .analyses.composition import TITLES, composition
+    from .analyses.composition import KINDS, TITLES, composition
     from .errors import check_choice
     from .loading import load
 
@@ -83,7 +83,7 @@ def composition_command(args: argparse.Namespace) -> int:
         empty = f"(no writer before {args.reader}: nothing composes into it)"
     else:
         kind = args.kind or "k"
-        if kind not in ("q", "k", "v") and not comp.mlps:
+        if kind not in KINDS and not comp.mlps:
             raise InputError(f"{model.name} has no MLPs: --kind {kind} has nothing to score; use q, k or v")
         frame = comp.to_frame()
         rows = frame[frame.kind == kind].sort_values("score", ascending=False, kind="stable").head(args.top)

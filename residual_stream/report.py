@@ -136,9 +136,8 @@ def analyse(model, texts: list[str], label: str | None = None) -> ModelSection:
         "program": plotting.program_figure(a),
         "reads": plotting.heatmap(reads, title=f"Read attribution by layer: {escape(label)}",
                                   x_title="source", y_title="reader", colorbar="mean |share|"),
-        "composition": plotting.composition_figure(comp, "k", "layer"),
+        "composition": plotting.composition_figure(comp, "k", "layer", name=label),
     }
-    figures["composition"].update_layout(title=f"{figures['composition'].layout.title.text}: {escape(label)}")
     tables = {"conservation": check.to_frame().groupby("check").relative_error.max().to_frame(),
               "anatomy": pd.DataFrame([a.summary()])}
     return ModelSection(label, numbers, figures, tables)

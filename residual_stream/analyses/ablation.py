@@ -54,7 +54,7 @@ from .ablation_args import (
 )
 from .flow import read_attribution
 from .lens import log_probs
-from .patching import ALL, copy_rows, in_rows, stack_size, stacked_logits
+from .patching import ALL, copy_rows, in_rows, spread_logits, stack_size, stacked_logits
 from .results import CompactRepr
 from .tokens import masked_mean
 
@@ -320,7 +320,7 @@ def _outputs_only(trace, writes, edit: _Edit, metric, batch_size: int, k: int) -
         logits = stacked_logits(trace, [edit(writes[i], c, len(chunk)) for c, i in enumerate(chunk)],
                                 len(chunk), skip=first)
         for c, i in enumerate(chunk):
-            mine = logits[c * rows:(c + 1) * rows].to(trace.tokens.device, torch.float32)
+            mine = spread_logits(logits[c * rows:(c + 1) * rows], None, trace)
             outputs[i] = meter(mine)
             if metric is not None:
                 measured[i] = metric_values(metric, mine.clone(), rows, k)

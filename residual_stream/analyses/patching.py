@@ -226,16 +226,16 @@ def logit_columns(trace, metric: Callable, logits_at, clean: Tensor) -> Tensor |
     rows, logits = trace.tokens.shape[0], trace.logits.float()
     elsewhere = torch.ones(logits.shape[1], dtype=torch.bool, device=logits.device)
     elsewhere[columns.to(logits.device)] = False
-    for fill in (float("nan"), None):
+    for what, fill in (("NaN", lambda x: torch.full_like(x, float("nan"))), ("changed", torch.neg)):
         shown = logits.clone()
-        shown[:, elsewhere] = float("nan") if fill is not None else -logits[:, elsewhere]
+        shown[:, elsewhere] = fill(logits[:, elsewhere])
         seen = metric_values(metric, shown, rows, len(clean))
         if not torch.allclose(seen, clean, rtol=0, atol=0, equal_nan=True):
             is_mask = isinstance(logits_at, Tensor) and logits_at.dtype == torch.bool
             raise InputError(
                 f"the metric reads logits outside logits_at={'a mask' if is_mask else repr(logits_at)} "
-                f"(positions {columns.tolist()}): with the other positions "
-                f"{'NaN' if fill is not None else 'changed'} it gives {seen.tolist()}, not {clean.tolist()}. "
+                f"(positions {columns.tolist()}): with the other positions {what} it gives "
+                f"{seen.tolist()}, not {clean.tolist()}. "
                 "Name every position it reads (weighting every position by a mask, NaN × 0 is NaN: index "
                 "the named ones instead), or leave logits_at out")
     return columns

@@ -97,18 +97,20 @@ def path_patching_figure(result, measure: str = "share", top: int | None = 30) -
     return fig
 
 
-def composition_figure(result, kind: str = "k", level: str = "layer") -> go.Figure:
+def composition_figure(result, kind: str = "k", level: str = "layer", *, name: str = "") -> go.Figure:
     """Composition scores of one ``kind``, readers (rows) × writers (columns) (``Composition.matrix``).
 
     ``level="layer"``: the largest score of each pair of layers. Blank where the reader reads
     before the write is added. The title gives the random baseline, against which a score is
-    read, and whether the norms between writer and reader are folded in (``through_norms``).
+    read, whether the norms between writer and reader are folded in (``through_norms``), and
+    ``name`` (a model's label) if given.
     """
     frame = result.matrix(kind, level)
     folded = "writes as they reach the reader" if result.through_norms else "weights alone"
     reduced = ", largest per layer pair" if level == "layer" else ""
     fig = heatmap(frame, title=f"{TITLES[kind]} composition{reduced} "
-                               f"({folded}; random baseline {result.baseline[kind]:.3f})",
+                               f"({folded}; random baseline {result.baseline[kind]:.3f})"
+                               + (f": {escape(name)}" if name else ""),
                   x_title="writer", y_title="reader", colorbar="score")
     if level == "head":
         fig.update_layout(height=max(400, 160 + 4 * len(frame)))
