@@ -54,8 +54,10 @@ class ModulePaths:
     ``qkv``, ``mlp_in``, ``mlp_gate``, ``mlp_down`` and ``qk_norms`` are relative to a block
     (``layers[L]``); ``qkv_layout`` says how to split them (see ``weights.layer_weights``).
     ``qk_norms`` are the RMSNorms on queries and keys (Qwen3, OLMo 2, Gemma 3), whose gain is
-    ``weight + qk_norm_offset``. ``lm_head`` is the nonlinear transform applied before the
-    unembedding, if the model has one (BERT's MLM head).
+    ``weight + qk_norm_offset``. ``mlp_layout`` is ``"gate_up"`` where ``mlp_in`` is one
+    projection to ``[gate | up]`` (Phi-3). ``lm_head`` is the nonlinear transform applied
+    before the unembedding, if the model has one (an MLM head): module paths from the root,
+    applied in turn, ``"act:NAME"`` an activation of transformers' ``ACT2FN``.
     """
 
     layers: tuple[str, ...]
@@ -63,12 +65,13 @@ class ModulePaths:
     attn_out: tuple[str, ...]
     mlp_out: tuple[str, ...]
     norms: Mapping[str, str]
-    lm_head: str | None
+    lm_head: tuple[str, ...] | None
     qkv: tuple[str, ...] = ()
     qkv_layout: str = "separate"
     mlp_in: str = ""
     mlp_gate: str | None = None
     mlp_down: str = ""
+    mlp_layout: str = "separate"
     qk_norms: tuple[str, str] | None = None
     qk_norm_offset: float = 0.0
 

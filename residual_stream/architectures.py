@@ -31,7 +31,7 @@ class ArchSpec:
     family: str
     layers: str
     embeds: Mapping[str, str]
-    block_norms: Mapping[str, str]
+    block_norms: Mapping[str, str] | Callable[[object], Mapping[str, str]]
     attn_out: str
     mlp_out: str
     placement: str | Callable[[object], str] = "pre"
@@ -41,19 +41,27 @@ class ArchSpec:
     alpha: Callable[[object], float] = field(default=lambda cfg: 1.0)
     n_ctx_keys: tuple[str, ...] = ("max_position_embeddings",)
     # read and write maps, relative to a block: separate q/k/v projections, or one fused
-    # projection with its layout ("blocks": [q | k | v], GPT-2; "per_head": [h: q k v], NeoX)
+    # projection with its layout ("blocks": [q | k | v], GPT-2, Phi-3, GPTBigCode's one
+    # key/value head; "per_head": [h: q k v], NeoX)
     qkv: tuple[str, ...] = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
     qkv_layout: str = "separate"
     mlp_in: str = "mlp.up_proj"
     mlp_gate: str | None = "mlp.gate_proj"
     mlp_down: str = "mlp.down_proj"
-    # a nonlinear transform between the final stream and the unembedding (BERT's MLM head),
-    # relative to the top model; the lens applies it, direct logit attribution cannot
-    head_transform: str | None = None
+    # "gate_up": mlp_in (= mlp_gate) is one projection whose output is [gate | up] (Phi-3)
+    mlp_layout: str = "separate"
+    # a nonlinear transform between the final stream and the unembedding (an MLM head: dense,
+    # activation, LayerNorm), relative to the top model: one module, or modules applied in
+    # turn, "act:NAME" an activation of transformers' ACT2FN; the lens applies it, direct
+    # logit attribution cannot
+    head_transform: str | tuple[str, ...] | None = None
     # RMSNorms on the queries and keys after their projections (Qwen3, OLMo 2, Gemma 3),
     # relative to a block: their gains scale each head's W_Q / W_K (``LayerWeights.g_Q``)
     qk_norms: tuple[str, str] | None = None
-    causal: bool = True  # False: bidirectional attention, a masked-LM head (BERT)
+    # False: bidirectional attention, a masked-LM head (BERT; as a decoder, ``is_decoder``, causal)
+    causal: bool | Callable[[object], bool] = True
+    # why a config's variant of the family is not described by this row (None: it is)
+    refuse: Callable[[object], str | None] = field(default=lambda cfg: None)
 
 
 _LLAMA = ArchSpec(
@@ -70,27 +78,74 @@ _GEMMA = ArchSpec(
     attn_out="self_attn.o_proj", mlp_out="mlp", weight_offset=1.0,
 )
 _QK_NORMS = ("self_attn.q_norm", "self_attn.k_norm")
+
+
+def _flag(key: str, variant: str) -> Callable[[object], str | None]:
+    """A ``refuse`` rule: a config with ``key`` set is ``variant``, which no row describes."""
+    return lambda cfg: variant if getattr(cfg, key, False) else None
+
+
+_CROSS = "cross-attention (a third sublayer, with its own norm, reading an encoder)"
+_OLMO2 = ArchSpec(
+    family="OLMo 2 decoder (RMSNorm on each write, none on the read)",
+    layers="layers", embeds={"embed": "embed_tokens"}, final_norm="norm", placement="sandwich",
+    block_norms={"ln_attn_out": "post_attention_layernorm", "ln_mlp_out": "post_feedforward_layernorm"},
+    attn_out="self_attn.o_proj", mlp_out="mlp", qk_norms=_QK_NORMS,
+)
+_BERT = ArchSpec(
+    family="BERT encoder (post-LayerNorm, LayerNorm on the embeddings)",
+    layers="encoder.layer", placement="post", embed_norm="embeddings.LayerNorm",
+    embeds={"embed": "embeddings.word_embeddings", "type_embed": "embeddings.token_type_embeddings",
+            "pos_embed": "embeddings.position_embeddings"},
+    block_norms={"ln_resid_attn": "attention.output.LayerNorm", "ln_resid_mlp": "output.LayerNorm"},
+    attn_out="attention.output.dense", mlp_out="output.dense",
+    qkv=("attention.self.query", "attention.self.key", "attention.self.value"),
+    mlp_in="intermediate.dense", mlp_gate=None, mlp_down="output.dense",
+    head_transform="cls.predictions.transform", causal=lambda cfg: bool(cfg.is_decoder),
+    refuse=_flag("add_cross_attention", _CROSS),
+)
+_ROBERTA = replace(_BERT, family="RoBERTa encoder (post-LayerNorm, LayerNorm on the embeddings)",
+                   head_transform=("lm_head.dense", "act:gelu", "lm_head.layer_norm"))
+_PARALLEL_ONE_NORM = "parallel attention and MLP reading one LayerNorm"
 ARCHITECTURES: dict[str, ArchSpec] = {
     "llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA,
+    "smollm3": replace(_LLAMA, family="SmolLM3 decoder (pre-RMSNorm, rotary in 3 layers of 4)"),
+    "gemma": replace(_LLAMA, family="Gemma decoder (pre-RMSNorm with (1+γ), scaled embeddings)",
+                     weight_offset=1.0),
     "qwen3": replace(_LLAMA, family="Qwen3 decoder (pre-RMSNorm, rotary, RMSNorm on q and k)",
                      qk_norms=_QK_NORMS),
+    "phi3": replace(_LLAMA, family="Phi-3 decoder (pre-RMSNorm, fused q/k/v and gate/up projections)",
+                    qkv=("self_attn.qkv_proj",), qkv_layout="blocks", mlp_in="mlp.gate_up_proj",
+                    mlp_gate="mlp.gate_up_proj", mlp_layout="gate_up"),
     "gemma2": _GEMMA,
     "gemma3_text": replace(_GEMMA, family="Gemma 3 decoder (sandwich RMSNorm with (1+γ), scaled "
                            "embeddings, RMSNorm on q and k)", qk_norms=_QK_NORMS),
-    "olmo2": ArchSpec(
-        family="OLMo 2 decoder (RMSNorm on each write, none on the read)",
-        layers="layers", embeds={"embed": "embed_tokens"}, final_norm="norm", placement="sandwich",
-        block_norms={"ln_attn_out": "post_attention_layernorm",
-                     "ln_mlp_out": "post_feedforward_layernorm"},
-        attn_out="self_attn.o_proj", mlp_out="mlp", qk_norms=_QK_NORMS,
-    ),
+    "olmo2": _OLMO2,
+    "olmo3": replace(_OLMO2, family="OLMo 3 decoder (RMSNorm on each write, none on the read)"),
     "gpt2": ArchSpec(
         family="GPT-2 decoder (pre-LayerNorm, learned positions)",
         layers="h", embeds={"embed": "wte", "pos_embed": "wpe"}, final_norm="ln_f",
         block_norms={"ln_attn_in": "ln_1", "ln_mlp_in": "ln_2"},
         attn_out="attn.c_proj", mlp_out="mlp", n_ctx_keys=("n_positions",),
         qkv=("attn.c_attn",), qkv_layout="blocks", mlp_in="mlp.c_fc", mlp_gate=None,
-        mlp_down="mlp.c_proj",
+        mlp_down="mlp.c_proj", refuse=_flag("add_cross_attention", _CROSS),
+    ),
+    "gpt_bigcode": ArchSpec(
+        family="GPTBigCode / StarCoder decoder (pre-LayerNorm, learned positions, one key/value head)",
+        layers="h", embeds={"embed": "wte", "pos_embed": "wpe"}, final_norm="ln_f",
+        block_norms={"ln_attn_in": "ln_1", "ln_mlp_in": "ln_2"},
+        attn_out="attn.c_proj", mlp_out="mlp", n_ctx_keys=("n_positions",),
+        qkv=("attn.c_attn",), qkv_layout="blocks", mlp_in="mlp.c_fc", mlp_gate=None,
+        mlp_down="mlp.c_proj", refuse=_flag("add_cross_attention", _CROSS),
+    ),
+    "starcoder2": replace(_LLAMA, family="StarCoder2 decoder (pre-LayerNorm, rotary)",
+                          mlp_in="mlp.c_fc", mlp_gate=None, mlp_down="mlp.c_proj"),
+    "stablelm": replace(
+        _LLAMA, family="StableLM decoder (pre-LayerNorm, rotary; parallel where configured)",
+        placement=lambda cfg: "parallel" if cfg.use_parallel_residual else "pre",
+        block_norms=lambda cfg: {"ln_attn_in": "input_layernorm", "ln_mlp_in": (
+            "input_layernorm" if cfg.use_parallel_residual else "post_attention_layernorm")},
+        refuse=_flag("qk_layernorm", "LayerNorms on each head's queries and keys (qk_layernorm)"),
     ),
     "gpt_neox": ArchSpec(
         family="GPT-NeoX / Pythia decoder (parallel attention and MLP, LayerNorm)",
@@ -101,18 +156,32 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         qkv=("attention.query_key_value",), qkv_layout="per_head", mlp_in="mlp.dense_h_to_4h",
         mlp_gate=None, mlp_down="mlp.dense_4h_to_h",
     ),
-    "bert": ArchSpec(
-        family="BERT encoder (post-LayerNorm, LayerNorm on the embeddings)",
-        layers="encoder.layer", placement="post", embed_norm="embeddings.LayerNorm",
-        embeds={"embed": "embeddings.word_embeddings",
-                "type_embed": "embeddings.token_type_embeddings",
-                "pos_embed": "embeddings.position_embeddings"},
-        block_norms={"ln_resid_attn": "attention.output.LayerNorm",
-                     "ln_resid_mlp": "output.LayerNorm"},
-        attn_out="attention.output.dense", mlp_out="output.dense",
-        qkv=("attention.self.query", "attention.self.key", "attention.self.value"),
-        mlp_in="intermediate.dense", mlp_gate=None, mlp_down="output.dense",
-        head_transform="cls.predictions.transform", causal=False,
+    "gptj": ArchSpec(
+        family=f"GPT-J decoder ({_PARALLEL_ONE_NORM}, rotary)",
+        layers="h", embeds={"embed": "wte"}, final_norm="ln_f", placement="parallel",
+        block_norms={"ln_attn_in": "ln_1", "ln_mlp_in": "ln_1"},
+        attn_out="attn.out_proj", mlp_out="mlp", n_ctx_keys=("n_positions",),
+        qkv=("attn.q_proj", "attn.k_proj", "attn.v_proj"), mlp_in="mlp.fc_in", mlp_gate=None,
+        mlp_down="mlp.fc_out",
+    ),
+    "phi": ArchSpec(
+        family=f"Phi-1/2 decoder ({_PARALLEL_ONE_NORM}, partial rotary)",
+        layers="layers", embeds={"embed": "embed_tokens"}, final_norm="final_layernorm",
+        placement="parallel", block_norms={"ln_attn_in": "input_layernorm", "ln_mlp_in": "input_layernorm"},
+        attn_out="self_attn.dense", mlp_out="mlp", mlp_in="mlp.fc1", mlp_gate=None, mlp_down="mlp.fc2",
+        refuse=_flag("qk_layernorm", "LayerNorms on each head's queries and keys (qk_layernorm)"),
+    ),
+    "bert": _BERT,
+    "roberta": _ROBERTA, "xlm-roberta": _ROBERTA, "camembert": _ROBERTA,
+    "distilbert": ArchSpec(
+        family="DistilBERT encoder (post-LayerNorm, LayerNorm on the embeddings)",
+        layers="transformer.layer", placement="post", embed_norm="embeddings.LayerNorm",
+        embeds={"embed": "embeddings.word_embeddings", "pos_embed": "embeddings.position_embeddings"},
+        block_norms={"ln_resid_attn": "sa_layer_norm", "ln_resid_mlp": "output_layer_norm"},
+        attn_out="attention.out_lin", mlp_out="ffn",
+        qkv=("attention.q_lin", "attention.k_lin", "attention.v_lin"),
+        mlp_in="ffn.lin1", mlp_gate=None, mlp_down="ffn.lin2",
+        head_transform=("vocab_transform", "activation", "vocab_layer_norm"), causal=False,
     ),
     "rs-twin": ArchSpec(
         family="residual-stream twin (any norm, any placement)",
@@ -142,7 +211,14 @@ def _spec_for(config: object) -> ArchSpec:
             "To add one, describe it as an ArchSpec in residual_stream/architectures.py and add "
             "a conservation test."
         )
-    return ARCHITECTURES[model_type]
+    spec = ARCHITECTURES[model_type]
+    variant = spec.refuse(config)
+    if variant:
+        raise UnsupportedArchitectureError(
+            f"this {model_type} model has {variant}, a variant of the family whose stream program "
+            "has not been written down and verified; load a checkpoint without it, or describe "
+            "it in residual_stream/architectures.py and add a conservation test")
+    return spec
 
 
 def _norm_spec(name: str, module: nn.Module, path: str, offset: float) -> NormSpec:
@@ -202,8 +278,9 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
     for role, path in global_norms.items():
         if path is not None and _has(base, path):
             norms[role] = _norm_spec(role, base.get_submodule(path), full(path), spec.weight_offset)
+    block_norms = spec.block_norms(config) if callable(spec.block_norms) else spec.block_norms
     for L in range(n_layers):
-        for role, rel in spec.block_norms.items():
+        for role, rel in block_norms.items():
             path = f"{spec.layers}.{L}.{rel}"
             if _has(base, path):
                 norms[f"L{L}.{role}"] = _norm_spec(
@@ -234,18 +311,19 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
             attn_out=tuple(full(f"{p}.{spec.attn_out}") for p in layer_paths),
             mlp_out=tuple(full(f"{p}.{spec.mlp_out}") for p in layer_paths) if has_mlp else (),
             norms={k: v.module_path for k, v in norms.items()},
-            lm_head=spec.head_transform if has_lm_head and spec.head_transform and _has(
-                model, spec.head_transform) else None,
+            lm_head=_head_transform(model, spec.head_transform) if has_lm_head else None,
             qkv=spec.qkv, qkv_layout=spec.qkv_layout,
             mlp_in=spec.mlp_in if has_mlp else "", mlp_down=spec.mlp_down if has_mlp else "",
             mlp_gate=spec.mlp_gate if has_mlp and _has(
                 base, f"{layer_paths[0]}.{spec.mlp_gate}") else None,
+            mlp_layout=spec.mlp_layout,
             qk_norms=spec.qk_norms if spec.qk_norms and all(
                 _has(base, f"{layer_paths[0]}.{p}") for p in spec.qk_norms) else None,
             qk_norm_offset=spec.weight_offset,
         ),
         has_lm_head=has_lm_head, lm_head_note=lm_head_note, alpha=alpha,
-        has_attn_bias=getattr(attn0, "bias", None) is not None, causal=spec.causal,
+        has_attn_bias=getattr(attn0, "bias", None) is not None,
+        causal=spec.causal(config) if callable(spec.causal) else spec.causal,
     )
 
 
@@ -255,6 +333,14 @@ def _has(module: nn.Module, path: str) -> bool:
     except AttributeError:
         return False
     return not isinstance(sub, nn.Identity)
+
+
+def _head_transform(model: nn.Module, transform: str | tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """The head transform's steps (``ArchSpec.head_transform``) where ``model`` has its modules."""
+    steps = (transform,) if isinstance(transform, str) else transform
+    if not steps or not all(s.startswith("act:") or _has(model, s) for s in steps):
+        return None
+    return steps
 
 
 def _mlp_width(base: nn.Module, layer: str, spec: ArchSpec) -> int:

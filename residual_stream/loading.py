@@ -312,9 +312,9 @@ def _gguf_cache(path: Path, progress: bool) -> Path:
         print(f"residual-stream: first load of {path.name}: dequantizing (about 20 s); the float "
               f"copy is cached in {target}", file=sys.stderr, flush=True)
     with gguf_bar(progress):
-        model, tok = _from_gguf(path)
+        model, tok, missing = _from_gguf(path)
     refuse_non_finite(model, str(path))  # before the copy: a refused model leaves no cache
-    describe(model, has_lm_head=_has_head(model))
+    refuse_missing(model, describe(model, has_lm_head=_has_head(model)), missing, str(path))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".partial-"))
     try:
@@ -348,8 +348,9 @@ def _from_gguf(path: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path.parent, gguf_file=path.name, dtype=torch.float32, local_files_only=True)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32, local_files_only=True,
+            output_loading_info=True)
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
     except Exception as e:  # gguf raises ValueError, struct.error, KeyError, IndexError ...
         if isinstance(e, ValueError) and "is not supported yet" in str(e):  # transformers' words
@@ -362,7 +363,7 @@ def _from_gguf(path: Path):
             f"could not read GGUF file {str(path)!r} ({type(e).__name__}: "
             f"{str(e).splitlines()[0][:200] if str(e) else ''}); it is corrupt or truncated: "
             "reinstall or re-download it") from e
-    return model, tok
+    return model, tok, info.get("missing_keys", ())
 
 
 def _load_hub_cache(hub_id: str, dev: torch.device, dt: torch.dtype, placement: dict,

@@ -126,8 +126,10 @@ def _split_qkv(block: nn.Module, paths: ModulePaths, n_heads: int, n_kv: int):
     if paths.qkv_layout == "separate":
         return [(as_in_out(m), bias_of(m)) for m in mods]
     W, b = as_in_out(mods[0]), bias_of(mods[0])
-    if paths.qkv_layout == "blocks":  # [q | k | v]
-        return list(zip(W.chunk(3, -1), b.chunk(3, -1) if b is not None else (None,) * 3,
+    if paths.qkv_layout == "blocks":  # [q | k | v], keys and values n_kv heads wide
+        d_head = W.shape[-1] // (n_heads + 2 * n_kv)
+        sizes = [n_heads * d_head, n_kv * d_head, n_kv * d_head]
+        return list(zip(W.split(sizes, -1), b.split(sizes, -1) if b is not None else (None,) * 3,
                         strict=True))
     # "per_head": columns are [head, (q k v), d_head]
     Wh = einops.rearrange(W, "d (head three k) -> three d (head k)", head=n_heads, three=3)
@@ -173,22 +175,31 @@ def layer_weights(model: nn.Module, anatomy, layer: int) -> LayerWeights:
     W_K, b_K = _per_head(Wk, bk, H, anatomy.n_kv_heads)
     W_V, b_V = _per_head(Wv, bv, H, anatomy.n_kv_heads)
     o = model.get_submodule(paths.attn_out[layer])
-    up = block.get_submodule(paths.mlp_in) if paths.mlp_in else None
     down = block.get_submodule(paths.mlp_down) if paths.mlp_down else None
-    gate = block.get_submodule(paths.mlp_gate) if paths.mlp_gate else None
-
     g_Q, g_K = _qk_gains(block, paths, H, anatomy.n_kv_heads, anatomy.d_head)
-
-    def maybe(fn, module):
-        return None if module is None else fn(module)
-
+    (W_in, b_in), (W_gate, b_gate) = _mlp_reads(block, paths)
     return LayerWeights(
         W_Q=W_Q, W_K=W_K, W_V=W_V, b_Q=b_Q, b_K=b_K, b_V=b_V,
-        W_O=attn_W_O(o, H), b_O=bias_of(o), W_in=maybe(as_in_out, up), b_in=maybe(bias_of, up),
-        W_gate=maybe(as_in_out, gate), b_gate=maybe(bias_of, gate),
-        W_out=maybe(as_in_out, down), b_out=maybe(bias_of, down),
+        W_O=attn_W_O(o, H), b_O=bias_of(o), W_in=W_in, b_in=b_in, W_gate=W_gate, b_gate=b_gate,
+        W_out=None if down is None else as_in_out(down), b_out=None if down is None else bias_of(down),
         g_Q=g_Q, g_K=g_K,
     )
+
+
+def _mlp_reads(block: nn.Module, paths: ModulePaths):
+    """``((W_in, b_in), (W_gate, b_gate))`` of an MLP, ``(None, None)`` for what it lacks.
+
+    ``mlp_layout == "gate_up"``: one projection whose output is ``[gate | up]`` (Phi-3).
+    """
+    def read(path: str | None):
+        module = block.get_submodule(path) if path else None
+        return (None, None) if module is None else (as_in_out(module), bias_of(module))
+
+    if paths.mlp_layout != "gate_up":
+        return read(paths.mlp_in), read(paths.mlp_gate)
+    W, b = read(paths.mlp_in)
+    (W_gate, W_up), (b_gate, b_up) = W.chunk(2, -1), b.chunk(2, -1) if b is not None else (None, None)
+    return (W_up, b_up), (W_gate, b_gate)
 
 
 @dataclass(frozen=True, eq=False)
@@ -248,7 +259,13 @@ def unembedding(model: nn.Module, anatomy, *, native: bool = False) -> Unembed:
     head = model.get_output_embeddings() if anatomy.has_lm_head else None
     if head is None:
         raise NotAvailableError(anatomy.lm_head_note or "this model has no LM head")
-    transform = model.get_submodule(anatomy.modules.lm_head) if anatomy.modules.lm_head else None
     bias = bias_of(head)
+    transform = None
+    if anatomy.modules.lm_head:  # the model's own modules (no copy), applied in turn
+        from transformers.activations import ACT2FN
+
+        steps = [ACT2FN[s[4:]] if s.startswith("act:") else model.get_submodule(s)
+                 for s in anatomy.modules.lm_head]
+        transform = steps[0] if len(steps) == 1 else nn.Sequential(*steps)
     return Unembed(as_in_out(head, native=native), bias, transform,
                    getattr(getattr(model, "config", None), "final_logit_softcapping", None))

@@ -74,6 +74,17 @@ def test_decomposition_matches_frozen_forward_ablation(case):
             assert err <= REL_F32, f"{label} at point {name}: {err:.2e}"
 
 
+@pytest.mark.parametrize("name", [n for n in BUILDERS if n != "bert"])
+def test_the_unembedding_of_the_final_stream_gives_the_frameworks_logits(name):
+    """``model.unembed()`` (``W_U``, ``b_U``, a masked-LM head's transform: BERT's module,
+    RoBERTa's and DistilBERT's dense, activation and LayerNorm) applied to ``stream("final")``
+    gives the logits the framework's own forward pass returned, on real tokens."""
+    model = hf_model(name)
+    trace = rs.trace(model, TEXTS)
+    logits = model.unembed().logits(trace.stream("final"))
+    assert max_rel_error(logits, trace.logits, trace.attention_mask) <= REL_F32
+
+
 def test_labels_cover_every_writer():
     model = perturbed_twin("layernorm", "post")
     parts = rs.trace(model, TEXTS).decompose(2)

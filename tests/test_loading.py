@@ -190,11 +190,34 @@ def test_truncated_gguf_leaves_no_cache(tmp_path, cache):
 
 
 def test_unsupported_architecture_is_named():
+    torch.manual_seed(0)  # BLOOM's attention and MLP modules add the residual themselves
+    bloom = tf.BloomForCausalLM(tf.BloomConfig(vocab_size=257, hidden_size=32, n_layer=2, n_head=4))
+    with pytest.raises(UnsupportedArchitectureError, match="'bloom' is not supported.*llama"):
+        rs.load(bloom, tokenizer=ByteTokenizer())
+
+
+@pytest.mark.parametrize("build_variant, variant", [
+    (lambda: tf.PhiForCausalLM(tf.PhiConfig(vocab_size=257, hidden_size=32, num_hidden_layers=1,
+                                            num_attention_heads=4, qk_layernorm=True)), "qk_layernorm"),
+    (lambda: tf.StableLmForCausalLM(tf.StableLmConfig(vocab_size=257, hidden_size=32, num_hidden_layers=1,
+                                                      num_attention_heads=4, qk_layernorm=True)),
+     "qk_layernorm"),
+    (lambda: tf.BertModel(tf.BertConfig(vocab_size=257, hidden_size=32, num_hidden_layers=1,
+                                        num_attention_heads=4, is_decoder=True, add_cross_attention=True)),
+     "cross-attention"),
+    (lambda: tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=257, n_embd=32, n_layer=1, n_head=4,
+                                              add_cross_attention=True)), "cross-attention"),
+])
+def test_a_variant_of_a_supported_family_that_no_row_describes_is_refused(build_variant, variant):
+    """Phi's and StableLM's optional LayerNorms on each head's queries and keys, and a BERT or GPT-2
+    decoder's cross-attention (a third sublayer with its own LayerNorm), change the stream
+    program or the read maps; such a model is refused by what it has, not analysed as its
+    family's plain form. Reference: the same family without the option loads (conservation)."""
     torch.manual_seed(0)
-    gptj = tf.GPTJForCausalLM(tf.GPTJConfig(vocab_size=257, n_embd=32, n_layer=2, n_head=4,
-                                            rotary_dim=4, n_positions=64))
-    with pytest.raises(UnsupportedArchitectureError, match="'gptj' is not supported.*llama"):
-        rs.load(gptj, tokenizer=ByteTokenizer())
+    module = build_variant()
+    with pytest.raises(UnsupportedArchitectureError, match=f"model has .*{variant}.*a checkpoint without it"):
+        rs.load(module, tokenizer=ByteTokenizer())
+    assert not module._forward_hooks and not any(m._forward_hooks for m in module.modules())
 
 
 def test_model_object_without_tokenizer():
@@ -322,7 +345,7 @@ def test_an_interrupted_gguf_copy_leaves_no_partial_folder(tmp_path, cache, monk
 
     fake = tmp_path / "m.gguf"
     fake.write_bytes(b"GGUF" + bytes(64))
-    monkeypatch.setattr(loading, "_from_gguf", lambda path: (build("llama"), None))  # checked first
+    monkeypatch.setattr(loading, "_from_gguf", lambda path: (build("llama"), None, ()))  # checked first
 
     def interrupted(model, tok, folder):
         (folder / "config.json").write_text("{}")
@@ -357,15 +380,20 @@ def test_a_damaged_gguf_cache_is_made_again(smollm2, tmp_path, monkeypatch, caps
 @pytest.mark.slow
 def test_a_refused_gguf_leaves_no_float_copy_and_an_unreadable_one_is_unsupported(tmp_path, cache):
     """A GGUF with NaN weights, or of a family transformers reads but this package does not
-    (stablelm), was refused only after its float copy (hundreds of MB) was cached, and it
-    stayed; a well-formed GGUF of a family transformers cannot read (rwkv6) was "corrupt or
-    truncated: reinstall it". Reference: the errors' classes and the cache's contents."""
+    (nemotron), was refused only after its float copy (hundreds of MB) was cached, and it
+    stayed; a GGUF lacking weights the model uses loaded with them filled in; a well-formed
+    GGUF of a family transformers cannot read (rwkv6) was "corrupt or truncated: reinstall
+    it". Reference: the errors' classes and the cache's contents."""
     import gguf
     from gguf_tiny import one_block
 
     with pytest.raises(CorruptModelFileError, match="NaN or inf.*model.norm.weight"):
         rs.load(one_block(tmp_path / "nan.gguf", nan=True), progress=False)
-    with pytest.raises(UnsupportedArchitectureError, match="architecture 'stablelm' is not supported"):
+    with pytest.raises(UnsupportedArchitectureError, match="architecture 'nemotron' is not supported"):
+        rs.load(one_block(tmp_path / "nemotron.gguf", "nemotron"), progress=False)
+    # SmolLM2's tensors under StableLM's name: its LayerNorms' biases are not in the file, and
+    # transformers fills them in (with zeros, no error); the float copy would keep them
+    with pytest.raises(CorruptModelFileError, match="lacks 3 weight.*input_layernorm.bias"):
         rs.load(one_block(tmp_path / "stablelm.gguf", "stablelm"), progress=False)
     rwkv = gguf.GGUFWriter(str(tmp_path / "rwkv.gguf"), "rwkv6")
     rwkv.add_block_count(1)

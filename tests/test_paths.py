@@ -20,7 +20,7 @@ from residual_stream.inputs import ByteTokenizer
 
 ATOL = 2e-6  # float32 logits (~1e-7 apart): the library's hooks add a difference, the test's replace
 # the output, and runs stacked in one pass round as their own batch
-D_HEAD, HEADS, KV = 16, 4, {"llama": 2, "gemma2": 2, "olmo2": 2}
+D_HEAD, HEADS, KV = 16, 4, {"llama": 2, "gemma2": 2, "olmo2": 2, "phi3": 2, "gpt_bigcode": 1}
 ALPHA = 6 ** 0.25  # DeepNorm's α = (2N)^¼ for the twin's 3 blocks
 
 # Per family: blocks, each write's module ("o": the output projection, whose input is z),
@@ -52,6 +52,17 @@ FAMILIES = {
                   qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
                   qk_norm=("self_attn.q_norm", "self_attn.k_norm", None),  # over every head at once
                   mlp_in=("mlp.gate_proj", "mlp.up_proj"), embed="model.embed_tokens"),
+    # fused [q | k | v] (2 key/value heads) and [gate | up]
+    "phi3": dict(blocks="model.layers", o="self_attn.o_proj", mlp="mlp", conv=False,
+                 read={"attn": "input_layernorm", "mlp": "post_attention_layernorm"},
+                 qkv=("self_attn.qkv_proj",), mlp_in=("mlp.gate_up_proj",), final="model.norm",
+                 layout="blocks"),
+    "gpt_bigcode": dict(blocks="transformer.h", o="attn.c_proj", mlp="mlp", conv=False,  # 1 kv head
+                        read={"attn": "ln_1", "mlp": "ln_2"}, qkv=("attn.c_attn",), mlp_in=("mlp.c_fc",),
+                        final="transformer.ln_f", layout="blocks", embed="transformer.wte"),
+    "gptj": dict(blocks="transformer.h", o="attn.out_proj", mlp="mlp", conv=False,  # one norm, both read
+                 read={"attn": "ln_1", "mlp": "ln_1"}, qkv=("attn.q_proj", "attn.k_proj", "attn.v_proj"),
+                 mlp_in=("mlp.fc_in",), final="transformer.ln_f", layout="separate"),
     "twin_deepnorm": dict(blocks="blocks", o="attn.o_proj", mlp="mlp", conv=False,
                           read={"attn": None, "mlp": "mlp"}, raw_mlp=True,
                           qkv=("attn.q_proj", "attn.k_proj", "attn.v_proj"), mlp_in=("mlp.fc_in",),
@@ -88,6 +99,14 @@ CASES = [
     ("olmo2", ["L0H1"], "L1H3.k", [f"{L['olmo2']}.0.post_attention_layernorm"]),
     ("olmo2", ["embed"], ("L0H0.q", "L1.mlp"), []),
     ("olmo2", ["L0.mlp"], ("L1.attn", "L1H0"), [f"{L['olmo2']}.0.post_feedforward_layernorm"]),
+    ("phi3", ["L0H1"], "L1H3.k", []),
+    ("phi3", ["L0.attn"], "L1.mlp", []),             # gate and up: one projection, changed once
+    ("phi3", ["L0.mlp"], ("L1H0.v", "L1H2.q"), []),
+    ("gpt_bigcode", ["L0H1"], "L1H2.v", []),         # the one value head every query head reads
+    ("gpt_bigcode", ["embed"], "L0H3.v", []),        # (its queries and keys barely move the metric)
+    ("gpt_bigcode", ["L0.mlp"], "L1.mlp", []),
+    ("gptj", ["L0H1"], "L1.mlp", []),
+    ("gptj", ["L0.mlp"], "L1H2.q", []),
     ("twin_deepnorm", ["L0.attn"], "L1.attn", ["blocks.0.ln_resid_attn", ALPHA, "blocks.0.ln_resid_mlp"]),
     ("twin_deepnorm", ["L0H2"], "L0.mlp", ["blocks.0.ln_resid_attn"]),
     ("twin_deepnorm", ["L1.mlp"], "L2H1.k", ["blocks.1.ln_resid_mlp"]),
@@ -173,8 +192,8 @@ def _columns(f, head, channel):
     group = head if c == 0 else head // (HEADS // KV.get(f, HEADS))
     if layout == "per_head":  # NeoX: [head, (q k v), d_head]
         start, module = (head * 3 + c) * D_HEAD, 0
-    elif layout == "blocks":  # GPT-2: [q | k | v]
-        start, module = c * HEADS * D_HEAD + group * D_HEAD, 0
+    elif layout == "blocks":  # GPT-2, Phi-3, GPTBigCode: [q | k | v], k and v KV heads wide
+        start, module = (0 if c == 0 else (HEADS + (c - 1) * KV.get(f, HEADS)) * D_HEAD) + group * D_HEAD, 0
     else:
         start, module = group * D_HEAD, c
     return module, torch.arange(start, start + D_HEAD)

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 from conftest import TEXTS, max_rel_error
-from tiny_hf import build
+from tiny_hf import BUILDERS, build
 from transformers.activations import ACT2FN
 
 import residual_stream as rs
@@ -17,7 +17,7 @@ from residual_stream.inputs import ByteTokenizer
 from residual_stream.twins import twin
 
 REL = 1e-4
-NO_ROTARY = {"gpt2", "bert", "twin"}
+NO_ROTARY = {"gpt2", "gpt_bigcode", "bert", "roberta", "distilbert", "twin"}
 
 
 def patterns(model, trace):
@@ -35,7 +35,7 @@ def act(model, name):
     if model.anatomy.architecture == "rs-twin":
         return torch.nn.functional.silu if name == "swiglu" else torch.nn.functional.gelu
     cfg = model.module.config
-    keys = ("activation_function", "hidden_activation", "hidden_act")
+    keys = ("activation_function", "hidden_activation", "hidden_act", "activation")
     return ACT2FN[next(getattr(cfg, k) for k in keys if getattr(cfg, k, None))]
 
 
@@ -52,8 +52,10 @@ def llama_with_mlp_bias() -> rs.Model:
     return rs.load(hf, tokenizer=ByteTokenizer())
 
 
-@pytest.mark.parametrize("name", ["llama", "llama_mlp_bias", "qwen2", "gpt2", "gpt_neox_parallel", "bert",
-                                  "gemma2", "twin", "twin_swiglu"])
+# every family built in code (fused [q | k | v] with 2 and 1 key/value heads and a fused
+# [gate | up] in Phi-3 and GPTBigCode; one LayerNorm read by both sublayers in GPT-J, Phi and
+# parallel StableLM), and two twins
+@pytest.mark.parametrize("name", [*BUILDERS, *TWINS])
 def test_weights_rebuild_attention_and_mlp(name):
     model = (twin(**TWINS[name]) if name in TWINS else llama_with_mlp_bias()
              if name == "llama_mlp_bias" else rs.load(build(name), tokenizer=ByteTokenizer()))
@@ -66,7 +68,7 @@ def test_weights_rebuild_attention_and_mlp(name):
         v = torch.einsum("bpd,hdk->bhpk", u, w.W_V) + (0 if w.b_V is None else w.b_V[:, None])
         q = torch.einsum("bpd,hdk->bhpk", u, w.W_Q) + (0 if w.b_Q is None else w.b_Q[:, None])
         k = torch.einsum("bpd,hdk->bhpk", u, w.W_K) + (0 if w.b_K is None else w.b_K[:, None])
-        causal = model.anatomy.architecture != "bert"
+        causal = model.anatomy.causal
         if pats is not None:
             A = pats[L].float()
         else:

@@ -48,6 +48,29 @@ BUILDERS = {
         **COMMON, intermediate_size=128, max_position_embeddings=128), add_pooling_layer=False),
     "bert_mlm": lambda: tf.BertForMaskedLM(tf.BertConfig(
         **COMMON, intermediate_size=128, max_position_embeddings=128)),
+    # families added in session 26 (the same five checks, test_conservation.py)
+    "smollm3": _llama_like(tf.SmolLM3Config, tf.SmolLM3ForCausalLM, pad_token_id=None),
+    "gemma": _llama_like(tf.GemmaConfig, tf.GemmaForCausalLM, head_dim=16),
+    "phi3": _random_biases(_llama_like(tf.Phi3Config, tf.Phi3ForCausalLM, pad_token_id=None)),
+    "olmo3": _llama_like(tf.Olmo3Config, tf.Olmo3ForCausalLM),
+    "starcoder2": _random_biases(_llama_like(tf.Starcoder2Config, tf.Starcoder2ForCausalLM)),
+    "stablelm": _random_biases(_llama_like(tf.StableLmConfig, tf.StableLmForCausalLM)),
+    "stablelm_parallel": _random_biases(_llama_like(tf.StableLmConfig, tf.StableLmForCausalLM,
+                                                    use_parallel_residual=True)),
+    "gpt_bigcode": _random_biases(lambda: tf.GPTBigCodeForCausalLM(tf.GPTBigCodeConfig(
+        vocab_size=257, n_embd=64, n_layer=3, n_head=4, n_positions=128, multi_query=True))),
+    "gptj": _random_biases(lambda: tf.GPTJForCausalLM(tf.GPTJConfig(
+        vocab_size=257, n_embd=64, n_layer=3, n_head=4, n_positions=128, rotary_dim=8))),
+    "phi": _random_biases(lambda: tf.PhiForCausalLM(tf.PhiConfig(
+        **COMMON, intermediate_size=96, max_position_embeddings=128))),
+    "roberta_mlm": _random_biases(lambda: tf.RobertaForMaskedLM(tf.RobertaConfig(
+        **COMMON, intermediate_size=128, max_position_embeddings=130))),
+    "roberta_causal": lambda: tf.RobertaForCausalLM(tf.RobertaConfig(
+        **COMMON, intermediate_size=128, max_position_embeddings=130, is_decoder=True)),
+    "xlm-roberta_mlm": lambda: tf.XLMRobertaForMaskedLM(tf.XLMRobertaConfig(
+        **COMMON, intermediate_size=128, max_position_embeddings=130)),
+    "distilbert_mlm": _random_biases(lambda: tf.DistilBertForMaskedLM(tf.DistilBertConfig(
+        vocab_size=257, dim=64, n_layers=3, n_heads=4, hidden_dim=128, max_position_embeddings=128))),
 }
 
 

@@ -128,7 +128,8 @@ def receiver(trace, name: str) -> Receiver:
         channels = (head[2],) if head[2] else CHANNELS
         readings = tuple(_head_reading(trace, block, head[1], c) for c in channels)
     else:
-        paths = [p for p in (a.modules.mlp_in, a.modules.mlp_gate) if p] if kind == "mlp" else a.modules.qkv
+        paths = (dict.fromkeys(p for p in (a.modules.mlp_in, a.modules.mlp_gate) if p) if kind == "mlp"
+                 else a.modules.qkv)  # one module for both where it is fused (Phi-3's gate_up)
         readings = tuple(Reading(f"{block}.{p}", (f"{block}.{p}",), None) for p in paths)
     return Receiver(name, reads[component], component, program[reads[component]].norm, readings)
 
