@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -25,6 +26,14 @@ def framework_bars(shown: bool) -> Iterator[None]:
     finally:
         if hide:
             hf_logging.enable_progress_bar()
+
+
+def terminal_bars() -> contextlib.AbstractContextManager[None]:
+    """Show transformers' bars only where stderr is a terminal (the command line's loads).
+
+    A log or a pipe then gets the command's own lines alone: a refusal is one line.
+    """
+    return framework_bars(sys.stderr.isatty())
 
 
 _GGUF_BAR = threading.Lock()  # held while transformers reads a GGUF file (``gguf_bar``)

@@ -26,6 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .bars import terminal_bars
 from .cli_weights import add_weight_commands, composition_command, heads_command
 from .errors import InputError, ResidualStreamError
 from .files import path_kind, usual_permissions, writable
@@ -139,7 +140,8 @@ def _models(args: argparse.Namespace) -> int:
 def _anatomy(args: argparse.Namespace) -> int:
     from .loading import load
 
-    model = load(args.model, device="cpu")
+    with terminal_bars():
+        model = load(args.model, device="cpu")
     for key, value in model.anatomy.summary().items():
         print(f"{key:>14}: {value}")
     print("\nstream program:\n" + model.anatomy.describe_program())
@@ -150,7 +152,8 @@ def _check(args: argparse.Namespace) -> int:
     from .loading import load
     from .trace import trace
 
-    model = load(args.model, device=args.device, dtype=args.dtype)
+    with terminal_bars():
+        model = load(args.model, device=args.device, dtype=args.dtype)
     report = trace(model, args.text).check()
     if args.verbose:
         print(report.to_frame().to_string(index=False))
@@ -162,7 +165,9 @@ def _summarize(args: argparse.Namespace) -> int:
     from .loading import load
     from .summary import DEFAULT_TEXTS, summarize
 
-    numbers = summarize(load(args.model, device="cpu"), args.text or DEFAULT_TEXTS)
+    with terminal_bars():
+        model = load(args.model, device="cpu")
+    numbers = summarize(model, args.text or DEFAULT_TEXTS)
     if args.json:
         print(json.dumps(numbers, indent=1))
     else:
@@ -252,7 +257,8 @@ def _report(args: argparse.Namespace) -> int:
     if not texts:
         raise EmptyTextError("the corpus is empty: give a file or folder with some text")
     say = None if args.quiet else (lambda m: print(f"residual-stream: {m}", file=sys.stderr, flush=True))
-    models = [load(name, device=args.device, progress=not args.quiet) for name in args.model]
+    with terminal_bars():
+        models = [load(name, device=args.device, progress=not args.quiet) for name in args.model]
     page, data = build_report(models, texts, max_tokens=args.max_tokens, seed=args.seed,
                               title=args.title, progress=say)
     _atomic_write(args.out, page)
@@ -271,7 +277,8 @@ def _trace_stats(args: argparse.Namespace) -> int:
     from .trace import trace
 
     writable(args.out)
-    model = load(args.model, device=args.device)
+    with terminal_bars():
+        model = load(args.model, device=args.device)
     tr = trace(model, args.text)
     n = model.anatomy.n_layers
     tensors = {

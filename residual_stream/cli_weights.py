@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 
+from .bars import terminal_bars
 from .errors import InputError
 
 MODEL_HELP = "registry name, HF folder, .gguf file or cached hub id"
@@ -41,7 +42,8 @@ def heads_command(args: argparse.Namespace) -> int:
 
     if args.top < 1:
         raise InputError(f"--top must be at least 1, got {args.top}")
-    model = load(args.model)
+    with terminal_bars():
+        model = load(args.model)
     scores = head_scores(model, length=args.length, rows=args.rows, seed=args.seed)
     if args.json:
         losses = {k: None if math.isnan(v) else v  # JSON has no NaN
@@ -75,7 +77,8 @@ def composition_command(args: argparse.Namespace) -> int:
         check_choice("--kind", args.kind, tuple(TITLES))
     if args.top < 1:
         raise InputError(f"--top must be at least 1, got {args.top}")
-    model = load(args.model)
+    with terminal_bars():
+        model = load(args.model)
     comp = composition(model, through_norms=not args.weights_only)
     if args.reader is not None:
         kind = args.kind or ("in" if args.reader in comp.mlps else "k")

@@ -300,7 +300,32 @@ def test_cli_composition_lists_the_strongest_pairs_and_a_readers_writers(capsys)
     assert main(["composition", "minilm-l6", "--kind", "o"]) == 1
     assert "--kind" in capsys.readouterr().err
     assert main(["composition", "minilm-l6", "--reader", "L9H9"]) == 1
-    assert "no reader 'L9H9'" in capsys.readouterr().err
+    err = capsys.readouterr().err  # one line: transformers' loading bar only on a terminal
+    assert err.startswith("residual-stream: error: no reader 'L9H9'") and err.count("\n") == 1, err
+
+
+def test_cli_composition_refuses_an_mlp_kind_on_an_attention_only_model(tmp_path, capsys):
+    """On a model without MLPs, an MLP kind without ``--reader`` printed an empty list under a
+    baseline made from a made-up MLP size (helper 37); it is refused, and Q/K/V still list.
+    Reference: ``Composition.to_frame`` of the same folder loaded by the API."""
+    import json
+
+    from residual_stream.twins.model import TwinConfig
+    from residual_stream.twins.train import Recipe, save, train
+
+    config = TwinConfig(norm="layernorm", placement="pre", n_layers=2, d_model=32, n_heads=4, d_mlp=64,
+                        attn_only=True)
+    recipe = Recipe(steps=1, batch=2, warmup=0)
+    save(train(config, recipe, progress=False), recipe, tmp_path / "tw")
+    for kind in ("in", "mlp_k"):
+        assert main(["composition", str(tmp_path / "tw"), "--kind", kind]) == 1
+        assert capsys.readouterr().err == (f"residual-stream: error: tw has no MLPs: --kind {kind} has "
+                                           "nothing to score; use q, k or v\n")
+    assert main(["composition", str(tmp_path / "tw"), "--kind", "q", "--top", "100", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    frame = rs.composition(rs.load(tmp_path / "tw")).to_frame().query("kind == 'q'")
+    assert len(rows) == len(frame) == 4 * 4  # layer 1's heads read layer 0's
+    assert {(r["writer"], r["reader"]) for r in rows} == set(zip(frame.writer, frame.reader, strict=True))
 
 
 def test_cli_output_to_a_closed_pipe_ends_quietly():
