@@ -48,7 +48,8 @@ class ArchSpec:
     mlp_in: str = "mlp.up_proj"
     mlp_gate: str | None = "mlp.gate_proj"
     mlp_down: str = "mlp.down_proj"
-    # "gate_up": mlp_in (= mlp_gate) is one projection whose output is [gate | up] (Phi-3)
+    # "gate_up": mlp_in (= mlp_gate) is one projection whose output is [gate | up], the
+    # activation on the first half (Phi-3, ModernBERT)
     mlp_layout: str = "separate"
     # a nonlinear transform between the final stream and the unembedding (an MLM head: dense,
     # activation, LayerNorm), relative to the top model: one module, or modules applied in
@@ -182,6 +183,14 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         qkv=("attention.q_lin", "attention.k_lin", "attention.v_lin"),
         mlp_in="ffn.lin1", mlp_gate=None, mlp_down="ffn.lin2",
         head_transform=("vocab_transform", "activation", "vocab_layer_norm"), causal=False,
+    ),
+    "modernbert": ArchSpec(
+        family="ModernBERT encoder (pre-LayerNorm, none before block 0's attention, fused projections)",
+        layers="layers", embeds={"embed": "embeddings.tok_embeddings"}, embed_norm="embeddings.norm",
+        final_norm="final_norm", block_norms={"ln_attn_in": "attn_norm", "ln_mlp_in": "mlp_norm"},
+        attn_out="attn.Wo", mlp_out="mlp", qkv=("attn.Wqkv",), qkv_layout="blocks",
+        mlp_in="mlp.Wi", mlp_gate="mlp.Wi", mlp_layout="gate_up", mlp_down="mlp.Wo",
+        head_transform="head", causal=False,
     ),
     "rs-twin": ArchSpec(
         family="residual-stream twin (any norm, any placement)",

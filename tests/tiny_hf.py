@@ -69,6 +69,9 @@ BUILDERS = {
         **COMMON, intermediate_size=128, max_position_embeddings=130, is_decoder=True)),
     "xlm-roberta_mlm": lambda: tf.XLMRobertaForMaskedLM(tf.XLMRobertaConfig(
         **COMMON, intermediate_size=128, max_position_embeddings=130)),
+    "modernbert_mlm": lambda: tf.ModernBertForMaskedLM(tf.ModernBertConfig(  # block 0 reads raw
+        **COMMON, intermediate_size=96, max_position_embeddings=128, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2, cls_token_id=1, sep_token_id=2, global_attn_every_n_layers=2, local_attention=16)),
     "distilbert_mlm": _random_biases(lambda: tf.DistilBertForMaskedLM(tf.DistilBertConfig(
         vocab_size=257, dim=64, n_layers=3, n_heads=4, hidden_dim=128, max_position_embeddings=128))),
 }
