@@ -43,21 +43,22 @@ def trace_bytes(anatomy, shape: tuple[int, int], *, verify: bool = False, patter
     return total * FLOAT32
 
 
-def pass_bytes(anatomy, shape: tuple[int, int], itemsize: int, logit_positions: int | None = None) -> int:
-    """What one copy of the batch adds to a patched forward pass at its peak, estimated.
+def pass_bytes(anatomy, shape: tuple[int, int], itemsize: int, logit_positions: int | None = None,
+               *, eager: bool = True) -> int:
+    """What one copy of the batch adds to a forward pass at its peak, estimated.
 
     Its logits (at ``logit_positions`` positions per row, default every one) and the largest
     transient tensors of a block: attention scores and probabilities as eager attention
     makes them (``2 × n_heads × pos²`` per row, in at least float32, as its softmax runs: a
-    fused kernel needs less, so this is an upper estimate there), the MLP's hidden
-    activations (three of ``d_mlp``) and four states of ``d_model`` per token, in ``itemsize``
-    bytes. Stacking many copies of a long text is bounded by the attention term, whatever
-    the logits.
+    fused kernel needs less, so this is an upper estimate there; ``eager=False`` leaves them
+    out), the MLP's hidden activations (three of ``d_mlp``) and four states of ``d_model``
+    per token, in ``itemsize`` bytes. Stacking many copies of a long text is bounded by the
+    attention term, whatever the logits.
     """
     b, p = shape
     per_token = 3 * (anatomy.d_mlp or 0) + 4 * anatomy.d_model
     logits = b * (p if logit_positions is None else logit_positions) * anatomy.d_vocab
-    attention = 2 * b * anatomy.n_heads * p * p * max(itemsize, FLOAT32)
+    attention = 2 * b * anatomy.n_heads * p * p * max(itemsize, FLOAT32) if eager else 0
     return (logits + b * p * per_token) * itemsize + attention
 
 
@@ -77,22 +78,29 @@ def available_bytes(device: torch.device) -> int | None:
 
 
 def check_trace_fits(model, shape: tuple[int, int], *, verify: bool = False, patterns: bool = False) -> None:
-    """``TraceTooLargeError`` when a trace of ``shape`` would hold more than the memory available.
+    """``TraceTooLargeError`` when a trace of ``shape`` would need more than the memory available.
 
-    Checked before the forward pass, so nothing is run, hooked or kept when it is refused. A
-    lower bound of the need: the pass's own activations, and the logits in the model's dtype
-    while their float32 copy is made, come on top, so a trace that passes can still be refused
-    by the system.
+    Checked before the forward pass, so nothing is run, hooked or kept when it is refused.
+    The need is what the trace keeps (``trace_bytes``) and what the pass adds at its peak
+    (``pass_bytes``: the logits in the model's dtype while their float32 copy is made, a
+    block's largest activations, and the attention scores where the pass runs eager
+    attention: with ``patterns``, or a model set to it). An estimate: the allocator's own
+    slack, and other processes, can still make a pass that was let through fail.
     """
-    need = trace_bytes(model.anatomy, shape, verify=verify, patterns=patterns)
+    a = model.anatomy
+    keep = trace_bytes(a, shape, verify=verify, patterns=patterns)
+    implementation = getattr(getattr(model.module, "config", None), "_attn_implementation", None)
+    eager = patterns or implementation == "eager"
+    need = keep + pass_bytes(a, shape, model.dtype.itemsize, eager=eager)
     free = available_bytes(torch.device(model.device))
     if free is None or need <= free:
         return
     tokens = shape[0] * shape[1]
     raise TraceTooLargeError(
-        f"tracing {shape[0]} × {shape[1]} tokens would keep at least {_size(need)} "
-        f"({_size(need // tokens)} a token: every stream point, write and norm scale, and the logits) "
-        f"and {model.device} has {_size(free)} available: trace fewer or shorter texts at a time (in "
+        f"tracing {shape[0]} × {shape[1]} tokens would need about {_size(need)}: it keeps "
+        f"{_size(keep)} ({_size(keep // tokens)} a token: every stream point, write and norm scale, "
+        f"and the logits) and the forward pass adds {_size(need - keep)} at its peak; "
+        f"{model.device} has {_size(free)} available: trace fewer or shorter texts at a time (in "
         "rs.scan, a smaller batch_size); for a corpus's statistics, rs.scan streams them without "
         "keeping the tensors")
 

@@ -64,11 +64,15 @@ def test_the_count_without_heads_is_what_an_ablation_capture_keeps(verify):
 
 def test_a_trace_that_would_not_fit_is_refused_before_anything_runs(monkeypatch):
     """One byte short of the count: refused, saying how much and what to do, with no forward
-    pass (a spy on the model) and no hook left; exactly the count: traced."""
+    pass (a spy on the model) and no hook left; exactly the count: traced. The count is what
+    the trace keeps and what the pass adds (logits in the model's dtype, a block's largest
+    activations; no attention scores under SDPA)."""
     module = build("llama")
     model = rs.load(module, tokenizer=ByteTokenizer())
     shape = tuple(encode(model, TEXTS).tokens.shape)
-    need = memory.trace_bytes(model.anatomy, shape)
+    keep = memory.trace_bytes(model.anatomy, shape)
+    a, tokens = model.anatomy, shape[0] * shape[1]
+    need = keep + 4 * tokens * (a.d_vocab + 3 * a.d_mlp + 4 * a.d_model)  # float32, by hand
     calls = []
     module.register_forward_pre_hook(lambda m, a: calls.append(1))
     before = hooks_of(module)
@@ -76,7 +80,9 @@ def test_a_trace_that_would_not_fit_is_refused_before_anything_runs(monkeypatch)
     with pytest.raises(TraceTooLargeError) as err:
         rs.trace(model, TEXTS)
     kb = f"{need / 1024:.1f} KB"
-    assert f"tracing 2 × {shape[1]} tokens would keep at least {kb} (" in str(err.value)
+    assert f"tracing 2 × {shape[1]} tokens would need about {kb}: it keeps {keep / 1024:.1f} KB (" in str(
+        err.value)
+    assert f"the forward pass adds {(need - keep) / 1024:.1f} KB at its peak" in str(err.value)
     assert f"cpu has {(need - 1) / 1024:.1f} KB available: trace fewer or shorter texts" in str(err.value)
     assert "rs.scan" in str(err.value)
     assert isinstance(err.value, InputError) and isinstance(err.value, MemoryError)
@@ -84,6 +90,13 @@ def test_a_trace_that_would_not_fit_is_refused_before_anything_runs(monkeypatch)
     assert hooks_of(module) == before
     monkeypatch.setattr(memory, "available_bytes", lambda device: need)
     assert rs.trace(model, TEXTS).tokens.shape == shape and calls == [1]
+    scores = 2 * shape[0] * a.n_heads * shape[1] ** 2 * 4  # eager attention's, for the patterns
+    patterns = memory.trace_bytes(a, shape, patterns=True) + need - keep + scores
+    monkeypatch.setattr(memory, "available_bytes", lambda device: patterns - 1)
+    with pytest.raises(TraceTooLargeError):
+        rs.trace(model, TEXTS, patterns=True)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: patterns)
+    assert rs.trace(model, TEXTS, patterns=True).patterns is not None
 
 
 def test_available_memory_is_the_systems():
