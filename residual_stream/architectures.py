@@ -26,7 +26,11 @@ from .tl_compat import wrapped
 
 @dataclass(frozen=True)
 class ArchSpec:
-    """One model family as data. Paths are relative to ``model.base_model`` (block paths to a block)."""
+    """One model family as data. Paths are relative to ``model.base_model`` (block paths to a block).
+
+    ``placement``, ``block_norms``, ``qkv_layout`` and ``causal`` may be functions of the
+    config, where a family's options change them (GPT-NeoX's parallel residual).
+    """
 
     family: str
     layers: str
@@ -44,7 +48,7 @@ class ArchSpec:
     # projection with its layout ("blocks": [q | k | v], GPT-2, Phi-3, GPTBigCode's one
     # key/value head; "per_head": [h: q k v], NeoX)
     qkv: tuple[str, ...] = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
-    qkv_layout: str = "separate"
+    qkv_layout: str | Callable[[object], str] = "separate"
     mlp_in: str = "mlp.up_proj"
     mlp_gate: str | None = "mlp.gate_proj"
     mlp_down: str = "mlp.down_proj"
@@ -135,8 +139,9 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         family="GPTBigCode / StarCoder decoder (pre-LayerNorm, learned positions, one key/value head)",
         layers="h", embeds={"embed": "wte", "pos_embed": "wpe"}, final_norm="ln_f",
         block_norms={"ln_attn_in": "ln_1", "ln_mlp_in": "ln_2"},
-        attn_out="attn.c_proj", mlp_out="mlp", n_ctx_keys=("n_positions",),
-        qkv=("attn.c_attn",), qkv_layout="blocks", mlp_in="mlp.c_fc", mlp_gate=None,
+        attn_out="attn.c_proj", mlp_out="mlp", n_ctx_keys=("n_positions",), qkv=("attn.c_attn",),
+        # one key/value head: [q | k | v]; a head of each (multi_query=False): [h: q k v]
+        qkv_layout=lambda cfg: "blocks" if cfg.multi_query else "per_head", mlp_in="mlp.c_fc", mlp_gate=None,
         mlp_down="mlp.c_proj", refuse=_flag("add_cross_attention", _CROSS),
     ),
     "starcoder2": replace(_LLAMA, family="StarCoder2 decoder (pre-LayerNorm, rotary)",
@@ -280,14 +285,14 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
     if n_layers == 0:
         raise UnsupportedArchitectureError(f"{config.model_type} model with no layers: the stream "
                                            "has no reads or writes to study; load one with 1 or more")
-    placement = spec.placement(config) if callable(spec.placement) else spec.placement
+    placement = _read(spec.placement, config)
 
     norms: dict[str, NormSpec] = {}
     global_norms = {"ln_embed": spec.embed_norm, "ln_final": spec.final_norm}
     for role, path in global_norms.items():
         if path is not None and _has(base, path):
             norms[role] = _norm_spec(role, base.get_submodule(path), full(path), spec.weight_offset)
-    block_norms = spec.block_norms(config) if callable(spec.block_norms) else spec.block_norms
+    block_norms = _read(spec.block_norms, config)
     for L in range(n_layers):
         for role, rel in block_norms.items():
             path = f"{spec.layers}.{L}.{rel}"
@@ -321,7 +326,7 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
             mlp_out=tuple(full(f"{p}.{spec.mlp_out}") for p in layer_paths) if has_mlp else (),
             norms={k: v.module_path for k, v in norms.items()},
             lm_head=_head_transform(model, spec.head_transform) if has_lm_head else None,
-            qkv=spec.qkv, qkv_layout=spec.qkv_layout,
+            qkv=spec.qkv, qkv_layout=_read(spec.qkv_layout, config),
             mlp_in=spec.mlp_in if has_mlp else "", mlp_down=spec.mlp_down if has_mlp else "",
             mlp_gate=spec.mlp_gate if has_mlp and _has(
                 base, f"{layer_paths[0]}.{spec.mlp_gate}") else None,
@@ -332,8 +337,13 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
         ),
         has_lm_head=has_lm_head, lm_head_note=lm_head_note, alpha=alpha,
         has_attn_bias=getattr(attn0, "bias", None) is not None,
-        causal=spec.causal(config) if callable(spec.causal) else spec.causal,
+        causal=_read(spec.causal, config),
     )
+
+
+def _read(field, config: object):
+    """An ``ArchSpec`` field's value for ``config``: the value, or what its function gives."""
+    return field(config) if callable(field) else field
 
 
 def _has(module: nn.Module, path: str) -> bool:

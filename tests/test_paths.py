@@ -60,6 +60,9 @@ FAMILIES = {
     "gpt_bigcode": dict(blocks="transformer.h", o="attn.c_proj", mlp="mlp", conv=False,  # 1 kv head
                         read={"attn": "ln_1", "mlp": "ln_2"}, qkv=("attn.c_attn",), mlp_in=("mlp.c_fc",),
                         final="transformer.ln_f", layout="blocks", embed="transformer.wte"),
+    "gpt_bigcode_mha": dict(blocks="transformer.h", o="attn.c_proj", mlp="mlp", conv=False,  # [h: q k v]
+                            read={"attn": "ln_1", "mlp": "ln_2"}, qkv=("attn.c_attn",), mlp_in=("mlp.c_fc",),
+                            final="transformer.ln_f", layout="per_head", embed="transformer.wte"),
     "gptj": dict(blocks="transformer.h", o="attn.out_proj", mlp="mlp", conv=False,  # one norm, both read
                  read={"attn": "ln_1", "mlp": "ln_1"}, qkv=("attn.q_proj", "attn.k_proj", "attn.v_proj"),
                  mlp_in=("mlp.fc_in",), final="transformer.ln_f", layout="separate"),
@@ -105,6 +108,8 @@ CASES = [
     ("gpt_bigcode", ["L0H1"], "L1H2.v", []),         # the one value head every query head reads
     ("gpt_bigcode", ["embed"], "L0H3.v", []),        # (its queries and keys barely move the metric)
     ("gpt_bigcode", ["L0.mlp"], "L1.mlp", []),
+    ("gpt_bigcode_mha", ["L0H1"], "L1H2.v", []),
+    ("gpt_bigcode_mha", ["embed"], "L0H3.v", []),
     ("gptj", ["L0H1"], "L1.mlp", []),
     ("gptj", ["L0.mlp"], "L1H2.q", []),
     ("twin_deepnorm", ["L0.attn"], "L1.attn", ["blocks.0.ln_resid_attn", ALPHA, "blocks.0.ln_resid_mlp"]),

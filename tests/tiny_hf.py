@@ -59,6 +59,8 @@ BUILDERS = {
                                                     use_parallel_residual=True)),
     "gpt_bigcode": _random_biases(lambda: tf.GPTBigCodeForCausalLM(tf.GPTBigCodeConfig(
         vocab_size=257, n_embd=64, n_layer=3, n_head=4, n_positions=128, multi_query=True))),
+    "gpt_bigcode_mha": _random_biases(lambda: tf.GPTBigCodeForCausalLM(tf.GPTBigCodeConfig(  # [h: q k v]
+        vocab_size=257, n_embd=64, n_layer=3, n_head=4, n_positions=128, multi_query=False))),
     "gptj": _random_biases(lambda: tf.GPTJForCausalLM(tf.GPTJConfig(
         vocab_size=257, n_embd=64, n_layer=3, n_head=4, n_positions=128, rotary_dim=8))),
     "phi": _random_biases(lambda: tf.PhiForCausalLM(tf.PhiConfig(
