@@ -52,6 +52,9 @@ class ArchSpec:
     mlp_in: str = "mlp.up_proj"
     mlp_gate: str | None = "mlp.gate_proj"
     mlp_down: str = "mlp.down_proj"
+    # mixture-of-experts MLPs have no single read or write map (mlp_in and mlp_down ""): the
+    # width of one expert is read from the config's first key present
+    d_mlp_keys: tuple[str, ...] = ()
     # "gate_up": mlp_in (= mlp_gate) is one projection whose output is [gate | up], the
     # activation on the first half (Phi-3, ModernBERT)
     mlp_layout: str = "separate"
@@ -112,6 +115,8 @@ _BERT = ArchSpec(
 _ROBERTA = replace(_BERT, family="RoBERTa encoder (post-LayerNorm, LayerNorm on the embeddings)",
                    head_transform=("lm_head.dense", "act:gelu", "lm_head.layer_norm"))
 _PARALLEL_ONE_NORM = "parallel attention and MLP reading one LayerNorm"
+_MOE = replace(_LLAMA, family="Mixtral decoder (pre-RMSNorm, mixture-of-experts MLPs)", mlp_in="",
+               mlp_gate=None, mlp_down="", d_mlp_keys=("moe_intermediate_size", "intermediate_size"))
 ARCHITECTURES: dict[str, ArchSpec] = {
     "llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA,
     "smollm3": replace(_LLAMA, family="SmolLM3 decoder (pre-RMSNorm, rotary in 3 layers of 4)"),
@@ -122,6 +127,15 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "phi3": replace(_LLAMA, family="Phi-3 decoder (pre-RMSNorm, fused q/k/v and gate/up projections)",
                     qkv=("self_attn.qkv_proj",), qkv_layout="blocks", mlp_in="mlp.gate_up_proj",
                     mlp_gate="mlp.gate_up_proj", mlp_layout="gate_up"),
+    "mixtral": _MOE,
+    "qwen2_moe": replace(_MOE, family="Qwen2-MoE decoder (pre-RMSNorm, mixture-of-experts MLPs "
+                         "with a shared expert)"),
+    "qwen3_moe": replace(_MOE, family="Qwen3-MoE decoder (pre-RMSNorm, mixture-of-experts MLPs, "
+                         "RMSNorm on q and k)", qk_norms=_QK_NORMS),
+    "olmoe": replace(_MOE, family="OLMoE decoder (pre-RMSNorm, mixture-of-experts MLPs, RMSNorm "
+                     "on q and k)", qk_norms=_QK_NORMS),
+    "gpt_oss": replace(_MOE, family="gpt-oss decoder (pre-RMSNorm, mixture-of-experts MLPs, "
+                       "attention sinks)"),
     "gemma2": _GEMMA,
     "gemma3_text": replace(_GEMMA, family="Gemma 3 decoder (sandwich RMSNorm with (1+γ), scaled "
                            "embeddings, RMSNorm on q and k)", qk_norms=_QK_NORMS),
@@ -316,7 +330,8 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
         norm_kind=next((n.kind for n in norms.values()), "none"),
         n_layers=n_layers, d_model=d_model, n_heads=n_heads,
         n_kv_heads=int(getattr(config, "num_key_value_heads", None) or n_heads),
-        d_head=z_dim // n_heads, d_mlp=_mlp_width(base, layer_paths[0], spec) if has_mlp else 0,
+        d_head=z_dim // n_heads, d_mlp=0 if not has_mlp else _first_attr(config, spec.d_mlp_keys, 0)
+        if spec.d_mlp_keys else _mlp_width(base, layer_paths[0], spec),
         d_vocab=int(config.vocab_size), n_ctx=_first_attr(config, spec.n_ctx_keys, 2048),
         embeds=embeds, norms=norms, program=program,
         modules=ModulePaths(

@@ -72,10 +72,11 @@ class LayerWeights:
 
     Key and value maps of grouped-query attention are expanded to one per query head.
     Biases are None where the model has none. ``W_gate`` is None for ungated MLPs; every MLP
-    map is None for attention-only models. ``g_Q`` and ``g_K`` are the gains of the RMSNorms
-    that Qwen3, OLMo 2 and Gemma 3 put on queries and keys after ``W_Q`` / ``W_K`` (offset
-    included, one row per query head), None elsewhere: with each such norm's per-token scale
-    frozen, head ``h``'s query is ``x W_Q[h] diag(g_Q[h]) / s``.
+    map is None for attention-only models, and for an MLP of experts (no single map). ``g_Q``
+    and ``g_K`` are the gains of the RMSNorms that Qwen3, OLMo 2 and Gemma 3 put on queries
+    and keys after ``W_Q`` / ``W_K`` (offset included, one row per query head), None
+    elsewhere: with each such norm's per-token scale frozen, head ``h``'s query is
+    ``x W_Q[h] diag(g_Q[h]) / s``.
     """
 
     W_Q: Float[Tensor, "head d_model d_head"]

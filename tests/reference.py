@@ -40,8 +40,9 @@ def _hook_all(model, anatomy, cap, ablate: str):
             handles.append(mod.register_forward_hook(lambda m, a, y: y - m.bias))
     for L, path in enumerate(anatomy.modules.mlp_out):
         value = cap.mlp_out[L].double()
-        handles.append(model.get_submodule(path).register_forward_hook(
-            lambda m, a, y, v=value, on=(ablate == f"L{L}.mlp"): torch.zeros_like(v) if on else v))
+        handles.append(model.get_submodule(path).register_forward_hook(  # gpt-oss: (write, router scores)
+            lambda m, a, y, v=value, on=(ablate == f"L{L}.mlp"):
+            _as_output(y, torch.zeros_like(v) if on else v)))
     for name, spec in anatomy.norms.items():
         scale = cap.norm_scale[name].double()
         off = ablate == f"{name}.bias"
@@ -51,6 +52,11 @@ def _hook_all(model, anatomy, cap, ablate: str):
     return handles
 
 
+def _as_output(y, value):
+    """``value`` in the place of a module's output ``y`` (its first element, for a tuple)."""
+    return (value, *y[1:]) if isinstance(y, tuple) else value
+
+
 def ablation_contributions(trace, labels: list[str]) -> dict[str, torch.Tensor]:
     """``hidden_states`` (every point) minus the same with ``label`` ablated, per label.
 
@@ -58,6 +64,8 @@ def ablation_contributions(trace, labels: list[str]) -> dict[str, torch.Tensor]:
     last is the framework's final hidden state (after the final norm if there is one).
     """
     model = copy.deepcopy(trace.model.module).double()
+    if getattr(model.config, "_experts_implementation", None) not in (None, "eager"):
+        model.set_experts_implementation("eager")  # grouped matmuls of experts take no float64
     anatomy = describe(model, has_lm_head=trace.anatomy.has_lm_head)
     cap = trace.captured
     tokens, mask = trace.tokens, trace.attention_mask

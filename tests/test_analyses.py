@@ -252,6 +252,29 @@ def test_read_attribution_sums_to_one_and_matches_the_framework():
         assert (got - expected)[m].abs().max() < 1e-4, label
 
 
+def test_an_mlp_of_experts_reads_its_whole_input():
+    """A mixture-of-experts MLP (Mixtral) has no single read map: the router and every expert
+    read its whole normed input, so its one reader ``L1.mlp.in`` is that input. Reference, by
+    hand in float64: each source's part of it (through the frozen RMSNorm) projected on it.
+    Composition has no MLP pair to score there (no single map), heads' pairs stay."""
+    model = rs.load(build("mixtral"), tokenizer=ByteTokenizer())
+    tr = rs.trace(model, TEXTS)
+    ra = rs.read_attribution(tr, granularity="head", per_token=True)
+    assert [r for r in ra.readers if ".mlp" in r] == [f"L{L}.mlp.in" for L in range(3)]
+    parts = tr.decompose_read("L1.mlp")
+    spec = model.anatomy.norms["L1.ln_mlp_in"]
+    terms = spec.apply_linear(parts.values.double(), tr.norm_scale("L1.ln_mlp_in").double())
+    u, m = tr.read_input("L1.mlp").double(), tr.attention_mask.bool()
+    assert (terms.sum(0) - u)[m].abs().max() < 1e-5 * u[m].abs().max()  # the parts make the input
+    r = ra.readers.index("L1.mlp.in")
+    for i, label in enumerate(parts.labels):
+        expected = (terms[i] * u).sum(-1) / u.pow(2).sum(-1)
+        assert (ra.per_token[r, ra.sources.index(label)] - expected)[m].abs().max() < 1e-5, label
+    comp = rs.composition(model)
+    assert comp.max_score("in") is None and comp.max_score("mlp_k") is None
+    assert comp.max_score("k") is not None
+
+
 def test_read_attribution_matrices():
     ra = rs.read_attribution(rs.trace(perturbed(placement="post"), TEXTS))
     comp = ra.matrix("component")

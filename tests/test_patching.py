@@ -29,7 +29,7 @@ def _setup(name):
     with torch.no_grad():  # writes large enough that patching one token moves the metric
         for n, w in module.named_parameters():
             if n.endswith(("o_proj.weight", "down_proj.weight", "c_proj.weight", "dense.weight",
-                           "dense_4h_to_h.weight", "output.dense.weight")):
+                           "dense_4h_to_h.weight", "output.dense.weight", "experts.down_proj")):
                 w.mul_(10)
     model = rs.load(module, tokenizer=ByteTokenizer())
     return module, model, rs.trace(model, TEXTS), rs.trace(model, CORRUPT)

@@ -20,7 +20,8 @@ from residual_stream.inputs import ByteTokenizer
 
 ATOL = 2e-6  # float32 logits (~1e-7 apart): the library's hooks add a difference, the test's replace
 # the output, and runs stacked in one pass round as their own batch
-D_HEAD, HEADS, KV = 16, 4, {"llama": 2, "gemma2": 2, "olmo2": 2, "phi3": 2, "gpt_bigcode": 1}
+D_HEAD, HEADS, KV = 16, 4, {"llama": 2, "gemma2": 2, "olmo2": 2, "phi3": 2, "gpt_bigcode": 1, "mixtral": 2,
+                                 "gpt_oss": 2}
 ALPHA = 6 ** 0.25  # DeepNorm's α = (2N)^¼ for the twin's 3 blocks
 
 # Per family: blocks, each write's module ("o": the output projection, whose input is z),
@@ -63,6 +64,14 @@ FAMILIES = {
     "gpt_bigcode_mha": dict(blocks="transformer.h", o="attn.c_proj", mlp="mlp", conv=False,  # [h: q k v]
                             read={"attn": "ln_1", "mlp": "ln_2"}, qkv=("attn.c_attn",), mlp_in=("mlp.c_fc",),
                             final="transformer.ln_f", layout="per_head", embed="transformer.wte"),
+    "mixtral": dict(blocks="model.layers", o="self_attn.o_proj", mlp="mlp", conv=False,  # experts
+                    read={"attn": "input_layernorm", "mlp": "post_attention_layernorm"},
+                    qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                    mlp_in=("mlp",), final="model.norm", layout="separate"),  # the whole MLP reads
+    "gpt_oss": dict(blocks="model.layers", o="self_attn.o_proj", mlp="mlp", conv=False,  # (write, scores)
+                    read={"attn": "input_layernorm", "mlp": "post_attention_layernorm"},
+                    qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                    mlp_in=("mlp",), final="model.norm", layout="separate"),
     "gptj": dict(blocks="transformer.h", o="attn.out_proj", mlp="mlp", conv=False,  # one norm, both read
                  read={"attn": "ln_1", "mlp": "ln_1"}, qkv=("attn.q_proj", "attn.k_proj", "attn.v_proj"),
                  mlp_in=("mlp.fc_in",), final="transformer.ln_f", layout="separate"),
@@ -110,6 +119,11 @@ CASES = [
     ("gpt_bigcode", ["L0.mlp"], "L1.mlp", []),
     ("gpt_bigcode_mha", ["L0H1"], "L1H2.v", []),
     ("gpt_bigcode_mha", ["embed"], "L0H3.v", []),
+    ("mixtral", ["L0H1"], "L1.mlp", []),
+    ("mixtral", ["L0.mlp"], ("L1.mlp", "L1H2.q"), []),
+    ("mixtral", ["L1.mlp"], "L2.mlp", []),
+    ("gpt_oss", ["L0H1"], "L1.mlp", []),
+    ("gpt_oss", ["L0.mlp"], ("L2.mlp", "L1H3.k"), []),
     ("gptj", ["L0H1"], "L1.mlp", []),
     ("gptj", ["L0.mlp"], "L1H2.q", []),
     ("twin_deepnorm", ["L0.attn"], "L1.attn", ["blocks.0.ln_resid_attn", ALPHA, "blocks.0.ln_resid_mlp"]),
@@ -239,7 +253,8 @@ def _receiving(module, f, receiver, delta):
         post = after and module.get_submodule(f"{blocks}.{layer}.{after}")
 
         def replace(m, a, out, proj=proj, post=post, cols=cols):
-            x = (seen["x"].double() + delta).to(out.dtype)
+            dtype = (out[0] if isinstance(out, tuple) else out).dtype  # gpt-oss's MLP: a tuple
+            x = (seen["x"].double() + delta).to(dtype)
             new = proj.forward(x if raw else source.forward(x))
             new = post.forward(new) if post else new
             if cols is None:

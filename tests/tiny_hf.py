@@ -29,6 +29,15 @@ def _random_biases(build):
     return built
 
 
+def _sinks(model):
+    """gpt-oss with its attention sinks drawn at random (they start at 0)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("sinks"):
+                p.normal_()
+    return model
+
+
 BUILDERS = {
     "llama": _llama_like(tf.LlamaConfig, tf.LlamaForCausalLM),
     "llama_mlp_bias": _llama_like(tf.LlamaConfig, tf.LlamaForCausalLM, mlp_bias=True),
@@ -57,6 +66,17 @@ BUILDERS = {
     "stablelm": _random_biases(_llama_like(tf.StableLmConfig, tf.StableLmForCausalLM)),
     "stablelm_parallel": _random_biases(_llama_like(tf.StableLmConfig, tf.StableLmForCausalLM,
                                                     use_parallel_residual=True)),
+    # mixture-of-experts MLPs (4 experts, 2 a token; Qwen2-MoE with a shared expert)
+    "mixtral": _llama_like(tf.MixtralConfig, tf.MixtralForCausalLM, num_local_experts=4),
+    "qwen2_moe": _random_biases(_llama_like(tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM, num_experts=4,
+                                            moe_intermediate_size=48, shared_expert_intermediate_size=96,
+                                            num_experts_per_tok=2)),
+    "qwen3_moe": _llama_like(tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM, num_experts=4, num_experts_per_tok=2,
+                             head_dim=16, moe_intermediate_size=48),
+    "olmoe": _llama_like(tf.OlmoeConfig, tf.OlmoeForCausalLM, num_experts=4, num_experts_per_tok=2),
+    "gpt_oss": lambda: _sinks(tf.GptOssForCausalLM(tf.GptOssConfig(  # its MLP returns (write, scores)
+        **COMMON, intermediate_size=96, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+        head_dim=16, max_position_embeddings=128))),
     "gpt_bigcode": _random_biases(lambda: tf.GPTBigCodeForCausalLM(tf.GPTBigCodeConfig(
         vocab_size=257, n_embd=64, n_layer=3, n_head=4, n_positions=128, multi_query=True))),
     "gpt_bigcode_mha": _random_biases(lambda: tf.GPTBigCodeForCausalLM(tf.GPTBigCodeConfig(  # [h: q k v]
@@ -74,6 +94,8 @@ BUILDERS = {
     "modernbert_mlm": lambda: tf.ModernBertForMaskedLM(tf.ModernBertConfig(  # block 0 reads raw
         **COMMON, intermediate_size=96, max_position_embeddings=128, pad_token_id=0, bos_token_id=1,
         eos_token_id=2, cls_token_id=1, sep_token_id=2, global_attn_every_n_layers=2, local_attention=16)),
+    "camembert_mlm": lambda: tf.CamembertForMaskedLM(tf.CamembertConfig(
+        **COMMON, intermediate_size=128, max_position_embeddings=130)),
     "distilbert_mlm": _random_biases(lambda: tf.DistilBertForMaskedLM(tf.DistilBertConfig(
         vocab_size=257, dim=64, n_layers=3, n_heads=4, hidden_dim=128, max_position_embeddings=128))),
 }

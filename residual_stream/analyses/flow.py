@@ -193,7 +193,9 @@ class ReadAttribution(CompactRepr):
 def read_channels(model, component: str, weights=None):
     """``(reader labels, W [n, d_model, k], b [n, k] | None)`` for each linear read of ``component``.
 
-    Queries and keys as the scores use them (``LayerWeights.attention_reads``).
+    Queries and keys as the scores use them (``LayerWeights.attention_reads``). An MLP with no
+    single read map (mixture of experts: the router and every expert read its whole input)
+    reads through the identity: its one reader is its input itself.
 
     ``weights``: the block's ``LayerWeights`` if the caller already has them.
     """
@@ -203,6 +205,9 @@ def read_channels(model, component: str, weights=None):
         H = model.anatomy.n_heads
         for ch, (W, b) in zip("qkv", w.attention_reads(), strict=True):
             yield [f"L{layer}H{h}.{ch}" for h in range(H)], W, b
+        return
+    if w.W_in is None:
+        yield [f"L{layer}.mlp.in"], torch.eye(model.anatomy.d_model, device=w.W_Q.device)[None], None
         return
     yield [f"L{layer}.mlp.in"], w.W_in[None], None if w.b_in is None else w.b_in[None]
     if w.W_gate is not None:

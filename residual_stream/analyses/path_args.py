@@ -127,6 +127,8 @@ def receiver(trace, name: str) -> Receiver:
     if head is not None:
         channels = (head[2],) if head[2] else CHANNELS
         readings = tuple(_head_reading(trace, block, head[1], c) for c in channels)
+    elif kind == "mlp" and not a.modules.mlp_in:  # experts: the MLP itself, on what it reads
+        readings = (Reading(a.modules.mlp_out[layer], (a.modules.mlp_out[layer],), None),)
     else:
         paths = (dict.fromkeys(p for p in (a.modules.mlp_in, a.modules.mlp_gate) if p) if kind == "mlp"
                  else a.modules.qkv)  # one module for both where it is fused (Phi-3's gate_up)

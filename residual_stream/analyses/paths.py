@@ -162,7 +162,7 @@ def _reading(chain: list[Callable], stream: dict, source: str, norm: Callable, d
         before, after = norm(wide_x).to(x.dtype), norm(wide_x + delta.to(wide_x.dtype)).to(x.dtype)
         for f in chain:
             before, after = f(before), f(after)
-        diff = after - before
+        diff = first_output(after) - first_output(before)  # a module may return more (gpt-oss's MLP)
         if columns is not None:
             diff = torch.zeros_like(diff).index_copy_(-1, columns.to(diff.device),
                                                       diff.index_select(-1, columns.to(diff.device)))
