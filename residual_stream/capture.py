@@ -299,12 +299,16 @@ def _forward_kwargs(model: nn.Module, tokens: Tensor, attention_mask: Tensor, *,
     """The keyword arguments of a forward pass; ``headless``: the last position's logits only.
 
     ``logits_to_keep=1`` where the forward takes it (Hugging Face causal LMs, the twins):
-    no ``[tokens, d_model] @ [d_model, vocab]`` product that nothing reads.
+    no ``[tokens, d_model] @ [d_model, vocab]`` product that nothing reads. No router logits
+    (mixture-of-experts models), whatever the config says: their auxiliary loss reads every
+    call of a router, and a patched pass calls one again on a copy's rows.
     """
     kwargs: dict[str, object] = {"input_ids": tokens, "attention_mask": attention_mask}
     accepts = inspect.signature(model.forward).parameters
     if "use_cache" in accepts:
         kwargs["use_cache"] = False
+    if "output_router_logits" in accepts:
+        kwargs["output_router_logits"] = False
     if headless and "logits_to_keep" in accepts:
         kwargs["logits_to_keep"] = 1
     return kwargs

@@ -312,6 +312,20 @@ def test_path_patching_matches_hooks_of_our_own(f):
     assert got.metric_reference == pytest.approx(float(metric(other.logits)), abs=1e-6)
 
 
+def test_an_mlp_of_experts_receives_in_a_model_set_to_return_router_logits():
+    """With ``output_router_logits=True`` in its config, a stacked path-patching pass into
+    Mixtral's ``L1.mlp`` failed inside transformers' load-balancing loss (the receiver's hook
+    runs the router again on one copy's rows: 42 tokens against the pass's 84; helper 39).
+    Passes ask for no router logits. Reference: the same model with the option off."""
+    module, model, clean, other = _setup("mixtral")
+    metric = _diff(clean)
+    want = rs.path_patch(clean, other, metric, senders=["L0H1", "L0H2"], receivers="L1.mlp")
+    module.config.output_router_logits = True
+    got = rs.path_patch(clean, other, metric, senders=["L0H1", "L0H2"], receivers="L1.mlp")
+    assert torch.equal(got.metric, want.metric)
+    assert abs(float(got.metric[0, 0]) - got.metric_clean) > 10 * ATOL
+
+
 def test_the_carried_norms_matter_in_a_post_norm_model():
     """Sending BERT's L1.attn to the logits without the four LayerNorms between misses the
     library's value by far more than the tolerance: the reference's carry is what it checks."""
