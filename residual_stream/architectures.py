@@ -52,8 +52,9 @@ class ArchSpec:
     mlp_in: str = "mlp.up_proj"
     mlp_gate: str | None = "mlp.gate_proj"
     mlp_down: str = "mlp.down_proj"
-    # mixture-of-experts MLPs have no single read or write map (mlp_in and mlp_down ""): the
-    # width of one expert is read from the config's first key present
+    # mixture-of-experts MLPs have no single read or write map (mlp_in and mlp_down ""): d_mlp
+    # is the widest hidden layer a token's MLP computes, the largest of these config keys
+    # (one expert's width; Qwen2-MoE's shared expert's)
     d_mlp_keys: tuple[str, ...] = ()
     # "gate_up": mlp_in (= mlp_gate) is one projection whose output is [gate | up], the
     # activation on the first half (Phi-3, ModernBERT)
@@ -116,7 +117,7 @@ _ROBERTA = replace(_BERT, family="RoBERTa encoder (post-LayerNorm, LayerNorm on 
                    head_transform=("lm_head.dense", "act:gelu", "lm_head.layer_norm"))
 _PARALLEL_ONE_NORM = "parallel attention and MLP reading one LayerNorm"
 _MOE = replace(_LLAMA, family="Mixtral decoder (pre-RMSNorm, mixture-of-experts MLPs)", mlp_in="",
-               mlp_gate=None, mlp_down="", d_mlp_keys=("moe_intermediate_size", "intermediate_size"))
+               mlp_gate=None, mlp_down="", d_mlp_keys=("intermediate_size",))
 ARCHITECTURES: dict[str, ArchSpec] = {
     "llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA,
     "smollm3": replace(_LLAMA, family="SmolLM3 decoder (pre-RMSNorm, rotary in 3 layers of 4)"),
@@ -129,9 +130,10 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                     mlp_gate="mlp.gate_up_proj", mlp_layout="gate_up"),
     "mixtral": _MOE,
     "qwen2_moe": replace(_MOE, family="Qwen2-MoE decoder (pre-RMSNorm, mixture-of-experts MLPs "
-                         "with a shared expert)"),
+                         "with a shared expert)",
+                         d_mlp_keys=("moe_intermediate_size", "shared_expert_intermediate_size")),
     "qwen3_moe": replace(_MOE, family="Qwen3-MoE decoder (pre-RMSNorm, mixture-of-experts MLPs, "
-                         "RMSNorm on q and k)", qk_norms=_QK_NORMS),
+                         "RMSNorm on q and k)", qk_norms=_QK_NORMS, d_mlp_keys=("moe_intermediate_size",)),
     "olmoe": replace(_MOE, family="OLMoE decoder (pre-RMSNorm, mixture-of-experts MLPs, RMSNorm "
                      "on q and k)", qk_norms=_QK_NORMS),
     "gpt_oss": replace(_MOE, family="gpt-oss decoder (pre-RMSNorm, mixture-of-experts MLPs, "
@@ -330,8 +332,9 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
         norm_kind=next((n.kind for n in norms.values()), "none"),
         n_layers=n_layers, d_model=d_model, n_heads=n_heads,
         n_kv_heads=int(getattr(config, "num_key_value_heads", None) or n_heads),
-        d_head=z_dim // n_heads, d_mlp=0 if not has_mlp else _first_attr(config, spec.d_mlp_keys, 0)
-        if spec.d_mlp_keys else _mlp_width(base, layer_paths[0], spec),
+        d_head=z_dim // n_heads, d_mlp=0 if not has_mlp else max(
+            int(getattr(config, k)) for k in spec.d_mlp_keys) if spec.d_mlp_keys
+        else _mlp_width(base, layer_paths[0], spec),
         d_vocab=int(config.vocab_size), n_ctx=_first_attr(config, spec.n_ctx_keys, 2048),
         embeds=embeds, norms=norms, program=program,
         modules=ModulePaths(

@@ -105,3 +105,19 @@ def test_available_memory_is_the_systems():
         kernel = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
     assert memory.available_bytes(torch.device("cpu")) == pytest.approx(kernel, rel=0.05)
     assert memory.available_bytes(torch.device("meta")) is None
+
+
+@pytest.mark.parametrize("name, widest", [
+    ("mixtral", lambda mlp: mlp.experts.down_proj.shape[-1]),          # [expert, d_model, hidden]
+    ("olmoe", lambda mlp: mlp.experts.down_proj.shape[-1]),
+    ("qwen3_moe", lambda mlp: mlp.experts.down_proj.shape[-1]),
+    ("gpt_oss", lambda mlp: mlp.experts.down_proj.shape[1]),           # [expert, hidden, d_model]
+    ("qwen2_moe", lambda mlp: max(mlp.experts.down_proj.shape[-1],     # its shared expert, wider
+                                  mlp.shared_expert.down_proj.in_features)),
+])
+def test_the_mlp_width_of_experts_is_the_widest_hidden_layer(name, widest):
+    """An MLP of experts has no single map to read ``d_mlp`` from (it feeds ``pass_bytes``): it
+    is the widest hidden layer a token's MLP computes, read here from the module's weights."""
+    module = build(name)
+    model = rs.load(module, tokenizer=ByteTokenizer())
+    assert model.anatomy.d_mlp == widest(module.model.layers[0].mlp) > 0
