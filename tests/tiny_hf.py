@@ -57,7 +57,7 @@ BUILDERS = {
         **COMMON, intermediate_size=128, max_position_embeddings=128), add_pooling_layer=False),
     "bert_mlm": lambda: tf.BertForMaskedLM(tf.BertConfig(
         **COMMON, intermediate_size=128, max_position_embeddings=128)),
-    # families added in session 26 (the same five checks, test_conservation.py)
+    # (every builder gets the same checks: test_conservation.py, test_weights.py)
     "smollm3": _llama_like(tf.SmolLM3Config, tf.SmolLM3ForCausalLM, pad_token_id=None),
     "gemma": _llama_like(tf.GemmaConfig, tf.GemmaForCausalLM, head_dim=16),
     "phi3": _random_biases(_llama_like(tf.Phi3Config, tf.Phi3ForCausalLM, pad_token_id=None)),
