@@ -176,6 +176,7 @@ def load(
                              "tokenizer too, rs.load(model, tokenizer=AutoTokenizer.from_pretrained(...))")
         name = getattr(source, "name_or_path", "") or type(source).__name__
         refuse_non_finite(source, name, "set or reload its weights")
+        _float64_experts(source, ours=False)
         return wrap(source, tok, name=name)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
@@ -186,7 +187,24 @@ def load(
         module, tok, label = _load_path_or_name(name, dev, dt, progress, placement, tokenizer)
     module.eval()
     refuse_non_finite(module, name)
+    _float64_experts(module, ours=True)
     return wrap(module, tokenizer or tok, name=label, source=name)
+
+
+def _float64_experts(module: nn.Module, *, ours: bool) -> None:
+    """Experts in float64 run one by one: transformers' grouped matmuls take no float64.
+
+    A model this package loaded is switched to its ``"eager"`` experts; one passed in is
+    refused (``InputError``), left as it was.
+    """
+    config = getattr(module, "config", None)
+    kind = getattr(config, "_experts_implementation", None)
+    if kind in (None, "eager") or not any(p.dtype == torch.float64 for p in module.parameters()):
+        return
+    if not ours:
+        raise InputError(f"this float64 model computes its experts with {kind!r}, which takes no "
+                         "float64: call model.set_experts_implementation('eager') first, or use float32")
+    module.set_experts_implementation("eager")
 
 
 def _load_path_or_name(name: str, dev: torch.device, dt: torch.dtype, progress: bool, placement: dict,

@@ -220,6 +220,22 @@ def test_a_variant_of_a_supported_family_that_no_row_describes_is_refused(build_
     assert not module._forward_hooks and not any(m._forward_hooks for m in module.modules())
 
 
+def test_a_float64_model_of_experts_runs_its_experts_one_by_one(tmp_path):
+    """transformers' grouped matmuls of experts take no float64: a float64 Mixtral failed in
+    its first forward pass ("Expected mat_a to be Float32 ..."). Loaded from a folder, it is
+    switched to transformers' eager experts and passes the check; passed in as an object, it
+    is refused before anything runs, and left as it was."""
+    build("mixtral").save_pretrained(tmp_path / "moe")
+    model = rs.load(tmp_path / "moe", tokenizer=ByteTokenizer(), dtype="float64")
+    assert model.dtype == torch.float64 and rs.trace(model, ["hello world"]).check().ok
+    module = build("mixtral").double()
+    with pytest.raises(InputError, match="'grouped_mm', which takes no float64.*set_experts_implementation"):
+        rs.load(module, tokenizer=ByteTokenizer())
+    assert module.config._experts_implementation == "grouped_mm"
+    module.set_experts_implementation("eager")
+    assert rs.trace(rs.load(module, tokenizer=ByteTokenizer()), ["hello world"]).check().ok
+
+
 def test_model_object_without_tokenizer():
     """An InputError that shows how (it was ModelNotFoundError: the model was found)."""
     with pytest.raises(InputError, match=r"LlamaForCausalLM object carries no tokenizer: pass its "
