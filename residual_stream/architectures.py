@@ -116,6 +116,10 @@ _BERT = ArchSpec(
 _ROBERTA = replace(_BERT, family="RoBERTa encoder (post-LayerNorm, LayerNorm on the embeddings)",
                    head_transform=("lm_head.dense", "act:gelu", "lm_head.layer_norm"))
 _PARALLEL_ONE_NORM = "parallel attention and MLP reading one LayerNorm"
+_COHERE = replace(
+    _LLAMA, family=f"Cohere / Command-R decoder ({_PARALLEL_ONE_NORM} without a bias, scaled logits)",
+    placement="parallel", block_norms={"ln_attn_in": "input_layernorm", "ln_mlp_in": "input_layernorm"},
+    refuse=_flag("use_qk_norm", "LayerNorms on each head's queries and keys (use_qk_norm)"))
 _MOE = replace(_LLAMA, family="Mixtral decoder (pre-RMSNorm, mixture-of-experts MLPs)", mlp_in="",
                mlp_gate=None, mlp_down="", d_mlp_keys=("intermediate_size",))
 ARCHITECTURES: dict[str, ArchSpec] = {
@@ -193,6 +197,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         attn_out="self_attn.dense", mlp_out="mlp", mlp_in="mlp.fc1", mlp_gate=None, mlp_down="mlp.fc2",
         refuse=_flag("qk_layernorm", "LayerNorms on each head's queries and keys (qk_layernorm)"),
     ),
+    "cohere": _COHERE, "cohere2": replace(_COHERE, family=_COHERE.family.replace("Cohere", "Cohere 2")),
     "bert": _BERT,
     "roberta": _ROBERTA, "xlm-roberta": _ROBERTA, "camembert": _ROBERTA,
     "distilbert": ArchSpec(
@@ -259,7 +264,8 @@ def _norm_spec(name: str, module: nn.Module, path: str, offset: float) -> NormSp
     """
     inner = wrapped(module)
     cls = type(inner).__name__
-    if isinstance(inner, nn.LayerNorm) or cls.endswith("LayerNorm") and hasattr(inner, "bias"):
+    if isinstance(inner, nn.LayerNorm) or cls.endswith("LayerNorm") and (  # Cohere's: no bias
+            hasattr(inner, "bias") or hasattr(inner, "weight")):
         kind = "layernorm"
     elif "RMSNorm" in cls or isinstance(inner, nn.RMSNorm):
         kind = "rmsnorm"

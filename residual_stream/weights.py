@@ -205,17 +205,19 @@ def _mlp_reads(block: nn.Module, paths: ModulePaths):
 
 @dataclass(frozen=True, eq=False)
 class Unembed:
-    """How the final stream becomes logits: ``transform`` (if any), ``@ W_U + b_U``, soft-cap.
+    """How the final stream becomes logits: ``transform`` (if any), ``@ W_U + b_U``, scale, soft-cap.
 
     ``transform`` is a module applied before ``W_U`` (BERT's MLM head: dense, GELU,
     LayerNorm); when it is set the map is not linear, so direct logit attribution is not
-    defined. ``softcap`` is Gemma 2's ``final_logit_softcapping`` (``c · tanh(logits / c)``).
+    defined. ``scale`` is Cohere's ``logit_scale`` (logits multiplied by it); ``softcap`` is
+    Gemma 2's ``final_logit_softcapping`` (``c · tanh(logits / c)``).
     """
 
     W_U: Float[Tensor, "d_model d_vocab"]
     b_U: Float[Tensor, " d_vocab"] | None
     transform: nn.Module | None
     softcap: float | None
+    scale: float | None = None
 
     def logits(self, h: Float[Tensor, "*lead d_model"]) -> Float[Tensor, "*lead d_vocab"]:
         """Logits of final-normed states ``h``, as the model computes them, in ``h``'s dtype.
@@ -245,6 +247,8 @@ class Unembed:
                 torch.matmul(h, w.to(h.dtype), out=out[..., start: start + VOCAB_SLICE])
         if self.b_U is not None:
             out = out + self.b_U
+        if self.scale:
+            out = out * self.scale
         if self.softcap:
             out = self.softcap * torch.tanh(out / self.softcap)
         return out
@@ -268,5 +272,6 @@ def unembedding(model: nn.Module, anatomy, *, native: bool = False) -> Unembed:
         steps = [ACT2FN[s[4:]] if s.startswith("act:") else model.get_submodule(s)
                  for s in anatomy.modules.lm_head]
         transform = steps[0] if len(steps) == 1 else nn.Sequential(*steps)
+    config = getattr(model, "config", None)
     return Unembed(as_in_out(head, native=native), bias, transform,
-                   getattr(getattr(model, "config", None), "final_logit_softcapping", None))
+                   getattr(config, "final_logit_softcapping", None), getattr(config, "logit_scale", None))

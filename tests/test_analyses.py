@@ -1195,6 +1195,19 @@ def test_dla_frames_sum_to_the_logit_difference_with_a_head_bias():
     assert "b_U" not in set(rs.direct_logit_attribution(plain).to_frame().label)
 
 
+def test_dla_of_a_model_that_scales_its_logits_sums_to_its_logit_difference():
+    """Cohere multiplies its logits by ``logit_scale`` (0.25 here): each term is scaled with
+    them, so the terms sum to the model's own logit difference (reference: the trace's logits,
+    the framework's), not to four times it."""
+    model = rs.load(build("cohere"), tokenizer=ByteTokenizer())
+    tr = rs.trace(model, TEXTS)
+    dla = rs.direct_logit_attribution(tr, target="next", baseline=7)
+    m = tr.attention_mask.bool()
+    want = tr.logits.gather(-1, dla.targets[..., None])[..., 0] - tr.logits[..., 7]
+    assert (dla.total() - want)[m].abs().max() < 1e-5
+    assert (want[m].abs().max()) > 1e-2  # a difference to get right
+
+
 def test_dla_of_a_soft_capped_model_sums_to_the_logit_before_the_cap():
     """Gemma 2 soft-caps its logits, ``c · tanh(logit / c)``; with ``c = 0.5`` the cap bends
     these logits. DLA attributes the logit (difference) before the cap. Reference: the same

@@ -207,6 +207,9 @@ def test_unsupported_architecture_is_named():
      "cross-attention"),
     (lambda: tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=257, n_embd=32, n_layer=1, n_head=4,
                                               add_cross_attention=True)), "cross-attention"),
+    (lambda: tf.CohereForCausalLM(tf.CohereConfig(vocab_size=257, hidden_size=32, num_hidden_layers=1,
+                                                  num_attention_heads=4, use_qk_norm=True,
+                                                  pad_token_id=None)), "use_qk_norm"),
 ])
 def test_a_variant_of_a_supported_family_that_no_row_describes_is_refused(build_variant, variant):
     """Phi's and StableLM's optional LayerNorms on each head's queries and keys, and a BERT or GPT-2

@@ -66,6 +66,9 @@ BUILDERS = {
     "stablelm": _random_biases(_llama_like(tf.StableLmConfig, tf.StableLmForCausalLM)),
     "stablelm_parallel": _random_biases(_llama_like(tf.StableLmConfig, tf.StableLmForCausalLM,
                                                     use_parallel_residual=True)),
+    "cohere": _llama_like(tf.CohereConfig, tf.CohereForCausalLM, pad_token_id=None, logit_scale=0.25),
+    "cohere2": _llama_like(tf.Cohere2Config, tf.Cohere2ForCausalLM, pad_token_id=None, logit_scale=0.25,
+                           sliding_window=4),
     # mixture-of-experts MLPs (4 experts, 2 a token; Qwen2-MoE with a shared expert)
     "mixtral": _llama_like(tf.MixtralConfig, tf.MixtralForCausalLM, num_local_experts=4),
     "qwen2_moe": _random_biases(_llama_like(tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM, num_experts=4,

@@ -268,6 +268,8 @@ def direct_logit_attribution(
         base = _ids(trace, baseline, "baseline", trace.logits.shape[-1]).to(tgt.device)
         direction = direction - unembed.W_U.T[base]
         bias = bias - (unembed.b_U[base] if unembed.b_U is not None else 0)
+    if unembed.scale:  # Cohere multiplies its logits
+        direction, bias = direction * unembed.scale, bias * unembed.scale
     parts = trace.decompose("final")
     values = torch.einsum("cbpd,bpd->cbp", parts.values, direction.to(parts.values.device))
     return DirectLogitAttribution(parts.labels, parts.kinds, parts.layers, values.cpu(),
