@@ -95,6 +95,7 @@ def _flag(key: str, variant: str) -> Callable[[object], str | None]:
 
 
 _CROSS = "cross-attention (a third sublayer, with its own norm, reading an encoder)"
+_QK_LAYERNORMS = "LayerNorms on each head's queries and keys (qk_layernorm)"
 _OLMO2 = ArchSpec(
     family="OLMo 2 decoder (RMSNorm on each write, none on the read)",
     layers="layers", embeds={"embed": "embed_tokens"}, final_norm="norm", placement="sandwich",
@@ -171,7 +172,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         placement=lambda cfg: "parallel" if cfg.use_parallel_residual else "pre",
         block_norms=lambda cfg: {"ln_attn_in": "input_layernorm", "ln_mlp_in": (
             "input_layernorm" if cfg.use_parallel_residual else "post_attention_layernorm")},
-        refuse=_flag("qk_layernorm", "LayerNorms on each head's queries and keys (qk_layernorm)"),
+        refuse=_flag("qk_layernorm", _QK_LAYERNORMS),
     ),
     "gpt_neox": ArchSpec(
         family="GPT-NeoX / Pythia decoder (parallel attention and MLP, LayerNorm)",
@@ -195,7 +196,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         layers="layers", embeds={"embed": "embed_tokens"}, final_norm="final_layernorm",
         placement="parallel", block_norms={"ln_attn_in": "input_layernorm", "ln_mlp_in": "input_layernorm"},
         attn_out="self_attn.dense", mlp_out="mlp", mlp_in="mlp.fc1", mlp_gate=None, mlp_down="mlp.fc2",
-        refuse=_flag("qk_layernorm", "LayerNorms on each head's queries and keys (qk_layernorm)"),
+        refuse=_flag("qk_layernorm", _QK_LAYERNORMS),
     ),
     "cohere": _COHERE, "cohere2": replace(_COHERE, family=_COHERE.family.replace("Cohere", "Cohere 2")),
     "bert": _BERT,

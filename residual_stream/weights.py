@@ -110,6 +110,16 @@ class LayerWeights:
         return (_gained(self.W_Q, self.b_Q, self.g_Q), _gained(self.W_K, self.b_K, self.g_K),
                 (self.W_V, self.b_V))
 
+    def mlp_read(self) -> tuple[Tensor, Tensor | None]:
+        """``(W_in, b_in)`` as the MLP reads the stream.
+
+        For an MLP of experts, which has no single map (its router and every expert read its
+        whole input), the identity ``[d_model, d_model]`` and no bias.
+        """
+        if self.W_in is not None:
+            return self.W_in, self.b_in
+        return torch.eye(self.W_Q.shape[1], device=self.W_Q.device), None
+
     def to(self, device: torch.device) -> LayerWeights:
         """The same maps on ``device`` (no copy for those already there)."""
         return LayerWeights(**{f.name: None if getattr(self, f.name) is None

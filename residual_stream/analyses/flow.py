@@ -206,10 +206,8 @@ def read_channels(model, component: str, weights=None):
         for ch, (W, b) in zip("qkv", w.attention_reads(), strict=True):
             yield [f"L{layer}H{h}.{ch}" for h in range(H)], W, b
         return
-    if w.W_in is None:
-        yield [f"L{layer}.mlp.in"], torch.eye(model.anatomy.d_model, device=w.W_Q.device)[None], None
-        return
-    yield [f"L{layer}.mlp.in"], w.W_in[None], None if w.b_in is None else w.b_in[None]
+    W_in, b_in = w.mlp_read()
+    yield [f"L{layer}.mlp.in"], W_in[None], None if b_in is None else b_in[None]
     if w.W_gate is not None:
         yield [f"L{layer}.mlp.gate"], w.W_gate[None], None if w.b_gate is None else w.b_gate[None]
 

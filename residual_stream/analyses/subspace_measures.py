@@ -147,10 +147,8 @@ def read_maps(model, comp, weights, steps: tuple[int, ...]) -> Tensor:
     attention share one row of ``M`` (``steps``: ``map_steps``).
     """
     spec = model.anatomy.norms.get(comp.reads_through) if comp.reads_through else None
-    if comp.kind != "attn":  # an MLP of experts reads its whole input (``flow.read_channels``)
-        W_in = weights.W_in if weights.W_in is not None else torch.eye(model.anatomy.d_model,
-                                                                        device=weights.W_Q.device)
-        return _fold_norm(spec, W_in[None])
+    if comp.kind != "attn":
+        return _fold_norm(spec, weights.mlp_read()[0][None])
     channels = weights.attention_reads()  # queries, keys, values: gains folded in
     return _fold_norm(spec, torch.cat([W[::step] for (W, _), step in zip(channels, steps, strict=True)]))
 
