@@ -1,17 +1,11 @@
-"""Architecture table: how each supported model family maps onto an ``Anatomy``.
+"""From a family's row to an ``Anatomy``: ``describe`` reads a live model's config and modules.
 
-Each family is one ``ArchSpec`` row of *data*: where the layers, embeddings, norms, the
-attention output projection (whose input is the per-head ``z``) and the MLP write live,
-relative to the framework's base model, and how blocks place their norms. ``describe``
-turns a live model into an ``Anatomy`` from its config and modules. A ``model_type``
-missing from the table is refused with ``UnsupportedArchitectureError``: we never analyse
-a model whose stream program we have not written down and verified.
+The rows themselves (``ArchSpec``, one per ``model_type``) are data in ``families``. A
+``model_type`` missing from the table is refused with ``UnsupportedArchitectureError``: we
+never analyse a model whose stream program we have not written down and verified.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -19,218 +13,10 @@ from torch import nn
 from .anatomy import Anatomy, ModulePaths
 from .devices import parameter
 from .errors import UnsupportedArchitectureError
+from .families import ARCHITECTURES, ArchSpec
 from .norms import NormSpec
 from .program import compile_program
 from .tl_compat import wrapped
-
-
-@dataclass(frozen=True)
-class ArchSpec:
-    """One model family as data. Paths are relative to ``model.base_model`` (block paths to a block).
-
-    ``placement``, ``block_norms``, ``qkv_layout`` and ``causal`` may be functions of the
-    config, where a family's options change them (GPT-NeoX's parallel residual).
-    """
-
-    family: str
-    layers: str
-    embeds: Mapping[str, str]
-    block_norms: Mapping[str, str] | Callable[[object], Mapping[str, str]]
-    attn_out: str
-    mlp_out: str
-    placement: str | Callable[[object], str] = "pre"
-    embed_norm: str | None = None
-    final_norm: str | None = None
-    weight_offset: float = 0.0
-    alpha: Callable[[object], float] = field(default=lambda cfg: 1.0)
-    n_ctx_keys: tuple[str, ...] = ("max_position_embeddings",)
-    # read and write maps, relative to a block: separate q/k/v projections, or one fused
-    # projection with its layout ("blocks": [q | k | v], GPT-2, Phi-3, GPTBigCode's one
-    # key/value head; "per_head": [h: q k v], NeoX)
-    qkv: tuple[str, ...] = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
-    qkv_layout: str | Callable[[object], str] = "separate"
-    mlp_in: str = "mlp.up_proj"
-    mlp_gate: str | None = "mlp.gate_proj"
-    mlp_down: str = "mlp.down_proj"
-    # mixture-of-experts MLPs have no single read or write map (mlp_in and mlp_down ""): d_mlp
-    # is the widest hidden layer a token's MLP computes, the largest of these config keys
-    # (one expert's width; Qwen2-MoE's shared expert's)
-    d_mlp_keys: tuple[str, ...] = ()
-    # "gate_up": mlp_in (= mlp_gate) is one projection whose output is [gate | up], the
-    # activation on the first half (Phi-3, ModernBERT)
-    mlp_layout: str = "separate"
-    # a nonlinear transform between the final stream and the unembedding (an MLM head: dense,
-    # activation, LayerNorm), relative to the top model: one module, or modules applied in
-    # turn, "act:NAME" an activation of transformers' ACT2FN; the lens applies it, direct
-    # logit attribution cannot
-    head_transform: str | tuple[str, ...] | None = None
-    # RMSNorms on the queries and keys after their projections (Qwen3, OLMo 2, Gemma 3),
-    # relative to a block: their gains scale each head's W_Q / W_K (``LayerWeights.g_Q``)
-    qk_norms: tuple[str, str] | None = None
-    # False: bidirectional attention, a masked-LM head (BERT; as a decoder, ``is_decoder``, causal)
-    causal: bool | Callable[[object], bool] = True
-    # why a config's variant of the family is not described by this row (None: it is)
-    refuse: Callable[[object], str | None] = field(default=lambda cfg: None)
-
-
-_LLAMA = ArchSpec(
-    family="Llama-style decoder (pre-RMSNorm, rotary)",
-    layers="layers", embeds={"embed": "embed_tokens"}, final_norm="norm",
-    block_norms={"ln_attn_in": "input_layernorm", "ln_mlp_in": "post_attention_layernorm"},
-    attn_out="self_attn.o_proj", mlp_out="mlp",
-)
-_GEMMA = ArchSpec(
-    family="Gemma 2/3 decoder (sandwich RMSNorm with (1+γ), scaled embeddings)",
-    layers="layers", embeds={"embed": "embed_tokens"}, final_norm="norm", placement="sandwich",
-    block_norms={"ln_attn_in": "input_layernorm", "ln_attn_out": "post_attention_layernorm",
-                 "ln_mlp_in": "pre_feedforward_layernorm", "ln_mlp_out": "post_feedforward_layernorm"},
-    attn_out="self_attn.o_proj", mlp_out="mlp", weight_offset=1.0,
-)
-_QK_NORMS = ("self_attn.q_norm", "self_attn.k_norm")
-
-
-def _flag(key: str, variant: str) -> Callable[[object], str | None]:
-    """A ``refuse`` rule: a config with ``key`` set is ``variant``, which no row describes."""
-    return lambda cfg: variant if getattr(cfg, key, False) else None
-
-
-_CROSS = "cross-attention (a third sublayer, with its own norm, reading an encoder)"
-_QK_LAYERNORMS = "LayerNorms on each head's queries and keys (qk_layernorm)"
-_OLMO2 = ArchSpec(
-    family="OLMo 2 decoder (RMSNorm on each write, none on the read)",
-    layers="layers", embeds={"embed": "embed_tokens"}, final_norm="norm", placement="sandwich",
-    block_norms={"ln_attn_out": "post_attention_layernorm", "ln_mlp_out": "post_feedforward_layernorm"},
-    attn_out="self_attn.o_proj", mlp_out="mlp", qk_norms=_QK_NORMS,
-)
-_BERT = ArchSpec(
-    family="BERT encoder (post-LayerNorm, LayerNorm on the embeddings)",
-    layers="encoder.layer", placement="post", embed_norm="embeddings.LayerNorm",
-    embeds={"embed": "embeddings.word_embeddings", "type_embed": "embeddings.token_type_embeddings",
-            "pos_embed": "embeddings.position_embeddings"},
-    block_norms={"ln_resid_attn": "attention.output.LayerNorm", "ln_resid_mlp": "output.LayerNorm"},
-    attn_out="attention.output.dense", mlp_out="output.dense",
-    qkv=("attention.self.query", "attention.self.key", "attention.self.value"),
-    mlp_in="intermediate.dense", mlp_gate=None, mlp_down="output.dense",
-    head_transform="cls.predictions.transform", causal=lambda cfg: bool(cfg.is_decoder),
-    refuse=_flag("add_cross_attention", _CROSS),
-)
-_ROBERTA = replace(_BERT, family="RoBERTa encoder (post-LayerNorm, LayerNorm on the embeddings)",
-                   head_transform=("lm_head.dense", "act:gelu", "lm_head.layer_norm"))
-_PARALLEL_ONE_NORM = "parallel attention and MLP reading one LayerNorm"
-_COHERE = replace(
-    _LLAMA, family=f"Cohere / Command-R decoder ({_PARALLEL_ONE_NORM} without a bias, scaled logits)",
-    placement="parallel", block_norms={"ln_attn_in": "input_layernorm", "ln_mlp_in": "input_layernorm"},
-    refuse=_flag("use_qk_norm", "LayerNorms on each head's queries and keys (use_qk_norm)"))
-_MOE = replace(_LLAMA, family="Mixtral decoder (pre-RMSNorm, mixture-of-experts MLPs)", mlp_in="",
-               mlp_gate=None, mlp_down="", d_mlp_keys=("intermediate_size",))
-ARCHITECTURES: dict[str, ArchSpec] = {
-    "llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA,
-    "smollm3": replace(_LLAMA, family="SmolLM3 decoder (pre-RMSNorm, rotary in 3 layers of 4)"),
-    "gemma": replace(_LLAMA, family="Gemma decoder (pre-RMSNorm with (1+γ), scaled embeddings)",
-                     weight_offset=1.0),
-    "qwen3": replace(_LLAMA, family="Qwen3 decoder (pre-RMSNorm, rotary, RMSNorm on q and k)",
-                     qk_norms=_QK_NORMS),
-    "phi3": replace(_LLAMA, family="Phi-3 decoder (pre-RMSNorm, fused q/k/v and gate/up projections)",
-                    qkv=("self_attn.qkv_proj",), qkv_layout="blocks", mlp_in="mlp.gate_up_proj",
-                    mlp_gate="mlp.gate_up_proj", mlp_layout="gate_up"),
-    "mixtral": _MOE,
-    "qwen2_moe": replace(_MOE, family="Qwen2-MoE decoder (pre-RMSNorm, mixture-of-experts MLPs "
-                         "with a shared expert)",
-                         d_mlp_keys=("moe_intermediate_size", "shared_expert_intermediate_size")),
-    "qwen3_moe": replace(_MOE, family="Qwen3-MoE decoder (pre-RMSNorm, mixture-of-experts MLPs, "
-                         "RMSNorm on q and k)", qk_norms=_QK_NORMS, d_mlp_keys=("moe_intermediate_size",)),
-    "olmoe": replace(_MOE, family="OLMoE decoder (pre-RMSNorm, mixture-of-experts MLPs, RMSNorm "
-                     "on q and k)", qk_norms=_QK_NORMS),
-    "gpt_oss": replace(_MOE, family="gpt-oss decoder (pre-RMSNorm, mixture-of-experts MLPs, "
-                       "attention sinks)"),
-    "gemma2": _GEMMA,
-    "gemma3_text": replace(_GEMMA, family="Gemma 3 decoder (sandwich RMSNorm with (1+γ), scaled "
-                           "embeddings, RMSNorm on q and k)", qk_norms=_QK_NORMS),
-    "olmo2": _OLMO2,
-    "olmo3": replace(_OLMO2, family="OLMo 3 decoder (RMSNorm on each write, none on the read)"),
-    "gpt2": ArchSpec(
-        family="GPT-2 decoder (pre-LayerNorm, learned positions)",
-        layers="h", embeds={"embed": "wte", "pos_embed": "wpe"}, final_norm="ln_f",
-        block_norms={"ln_attn_in": "ln_1", "ln_mlp_in": "ln_2"},
-        attn_out="attn.c_proj", mlp_out="mlp", n_ctx_keys=("n_positions",),
-        qkv=("attn.c_attn",), qkv_layout="blocks", mlp_in="mlp.c_fc", mlp_gate=None,
-        mlp_down="mlp.c_proj", refuse=_flag("add_cross_attention", _CROSS),
-    ),
-    "gpt_bigcode": ArchSpec(
-        family="GPTBigCode / StarCoder decoder (pre-LayerNorm, learned positions, one key/value head)",
-        layers="h", embeds={"embed": "wte", "pos_embed": "wpe"}, final_norm="ln_f",
-        block_norms={"ln_attn_in": "ln_1", "ln_mlp_in": "ln_2"},
-        attn_out="attn.c_proj", mlp_out="mlp", n_ctx_keys=("n_positions",), qkv=("attn.c_attn",),
-        # one key/value head: [q | k | v]; a head of each (multi_query=False): [h: q k v]
-        qkv_layout=lambda cfg: "blocks" if cfg.multi_query else "per_head", mlp_in="mlp.c_fc", mlp_gate=None,
-        mlp_down="mlp.c_proj", refuse=_flag("add_cross_attention", _CROSS),
-    ),
-    "starcoder2": replace(_LLAMA, family="StarCoder2 decoder (pre-LayerNorm, rotary)",
-                          mlp_in="mlp.c_fc", mlp_gate=None, mlp_down="mlp.c_proj"),
-    "stablelm": replace(
-        _LLAMA, family="StableLM decoder (pre-LayerNorm, rotary; parallel where configured)",
-        placement=lambda cfg: "parallel" if cfg.use_parallel_residual else "pre",
-        block_norms=lambda cfg: {"ln_attn_in": "input_layernorm", "ln_mlp_in": (
-            "input_layernorm" if cfg.use_parallel_residual else "post_attention_layernorm")},
-        refuse=_flag("qk_layernorm", _QK_LAYERNORMS),
-    ),
-    "gpt_neox": ArchSpec(
-        family="GPT-NeoX / Pythia decoder (parallel attention and MLP, LayerNorm)",
-        layers="layers", embeds={"embed": "embed_in"}, final_norm="final_layer_norm",
-        block_norms={"ln_attn_in": "input_layernorm", "ln_mlp_in": "post_attention_layernorm"},
-        attn_out="attention.dense", mlp_out="mlp",
-        placement=lambda cfg: "parallel" if cfg.use_parallel_residual else "pre",
-        qkv=("attention.query_key_value",), qkv_layout="per_head", mlp_in="mlp.dense_h_to_4h",
-        mlp_gate=None, mlp_down="mlp.dense_4h_to_h",
-    ),
-    "gptj": ArchSpec(
-        family=f"GPT-J decoder ({_PARALLEL_ONE_NORM}, rotary)",
-        layers="h", embeds={"embed": "wte"}, final_norm="ln_f", placement="parallel",
-        block_norms={"ln_attn_in": "ln_1", "ln_mlp_in": "ln_1"},
-        attn_out="attn.out_proj", mlp_out="mlp", n_ctx_keys=("n_positions",),
-        qkv=("attn.q_proj", "attn.k_proj", "attn.v_proj"), mlp_in="mlp.fc_in", mlp_gate=None,
-        mlp_down="mlp.fc_out",
-    ),
-    "phi": ArchSpec(
-        family=f"Phi-1/2 decoder ({_PARALLEL_ONE_NORM}, partial rotary)",
-        layers="layers", embeds={"embed": "embed_tokens"}, final_norm="final_layernorm",
-        placement="parallel", block_norms={"ln_attn_in": "input_layernorm", "ln_mlp_in": "input_layernorm"},
-        attn_out="self_attn.dense", mlp_out="mlp", mlp_in="mlp.fc1", mlp_gate=None, mlp_down="mlp.fc2",
-        refuse=_flag("qk_layernorm", _QK_LAYERNORMS),
-    ),
-    "cohere": _COHERE, "cohere2": replace(_COHERE, family=_COHERE.family.replace("Cohere", "Cohere 2")),
-    "bert": _BERT,
-    "roberta": _ROBERTA, "xlm-roberta": _ROBERTA, "camembert": _ROBERTA,
-    "distilbert": ArchSpec(
-        family="DistilBERT encoder (post-LayerNorm, LayerNorm on the embeddings)",
-        layers="transformer.layer", placement="post", embed_norm="embeddings.LayerNorm",
-        embeds={"embed": "embeddings.word_embeddings", "pos_embed": "embeddings.position_embeddings"},
-        block_norms={"ln_resid_attn": "sa_layer_norm", "ln_resid_mlp": "output_layer_norm"},
-        attn_out="attention.out_lin", mlp_out="ffn",
-        qkv=("attention.q_lin", "attention.k_lin", "attention.v_lin"),
-        mlp_in="ffn.lin1", mlp_gate=None, mlp_down="ffn.lin2",
-        head_transform=("vocab_transform", "activation", "vocab_layer_norm"), causal=False,
-    ),
-    "modernbert": ArchSpec(
-        family="ModernBERT encoder (pre-LayerNorm, none before block 0's attention, fused projections)",
-        layers="layers", embeds={"embed": "embeddings.tok_embeddings"}, embed_norm="embeddings.norm",
-        final_norm="final_norm", block_norms={"ln_attn_in": "attn_norm", "ln_mlp_in": "mlp_norm"},
-        attn_out="attn.Wo", mlp_out="mlp", qkv=("attn.Wqkv",), qkv_layout="blocks",
-        mlp_in="mlp.Wi", mlp_gate="mlp.Wi", mlp_layout="gate_up", mlp_down="mlp.Wo",
-        head_transform="head", causal=False,
-    ),
-    "rs-twin": ArchSpec(
-        family="residual-stream twin (any norm, any placement)",
-        layers="blocks", embeds={"embed": "embed", "pos_embed": "pos_embed"},
-        final_norm="ln_final",
-        block_norms={r: r for r in ("ln_attn_in", "ln_mlp_in", "ln_attn_out", "ln_mlp_out",
-                                    "ln_resid_attn", "ln_resid_mlp")},
-        attn_out="attn.o_proj", mlp_out="mlp", placement=lambda cfg: cfg.placement,
-        alpha=lambda cfg: cfg.deepnorm_alpha, n_ctx_keys=("n_ctx",),
-        qkv=("attn.q_proj", "attn.k_proj", "attn.v_proj"), mlp_in="mlp.fc_in", mlp_gate="mlp.gate",
-        mlp_down="mlp.fc_out",
-    ),
-}
 
 
 def supported_architectures() -> list[str]:
@@ -244,7 +30,7 @@ def _spec_for(config: object) -> ArchSpec:
         raise UnsupportedArchitectureError(
             f"architecture {model_type!r} is not supported: its stream program has not been "
             f"written down and verified. Supported: {', '.join(supported_architectures())}. "
-            "To add one, describe it as an ArchSpec in residual_stream/architectures.py and add "
+            "To add one, describe it as an ArchSpec in residual_stream/families.py and add "
             "a conservation test."
         )
     spec = ARCHITECTURES[model_type]
@@ -253,7 +39,7 @@ def _spec_for(config: object) -> ArchSpec:
         raise UnsupportedArchitectureError(
             f"this {model_type} model has {variant}, a variant of the family whose stream program "
             "has not been written down and verified; load a checkpoint without it, or describe "
-            "it in residual_stream/architectures.py and add a conservation test")
+            "it in residual_stream/families.py and add a conservation test")
     return spec
 
 
