@@ -84,6 +84,7 @@ class Anatomy:
     sequence the model accepts. ``lm_head_note`` says why logits are unavailable when
     ``has_lm_head`` is False. ``causal``: each position attends only to earlier ones, and an
     LM head predicts the next token (False for BERT: bidirectional, a masked-LM head).
+    ``logit_scale``: what the model multiplies its logits by (None: nothing).
     """
 
     architecture: str
@@ -106,6 +107,7 @@ class Anatomy:
     alpha: float = 1.0
     has_attn_bias: bool = False
     causal: bool = True
+    logit_scale: float | None = None
     components: tuple[Component, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -177,7 +179,8 @@ class Anatomy:
 
     def describe_program(self) -> str:
         """The stream program as text, one operation per line."""
-        return describe_program(self.program)
+        return describe_program(self.program, {n: float(s.weight[0]) for n, s in self.norms.items()
+                                                if s.constant})
 
     def summary(self) -> dict[str, object]:
         """The headline facts as a flat dict (one row of ``list_models`` / the app's table)."""

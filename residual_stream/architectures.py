@@ -70,6 +70,16 @@ def _norm_spec(name: str, module: nn.Module, path: str, offset: float) -> NormSp
                     view(parameter(module, "bias")), offset, path)
 
 
+def _multiplier(name: str, c: float, d_model: int, owner: nn.Module) -> NormSpec:
+    """A constant multiplier ``c`` as a norm (kind ``"multiplier"``) on ``owner``'s device.
+
+    Held in float64: cast to a tensor's dtype, it is the value the model's ``x * c`` multiplies by.
+    """
+    device = next((p.device for p in owner.parameters() if p.device.type != "meta"), torch.device("cpu"))
+    return NormSpec(name, "multiplier", 0.0,
+                    torch.full((d_model,), float(c), dtype=torch.float64, device=device), None)
+
+
 def _in_out(module: nn.Module) -> tuple[int, int]:
     """(in, out) features of a Linear or GPT-2 Conv1D."""
     w = module.weight
@@ -108,6 +118,10 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
             if _has(base, path):
                 norms[f"L{L}.{role}"] = _norm_spec(
                     f"L{L}.{role}", base.get_submodule(path), full(path), spec.weight_offset)
+    for role, c in spec.multipliers(config).items():
+        for name, owner in ([(role, spec.embeds["embed"])] if role == "ln_embed" else
+                            [(f"L{L}.{role}", f"{spec.layers}.{L}") for L in range(n_layers)]):
+            norms[name] = _multiplier(name, c, int(config.hidden_size), base.get_submodule(owner))
 
     embeds = tuple(k for k, p in spec.embeds.items() if _has(base, p))
     alpha = float(spec.alpha(config))
@@ -122,7 +136,7 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
     z_dim, _ = _in_out(attn0)
     return Anatomy(
         architecture=config.model_type, placement=placement,
-        norm_kind=next((n.kind for n in norms.values()), "none"),
+        norm_kind=next((n.kind for n in norms.values() if not n.constant), "none"),
         n_layers=n_layers, d_model=d_model, n_heads=n_heads,
         n_kv_heads=int(getattr(config, "num_key_value_heads", None) or n_heads),
         d_head=z_dim // n_heads, d_mlp=0 if not has_mlp else max(
@@ -135,7 +149,7 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
             embeds={k: full(spec.embeds[k]) for k in embeds},
             attn_out=tuple(full(f"{p}.{spec.attn_out}") for p in layer_paths),
             mlp_out=tuple(full(f"{p}.{spec.mlp_out}") for p in layer_paths) if has_mlp else (),
-            norms={k: v.module_path for k, v in norms.items()},
+            norms={k: v.module_path for k, v in norms.items() if not v.constant},
             lm_head=_head_transform(model, spec.head_transform) if has_lm_head else None,
             qkv=spec.qkv, qkv_layout=_read(spec.qkv_layout, config),
             mlp_in=spec.mlp_in if has_mlp else "", mlp_down=spec.mlp_down if has_mlp else "",
@@ -148,7 +162,7 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
         ),
         has_lm_head=has_lm_head, lm_head_note=lm_head_note, alpha=alpha,
         has_attn_bias=getattr(attn0, "bias", None) is not None,
-        causal=_read(spec.causal, config),
+        causal=_read(spec.causal, config), logit_scale=spec.logit_scale(config),
     )
 
 

@@ -84,6 +84,9 @@ def hooked(
     handles: list[torch.utils.hooks.RemovableHandle] = []
     with model_lock(model):  # one pass's hooks at a time (``model_lock``)
         try:
+            for name, norm in anatomy.norms.items():  # a multiplier's scale is 1, before any hook
+                if norm.constant and (scales is None or name in scales or verify):
+                    out.norm_scale[name] = torch.ones(shape, device=home or norm.weight.device)
             named = dict(model.named_modules())  # one walk; get_submodule per hook costs ~4x more
             for path, fn, is_pre in _hook_plan(anatomy, out, shape, verify, home, heads, dtype, scales):
                 module = named[path] if path in named else model.get_submodule(path)

@@ -162,6 +162,8 @@ def check_conservation(trace: Trace, *, tolerance: float | None = None) -> Conse
     rec.compare("hidden_states", last, final if wide else final_stream(walk_stream(trace, cap)), refs[n])
     _replay_hooks(trace, cap, rec)
     for name, spec in anatomy.norms.items():
+        if spec.constant:  # a multiplier has no module; the hidden states check it
+            continue
         module = model.module.get_submodule(spec.module_path)
         with torch.inference_mode(), model_lock(model.module):  # not inside another's hooked pass
             expected = module(cap.norm_in[name].to(model.dtype))
@@ -187,15 +189,13 @@ def _replay_hooks(trace: Trace, cap, rec: _Recorder) -> None:
     """
     for step in walk_stream(trace, cap, reset="norms"):
         op = step.op
-        if isinstance(op, Read) and op.norm is not None:
+        if isinstance(op, (Read, Norm)) and op.norm in cap.norm_in:  # (a multiplier has no input)
             rec.compare("hook", f"{op.norm} input", step.x, cap.norm_in[op.norm])
         elif isinstance(op, Add):
             layer, kind = component_of(op.component)
             if kind == "attn" and cap.attn_out:
                 rec.compare("hook", f"{op.component} heads sum", step.write, cap.attn_out[layer])
-            if op.via is not None:
+            if op.via in cap.norm_in:  # a write norm's module input (a multiplier has none)
                 rec.compare("hook", f"{op.via} input", step.write, cap.norm_in[op.via])
-        elif isinstance(op, Norm):
-            rec.compare("hook", f"{op.norm} input", step.x, cap.norm_in[op.norm])
         elif isinstance(op, Mark) and op.point != "final":
             rec.compare("hook", f"resid_pre {op.point}", step.x, cap.resid[op.point])

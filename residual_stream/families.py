@@ -60,6 +60,11 @@ class ArchSpec:
     causal: bool | Callable[[object], bool] = True
     # why a config's variant of the family is not described by this row (None: it is)
     refuse: Callable[[object], str | None] = field(default=lambda cfg: None)
+    # constant multipliers by norm role (Granite's): each is a norm of kind "multiplier",
+    # "ln_embed" on the embeddings' sum, "ln_attn_out" / "ln_mlp_out" on every block's writes
+    multipliers: Callable[[object], Mapping[str, float]] = field(default=lambda cfg: {})
+    # what the model multiplies its logits by (Cohere's logit_scale, Granite's 1 / logits_scaling)
+    logit_scale: Callable[[object], float | None] = field(default=lambda cfg: None)
 
 
 _LLAMA = ArchSpec(
@@ -109,9 +114,20 @@ _PARALLEL_ONE_NORM = "parallel attention and MLP reading one LayerNorm"
 _COHERE = replace(
     _LLAMA, family=f"Cohere / Command-R decoder ({_PARALLEL_ONE_NORM} without a bias, scaled logits)",
     placement="parallel", block_norms={"ln_attn_in": "input_layernorm", "ln_mlp_in": "input_layernorm"},
-    refuse=_flag("use_qk_norm", "LayerNorms on each head's queries and keys (use_qk_norm)"))
+    refuse=_flag("use_qk_norm", "LayerNorms on each head's queries and keys (use_qk_norm)"),
+    logit_scale=lambda cfg: cfg.logit_scale)
 _MOE = replace(_LLAMA, family="Mixtral decoder (pre-RMSNorm, mixture-of-experts MLPs)", mlp_in="",
                mlp_gate=None, mlp_down="", d_mlp_keys=("intermediate_size",))
+_GRANITE = replace(
+    _LLAMA, family="Granite decoder (pre-RMSNorm; embedding, write and logit multipliers)",
+    multipliers=lambda cfg: {"ln_embed": cfg.embedding_multiplier, "ln_attn_out": cfg.residual_multiplier,
+                             "ln_mlp_out": cfg.residual_multiplier},
+    logit_scale=lambda cfg: 1.0 / cfg.logits_scaling)
+_GRANITE_MOE = replace(_GRANITE, family="Granite MoE decoder (pre-RMSNorm, mixture-of-experts MLPs; "
+                       "embedding, write and logit multipliers)", mlp_out="block_sparse_moe", mlp_in="",
+                       mlp_gate=None, mlp_down="", d_mlp_keys=("intermediate_size",),
+                       refuse=_flag("shared_intermediate_size", "a shared MLP beside the experts (its "
+                                    "output and theirs are summed into one write by the block)"))
 ARCHITECTURES: dict[str, ArchSpec] = {
     "llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA,
     "smollm3": replace(_LLAMA, family="SmolLM3 decoder (pre-RMSNorm, rotary in 3 layers of 4)"),
@@ -132,6 +148,13 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                      "on q and k)", qk_norms=_QK_NORMS),
     "gpt_oss": replace(_MOE, family="gpt-oss decoder (pre-RMSNorm, mixture-of-experts MLPs, "
                        "attention sinks)"),
+    "granite": _GRANITE,
+    "granite_swa": replace(_GRANITE, family="Granite SWA decoder (pre-RMSNorm, sliding windows, "
+                           "attention sinks; embedding, write and logit multipliers)"),
+    "granitemoe": _GRANITE_MOE,
+    "granitemoe_swa": replace(_GRANITE_MOE, family="Granite MoE SWA decoder (pre-RMSNorm, "
+                              "mixture-of-experts MLPs, sliding windows, attention sinks; embedding, "
+                              "write and logit multipliers)"),
     "gemma2": _GEMMA,
     "gemma3_text": replace(_GEMMA, family="Gemma 3 decoder (sandwich RMSNorm with (1+γ), scaled "
                            "embeddings, RMSNorm on q and k)", qk_norms=_QK_NORMS),

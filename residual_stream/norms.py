@@ -5,7 +5,10 @@ For one token with the scale ``s`` that the forward pass computed,
     LayerNorm: N(z) = γ ⊙ C z / s + β,   C = I − 11ᵀ/d,   s = sqrt(var(z) + ε)
     RMSNorm:   N(z) = γ ⊙ z / s,                         s = sqrt(mean(z²) + ε)
 
-(Gemma's RMSNorm multiplies by ``1 + γ``: ``weight_offset = 1``). With ``s`` frozen, ``N`` is
+(Gemma's RMSNorm multiplies by ``1 + γ``: ``weight_offset = 1``). A constant multiplier that a
+model applies to the whole stream or to a write (Granite's embedding and residual multipliers)
+is the degenerate case ``N(z) = γ ⊙ z`` with ``γ = c`` and ``s ≡ 1``: kind ``"multiplier"``,
+placed in the stream program like any norm, with no module behind it. With ``s`` frozen, ``N`` is
 affine, so it maps a sum of contributions to the sum of the mapped contributions plus ``β``.
 That is what lets one replay engine decompose the stream under any norm placement.
 
@@ -36,8 +39,8 @@ def _scale(x: Tensor, eps: float, centered: bool) -> Tensor:
     return torch.sqrt(torch.linalg.vector_norm(x, dim=-1, dtype=acc).square() / x.shape[-1] + eps)
 
 
-NormKind = Literal["layernorm", "rmsnorm"]
-NORM_KINDS: tuple[str, ...] = ("layernorm", "rmsnorm")
+NormKind = Literal["layernorm", "rmsnorm", "multiplier"]
+NORM_KINDS: tuple[str, ...] = ("layernorm", "rmsnorm", "multiplier")
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,13 +49,15 @@ class NormSpec:
 
     Attributes:
         name: Role name, e.g. ``"L3.ln_attn_in"`` or ``"ln_final"``.
-        kind: ``"layernorm"`` (re-centers and re-scales) or ``"rmsnorm"`` (re-scales only).
+        kind: ``"layernorm"`` (re-centers and re-scales), ``"rmsnorm"`` (re-scales only) or
+            ``"multiplier"`` (a constant: ``weight`` holds it, the scale is 1, no module).
         eps: The ε added to the variance / mean square.
         weight: Gain γ, shape ``[d_model]``, or None for no gain. A detached view of the
             module's parameter (not a copy), so edits to the model stay visible.
         bias: Bias β, shape ``[d_model]``, or None (also a view).
         weight_offset: Added to γ before use (1.0 for Gemma's ``(1 + γ)``).
-        module_path: Where the module lives in the framework model (for hooks).
+        module_path: Where the module lives in the framework model (for hooks); "" for a
+            multiplier.
     """
 
     name: str
@@ -77,11 +82,19 @@ class NormSpec:
         w = self.weight.to(like.device, like.dtype)  # no copy when it is already there
         return w + self.weight_offset if self.weight_offset else w
 
+    @property
+    def constant(self) -> bool:
+        """A constant multiplier: no module to hook, its scale 1 for every token."""
+        return self.kind == "multiplier"
+
     def scale(self, x: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch"]:
         """The per-token scale ``s`` the norm divides by, in float32 (float64 stays float64).
 
-        One fused kernel on a GPU (every norm's hook computes it inside the forward pass).
+        One fused kernel on a GPU (every norm's hook computes it inside the forward pass); ones
+        for a multiplier.
         """
+        if self.constant:
+            return torch.ones(x.shape[:-1], dtype=acc_dtype(x), device=x.device)
         return _scale(x, float(self.eps), self.kind == "layernorm")
 
     def apply_linear(

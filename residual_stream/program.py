@@ -19,10 +19,14 @@ Placements differ only in their block template (data below), so one replay engin
     post      x ← N(x + F(x))                    every block renormalizes the whole stream
     sandwich  x ← x + N_out(F(N_in(x)))          Gemma 2/3, OLMo 2 (which has no N_in)
     deepnorm  x ← N(α·x + F(x))                  Wang et al. 2022
+
+A constant multiplier on each write (Granite's ``x ← x + m·F(N(x))``) is a pre-norm block
+whose writes are added through a ``"multiplier"`` norm in the write roles (``norms``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -78,13 +82,14 @@ class Mark:
 Op = Embed | Read | Add | Norm | Scale | Mark
 
 # Block templates, one per placement. Norm roles are resolved per layer ("ln_attn_in" ->
-# "L3.ln_attn_in"); a role the model lacks (norm="none", OLMo 2's missing input norm) drops out:
+# "L3.ln_attn_in"); a role the model lacks (norm="none", OLMo 2's missing input norm, a pre-norm
+# block's write roles, which only a model with write multipliers fills) drops out:
 # a Read through it becomes a raw read, a Norm or an Add's ``via`` through it disappears.
 BLOCK_TEMPLATES: dict[str, tuple[tuple, ...]] = {
-    "pre": (("read", "attn", "ln_attn_in"), ("add", "attn", None),
-            ("read", "mlp", "ln_mlp_in"), ("add", "mlp", None)),
+    "pre": (("read", "attn", "ln_attn_in"), ("add", "attn", "ln_attn_out"),
+            ("read", "mlp", "ln_mlp_in"), ("add", "mlp", "ln_mlp_out")),
     "parallel": (("read", "attn", "ln_attn_in"), ("read", "mlp", "ln_mlp_in"),
-                 ("add", "attn", None), ("add", "mlp", None)),
+                 ("add", "attn", "ln_attn_out"), ("add", "mlp", "ln_mlp_out")),
     "post": (("read", "attn", None), ("add", "attn", None), ("norm", "ln_resid_attn"),
              ("read", "mlp", None), ("add", "mlp", None), ("norm", "ln_resid_mlp")),
     "sandwich": (("read", "attn", "ln_attn_in"), ("add", "attn", "ln_attn_out"),
@@ -93,13 +98,6 @@ BLOCK_TEMPLATES: dict[str, tuple[tuple, ...]] = {
                  ("norm", "ln_resid_attn"), ("read", "mlp", None), ("scale",),
                  ("add", "mlp", None), ("norm", "ln_resid_mlp")),
 }
-
-# Norm roles each placement expects in every block (used to validate an anatomy).
-BLOCK_NORM_ROLES: dict[str, tuple[str, ...]] = {
-    p: tuple(dict.fromkeys(s[-1] for s in t if s[0] in ("read", "add", "norm") and s[-1]))
-    for p, t in BLOCK_TEMPLATES.items()
-}
-
 
 def compile_block(placement: str, layer: int, norms: set[str], *, alpha: float = 1.0,
                   sublayers: tuple[str, ...] = ("attn", "mlp")) -> list[Op]:
@@ -153,8 +151,12 @@ def compile_program(
     return tuple(ops)
 
 
-def describe(program: tuple[Op, ...]) -> str:
-    """A one-line-per-op text rendering of a program (for docs, the CLI and the app)."""
+def describe(program: tuple[Op, ...], constants: Mapping[str, float] | None = None) -> str:
+    """A one-line-per-op text rendering of a program (for docs, the CLI and the app).
+
+    ``constants``: the norms that are constant multipliers, by name, shown as their value.
+    """
+    constants = constants or {}
     lines = []
     for op in program:
         if isinstance(op, Embed):
@@ -162,10 +164,11 @@ def describe(program: tuple[Op, ...]) -> str:
         elif isinstance(op, Read):
             lines.append(f"{op.component} reads {op.norm + '(x)' if op.norm else 'x'}")
         elif isinstance(op, Add):
-            w = f"{op.via}({op.component})" if op.via else op.component
+            w = f"{constants[op.via]:.4g}·{op.component}" if op.via in constants else \
+                f"{op.via}({op.component})" if op.via else op.component
             lines.append(f"x += {w}")
         elif isinstance(op, Norm):
-            lines.append(f"x = {op.norm}(x)")
+            lines.append(f"x = {constants[op.norm]:.4g}·x" if op.norm in constants else f"x = {op.norm}(x)")
         elif isinstance(op, Scale):
             lines.append(f"x = {op.alpha:.4g}·x")
         else:

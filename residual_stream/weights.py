@@ -219,7 +219,8 @@ class Unembed:
 
     ``transform`` is a module applied before ``W_U`` (BERT's MLM head: dense, GELU,
     LayerNorm); when it is set the map is not linear, so direct logit attribution is not
-    defined. ``scale`` is Cohere's ``logit_scale`` (logits multiplied by it); ``softcap`` is
+    defined. ``scale`` multiplies the logits (``Anatomy.logit_scale``: Cohere's ``logit_scale``,
+    Granite's ``1 / logits_scaling``); ``softcap`` is
     Gemma 2's ``final_logit_softcapping`` (``c · tanh(logits / c)``).
     """
 
@@ -284,4 +285,4 @@ def unembedding(model: nn.Module, anatomy, *, native: bool = False) -> Unembed:
         transform = steps[0] if len(steps) == 1 else nn.Sequential(*steps)
     config = getattr(model, "config", None)
     return Unembed(as_in_out(head, native=native), bias, transform,
-                   getattr(config, "final_logit_softcapping", None), getattr(config, "logit_scale", None))
+                   getattr(config, "final_logit_softcapping", None), anatomy.logit_scale)

@@ -44,6 +44,8 @@ def _hook_all(model, anatomy, cap, ablate: str):
             lambda m, a, y, v=value, on=(ablate == f"L{L}.mlp"):
             _as_output(y, torch.zeros_like(v) if on else v)))
     for name, spec in anatomy.norms.items():
+        if spec.constant:  # a multiplier (Granite's): the model's own code applies it
+            continue
         scale = cap.norm_scale[name].double()
         off = ablate == f"{name}.bias"
         handles.append(model.get_submodule(spec.module_path).register_forward_hook(

@@ -210,11 +210,16 @@ def test_unsupported_architecture_is_named():
     (lambda: tf.CohereForCausalLM(tf.CohereConfig(vocab_size=257, hidden_size=32, num_hidden_layers=1,
                                                   num_attention_heads=4, use_qk_norm=True,
                                                   pad_token_id=None)), "use_qk_norm"),
+    (lambda: tf.GraniteMoeSWAForCausalLM(tf.GraniteMoeSWAConfig(
+        vocab_size=257, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_local_experts=2,
+        num_experts_per_tok=1, intermediate_size=16, shared_intermediate_size=16, bos_token_id=1,
+        eos_token_id=2)), "shared MLP"),
 ])
 def test_a_variant_of_a_supported_family_that_no_row_describes_is_refused(build_variant, variant):
-    """Phi's and StableLM's optional LayerNorms on each head's queries and keys, and a BERT or GPT-2
-    decoder's cross-attention (a third sublayer with its own LayerNorm), change the stream
-    program or the read maps; such a model is refused by what it has, not analysed as its
+    """Phi's and StableLM's optional LayerNorms on each head's queries and keys, a BERT or GPT-2
+    decoder's cross-attention (a third sublayer with its own LayerNorm), and a Granite MoE
+    block's shared MLP beside its experts (two modules' outputs summed into one write) change
+    the stream program or the read maps; such a model is refused by what it has, not analysed as its
     family's plain form. Reference: the same family without the option loads (conservation)."""
     torch.manual_seed(0)
     module = build_variant()

@@ -114,10 +114,12 @@ def test_available_memory_is_the_systems():
     ("gpt_oss", lambda mlp: mlp.experts.down_proj.shape[1]),           # [expert, hidden, d_model]
     ("qwen2_moe", lambda mlp: max(mlp.experts.down_proj.shape[-1],     # its shared expert, wider
                                   mlp.shared_expert.down_proj.in_features)),
+    ("granitemoe", lambda mlp: mlp.experts.down_proj.shape[-1]),
 ])
 def test_the_mlp_width_of_experts_is_the_widest_hidden_layer(name, widest):
     """An MLP of experts has no single map to read ``d_mlp`` from (it feeds ``pass_bytes``): it
     is the widest hidden layer a token's MLP computes, read here from the module's weights."""
     module = build(name)
     model = rs.load(module, tokenizer=ByteTokenizer())
-    assert model.anatomy.d_mlp == widest(module.model.layers[0].mlp) > 0
+    block = module.model.layers[0]
+    assert model.anatomy.d_mlp == widest(getattr(block, "mlp", None) or block.block_sparse_moe) > 0

@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import TEXTS, hooks_of, metric_failing_after_clean
 from test_patching import CORRUPT, _diff, _setup
-from tiny_hf import build
+from tiny_hf import GRANITE, build
 
 import residual_stream as rs
 from residual_stream.errors import InputError, NotAvailableError, UnknownNameError
@@ -21,8 +21,9 @@ from residual_stream.inputs import ByteTokenizer
 ATOL = 2e-6  # float32 logits (~1e-7 apart): the library's hooks add a difference, the test's replace
 # the output, and runs stacked in one pass round as their own batch
 D_HEAD, HEADS, KV = 16, 4, {"llama": 2, "gemma2": 2, "olmo2": 2, "phi3": 2, "gpt_bigcode": 1, "mixtral": 2,
-                                 "gpt_oss": 2}
+                                 "gpt_oss": 2, "granite": 2, "granitemoe": 2}
 ALPHA = 6 ** 0.25  # DeepNorm's α = (2N)^¼ for the twin's 3 blocks
+EMBED_M, WRITE_M = GRANITE["embedding_multiplier"], GRANITE["residual_multiplier"]  # Granite's
 
 # Per family: blocks, each write's module ("o": the output projection, whose input is z),
 # whether its weight is a Conv1D's [in, out], what each component reads the stream through
@@ -75,6 +76,15 @@ FAMILIES = {
     "gptj": dict(blocks="transformer.h", o="attn.out_proj", mlp="mlp", conv=False,  # one norm, both read
                  read={"attn": "ln_1", "mlp": "ln_1"}, qkv=("attn.q_proj", "attn.k_proj", "attn.v_proj"),
                  mlp_in=("mlp.fc_in",), final="transformer.ln_f", layout="separate"),
+    "granite": dict(blocks="model.layers", o="self_attn.o_proj", mlp="mlp", conv=False,  # multipliers
+                    read={"attn": "input_layernorm", "mlp": "post_attention_layernorm"},
+                    qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                    mlp_in=("mlp.gate_proj", "mlp.up_proj"), final="model.norm", layout="separate",
+                    embed="model.embed_tokens"),
+    "granitemoe": dict(blocks="model.layers", o="self_attn.o_proj", mlp="block_sparse_moe", conv=False,
+                       read={"attn": "input_layernorm", "mlp": "post_attention_layernorm"},
+                       qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                       mlp_in=("block_sparse_moe",), final="model.norm", layout="separate"),
     "twin_deepnorm": dict(blocks="blocks", o="attn.o_proj", mlp="mlp", conv=False,
                           read={"attn": None, "mlp": "mlp"}, raw_mlp=True,
                           qkv=("attn.q_proj", "attn.k_proj", "attn.v_proj"), mlp_in=("mlp.fc_in",),
@@ -126,6 +136,12 @@ CASES = [
     ("gpt_oss", ["L0.mlp"], ("L2.mlp", "L1H3.k"), []),
     ("gptj", ["L0H1"], "L1.mlp", []),
     ("gptj", ["L0.mlp"], "L1H2.q", []),
+    ("granite", ["L0H1"], "L1H2.q", [WRITE_M]),     # each write is added times the multiplier
+    ("granite", ["embed"], "L0H1.v", [EMBED_M]),    # the embeddings' sum times its own
+    ("granite", ["L0.mlp"], "logits", [WRITE_M]),   # (the model divides the logits itself)
+    ("granite", ["L0H0", "L0.mlp"], ("L1.mlp", "L2H3.k"), [WRITE_M]),
+    ("granitemoe", ["L0.mlp"], ("L1.mlp", "L1H2.q"), [WRITE_M]),
+    ("granitemoe", ["L1H2"], "L2.mlp", [WRITE_M]),
     ("twin_deepnorm", ["L0.attn"], "L1.attn", ["blocks.0.ln_resid_attn", ALPHA, "blocks.0.ln_resid_mlp"]),
     ("twin_deepnorm", ["L0H2"], "L0.mlp", ["blocks.0.ln_resid_attn"]),
     ("twin_deepnorm", ["L1.mlp"], "L2H1.k", ["blocks.1.ln_resid_mlp"]),

@@ -6,6 +6,8 @@ import torch
 import transformers as tf
 
 COMMON = dict(vocab_size=257, hidden_size=64, num_hidden_layers=3, num_attention_heads=4)
+GRANITE = dict(embedding_multiplier=3.0, residual_multiplier=0.4, attention_multiplier=0.3,
+               logits_scaling=2.5, bos_token_id=1, eos_token_id=2)
 
 
 def _llama_like(cls_cfg, cls_model, **extra):
@@ -30,7 +32,7 @@ def _random_biases(build):
 
 
 def _sinks(model):
-    """gpt-oss with its attention sinks drawn at random (they start at 0)."""
+    """A model's attention sinks (gpt-oss, Granite SWA) drawn at random (they start at 0)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("sinks"):
@@ -69,6 +71,10 @@ BUILDERS = {
     "cohere": _llama_like(tf.CohereConfig, tf.CohereForCausalLM, pad_token_id=None, logit_scale=0.25),
     "cohere2": _llama_like(tf.Cohere2Config, tf.Cohere2ForCausalLM, pad_token_id=None, logit_scale=0.25,
                            sliding_window=4),
+    # Granite: embedding, residual (every write), attention and logit multipliers
+    "granite": _llama_like(tf.GraniteConfig, tf.GraniteForCausalLM, **GRANITE),
+    "granite_swa": lambda: _sinks(_llama_like(tf.GraniteSWAConfig, tf.GraniteSWAForCausalLM, **GRANITE,
+                                              sliding_window=4, head_dim=16)()),
     # mixture-of-experts MLPs (4 experts, 2 a token; Qwen2-MoE with a shared expert)
     "mixtral": _llama_like(tf.MixtralConfig, tf.MixtralForCausalLM, num_local_experts=4),
     "qwen2_moe": _random_biases(_llama_like(tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM, num_experts=4,
@@ -77,6 +83,11 @@ BUILDERS = {
     "qwen3_moe": _llama_like(tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM, num_experts=4, num_experts_per_tok=2,
                              head_dim=16, moe_intermediate_size=48),
     "olmoe": _llama_like(tf.OlmoeConfig, tf.OlmoeForCausalLM, num_experts=4, num_experts_per_tok=2),
+    "granitemoe": _llama_like(tf.GraniteMoeConfig, tf.GraniteMoeForCausalLM, **GRANITE, num_local_experts=4,
+                              num_experts_per_tok=2),
+    "granitemoe_swa": lambda: _sinks(_llama_like(
+        tf.GraniteMoeSWAConfig, tf.GraniteMoeSWAForCausalLM, **GRANITE, num_local_experts=4,
+        num_experts_per_tok=2, sliding_window=4, head_dim=16)()),
     "gpt_oss": lambda: _sinks(tf.GptOssForCausalLM(tf.GptOssConfig(  # its MLP returns (write, scores)
         **COMMON, intermediate_size=96, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
         head_dim=16, max_position_embeddings=128))),
