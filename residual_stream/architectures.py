@@ -43,22 +43,22 @@ def _spec_for(config: object) -> ArchSpec:
     return spec
 
 
-def _norm_spec(name: str, module: nn.Module, path: str, offset: float) -> NormSpec:
+def _norm_spec(name: str, module: nn.Module, path: str, offset: float, eps: float | None = None) -> NormSpec:
     """What the norm at ``path`` computes, read from its class.
 
     A TransformerLens bridge's wrapper (``NormalizationBridge``) by the module it wraps; the
-    hooks stay on the wrapper, which is what the model runs.
+    hooks stay on the wrapper, which is what the model runs. A ``*LayerNorm`` class may lack a
+    bias (Cohere's) or both parameters (OLMo's, whose ε, fixed in its code, the row gives).
     """
     inner = wrapped(module)
     cls = type(inner).__name__
-    if isinstance(inner, nn.LayerNorm) or cls.endswith("LayerNorm") and (  # Cohere's: no bias
-            hasattr(inner, "bias") or hasattr(inner, "weight")):
+    if isinstance(inner, nn.LayerNorm) or cls.endswith("LayerNorm"):
         kind = "layernorm"
     elif "RMSNorm" in cls or isinstance(inner, nn.RMSNorm):
         kind = "rmsnorm"
     else:
         raise UnsupportedArchitectureError(f"norm module {path!r} of type {cls} is not recognised")
-    eps = next((getattr(inner, a) for a in ("eps", "variance_epsilon") if hasattr(inner, a)), None)
+    eps = next((getattr(inner, a) for a in ("eps", "variance_epsilon") if hasattr(inner, a)), eps)
     if eps is None:
         raise UnsupportedArchitectureError(f"norm module {path!r} ({cls}) exposes no epsilon")
 
@@ -110,14 +110,15 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
     global_norms = {"ln_embed": spec.embed_norm, "ln_final": spec.final_norm}
     for role, path in global_norms.items():
         if path is not None and _has(base, path):
-            norms[role] = _norm_spec(role, base.get_submodule(path), full(path), spec.weight_offset)
+            norms[role] = _norm_spec(role, base.get_submodule(path), full(path), spec.weight_offset,
+                                     spec.norm_eps)
     block_norms = _read(spec.block_norms, config)
     for L in range(n_layers):
         for role, rel in block_norms.items():
             path = f"{spec.layers}.{L}.{rel}"
             if _has(base, path):
                 norms[f"L{L}.{role}"] = _norm_spec(
-                    f"L{L}.{role}", base.get_submodule(path), full(path), spec.weight_offset)
+                    f"L{L}.{role}", base.get_submodule(path), full(path), spec.weight_offset, spec.norm_eps)
     for role, c in spec.multipliers(config).items():
         for name, owner in ([(role, spec.embeds["embed"])] if role == "ln_embed" else
                             [(f"L{L}.{role}", f"{spec.layers}.{L}") for L in range(n_layers)]):

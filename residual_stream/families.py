@@ -65,6 +65,8 @@ class ArchSpec:
     multipliers: Callable[[object], Mapping[str, float]] = field(default=lambda cfg: {})
     # what the model multiplies its logits by (Cohere's logit_scale, Granite's 1 / logits_scaling)
     logit_scale: Callable[[object], float | None] = field(default=lambda cfg: None)
+    # the norms' ε where their class keeps none (OLMo's LayerNorm without parameters: 1e-5)
+    norm_eps: float | None = None
 
 
 _LLAMA = ArchSpec(
@@ -86,6 +88,11 @@ _QK_NORMS = ("self_attn.q_norm", "self_attn.k_norm")
 def _flag(key: str, variant: str) -> Callable[[object], str | None]:
     """A ``refuse`` rule: a config with ``key`` set is ``variant``, which no row describes."""
     return lambda cfg: variant if getattr(cfg, key, False) else None
+
+
+def _any(*rules: Callable[[object], str | None]) -> Callable[[object], str | None]:
+    """A ``refuse`` rule: the first of ``rules`` that refuses the config."""
+    return lambda cfg: next((why for why in (rule(cfg) for rule in rules) if why), None)
 
 
 _CROSS = "cross-attention (a third sublayer, with its own norm, reading an encoder)"
@@ -116,6 +123,7 @@ _COHERE = replace(
     placement="parallel", block_norms={"ln_attn_in": "input_layernorm", "ln_mlp_in": "input_layernorm"},
     refuse=_flag("use_qk_norm", "LayerNorms on each head's queries and keys (use_qk_norm)"),
     logit_scale=lambda cfg: cfg.logit_scale)
+_GATE_UP = dict(mlp_in="mlp.gate_up_proj", mlp_gate="mlp.gate_up_proj", mlp_layout="gate_up")
 _MOE = replace(_LLAMA, family="Mixtral decoder (pre-RMSNorm, mixture-of-experts MLPs)", mlp_in="",
                mlp_gate=None, mlp_down="", d_mlp_keys=("intermediate_size",))
 _GRANITE = replace(
@@ -136,8 +144,14 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "qwen3": replace(_LLAMA, family="Qwen3 decoder (pre-RMSNorm, rotary, RMSNorm on q and k)",
                      qk_norms=_QK_NORMS),
     "phi3": replace(_LLAMA, family="Phi-3 decoder (pre-RMSNorm, fused q/k/v and gate/up projections)",
-                    qkv=("self_attn.qkv_proj",), qkv_layout="blocks", mlp_in="mlp.gate_up_proj",
-                    mlp_gate="mlp.gate_up_proj", mlp_layout="gate_up"),
+                    qkv=("self_attn.qkv_proj",), qkv_layout="blocks", **_GATE_UP),
+    "glm": replace(_LLAMA, family="GLM decoder (pre-RMSNorm, partial rotary, fused gate/up projection)",
+                   **_GATE_UP),
+    "glm4": replace(_GEMMA, family="GLM-4 decoder (sandwich RMSNorm, partial rotary, fused gate/up "
+                    "projection)", weight_offset=0.0, **_GATE_UP, block_norms={
+                        "ln_attn_in": "input_layernorm", "ln_attn_out": "post_self_attn_layernorm",
+                        "ln_mlp_in": "post_attention_layernorm", "ln_mlp_out": "post_mlp_layernorm"}),
+    "olmo": replace(_LLAMA, family="OLMo decoder (pre-LayerNorm without parameters, rotary)", norm_eps=1e-5),
     "mixtral": _MOE,
     "qwen2_moe": replace(_MOE, family="Qwen2-MoE decoder (pre-RMSNorm, mixture-of-experts MLPs "
                          "with a shared expert)",
@@ -146,6 +160,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                          "RMSNorm on q and k)", qk_norms=_QK_NORMS, d_mlp_keys=("moe_intermediate_size",)),
     "olmoe": replace(_MOE, family="OLMoE decoder (pre-RMSNorm, mixture-of-experts MLPs, RMSNorm "
                      "on q and k)", qk_norms=_QK_NORMS),
+    "phimoe": replace(_MOE, family="PhiMoE decoder (pre-LayerNorm, mixture-of-experts MLPs)"),
     "gpt_oss": replace(_MOE, family="gpt-oss decoder (pre-RMSNorm, mixture-of-experts MLPs, "
                        "attention sinks)"),
     "granite": _GRANITE,
@@ -176,6 +191,33 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         # one key/value head: [q | k | v]; a head of each (multi_query=False): [h: q k v]
         qkv_layout=lambda cfg: "blocks" if cfg.multi_query else "per_head", mlp_in="mlp.c_fc", mlp_gate=None,
         mlp_down="mlp.c_proj", refuse=_flag("add_cross_attention", _CROSS),
+    ),
+    "gpt_neo": ArchSpec(
+        family="GPT-Neo decoder (pre-LayerNorm, learned positions, local attention in alternate layers)",
+        layers="h", embeds={"embed": "wte", "pos_embed": "wpe"}, final_norm="ln_f",
+        block_norms={"ln_attn_in": "ln_1", "ln_mlp_in": "ln_2"}, attn_out="attn.attention.out_proj",
+        mlp_out="mlp", qkv=("attn.attention.q_proj", "attn.attention.k_proj", "attn.attention.v_proj"),
+        mlp_in="mlp.c_fc", mlp_gate=None, mlp_down="mlp.c_proj",
+    ),
+    # BLOOM's and MPT's MLP modules add the residual themselves: the write is their down
+    # projection's output (and BLOOM's attention's is its dense projection's)
+    "bloom": ArchSpec(
+        family="BLOOM decoder (pre-LayerNorm, LayerNorm on the embeddings, ALiBi)",
+        layers="h", embeds={"embed": "word_embeddings"}, embed_norm="word_embeddings_layernorm",
+        final_norm="ln_f", block_norms=_LLAMA.block_norms,
+        attn_out="self_attention.dense", mlp_out="mlp.dense_4h_to_h", qkv=("self_attention.query_key_value",),
+        qkv_layout="per_head", mlp_in="mlp.dense_h_to_4h", mlp_gate=None, mlp_down="mlp.dense_4h_to_h",
+        refuse=_any(_flag("apply_residual_connection_post_layernorm", "the residual taken after each "
+                          "block's LayerNorm (apply_residual_connection_post_layernorm)"),
+                    lambda cfg: "projections computed in slices outside their modules (slow_but_exact with "
+                    "pretraining_tp > 1)" if cfg.slow_but_exact and cfg.pretraining_tp > 1 else None),
+    ),
+    "mpt": ArchSpec(
+        family="MPT decoder (pre-LayerNorm without biases, ALiBi)",
+        layers="blocks", embeds={"embed": "wte"}, final_norm="norm_f",
+        block_norms={"ln_attn_in": "norm_1", "ln_mlp_in": "norm_2"}, attn_out="attn.out_proj",
+        mlp_out="ffn.down_proj", n_ctx_keys=("max_seq_len",), qkv=("attn.Wqkv",), qkv_layout="blocks",
+        mlp_in="ffn.up_proj", mlp_gate=None, mlp_down="ffn.down_proj",
     ),
     "starcoder2": replace(_LLAMA, family="StarCoder2 decoder (pre-LayerNorm, rotary)",
                           mlp_in="mlp.c_fc", mlp_gate=None, mlp_down="mlp.c_proj"),

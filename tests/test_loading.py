@@ -190,10 +190,11 @@ def test_truncated_gguf_leaves_no_cache(tmp_path, cache):
 
 
 def test_unsupported_architecture_is_named():
-    torch.manual_seed(0)  # BLOOM's attention and MLP modules add the residual themselves
-    bloom = tf.BloomForCausalLM(tf.BloomConfig(vocab_size=257, hidden_size=32, n_layer=2, n_head=4))
-    with pytest.raises(UnsupportedArchitectureError, match="'bloom' is not supported.*llama"):
-        rs.load(bloom, tokenizer=ByteTokenizer())
+    torch.manual_seed(0)  # OPT's blocks run their MLP on the tokens flattened to [batch·pos, d_model]
+    opt = tf.OPTForCausalLM(tf.OPTConfig(vocab_size=257, hidden_size=32, num_hidden_layers=2, ffn_dim=64,
+                                         num_attention_heads=4, word_embed_proj_dim=32))
+    with pytest.raises(UnsupportedArchitectureError, match="'opt' is not supported.*llama"):
+        rs.load(opt, tokenizer=ByteTokenizer())
 
 
 @pytest.mark.parametrize("build_variant, variant", [
@@ -210,6 +211,11 @@ def test_unsupported_architecture_is_named():
     (lambda: tf.CohereForCausalLM(tf.CohereConfig(vocab_size=257, hidden_size=32, num_hidden_layers=1,
                                                   num_attention_heads=4, use_qk_norm=True,
                                                   pad_token_id=None)), "use_qk_norm"),
+    (lambda: tf.BloomForCausalLM(tf.BloomConfig(vocab_size=257, hidden_size=32, n_layer=1, n_head=4,
+                                                apply_residual_connection_post_layernorm=True)),
+     "apply_residual_connection_post_layernorm"),
+    (lambda: tf.BloomForCausalLM(tf.BloomConfig(vocab_size=257, hidden_size=32, n_layer=1, n_head=4,
+                                                pretraining_tp=2, slow_but_exact=True)), "slow_but_exact"),
     (lambda: tf.GraniteMoeSWAForCausalLM(tf.GraniteMoeSWAConfig(
         vocab_size=257, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_local_experts=2,
         num_experts_per_tok=1, intermediate_size=16, shared_intermediate_size=16, bos_token_id=1,

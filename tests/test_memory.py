@@ -115,6 +115,7 @@ def test_available_memory_is_the_systems():
     ("qwen2_moe", lambda mlp: max(mlp.experts.down_proj.shape[-1],     # its shared expert, wider
                                   mlp.shared_expert.down_proj.in_features)),
     ("granitemoe", lambda mlp: mlp.experts.down_proj.shape[-1]),
+    ("phimoe", lambda mlp: mlp.experts.down_proj.shape[-1]),
 ])
 def test_the_mlp_width_of_experts_is_the_widest_hidden_layer(name, widest):
     """An MLP of experts has no single map to read ``d_mlp`` from (it feeds ``pass_bytes``): it

@@ -17,7 +17,10 @@ from residual_stream.inputs import ByteTokenizer
 from residual_stream.twins import twin
 
 REL = 1e-4
-NO_ROTARY = {"gpt2", "gpt_bigcode", "bert", "roberta", "distilbert", "twin"}
+NO_ROTARY = {"gpt2", "gpt_bigcode", "bert", "roberta", "distilbert", "gpt_neo", "twin"}
+SCORE_SCALE = {"gpt_neo": 1.0}  # GPT-Neo does not divide its scores by sqrt(d_head)
+# activations that the config does not name (BLOOM's tanh GELU, MPT's exact one, in their code)
+ACTIVATIONS = {"bloom": "gelu_pytorch_tanh", "mpt": "gelu"}
 # attention sinks applied after the softmax, as sigmoid(logsumexp(scores) − sink) on each
 # head's output: the patterns the framework returns leave it out, so z is A·v times a scale in
 # (0, 1] per token and head, which this test fits (a wrong W_V gives no such scale)
@@ -39,6 +42,8 @@ def act(model, name):
     if model.anatomy.architecture == "rs-twin":
         return torch.nn.functional.silu if name == "swiglu" else torch.nn.functional.gelu
     cfg = model.module.config
+    if model.anatomy.architecture in ACTIVATIONS:
+        return ACT2FN[ACTIVATIONS[model.anatomy.architecture]]
     keys = ("activation_function", "hidden_activation", "hidden_act", "activation")
     return ACT2FN[next(getattr(cfg, k) for k in keys if getattr(cfg, k, None))]
 
@@ -81,11 +86,14 @@ def test_weights_rebuild_attention_and_mlp(name):
             scores = scores.masked_fill(torch.ones(P, P).triu(1).bool(), float("-inf"))
             A = scores.softmax(-1)
         if model.anatomy.architecture in NO_ROTARY and pats is not None:
-            scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+            arch = model.anatomy.architecture
+            scores = q @ k.transpose(-1, -2) * SCORE_SCALE.get(arch, 1 / math.sqrt(q.shape[-1]))
             P = scores.shape[-1]
             blocked = ~mask.bool()[:, None, None, :]
             if causal:
                 blocked = blocked | torch.ones(P, P).triu(1).bool()
+            if arch == "gpt_neo" and model.module.config.attention_layers[L] == "local":
+                blocked = blocked | torch.ones(P, P).tril(-model.module.config.window_size).bool()
             mine = scores.masked_fill(blocked, float("-inf")).softmax(-1)
             real = mask.bool()[:, None, :, None].expand_as(A)
             assert (mine - A)[real].abs().max() < 1e-5, f"Q/K pattern, layer {L}"

@@ -91,6 +91,18 @@ BUILDERS = {
     "gpt_oss": lambda: _sinks(tf.GptOssForCausalLM(tf.GptOssConfig(  # its MLP returns (write, scores)
         **COMMON, intermediate_size=96, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
         head_dim=16, max_position_embeddings=128))),
+    "gpt_neo": _random_biases(lambda: tf.GPTNeoForCausalLM(tf.GPTNeoConfig(  # local windows of 4
+        vocab_size=257, hidden_size=64, num_layers=3, num_heads=4, max_position_embeddings=128,
+        window_size=4, attention_types=[[["global", "local"], 1], [["local"], 1]]))),
+    "bloom": _random_biases(lambda: tf.BloomForCausalLM(tf.BloomConfig(
+        vocab_size=257, hidden_size=64, n_layer=3, n_head=4))),
+    "mpt": lambda: tf.MptForCausalLM(tf.MptConfig(vocab_size=257, d_model=64, n_layers=3, n_heads=4,
+                                                  max_seq_len=128)),
+    "olmo": _llama_like(tf.OlmoConfig, tf.OlmoForCausalLM, pad_token_id=None),  # LayerNorms without γ, β
+    "glm": _llama_like(tf.GlmConfig, tf.GlmForCausalLM, head_dim=16, pad_token_id=None),
+    "glm4": _llama_like(tf.Glm4Config, tf.Glm4ForCausalLM, head_dim=16, pad_token_id=None),
+    "phimoe": _random_biases(_llama_like(tf.PhimoeConfig, tf.PhimoeForCausalLM, num_local_experts=4,
+                                         num_experts_per_tok=2)),
     "gpt_bigcode": _random_biases(lambda: tf.GPTBigCodeForCausalLM(tf.GPTBigCodeConfig(
         vocab_size=257, n_embd=64, n_layer=3, n_head=4, n_positions=128, multi_query=True))),
     "gpt_bigcode_mha": _random_biases(lambda: tf.GPTBigCodeForCausalLM(tf.GPTBigCodeConfig(  # [h: q k v]
