@@ -84,7 +84,8 @@ class Anatomy:
     sequence the model accepts. ``lm_head_note`` says why logits are unavailable when
     ``has_lm_head`` is False. ``causal``: each position attends only to earlier ones, and an
     LM head predicts the next token (False for BERT: bidirectional, a masked-LM head).
-    ``logit_scale``: what the model multiplies its logits by (None: nothing).
+    ``logit_scale``: what the model multiplies its logits by (None: nothing). ``routing``:
+    ``(experts a token uses, experts)`` of a mixture-of-experts MLP (None for a dense one).
     """
 
     architecture: str
@@ -108,6 +109,7 @@ class Anatomy:
     has_attn_bias: bool = False
     causal: bool = True
     logit_scale: float | None = None
+    routing: tuple[int, int] | None = None
     components: tuple[Component, ...] = field(init=False)
 
     def __post_init__(self) -> None:

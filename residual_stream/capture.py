@@ -144,8 +144,9 @@ def _norm_hook(anatomy: Anatomy, names: list[str], out: Captured, verify: bool, 
     def hook(mod, args, kwargs):
         x = first_input(args, kwargs).detach()
         kept = keep(x) if verify else None  # the full input only when verifying
-        for name in names:
-            out.norm_scale[name] = keep(anatomy.norms[name].scale(x)[..., None])[..., 0]
+        scale = keep(anatomy.norms[names[0]].scale(x)[..., None])[..., 0]  # one module: one scale,
+        for name in names:  # whatever roles it serves (GPT-J's ln_1 read by attention and MLP)
+            out.norm_scale[name] = scale
             if verify:
                 out.norm_in[name] = kept
     return hook

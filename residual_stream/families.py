@@ -45,6 +45,8 @@ class ArchSpec:
     # is the widest hidden layer a token's MLP computes, the largest of these config keys
     # (one expert's width; Qwen2-MoE's shared expert's)
     d_mlp_keys: tuple[str, ...] = ()
+    # (experts a token uses, experts) of such an MLP, for the memory estimate
+    routing: Callable[[object], tuple[int, int] | None] = field(default=lambda cfg: None)
     # "gate_up": mlp_in (= mlp_gate) is one projection whose output is [gate | up], the
     # activation on the first half (Phi-3, ModernBERT)
     mlp_layout: str = "separate"
@@ -124,16 +126,18 @@ _COHERE = replace(
     refuse=_flag("use_qk_norm", "LayerNorms on each head's queries and keys (use_qk_norm)"),
     logit_scale=lambda cfg: cfg.logit_scale)
 _GATE_UP = dict(mlp_in="mlp.gate_up_proj", mlp_gate="mlp.gate_up_proj", mlp_layout="gate_up")
-_MOE = replace(_LLAMA, family="Mixtral decoder (pre-RMSNorm, mixture-of-experts MLPs)", mlp_in="",
-               mlp_gate=None, mlp_down="", d_mlp_keys=("intermediate_size",))
+_MOE_MAPS = dict(mlp_in="", mlp_gate=None, mlp_down="", routing=lambda cfg: (
+    int(cfg.num_experts_per_tok), int(getattr(cfg, "num_local_experts", None) or cfg.num_experts)))
+_MOE = replace(_LLAMA, family="Mixtral decoder (pre-RMSNorm, mixture-of-experts MLPs)",
+               d_mlp_keys=("intermediate_size",), **_MOE_MAPS)
 _GRANITE = replace(
     _LLAMA, family="Granite decoder (pre-RMSNorm; embedding, write and logit multipliers)",
     multipliers=lambda cfg: {"ln_embed": cfg.embedding_multiplier, "ln_attn_out": cfg.residual_multiplier,
                              "ln_mlp_out": cfg.residual_multiplier},
     logit_scale=lambda cfg: 1.0 / cfg.logits_scaling)
 _GRANITE_MOE = replace(_GRANITE, family="Granite MoE decoder (pre-RMSNorm, mixture-of-experts MLPs; "
-                       "embedding, write and logit multipliers)", mlp_out="block_sparse_moe", mlp_in="",
-                       mlp_gate=None, mlp_down="", d_mlp_keys=("intermediate_size",),
+                       "embedding, write and logit multipliers)", mlp_out="block_sparse_moe",
+                       d_mlp_keys=("intermediate_size",), **_MOE_MAPS,
                        refuse=_flag("shared_intermediate_size", "a shared MLP beside the experts (its "
                                     "output and theirs are summed into one write by the block)"))
 ARCHITECTURES: dict[str, ArchSpec] = {

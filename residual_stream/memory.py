@@ -17,6 +17,7 @@ import torch
 from .errors import TraceTooLargeError
 
 FLOAT32 = 4  # bytes: every captured tensor is float32
+INT64 = 8
 
 
 def trace_bytes(anatomy, shape: tuple[int, int], *, verify: bool = False, patterns: bool = False,
@@ -51,15 +52,18 @@ def pass_bytes(anatomy, shape: tuple[int, int], itemsize: int, logit_positions: 
     transient tensors of a block: attention scores and probabilities as eager attention
     makes them (``2 × n_heads × pos²`` per row, in at least float32, as its softmax runs: a
     fused kernel needs less, so this is an upper estimate there; ``eager=False`` leaves them
-    out), the MLP's hidden activations (three of ``d_mlp``) and four states of ``d_model``
-    per token, in ``itemsize`` bytes. Stacking many copies of a long text is bounded by the
+    out), the MLP's hidden activations (three of ``d_mlp``; of an MLP of experts, three for
+    each expert a token uses, and the one-hot routing mask, ``experts a token uses × experts``
+    int64s per token, that transformers' experts build) and four states of ``d_model`` per
+    token, in ``itemsize`` bytes. Stacking many copies of a long text is bounded by the
     attention term, whatever the logits.
     """
     b, p = shape
-    per_token = 3 * (anatomy.d_mlp or 0) + 4 * anatomy.d_model
+    used, experts = anatomy.routing or (1, 0)
+    per_token = 3 * (anatomy.d_mlp or 0) * used + 4 * anatomy.d_model
     logits = b * (p if logit_positions is None else logit_positions) * anatomy.d_vocab
     attention = 2 * b * anatomy.n_heads * p * p * max(itemsize, FLOAT32) if eager else 0
-    return (logits + b * p * per_token) * itemsize + attention
+    return (logits + b * p * per_token) * itemsize + attention + b * p * used * experts * INT64
 
 
 def available_bytes(device: torch.device) -> int | None:

@@ -123,4 +123,20 @@ def test_the_mlp_width_of_experts_is_the_widest_hidden_layer(name, widest):
     module = build(name)
     model = rs.load(module, tokenizer=ByteTokenizer())
     block = module.model.layers[0]
-    assert model.anatomy.d_mlp == widest(getattr(block, "mlp", None) or block.block_sparse_moe) > 0
+    mlp = getattr(block, "mlp", None) or block.block_sparse_moe
+    assert model.anatomy.d_mlp == widest(mlp) > 0
+    # the experts a token uses (the config's) and the experts there are (the weights')
+    assert model.anatomy.routing == (module.config.num_experts_per_tok, mlp.experts.down_proj.shape[0])
+
+
+def test_a_pass_of_experts_counts_each_expert_a_token_uses_and_the_routing_mask():
+    """By hand from the tiny Mixtral's config: 2 experts a token, each 3 hidden activations of
+    ``intermediate_size``, 4 states of ``d_model``, the logits, and the int64 one-hot mask of
+    2 × 4 experts per token (float32, no attention term)."""
+    cfg = build("mixtral").config
+    model = rs.load(build("mixtral"), tokenizer=ByteTokenizer())
+    b, p, k, e = 3, 10, cfg.num_experts_per_tok, cfg.num_local_experts
+    per_token = cfg.vocab_size + 3 * cfg.intermediate_size * k + 4 * cfg.hidden_size
+    by_hand = 4 * b * p * per_token + 8 * b * p * k * e
+    assert memory.pass_bytes(model.anatomy, (b, p), 4, eager=False) == by_hand
+    assert rs.load(build("llama"), tokenizer=ByteTokenizer()).anatomy.routing is None
