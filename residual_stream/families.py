@@ -126,8 +126,14 @@ _COHERE = replace(
     refuse=_flag("use_qk_norm", "LayerNorms on each head's queries and keys (use_qk_norm)"),
     logit_scale=lambda cfg: cfg.logit_scale)
 _GATE_UP = dict(mlp_in="mlp.gate_up_proj", mlp_gate="mlp.gate_up_proj", mlp_layout="gate_up")
-_MOE_MAPS = dict(mlp_in="", mlp_gate=None, mlp_down="", routing=lambda cfg: (
-    int(cfg.num_experts_per_tok), int(getattr(cfg, "num_local_experts", None) or cfg.num_experts)))
+
+
+def _routing(used: str = "num_experts_per_tok", experts: str = "num_local_experts"):
+    """A ``routing`` rule: (experts a token uses, experts) from these config keys."""
+    return lambda cfg: (int(getattr(cfg, used)), int(getattr(cfg, experts)))
+
+
+_MOE_MAPS = dict(mlp_in="", mlp_gate=None, mlp_down="", routing=_routing())
 _MOE = replace(_LLAMA, family="Mixtral decoder (pre-RMSNorm, mixture-of-experts MLPs)",
                d_mlp_keys=("intermediate_size",), **_MOE_MAPS)
 _GRANITE = replace(
@@ -142,6 +148,17 @@ _GRANITE_MOE = replace(_GRANITE, family="Granite MoE decoder (pre-RMSNorm, mixtu
                                     "output and theirs are summed into one write by the block)"))
 ARCHITECTURES: dict[str, ArchSpec] = {
     "llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA,
+    "helium": _LLAMA, "ernie4_5": _LLAMA, "seed_oss": _LLAMA, "ministral": _LLAMA,
+    "arcee": replace(_LLAMA, family="Arcee decoder (pre-RMSNorm, rotary, MLP without a gate)", mlp_gate=None),
+    "nemotron": replace(_LLAMA, family="Nemotron decoder (pre-LayerNorm with (1+γ), partial rotary, MLP "
+                        "without a gate)", weight_offset=1.0, mlp_gate=None),
+    "apertus": replace(
+        _LLAMA, family="Apertus decoder (pre-RMSNorm, RMSNorm on q and k, MLP without a gate)", mlp_gate=None,
+        block_norms={"ln_attn_in": "attention_layernorm", "ln_mlp_in": "feedforward_layernorm"},
+        qk_norms=_QK_NORMS),
+    "vaultgemma": replace(_LLAMA, family="VaultGemma decoder (pre-RMSNorm with (1+γ), scaled embeddings)",
+                          weight_offset=1.0, block_norms={"ln_attn_in": "input_layernorm",
+                                                          "ln_mlp_in": "pre_feedforward_layernorm"}),
     "smollm3": replace(_LLAMA, family="SmolLM3 decoder (pre-RMSNorm, rotary in 3 layers of 4)"),
     "gemma": replace(_LLAMA, family="Gemma decoder (pre-RMSNorm with (1+γ), scaled embeddings)",
                      weight_offset=1.0),
@@ -159,11 +176,21 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "mixtral": _MOE,
     "qwen2_moe": replace(_MOE, family="Qwen2-MoE decoder (pre-RMSNorm, mixture-of-experts MLPs "
                          "with a shared expert)",
-                         d_mlp_keys=("moe_intermediate_size", "shared_expert_intermediate_size")),
+                         d_mlp_keys=("moe_intermediate_size", "shared_expert_intermediate_size"),
+                         routing=_routing(experts="num_experts")),
     "qwen3_moe": replace(_MOE, family="Qwen3-MoE decoder (pre-RMSNorm, mixture-of-experts MLPs, "
-                         "RMSNorm on q and k)", qk_norms=_QK_NORMS, d_mlp_keys=("moe_intermediate_size",)),
+                         "RMSNorm on q and k)", qk_norms=_QK_NORMS, d_mlp_keys=("moe_intermediate_size",),
+                         routing=_routing(experts="num_experts")),
     "olmoe": replace(_MOE, family="OLMoE decoder (pre-RMSNorm, mixture-of-experts MLPs, RMSNorm "
-                     "on q and k)", qk_norms=_QK_NORMS),
+                     "on q and k)", qk_norms=_QK_NORMS, routing=_routing(experts="num_experts")),
+    "glm4_moe": replace(_MOE, family="GLM-4-MoE decoder (pre-RMSNorm, partial rotary, mixture-of-experts "
+                        "MLPs with shared experts after the first dense ones)", qk_norms=_QK_NORMS,
+                        d_mlp_keys=("intermediate_size", "moe_intermediate_size"),
+                        routing=_routing(experts="n_routed_experts")),
+    "ernie4_5_moe": replace(_MOE, family="ERNIE 4.5 MoE decoder (pre-RMSNorm, mixture-of-experts MLPs with "
+                            "shared experts after the first dense ones)",
+                            d_mlp_keys=("intermediate_size", "moe_intermediate_size"),
+                            routing=_routing("moe_k", "moe_num_experts")),
     "phimoe": replace(_MOE, family="PhiMoE decoder (pre-LayerNorm, mixture-of-experts MLPs)"),
     "gpt_oss": replace(_MOE, family="gpt-oss decoder (pre-RMSNorm, mixture-of-experts MLPs, "
                        "attention sinks)"),
@@ -178,6 +205,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "gemma3_text": replace(_GEMMA, family="Gemma 3 decoder (sandwich RMSNorm with (1+γ), scaled "
                            "embeddings, RMSNorm on q and k)", qk_norms=_QK_NORMS),
     "olmo2": _OLMO2,
+    "exaone4": replace(_OLMO2, family="EXAONE 4 decoder (RMSNorm on each write, none on the read; RMSNorm "
+                       "on q and k)"),
     "olmo3": replace(_OLMO2, family="OLMo 3 decoder (RMSNorm on each write, none on the read)"),
     "gpt2": ArchSpec(
         family="GPT-2 decoder (pre-LayerNorm, learned positions)",

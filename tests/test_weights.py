@@ -21,6 +21,7 @@ NO_ROTARY = {"gpt2", "gpt_bigcode", "bert", "roberta", "distilbert", "gpt_neo", 
 SCORE_SCALE = {"gpt_neo": 1.0}  # GPT-Neo does not divide its scores by sqrt(d_head)
 # activations that the config does not name (BLOOM's tanh GELU, MPT's exact one, in their code)
 ACTIVATIONS = {"bloom": "gelu_pytorch_tanh", "mpt": "gelu"}
+LEARNED_ACTIVATIONS = {"apertus"}  # xIELU: each layer's activation has parameters of its own
 # attention sinks applied after the softmax, as sigmoid(logsumexp(scores) − sink) on each
 # head's output: the patterns the framework returns leave it out, so z is A·v times a scale in
 # (0, 1] per token and head, which this test fits (a wrong W_V gives no such scale)
@@ -117,6 +118,8 @@ def test_weights_rebuild_attention_and_mlp(name):
             continue
         pre = x @ w.W_in + (0 if w.b_in is None else w.b_in)
         f = act(model, model.module.config.mlp if name in TWINS else "")
+        if model.anatomy.architecture in LEARNED_ACTIVATIONS:  # each layer's own, with its parameters
+            f = model.module.get_submodule(f"{model.anatomy.modules.layers[L]}.mlp.act_fn")
         gate = None if w.W_gate is None else x @ w.W_gate + (0 if w.b_gate is None else w.b_gate)
         h = f(gate) * pre if gate is not None else f(pre)
         out = h @ w.W_out + (0 if w.b_out is None else w.b_out)

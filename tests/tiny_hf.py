@@ -60,6 +60,20 @@ BUILDERS = {
     "bert_mlm": lambda: tf.BertForMaskedLM(tf.BertConfig(
         **COMMON, intermediate_size=128, max_position_embeddings=128)),
     # (every builder gets the same checks: test_conservation.py, test_weights.py)
+    "helium": _llama_like(tf.HeliumConfig, tf.HeliumForCausalLM, head_dim=16),
+    "ernie4_5": _llama_like(tf.Ernie4_5Config, tf.Ernie4_5ForCausalLM, head_dim=16, use_bias=True),
+    "seed_oss": _random_biases(_llama_like(tf.SeedOssConfig, tf.SeedOssForCausalLM, head_dim=16,
+                                           attention_bias=True, attention_out_bias=True)),
+    "ministral": _llama_like(tf.MinistralConfig, tf.MinistralForCausalLM, head_dim=16, sliding_window=4,
+                             layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+    "arcee": _llama_like(tf.ArceeConfig, tf.ArceeForCausalLM, head_dim=16),
+    "nemotron": _random_biases(_llama_like(tf.NemotronConfig, tf.NemotronForCausalLM, head_dim=16,
+                                           pad_token_id=None, bos_token_id=1, eos_token_id=2)),
+    "apertus": _llama_like(tf.ApertusConfig, tf.ApertusForCausalLM, head_dim=16, pad_token_id=None,
+                           bos_token_id=1, eos_token_id=2),
+    "vaultgemma": _llama_like(tf.VaultGemmaConfig, tf.VaultGemmaForCausalLM, head_dim=16),
+    "exaone4": _llama_like(tf.Exaone4Config, tf.Exaone4ForCausalLM, head_dim=16, sliding_window=4,
+                           bos_token_id=1, eos_token_id=2, pad_token_id=None),
     "smollm3": _llama_like(tf.SmolLM3Config, tf.SmolLM3ForCausalLM, pad_token_id=None),
     "gemma": _llama_like(tf.GemmaConfig, tf.GemmaForCausalLM, head_dim=16),
     "phi3": _random_biases(_llama_like(tf.Phi3Config, tf.Phi3ForCausalLM, pad_token_id=None)),
@@ -88,6 +102,12 @@ BUILDERS = {
     "granitemoe_swa": lambda: _sinks(_llama_like(
         tf.GraniteMoeSWAConfig, tf.GraniteMoeSWAForCausalLM, **GRANITE, num_local_experts=4,
         num_experts_per_tok=2, sliding_window=4, head_dim=16)()),
+    "glm4_moe": _llama_like(tf.Glm4MoeConfig, tf.Glm4MoeForCausalLM, head_dim=16, n_routed_experts=4,
+                            num_experts_per_tok=2, moe_intermediate_size=48, n_shared_experts=1,
+                            first_k_dense_replace=1, use_qk_norm=True, pad_token_id=None),
+    "ernie4_5_moe": _llama_like(tf.Ernie4_5_MoeConfig, tf.Ernie4_5_MoeForCausalLM, head_dim=16,
+                                moe_num_experts=4, moe_k=2, moe_intermediate_size=48,
+                                moe_num_shared_experts=1, moe_layer_start_index=1),
     "gpt_oss": lambda: _sinks(tf.GptOssForCausalLM(tf.GptOssConfig(  # its MLP returns (write, scores)
         **COMMON, intermediate_size=96, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
         head_dim=16, max_position_embeddings=128))),
