@@ -30,6 +30,17 @@ def test_rmsnorm_2d_by_hand_with_gemma_offset():
     torch.testing.assert_close(n.apply(x), torch.tensor([[3 / s, 8 / s]], dtype=torch.float64))
 
 
+def test_a_multiplier_is_a_norm_whose_scale_is_one():
+    # Granite's x * 0.25: scale 1 on any input, N(x) = 0.25 x, its read map 0.25 W; no module
+    x = torch.tensor([[3.0, -4.0], [100.0, 0.5]], dtype=torch.float64)
+    n = spec("multiplier", torch.full((2,), 0.25, dtype=torch.float64))
+    assert n.constant and not spec("rmsnorm").constant
+    torch.testing.assert_close(n.scale(x), torch.ones(2, dtype=torch.float64))
+    torch.testing.assert_close(n.apply(x), 0.25 * x)
+    W = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float64)
+    torch.testing.assert_close(n.fold_into(W), 0.25 * W)
+
+
 def test_frozen_norm_is_affine_in_contributions():
     # N(a + b) == L(a) + L(b) + β with the scale of a + b frozen: the decomposition's premise
     torch.manual_seed(0)

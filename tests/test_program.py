@@ -20,9 +20,13 @@ ALL = {f"L0.{r}" for r in ("ln_attn_in", "ln_mlp_in", "ln_attn_out", "ln_mlp_out
 
 
 def test_pre_norm_has_no_norm_on_the_stream():
-    ops = compile_block("pre", 0, ALL)
+    ops = compile_block("pre", 0, ALL - {"L0.ln_attn_out", "L0.ln_mlp_out"})
     assert ops == [Read("L0.attn", "L0.ln_attn_in"), Add("L0.attn"),
                    Read("L0.mlp", "L0.ln_mlp_in"), Add("L0.mlp")]
+    # with its write roles filled (Granite's multipliers), each write is added through them
+    ops = compile_block("pre", 0, ALL)
+    assert ops[1] == Add("L0.attn", "L0.ln_attn_out") and ops[3] == Add("L0.mlp", "L0.ln_mlp_out")
+    assert not any(isinstance(o, Norm) for o in ops)
 
 
 def test_post_norm_normalizes_after_each_add():
@@ -58,6 +62,10 @@ def test_whole_program_marks_every_point():
     assert prog[:4] == (Embed("embed"), Embed("pos_embed"), Norm("ln_embed"), Mark(0))
     assert [o.point for o in prog if isinstance(o, Mark)] == [0, 1, 2, "final"]
     assert "x = ln_embed(x)" in describe(prog)
+    # a norm that is a constant multiplier is shown as its value
+    assert describe(prog, {"ln_embed": 3.0}).splitlines()[2] == "x = 3·x"
+    granite = compile_block("pre", 0, {"L0.ln_attn_in", "L0.ln_attn_out"})
+    assert describe(tuple(granite), {"L0.ln_attn_out": 0.22}).splitlines()[1] == "x += 0.22·L0.attn"
 
 
 def test_unknown_placement():
