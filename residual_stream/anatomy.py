@@ -55,7 +55,9 @@ class ModulePaths:
     (``layers[L]``); ``qkv_layout`` says how to split them (see ``weights.layer_weights``).
     ``qk_norms`` are the RMSNorms on queries and keys (Qwen3, OLMo 2, Gemma 3), whose gain is
     ``weight + qk_norm_offset``. ``mlp_layout`` is ``"gate_up"`` where ``mlp_in`` is one
-    projection to ``[gate | up]`` (Phi-3). ``lm_head`` is the nonlinear transform applied
+    projection to ``[gate | up]`` (Phi-3). ``mlp_out_in_place``: the block adds to the MLP's
+    output tensor in place after the module returns (Falcon), so a hook keeps a copy of it.
+    ``lm_head`` is the nonlinear transform applied
     before the unembedding, if the model has one (an MLM head): module paths from the root,
     applied in turn, ``"act:NAME"`` an activation of transformers' ``ACT2FN``.
     """
@@ -74,6 +76,7 @@ class ModulePaths:
     mlp_layout: str = "separate"
     qk_norms: tuple[str, str] | None = None
     qk_norm_offset: float = 0.0
+    mlp_out_in_place: bool = False
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -86,6 +89,7 @@ class Anatomy:
     LM head predicts the next token (False for BERT: bidirectional, a masked-LM head).
     ``logit_scale``: what the model multiplies its logits by (None: nothing). ``routing``:
     ``(experts a token uses, experts)`` of a mixture-of-experts MLP (None for a dense one).
+    ``patterns_note``: why the framework cannot give this model's attention patterns (None: it can).
     """
 
     architecture: str
@@ -110,6 +114,7 @@ class Anatomy:
     causal: bool = True
     logit_scale: float | None = None
     routing: tuple[int, int] | None = None
+    patterns_note: str | None = None
     components: tuple[Component, ...] = field(init=False)
 
     def __post_init__(self) -> None:

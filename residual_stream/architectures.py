@@ -139,7 +139,8 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
         architecture=config.model_type, placement=placement,
         norm_kind=next((n.kind for n in norms.values() if not n.constant), "none"),
         n_layers=n_layers, d_model=d_model, n_heads=n_heads,
-        n_kv_heads=int(getattr(config, "num_key_value_heads", None) or n_heads),
+        n_kv_heads=int(spec.n_kv_heads(config) if spec.n_kv_heads else
+                       getattr(config, "num_key_value_heads", None) or n_heads),
         d_head=z_dim // n_heads, d_mlp=0 if not has_mlp else max(
             int(getattr(config, k)) for k in spec.d_mlp_keys) if spec.d_mlp_keys
         else _mlp_width(base, layer_paths[0], spec),
@@ -159,12 +160,12 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
             mlp_layout=spec.mlp_layout,
             qk_norms=spec.qk_norms if spec.qk_norms and all(
                 _has(base, f"{layer_paths[0]}.{p}") for p in spec.qk_norms) else None,
-            qk_norm_offset=spec.weight_offset,
+            qk_norm_offset=spec.weight_offset, mlp_out_in_place=spec.mlp_out_in_place,
         ),
         has_lm_head=has_lm_head, lm_head_note=lm_head_note, alpha=alpha,
         has_attn_bias=getattr(attn0, "bias", None) is not None,
         causal=_read(spec.causal, config), logit_scale=spec.logit_scale(config),
-        routing=spec.routing(config) if has_mlp else None,
+        routing=spec.routing(config) if has_mlp else None, patterns_note=spec.patterns_refused(config),
     )
 
 

@@ -117,8 +117,12 @@ def _hook_plan(anatomy: Anatomy, out: Captured, shape: torch.Size, verify: bool,
         t = t.detach().to(home or t.device, dtype or t.dtype)
         return t if t.shape[:-1] == shape else t.expand(*shape, t.shape[-1])
 
-    def store_output(store: dict, key: object):
-        return lambda mod, args, y: store.__setitem__(key, keep(first_output(y)))
+    def store_output(store: dict, key: object, in_place: bool = False):
+        def hook(mod, args, y):
+            y = first_output(y)
+            kept = keep(y)  # a copy where the block will add to the output in place (Falcon)
+            store[key] = kept.clone() if in_place and kept.data_ptr() == y.data_ptr() else kept
+        return hook
 
     def store_input(store: dict, key: object):
         return lambda mod, args, kwargs: store.__setitem__(key, keep(first_input(args, kwargs)))
@@ -130,7 +134,8 @@ def _hook_plan(anatomy: Anatomy, out: Captured, shape: torch.Size, verify: bool,
         plan += [(path, store_input(out.z, L), True) for L, path in enumerate(m.attn_out)]
     if verify or not heads:
         plan += [(path, store_output(out.attn_out, L), False) for L, path in enumerate(m.attn_out)]
-    plan += [(path, store_output(out.mlp_out, L), False) for L, path in enumerate(m.mlp_out)]
+    plan += [(path, store_output(out.mlp_out, L, m.mlp_out_in_place), False)
+             for L, path in enumerate(m.mlp_out)]
     by_path: dict[str, list[str]] = defaultdict(list)
     for name, path in m.norms.items():
         if scales is None or name in scales or verify:
@@ -235,12 +240,27 @@ def eager_attention(model: nn.Module, on: bool) -> Iterator[None]:
     before = getattr(getattr(model, "config", None), "_attn_implementation", None)
     switch = on and hasattr(model, "set_attn_implementation") and before != "eager"
     if switch:
-        model.set_attn_implementation("eager")
+        _set_attention(model, "eager")
     try:
         yield
     finally:
         if switch:
-            model.set_attn_implementation(before)
+            _set_attention(model, before)
+
+
+def _set_attention(model: nn.Module, implementation: str) -> None:
+    """Set a Hugging Face model's attention implementation.
+
+    transformers switches only models whose attention goes through its ``AttentionInterface``;
+    another (Falcon) keeps SDPA's boolean mask, which its eager arithmetic then adds to the
+    scores: attention to later tokens, hidden states 0.07 off. Its attention reads the
+    config on every call, so the config is switched directly.
+    """
+    can_set = getattr(type(model), "_can_set_attn_implementation", lambda: True)
+    if can_set():
+        model.set_attn_implementation(implementation)
+    else:
+        model.config._attn_implementation = implementation
 
 
 def capture(
@@ -275,6 +295,9 @@ def capture(
     widen them themselves) instead of float32 copies; ``scales`` names the norms whose
     per-token scale is kept (None: every norm's).
     """
+    if patterns and anatomy.patterns_note:
+        raise NotAvailableError(f"no attention patterns for this model: {anatomy.patterns_note}; everything "
+                                "else (trace without patterns=True) is computed as the model computes it")
     out = Captured() if out is None else out
     kwargs = _forward_kwargs(model, tokens, attention_mask, headless=not logits)
     if patterns:

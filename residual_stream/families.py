@@ -35,7 +35,8 @@ class ArchSpec:
     n_ctx_keys: tuple[str, ...] = ("max_position_embeddings",)
     # read and write maps, relative to a block: separate q/k/v projections, or one fused
     # projection with its layout ("blocks": [q | k | v], GPT-2, Phi-3, GPTBigCode's one
-    # key/value head; "per_head": [h: q k v], NeoX)
+    # key/value head; "per_head": [h: q k v], NeoX; "groups": [kv head: q … q k v], Falcon's
+    # new decoder, each key/value head after the query heads that read it)
     qkv: tuple[str, ...] = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
     qkv_layout: str | Callable[[object], str] = "separate"
     mlp_in: str = "mlp.up_proj"
@@ -69,6 +70,12 @@ class ArchSpec:
     logit_scale: Callable[[object], float | None] = field(default=lambda cfg: None)
     # the norms' ε where their class keeps none (OLMo's LayerNorm without parameters: 1e-5)
     norm_eps: float | None = None
+    # key/value heads where the config's num_key_value_heads does not say (Falcon's)
+    n_kv_heads: Callable[[object], int] | None = None
+    # the block adds to the MLP's output tensor in place once the module returns (Falcon)
+    mlp_out_in_place: bool = False
+    # why the framework's attention patterns (its eager attention) are not the model's, if so
+    patterns_refused: Callable[[object], str | None] = field(default=lambda cfg: None)
 
 
 _LLAMA = ArchSpec(
@@ -136,6 +143,20 @@ def _routing(used: str = "num_experts_per_tok", experts: str = "num_local_expert
 _MOE_MAPS = dict(mlp_in="", mlp_gate=None, mlp_down="", routing=_routing())
 _MOE = replace(_LLAMA, family="Mixtral decoder (pre-RMSNorm, mixture-of-experts MLPs)",
                d_mlp_keys=("intermediate_size",), **_MOE_MAPS)
+
+
+def _falcon_norms(cfg) -> dict[str, str]:
+    """Falcon's block norms: two side by side, one read by both sublayers, or one before each.
+
+    The new decoder's ``ln_attn`` and ``ln_mlp`` (unless ``num_ln_in_parallel_attn`` is 1);
+    ``parallel_attn`` off: ``input_layernorm``, then ``post_attention_layernorm``.
+    """
+    if cfg.new_decoder_architecture and (cfg.num_ln_in_parallel_attn or 2) == 2:
+        return {"ln_attn_in": "ln_attn", "ln_mlp_in": "ln_mlp"}
+    mlp = "input_layernorm" if cfg.parallel_attn else "post_attention_layernorm"
+    return {"ln_attn_in": "input_layernorm", "ln_mlp_in": mlp}
+
+
 _GRANITE = replace(
     _LLAMA, family="Granite decoder (pre-RMSNorm; embedding, write and logit multipliers)",
     multipliers=lambda cfg: {"ln_embed": cfg.embedding_multiplier, "ln_attn_out": cfg.residual_multiplier,
@@ -224,6 +245,20 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         # one key/value head: [q | k | v]; a head of each (multi_query=False): [h: q k v]
         qkv_layout=lambda cfg: "blocks" if cfg.multi_query else "per_head", mlp_in="mlp.c_fc", mlp_gate=None,
         mlp_down="mlp.c_proj", refuse=_flag("add_cross_attention", _CROSS),
+    ),
+    "falcon": ArchSpec(
+        family="Falcon decoder (parallel attention and MLP reading one or two LayerNorms; sequential "
+               "where configured; rotary or ALiBi)",
+        layers="h", embeds={"embed": "word_embeddings"}, final_norm="ln_f",
+        placement=lambda cfg: "parallel" if cfg.parallel_attn else "pre", block_norms=_falcon_norms,
+        attn_out="self_attention.dense", mlp_out="mlp", qkv=("self_attention.query_key_value",),
+        qkv_layout=lambda cfg: "groups" if cfg.new_decoder_architecture else
+        "blocks" if cfg.multi_query else "per_head",
+        n_kv_heads=lambda cfg: cfg.num_kv_heads if cfg.new_decoder_architecture or not cfg.multi_query else 1,
+        mlp_in="mlp.dense_h_to_4h", mlp_gate=None, mlp_down="mlp.dense_4h_to_h", mlp_out_in_place=True,
+        patterns_refused=_flag("alibi", "transformers' eager attention for Falcon with ALiBi adds the bias "
+                               "twice (its default attention adds it once), so its attention weights "
+                               "are not this model's"),
     ),
     "gpt_neo": ArchSpec(
         family="GPT-Neo decoder (pre-LayerNorm, learned positions, local attention in alternate layers)",

@@ -142,6 +142,14 @@ def _split_qkv(block: nn.Module, paths: ModulePaths, n_heads: int, n_kv: int):
         sizes = [n_heads * d_head, n_kv * d_head, n_kv * d_head]
         return list(zip(W.split(sizes, -1), b.split(sizes, -1) if b is not None else (None,) * 3,
                         strict=True))
+    if paths.qkv_layout == "groups":  # [kv head: (its query heads, k, v)], Falcon's new decoder
+        Wg = einops.rearrange(W, "d (group slot k) -> slot d group k", group=n_kv, slot=n_heads // n_kv + 2)
+        bg = None if b is None else einops.rearrange(b, "(group slot k) -> slot group k", group=n_kv,
+                                                      slot=n_heads // n_kv + 2)
+        q = einops.rearrange(Wg[:-2], "rep d group k -> d (group rep k)")
+        bq = None if bg is None else einops.rearrange(bg[:-2], "rep group k -> (group rep k)")
+        return [(q, bq)] + [(Wg[i].flatten(-2), None if bg is None else bg[i].flatten())
+                            for i in (-2, -1)]
     # "per_head": columns are [head, (q k v), d_head]
     Wh = einops.rearrange(W, "d (head three k) -> three d (head k)", head=n_heads, three=3)
     bh = None if b is None else einops.rearrange(b, "(head three k) -> three (head k)",

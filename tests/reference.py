@@ -55,7 +55,11 @@ def _hook_all(model, anatomy, cap, ablate: str):
 
 
 def _as_output(y, value):
-    """``value`` in the place of a module's output ``y`` (its first element, for a tuple)."""
+    """``value`` in the place of a module's output ``y`` (its first element, for a tuple).
+
+    A copy: Falcon's block adds to its MLP's output in place, and ``value`` serves every run.
+    """
+    value = value.clone()
     return (value, *y[1:]) if isinstance(y, tuple) else value
 
 

@@ -21,7 +21,7 @@ from residual_stream.inputs import ByteTokenizer
 ATOL = 2e-6  # float32 logits (~1e-7 apart): the library's hooks add a difference, the test's replace
 # the output, and runs stacked in one pass round as their own batch
 D_HEAD, HEADS, KV = 16, 4, {"llama": 2, "gemma2": 2, "olmo2": 2, "phi3": 2, "gpt_bigcode": 1, "mixtral": 2,
-                                 "gpt_oss": 2, "granite": 2, "granitemoe": 2}
+                                 "gpt_oss": 2, "granite": 2, "granitemoe": 2, "falcon": 1, "falcon_new": 2}
 ALPHA = 6 ** 0.25  # DeepNorm's α = (2N)^¼ for the twin's 3 blocks
 EMBED_M, WRITE_M = GRANITE["embedding_multiplier"], GRANITE["residual_multiplier"]  # Granite's
 
@@ -93,6 +93,13 @@ FAMILIES = {
     "mpt": dict(blocks="transformer.blocks", o="attn.out_proj", mlp="ffn.down_proj", conv=False,
                 read={"attn": "norm_1", "mlp": "norm_2"}, qkv=("attn.Wqkv",), mlp_in=("ffn.up_proj",),
                 final="transformer.norm_f", layout="blocks"),
+    "falcon": dict(blocks="transformer.h", o="self_attention.dense", mlp="mlp", conv=False,  # 1 kv head
+                   read={"attn": "input_layernorm", "mlp": "input_layernorm"},
+                   qkv=("self_attention.query_key_value",), mlp_in=("mlp.dense_h_to_4h",),
+                   final="transformer.ln_f", layout="blocks"),
+    "falcon_new": dict(blocks="transformer.h", o="self_attention.dense", mlp="mlp", conv=False,
+                       read={"attn": "ln_attn", "mlp": "ln_mlp"}, qkv=("self_attention.query_key_value",),
+                       mlp_in=("mlp.dense_h_to_4h",), final="transformer.ln_f", layout="groups"),
     "twin_deepnorm": dict(blocks="blocks", o="attn.o_proj", mlp="mlp", conv=False,
                           read={"attn": None, "mlp": "mlp"}, raw_mlp=True,
                           qkv=("attn.q_proj", "attn.k_proj", "attn.v_proj"), mlp_in=("mlp.fc_in",),
@@ -156,6 +163,11 @@ CASES = [
     ("bloom", ["L1.mlp"], "logits", []),
     ("mpt", ["L0H1"], "L1H2.v", []),
     ("mpt", ["L0.mlp"], "L2.mlp", []),
+    ("falcon", ["L0H1"], "L1H2.v", []),
+    ("falcon", ["L0.mlp"], ("L1.mlp", "L2H3.q"), []),  # (its block adds the attention to it in place)
+    ("falcon_new", ["L0H1"], "L1H3.q", []),           # [kv head: q q k v]: query head 3 in group 1
+    ("falcon_new", ["L0H2"], ("L1H1.k", "L2H2.v"), []),
+    ("falcon_new", ["L0.mlp"], "L1.mlp", []),
     ("twin_deepnorm", ["L0.attn"], "L1.attn", ["blocks.0.ln_resid_attn", ALPHA, "blocks.0.ln_resid_mlp"]),
     ("twin_deepnorm", ["L0H2"], "L0.mlp", ["blocks.0.ln_resid_attn"]),
     ("twin_deepnorm", ["L1.mlp"], "L2H1.k", ["blocks.1.ln_resid_mlp"]),
@@ -241,6 +253,10 @@ def _columns(f, head, channel):
     group = head if c == 0 else head // (HEADS // KV.get(f, HEADS))
     if layout == "per_head":  # NeoX: [head, (q k v), d_head]
         start, module = (head * 3 + c) * D_HEAD, 0
+    elif layout == "groups":  # Falcon's new decoder: [kv head: (its query heads, k, v), d_head]
+        rep = HEADS // KV[f]
+        slot = head % rep if c == 0 else rep + c - 1
+        start, module = ((head // rep) * (rep + 2) + slot) * D_HEAD, 0
     elif layout == "blocks":  # GPT-2, Phi-3, GPTBigCode: [q | k | v], k and v KV heads wide
         start, module = (0 if c == 0 else (HEADS + (c - 1) * KV.get(f, HEADS)) * D_HEAD) + group * D_HEAD, 0
     else:

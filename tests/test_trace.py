@@ -173,3 +173,35 @@ def test_a_head_as_a_reader_is_refused_with_how_heads_read(llama):
             call("L1H2.k")
         with pytest.raises(rs.errors.UnknownNameError, match=r"components are \['L0.attn'"):
             call("L9H2.q")
+
+
+@pytest.mark.parametrize("name", ["falcon", "falcon_new"])
+def test_patterns_of_a_model_transformers_cannot_switch_to_eager_attention(name):
+    """transformers switches attention only for models using its ``AttentionInterface``;
+    Falcon's stayed SDPA, whose boolean mask its eager arithmetic (run for
+    ``output_attentions``) added to the scores: every token attended to later ones and the
+    stream moved by 0.07. Now its patterns are causal rows summing to 1, the traced stream is
+    the plain one's, the check passes, and the model is SDPA again afterwards."""
+    module = build(name)
+    model = rs.load(module, tokenizer=ByteTokenizer())
+    plain, tr = rs.trace(model, TEXTS), rs.trace(model, TEXTS, patterns=True)
+    real = tr.attention_mask.bool()
+    for A in tr.patterns:
+        rows = A.permute(0, 2, 1, 3)[real]  # (real query, head, key)
+        assert (A.triu(1).sum(-1).permute(0, 2, 1)[real]).abs().max() < 1e-6  # no later key
+        assert (rows.sum(-1) - 1).abs().max() < 1e-5
+    n = model.anatomy.n_layers
+    assert max_rel_error(tr.stream(n), plain.stream(n), tr.attention_mask) <= REL_F32
+    assert tr.check().ok
+    assert module.config._attn_implementation == "sdpa"
+
+
+def test_patterns_the_framework_gets_wrong_are_refused():
+    """Falcon with ALiBi: transformers' eager attention adds the bias twice (its SDPA path
+    once), so patterns would describe another model; they are refused by name, and the
+    plain trace still passes its check."""
+    model = rs.load(build("falcon_rw"), tokenizer=ByteTokenizer())
+    with pytest.raises(rs.errors.NotAvailableError, match="ALiBi adds the bias twice"):
+        rs.trace(model, TEXTS, patterns=True)
+    assert model.module.config._attn_implementation == "sdpa"
+    assert rs.trace(model, TEXTS).check().ok

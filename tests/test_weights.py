@@ -11,6 +11,7 @@ import torch
 from conftest import TEXTS, max_rel_error
 from tiny_hf import BUILDERS, build
 from transformers.activations import ACT2FN
+from transformers.models.falcon.modeling_falcon import build_alibi_tensor
 
 import residual_stream as rs
 from residual_stream.inputs import ByteTokenizer
@@ -29,10 +30,13 @@ SINK_SCALED = {"granite_swa", "granitemoe_swa"}
 
 
 def patterns(model, trace):
-    """Attention patterns from the framework (eager), or recomputed for the twin."""
-    if model.anatomy.architecture == "rs-twin":
+    """Attention patterns from the framework (eager), or recomputed (the twin, Falcon with ALiBi)."""
+    if model.anatomy.architecture == "rs-twin" or model.anatomy.patterns_note:
         return None
-    model.module.set_attn_implementation("eager")  # our private tiny copy
+    if type(model.module)._can_set_attn_implementation():  # our private tiny copy
+        model.module.set_attn_implementation("eager")
+    else:  # Falcon: transformers does not switch it; its attention reads the config
+        model.module.config._attn_implementation = "eager"
     with torch.no_grad():
         out = model.module(input_ids=trace.tokens, attention_mask=trace.attention_mask,
                            output_attentions=True)
@@ -83,6 +87,9 @@ def test_weights_rebuild_attention_and_mlp(name):
             A = pats[L].float()
         else:
             scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+            if model.anatomy.patterns_note:  # Falcon with ALiBi: its bias, from transformers' own function
+                alibi = build_alibi_tensor(mask, model.anatomy.n_heads, torch.float32)
+                scores = scores + alibi.view(*q.shape[:2], 1, -1) / math.sqrt(q.shape[-1])
             P = scores.shape[-1]
             scores = scores.masked_fill(torch.ones(P, P).triu(1).bool(), float("-inf"))
             A = scores.softmax(-1)

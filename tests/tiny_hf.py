@@ -111,6 +111,17 @@ BUILDERS = {
     "gpt_oss": lambda: _sinks(tf.GptOssForCausalLM(tf.GptOssConfig(  # its MLP returns (write, scores)
         **COMMON, intermediate_size=96, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
         head_dim=16, max_position_embeddings=128))),
+    # Falcon: 7B's one key/value head and one LayerNorm read by both sublayers; 40B's new decoder
+    # (2 key/value heads, each after its query heads; two LayerNorms); 11B's new decoder with one;
+    # RW's sequential blocks with ALiBi and [h: q k v]
+    "falcon": _random_biases(lambda: tf.FalconForCausalLM(tf.FalconConfig(
+        **COMMON, multi_query=True, parallel_attn=True, bias=True))),
+    "falcon_new": _random_biases(lambda: tf.FalconForCausalLM(tf.FalconConfig(
+        **COMMON, new_decoder_architecture=True, num_kv_heads=2, bias=True))),
+    "falcon_new_one_norm": lambda: tf.FalconForCausalLM(tf.FalconConfig(
+        **COMMON, new_decoder_architecture=True, num_kv_heads=2, num_ln_in_parallel_attn=1)),
+    "falcon_rw": _random_biases(lambda: tf.FalconForCausalLM(tf.FalconConfig(
+        **COMMON, multi_query=False, parallel_attn=False, alibi=True, bias=True))),
     "gpt_neo": _random_biases(lambda: tf.GPTNeoForCausalLM(tf.GPTNeoConfig(  # local windows of 4
         vocab_size=257, hidden_size=64, num_layers=3, num_heads=4, max_position_embeddings=128,
         window_size=4, attention_types=[[["global", "local"], 1], [["local"], 1]]))),

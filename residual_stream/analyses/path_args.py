@@ -140,16 +140,19 @@ def _head_reading(trace, block: str, head: int, channel: str) -> Reading:
     """The module computing ``channel`` of ``head`` and its output columns, for each qkv layout.
 
     ``separate``: q, k, v modules; ``blocks``: one module, ``[q | k | v]``; ``per_head``: one
-    module, ``[head, (q k v), d_head]``. A key or value head is shared by ``n_heads / n_kv_heads``
-    query heads. Where a norm on the queries (keys) spans every head (OLMo 2), one head's
-    query is patched after it, so that only that head's changes.
+    module, ``[head, (q k v), d_head]``; ``groups``: one module, ``[kv head: (its query heads, k,
+    v), d_head]``. A key or value head is shared by ``n_heads / n_kv_heads`` query heads. Where
+    a norm on the queries (keys) spans every head (OLMo 2), one head's query is patched after
+    it, so that only that head's changes.
     """
     a = trace.anatomy
     c, d = CHANNELS.index(channel), a.d_head
-    group = head if c == 0 else head // (a.n_heads // a.n_kv_heads)
-    layout = a.modules.qkv_layout
+    layout, rep = a.modules.qkv_layout, a.n_heads // a.n_kv_heads
+    group = head // rep if layout == "groups" or c else head
     if layout == "per_head":
         start = (head * 3 + c) * d
+    elif layout == "groups":
+        start = (group * (rep + 2) + (head % rep if c == 0 else rep + c - 1)) * d
     else:
         start = group * d + (0 if layout == "separate" or c == 0 else
                              a.n_heads * d + (c - 1) * a.n_kv_heads * d)
