@@ -7,6 +7,8 @@ never analyse a model whose stream program we have not written down and verified
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
@@ -25,6 +27,10 @@ def supported_architectures() -> list[str]:
 
 
 def _spec_for(config: object) -> ArchSpec:
+    """The row of ``config``'s family: refused if there is none or it refuses this variant.
+
+    A variant whose weights' read maps leave something out (``maps_caveat``) is warned of.
+    """
     model_type = getattr(config, "model_type", None)
     if model_type not in ARCHITECTURES:
         raise UnsupportedArchitectureError(
@@ -40,6 +46,9 @@ def _spec_for(config: object) -> ArchSpec:
             f"this {model_type} model has {variant}, a variant of the family whose stream program "
             "has not been written down and verified; load a checkpoint without it, or describe "
             "it in residual_stream/families.py and add a conservation test")
+    caveat = spec.maps_caveat(config)
+    if caveat:
+        warnings.warn(f"{model_type}: {caveat}", stacklevel=4)
     return spec
 
 

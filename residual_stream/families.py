@@ -76,6 +76,8 @@ class ArchSpec:
     mlp_out_in_place: bool = False
     # why the framework's attention patterns (its eager attention) are not the model's, if so
     patterns_refused: Callable[[object], str | None] = field(default=lambda cfg: None)
+    # what the weights' read maps do not describe in this config (a warning when it loads)
+    maps_caveat: Callable[[object], str | None] = field(default=lambda cfg: None)
 
 
 _LLAMA = ArchSpec(
@@ -97,6 +99,18 @@ _QK_NORMS = ("self_attn.q_norm", "self_attn.k_norm")
 def _flag(key: str, variant: str) -> Callable[[object], str | None]:
     """A ``refuse`` rule: a config with ``key`` set is ``variant``, which no row describes."""
     return lambda cfg: variant if getattr(cfg, key, False) else None
+
+
+def _clipped(cfg) -> str | None:
+    """A ``maps_caveat``: queries, keys and values clamped after their projections (OLMo, MPT)."""
+    attn = getattr(cfg, "attn_config", None)  # MPT's: an object or a dict
+    clip = getattr(cfg, "clip_qkv", None) or (attn.get("clip_qkv") if isinstance(attn, dict) else
+                                              getattr(attn, "clip_qkv", None))
+    return None if not clip else (
+        f"its queries, keys and values are clamped to ±{clip} after their projections (clip_qkv): the "
+        "weights' read maps (model.weights' W_Q, W_K, W_V, composition, read attribution of queries, "
+        "keys and values) describe them before the clamp; the stream, its decomposition and patching "
+        "are exact")
 
 
 def _any(*rules: Callable[[object], str | None]) -> Callable[[object], str | None]:
@@ -193,7 +207,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                     "projection)", weight_offset=0.0, **_GATE_UP, block_norms={
                         "ln_attn_in": "input_layernorm", "ln_attn_out": "post_self_attn_layernorm",
                         "ln_mlp_in": "post_attention_layernorm", "ln_mlp_out": "post_mlp_layernorm"}),
-    "olmo": replace(_LLAMA, family="OLMo decoder (pre-LayerNorm without parameters, rotary)", norm_eps=1e-5),
+    "olmo": replace(_LLAMA, family="OLMo decoder (pre-LayerNorm without parameters, rotary)", norm_eps=1e-5,
+                    maps_caveat=_clipped),
     "mixtral": _MOE,
     "qwen2_moe": replace(_MOE, family="Qwen2-MoE decoder (pre-RMSNorm, mixture-of-experts MLPs "
                          "with a shared expert)",
@@ -203,7 +218,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                          "RMSNorm on q and k)", qk_norms=_QK_NORMS, d_mlp_keys=("moe_intermediate_size",),
                          routing=_routing(experts="num_experts")),
     "olmoe": replace(_MOE, family="OLMoE decoder (pre-RMSNorm, mixture-of-experts MLPs, RMSNorm "
-                     "on q and k)", qk_norms=_QK_NORMS, routing=_routing(experts="num_experts")),
+                     "on q and k)", qk_norms=_QK_NORMS, routing=_routing(experts="num_experts"),
+                     maps_caveat=_clipped),
     "glm4_moe": replace(_MOE, family="GLM-4-MoE decoder (pre-RMSNorm, partial rotary, mixture-of-experts "
                         "MLPs with shared experts after the first dense ones)", qk_norms=_QK_NORMS,
                         d_mlp_keys=("intermediate_size", "moe_intermediate_size"),
@@ -285,7 +301,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         layers="blocks", embeds={"embed": "wte"}, final_norm="norm_f",
         block_norms={"ln_attn_in": "norm_1", "ln_mlp_in": "norm_2"}, attn_out="attn.out_proj",
         mlp_out="ffn.down_proj", n_ctx_keys=("max_seq_len",), qkv=("attn.Wqkv",), qkv_layout="blocks",
-        mlp_in="ffn.up_proj", mlp_gate=None, mlp_down="ffn.down_proj",
+        mlp_in="ffn.up_proj", mlp_gate=None, mlp_down="ffn.down_proj", maps_caveat=_clipped,
     ),
     "starcoder2": replace(_LLAMA, family="StarCoder2 decoder (pre-LayerNorm, rotary)",
                           mlp_in="mlp.c_fc", mlp_gate=None, mlp_down="mlp.c_proj"),
