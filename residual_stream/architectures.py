@@ -82,11 +82,13 @@ def _norm_spec(name: str, module: nn.Module, path: str, offset: float, eps: floa
 def _multiplier(name: str, c: float, d_model: int, owner: nn.Module) -> NormSpec:
     """A constant multiplier ``c`` as a norm (kind ``"multiplier"``) on ``owner``'s device.
 
-    Held in float64: cast to a tensor's dtype, it is the value the model's ``x * c`` multiplies by.
+    Held in float64 (float32 on MPS, which has none): cast to a tensor's dtype, it is the value
+    the model's ``x * c`` multiplies by.
     """
     device = next((p.device for p in owner.parameters() if p.device.type != "meta"), torch.device("cpu"))
-    return NormSpec(name, "multiplier", 0.0,
-                    torch.full((d_model,), float(c), dtype=torch.float64, device=device), None)
+    dtype = torch.float32 if device.type == "mps" else torch.float64
+    gain = torch.full((d_model,), float(c), dtype=dtype, device=device)
+    return NormSpec(name, "multiplier", 0.0, gain, None)
 
 
 def _in_out(module: nn.Module) -> tuple[int, int]:
