@@ -117,6 +117,32 @@ def test_pre_norm_contributions_pass_unchanged_and_post_norm_rescales():
 
 
 @pytest.mark.parametrize("name", list(BUILDERS))
+def test_every_family_gives_the_attention_patterns_it_attends_with(name):
+    """``patterns=True`` runs a model with eager attention for one pass. That pass is the
+    plain (SDPA) one's, the check passes, and the patterns are rows of weights on real keys
+    (summing to at most 1: attention sinks take the rest), none on later keys in a decoder.
+    Falcon's eager pass once attended to later tokens (transformers cannot switch it); where
+    the framework's eager attention is not the model's, patterns are refused by name."""
+    model = hf_model(name)
+    if model.anatomy.patterns_note:
+        with pytest.raises(rs.errors.NotAvailableError, match=model.anatomy.patterns_note[:30]):
+            rs.trace(model, TEXTS, patterns=True)
+        return
+    plain, tr = rs.trace(model, TEXTS), rs.trace(model, TEXTS, patterns=True)
+    n, mask = model.anatomy.n_layers, tr.attention_mask
+    assert max_rel_error(tr.stream(n), plain.stream(n), mask) <= REL_F32
+    assert tr.check().ok
+    real = mask.bool()
+    for A in tr.patterns:
+        rows = A.permute(0, 2, 1, 3)[real]  # (real query, head, key)
+        assert rows.min() >= 0 and (rows.sum(-1) - 1).max() <= 1e-5 and rows.sum(-1).min() > 0
+        padding = (A * (~real)[:, None, None, :]).permute(0, 2, 1, 3)[real]  # on padded keys
+        assert padding.abs().max() <= 1e-6
+        if model.anatomy.causal:
+            assert A.triu(1).sum(-1).permute(0, 2, 1)[real].max() <= 1e-6
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
 def test_every_family_passes_the_check_in_bfloat16(name):
     """The model run in bfloat16 (the GPU's dtype) against its own hidden states, RMS errors
     within 2 ε: every hook and norm description holds when the framework rounds (experts'
