@@ -275,6 +275,9 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         patterns_refused=_flag("alibi", "transformers' eager attention for Falcon with ALiBi adds the bias "
                                "twice (its default attention adds it once), so its attention weights "
                                "are not this model's"),
+        refuse=lambda cfg: "the new decoder with sequential blocks (new_decoder_architecture without "
+        "parallel_attn), which transformers builds without its LayerNorms" if (
+            cfg.new_decoder_architecture and not cfg.parallel_attn) else None,
     ),
     "gpt_neo": ArchSpec(
         family="GPT-Neo decoder (pre-LayerNorm, learned positions, local attention in alternate layers)",

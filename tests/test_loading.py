@@ -216,6 +216,9 @@ def test_unsupported_architecture_is_named():
      "apply_residual_connection_post_layernorm"),
     (lambda: tf.BloomForCausalLM(tf.BloomConfig(vocab_size=257, hidden_size=32, n_layer=1, n_head=4,
                                                 pretraining_tp=2, slow_but_exact=True)), "slow_but_exact"),
+    (lambda: tf.FalconForCausalLM(tf.FalconConfig(vocab_size=257, hidden_size=32, num_hidden_layers=1,
+                                                  num_attention_heads=4, new_decoder_architecture=True,
+                                                  parallel_attn=False)), "without parallel_attn"),
     (lambda: tf.GraniteMoeSWAForCausalLM(tf.GraniteMoeSWAConfig(
         vocab_size=257, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_local_experts=2,
         num_experts_per_tok=1, intermediate_size=16, shared_intermediate_size=16, bos_token_id=1,
