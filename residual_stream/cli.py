@@ -57,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("models", help="list the model registry (installed or not)")
+    sub.add_parser("families", help="list the supported architectures (config.model_type and family)")
     a = sub.add_parser("anatomy", help="print a model's anatomy and stream program")
     a.add_argument("model", help="registry name, HF folder, .gguf file or cached hub id")
     c = sub.add_parser("check", help="trace a text and print the conservation report")
@@ -134,6 +135,14 @@ def _models(args: argparse.Namespace) -> int:
     from .registry import list_models
 
     print(list_models().to_string(index=False))
+    return 0
+
+
+def _families(args: argparse.Namespace) -> int:
+    from .families import ARCHITECTURES
+
+    for model_type in sorted(ARCHITECTURES):
+        print(f"{model_type:<16} {ARCHITECTURES[model_type].family}")
     return 0
 
 
@@ -334,9 +343,9 @@ def _scan(args: argparse.Namespace) -> int:
     return run(args)
 
 
-COMMANDS = {"models": _models, "anatomy": _anatomy, "check": _check, "summarize": _summarize,
-            "heads": heads_command, "composition": composition_command, "train": _train, "report": _report,
-            "trace": _trace_stats, "scan": _scan, "app": _app}
+COMMANDS = {"models": _models, "families": _families, "anatomy": _anatomy, "check": _check,
+            "summarize": _summarize, "heads": heads_command, "composition": composition_command,
+            "train": _train, "report": _report, "trace": _trace_stats, "scan": _scan, "app": _app}
 
 
 def main(argv: list[str] | None = None) -> int:

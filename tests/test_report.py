@@ -392,3 +392,15 @@ def test_report_renders_in_chromium(report, tmp_path):
         assert page.evaluate("window.__pwned") is None
         browser.close()
     assert rendered >= 14 and not errors, errors
+
+
+def test_cli_families_lists_every_supported_architecture(capsys):
+    """``residual-stream families``: one line per ``config.model_type`` that ``rs.load``
+    accepts (``rs.supported_architectures()``), each with its family's description."""
+    from residual_stream.cli import main
+
+    assert main(["families"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == rs.supported_architectures()
+    by_type = {line.split()[0]: line for line in lines}
+    assert "multipliers" in by_type["granite"] and "ALiBi" in by_type["bloom"]
