@@ -40,7 +40,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .capture import capture, hidden_states_reference, model_lock
+from .capture import capture, hidden_states_reference
+from .contexts import model_lock
 from .decomposition import collect, replay_states
 from .errors import ConservationError, InputError
 from .program import Add, Mark, Norm, Read

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from .capture import model_lock
+from .contexts import model_lock
 
 _RETURNS_TENSOR: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 

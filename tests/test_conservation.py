@@ -197,7 +197,7 @@ def test_the_norm_checks_wait_for_another_threads_hooked_pass(monkeypatch):
     import threading
 
     from residual_stream import conservation
-    from residual_stream.capture import model_lock
+    from residual_stream.contexts import model_lock
 
     model = perturbed_twin("layernorm", "pre")
     tr = rs.trace(model, ["abc de"])

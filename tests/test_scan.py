@@ -1379,7 +1379,7 @@ def test_an_accumulator_that_holds_a_scan_is_refused_and_left_as_it_was(model):
 
 def test_a_model_shared_by_two_threads_gives_each_its_own_results():
     """The app's reruns can overlap: one thread traces while another scans the same model.
-    Each pass holds the model's lock (``capture.model_lock``), so neither sees the other's
+    Each pass holds the model's lock (``contexts.model_lock``), so neither sees the other's
     hooks (before, the scan lost its last block's hook to the trace's clean-up: a KeyError)."""
     import threading
 

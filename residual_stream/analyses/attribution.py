@@ -23,7 +23,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..capture import _forward_kwargs, edited, first_input, first_output, untouched, with_first_input
+from ..capture import _forward_kwargs, first_input, first_output, with_first_input
+from ..contexts import edited, untouched
 from ..errors import InputError, NotAvailableError
 from ..walk import component_of, head_of
 from .ablation_args import checked_patching, checked_writes, metric_values, text_shares
