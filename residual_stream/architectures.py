@@ -166,8 +166,8 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
             lm_head=_head_transform(model, spec.head_transform) if has_lm_head else None,
             qkv=spec.qkv, qkv_layout=_read(spec.qkv_layout, config),
             mlp_in=spec.mlp_in if has_mlp else "", mlp_down=spec.mlp_down if has_mlp else "",
-            mlp_gate=spec.mlp_gate if has_mlp and _has(
-                base, f"{layer_paths[0]}.{spec.mlp_gate}") else None,
+            mlp_gate=spec.mlp_gate if has_mlp and any(  # (a model of experts: in its dense blocks)
+                _has(base, f"{p}.{spec.mlp_gate}") for p in layer_paths) else None,
             mlp_layout=spec.mlp_layout,
             qk_norms=spec.qk_norms if spec.qk_norms and all(
                 _has(base, f"{layer_paths[0]}.{p}") for p in spec.qk_norms) else None,

@@ -42,9 +42,10 @@ class ArchSpec:
     mlp_in: str = "mlp.up_proj"
     mlp_gate: str | None = "mlp.gate_proj"
     mlp_down: str = "mlp.down_proj"
-    # mixture-of-experts MLPs have no single read or write map (mlp_in and mlp_down ""): d_mlp
-    # is the widest hidden layer a token's MLP computes, the largest of these config keys
-    # (one expert's width; Qwen2-MoE's shared expert's)
+    # mixture-of-experts MLPs have no single read or write map (their blocks lack mlp_in and
+    # mlp_down, which name the dense blocks' maps where a model has some): d_mlp is the widest
+    # hidden layer a token's MLP computes, the largest of these config keys (one expert's
+    # width; Qwen2-MoE's shared expert's; GLM-4-MoE's dense blocks')
     d_mlp_keys: tuple[str, ...] = ()
     # (experts a token uses, experts) of such an MLP, for the memory estimate
     routing: Callable[[object], tuple[int, int] | None] = field(default=lambda cfg: None)
@@ -154,7 +155,7 @@ def _routing(used: str = "num_experts_per_tok", experts: str = "num_local_expert
     return lambda cfg: (int(getattr(cfg, used)), int(getattr(cfg, experts)))
 
 
-_MOE_MAPS = dict(mlp_in="", mlp_gate=None, mlp_down="", routing=_routing())
+_MOE_MAPS = dict(routing=_routing())  # the MLP paths name a dense block's (GLM-4-MoE's first)
 _MOE = replace(_LLAMA, family="Mixtral decoder (pre-RMSNorm, mixture-of-experts MLPs)",
                d_mlp_keys=("intermediate_size",), **_MOE_MAPS)
 

@@ -194,15 +194,34 @@ def layer_weights(model: nn.Module, anatomy, layer: int) -> LayerWeights:
     W_K, b_K = _per_head(Wk, bk, H, anatomy.n_kv_heads)
     W_V, b_V = _per_head(Wv, bv, H, anatomy.n_kv_heads)
     o = model.get_submodule(paths.attn_out[layer])
-    down = block.get_submodule(paths.mlp_down) if paths.mlp_down else None
+    dense = has_mlp_maps(block, anatomy)
+    down = block.get_submodule(paths.mlp_down) if dense else None
     g_Q, g_K = _qk_gains(block, paths, H, anatomy.n_kv_heads, anatomy.d_head)
-    (W_in, b_in), (W_gate, b_gate) = _mlp_reads(block, paths)
+    (W_in, b_in), (W_gate, b_gate) = _mlp_reads(block, paths) if dense else ((None, None), (None, None))
     return LayerWeights(
         W_Q=W_Q, W_K=W_K, W_V=W_V, b_Q=b_Q, b_K=b_K, b_V=b_V,
         W_O=attn_W_O(o, H), b_O=bias_of(o), W_in=W_in, b_in=b_in, W_gate=W_gate, b_gate=b_gate,
         W_out=None if down is None else as_in_out(down), b_out=None if down is None else bias_of(down),
         g_Q=g_Q, g_K=g_K,
     )
+
+
+def has_mlp_maps(block: nn.Module, anatomy) -> bool:
+    """Whether ``block``'s MLP has read and write maps (``ModulePaths.mlp_in``, ``mlp_down``).
+
+    A model of experts (``anatomy.routing``) may have dense MLPs in some blocks (GLM-4-MoE's
+    first, Qwen2-MoE's ``mlp_only_layers``): those have them, its MLPs of experts do not.
+    """
+    paths = anatomy.modules
+    if not paths.mlp_in:
+        return False
+    if anatomy.routing is None:
+        return True  # a dense model: every block has them (a wrong path fails loudly)
+    try:
+        block.get_submodule(paths.mlp_in)
+    except AttributeError:
+        return False
+    return True
 
 
 def _mlp_reads(block: nn.Module, paths: ModulePaths):

@@ -252,6 +252,25 @@ def test_read_attribution_sums_to_one_and_matches_the_framework():
         assert (got - expected)[m].abs().max() < 1e-4, label
 
 
+@pytest.mark.parametrize("name, dense", [("qwen2_moe_dense", 1), ("glm4_moe", 0)])
+def test_the_dense_mlp_of_a_model_of_experts_has_its_maps(name, dense):
+    """Qwen2-MoE's ``mlp_only_layers`` and GLM-4-MoE's first blocks are dense MLPs: they have
+    read and write maps (gate, up and down, checked against the modules' own weights), so
+    composition scores their pairs, while the MLPs of experts have none. Before, every MLP of
+    such a model was map-less (and a dense block after an MLP of experts lost its gate)."""
+    model = rs.load(build(name), tokenizer=ByteTokenizer())
+    mlp = model.module.model.layers[dense].mlp
+    w = model.weights(dense)
+    torch.testing.assert_close(w.W_in, mlp.up_proj.weight.T.float())
+    torch.testing.assert_close(w.W_gate, mlp.gate_proj.weight.T.float())
+    torch.testing.assert_close(w.W_out, mlp.down_proj.weight.T.float())
+    experts = [L for L in range(model.anatomy.n_layers) if L != dense]
+    assert all(model.weights(L).W_in is None for L in experts)
+    frame = rs.composition(model).to_frame()
+    named = set(frame.writer) | set(frame.reader)
+    assert f"L{dense}.mlp" in named and not any(f"L{L}.mlp" in named for L in experts)
+
+
 def test_an_mlp_of_experts_reads_its_whole_input():
     """A mixture-of-experts MLP (Mixtral) has no single read map: the router and every expert
     read its whole normed input, so its one reader ``L1.mlp.in`` is that input. Reference, by

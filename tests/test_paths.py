@@ -21,7 +21,8 @@ from residual_stream.inputs import ByteTokenizer
 ATOL = 2e-6  # float32 logits (~1e-7 apart): the library's hooks add a difference, the test's replace
 # the output, and runs stacked in one pass round as their own batch
 D_HEAD, HEADS, KV = 16, 4, {"llama": 2, "gemma2": 2, "olmo2": 2, "phi3": 2, "gpt_bigcode": 1, "mixtral": 2,
-                                 "gpt_oss": 2, "granite": 2, "granitemoe": 2, "falcon": 1, "falcon_new": 2}
+                                 "gpt_oss": 2, "granite": 2, "granitemoe": 2, "falcon": 1, "falcon_new": 2,
+                                 "glm4_moe": 2}
 ALPHA = 6 ** 0.25  # DeepNorm's α = (2N)^¼ for the twin's 3 blocks
 EMBED_M, WRITE_M = GRANITE["embedding_multiplier"], GRANITE["residual_multiplier"]  # Granite's
 
@@ -100,6 +101,10 @@ FAMILIES = {
     "falcon_new": dict(blocks="transformer.h", o="self_attention.dense", mlp="mlp", conv=False,
                        read={"attn": "ln_attn", "mlp": "ln_mlp"}, qkv=("self_attention.query_key_value",),
                        mlp_in=("mlp.dense_h_to_4h",), final="transformer.ln_f", layout="groups"),
+    "glm4_moe": dict(blocks="model.layers", o="self_attn.o_proj", mlp="mlp", conv=False,  # block 0 dense
+                     read={"attn": "input_layernorm", "mlp": "post_attention_layernorm"},
+                     qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),  # per-head norms
+                     mlp_in=("mlp.gate_proj", "mlp.up_proj"), final="model.norm", layout="separate"),
     "twin_deepnorm": dict(blocks="blocks", o="attn.o_proj", mlp="mlp", conv=False,
                           read={"attn": None, "mlp": "mlp"}, raw_mlp=True,
                           qkv=("attn.q_proj", "attn.k_proj", "attn.v_proj"), mlp_in=("mlp.fc_in",),
@@ -168,6 +173,8 @@ CASES = [
     ("falcon_new", ["L0H1"], "L1H3.q", []),           # [kv head: q q k v]: query head 3 in group 1
     ("falcon_new", ["L0H2"], ("L1H1.k", "L2H2.v"), []),
     ("falcon_new", ["L0.mlp"], "L1.mlp", []),
+    ("glm4_moe", ["L0H1"], "L0.mlp", []),            # the dense MLP of a model of experts: its maps
+    ("glm4_moe", ["L1.mlp"], "L2H0.q", []),          # experts, sending
     ("twin_deepnorm", ["L0.attn"], "L1.attn", ["blocks.0.ln_resid_attn", ALPHA, "blocks.0.ln_resid_mlp"]),
     ("twin_deepnorm", ["L0H2"], "L0.mlp", ["blocks.0.ln_resid_attn"]),
     ("twin_deepnorm", ["L1.mlp"], "L2H1.k", ["blocks.1.ln_resid_mlp"]),

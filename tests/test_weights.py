@@ -116,7 +116,7 @@ def test_weights_rebuild_attention_and_mlp(name):
         assert max_rel_error(z, trace.captured.z[L], mask) <= REL, f"z, layer {L}"
         x = trace.read_input(f"L{L}.mlp")
         if w.W_in is None:  # experts: no single map; the framework's MLP, run on what it reads
-            assert w.W_out is None and w.W_gate is None and model.anatomy.modules.mlp_in == ""
+            assert w.W_out is None and w.W_gate is None and model.anatomy.routing is not None
             mlp = model.module.get_submodule(model.anatomy.modules.mlp_out[L])
             with torch.no_grad():
                 out = mlp(x)

@@ -94,6 +94,9 @@ BUILDERS = {
     "qwen2_moe": _random_biases(_llama_like(tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM, num_experts=4,
                                             moe_intermediate_size=48, shared_expert_intermediate_size=96,
                                             num_experts_per_tok=2)),
+    "qwen2_moe_dense": _random_biases(_llama_like(  # block 1 a dense MLP between two of experts
+        tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM, num_experts=4, moe_intermediate_size=48,
+        shared_expert_intermediate_size=96, num_experts_per_tok=2, mlp_only_layers=[1])),
     "qwen3_moe": _llama_like(tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM, num_experts=4, num_experts_per_tok=2,
                              head_dim=16, moe_intermediate_size=48),
     "olmoe": _llama_like(tf.OlmoeConfig, tf.OlmoeForCausalLM, num_experts=4, num_experts_per_tok=2),

@@ -17,6 +17,7 @@ from ..devices import parameter
 from ..errors import InputError, UnknownNameError
 from ..program import Add, Embed, Mark, Read
 from ..walk import component_of
+from ..weights import has_mlp_maps
 
 LOGITS = "logits"  # the receiver that is the unembedding's read
 CHANNELS = ("q", "k", "v")
@@ -127,7 +128,8 @@ def receiver(trace, name: str) -> Receiver:
     if head is not None:
         channels = (head[2],) if head[2] else CHANNELS
         readings = tuple(_head_reading(trace, block, head[1], c) for c in channels)
-    elif kind == "mlp" and not a.modules.mlp_in:  # experts: the MLP itself, on what it reads
+    elif kind == "mlp" and not has_mlp_maps(trace.model.module.get_submodule(block), a):
+        # experts: the MLP itself, on what it reads
         readings = (Reading(a.modules.mlp_out[layer], (a.modules.mlp_out[layer],), None),)
     else:
         paths = (dict.fromkeys(p for p in (a.modules.mlp_in, a.modules.mlp_gate) if p) if kind == "mlp"
