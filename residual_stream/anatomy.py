@@ -90,6 +90,7 @@ class Anatomy:
     ``logit_scale``: what the model multiplies its logits by (None: nothing). ``routing``:
     ``(experts a token uses, experts)`` of a mixture-of-experts MLP (None for a dense one).
     ``patterns_note``: why the framework cannot give this model's attention patterns (None: it can).
+    ``family``: the family's description in the table of architectures.
     """
 
     architecture: str
@@ -115,6 +116,7 @@ class Anatomy:
     logit_scale: float | None = None
     routing: tuple[int, int] | None = None
     patterns_note: str | None = None
+    family: str = ""
     components: tuple[Component, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -193,6 +195,7 @@ class Anatomy:
         """The headline facts as a flat dict (one row of ``list_models`` / the app's table)."""
         return {
             "architecture": self.architecture,
+            "family": self.family,
             "placement": self.placement,
             "norm": self.norm_kind,
             "n_layers": self.n_layers,

@@ -45,6 +45,7 @@ def test_every_layer_matches_hidden_states_and_decomposes(name, request):
 def test_smollm2_anatomy_and_logits(smollm2):
     a = smollm2.anatomy
     assert (a.architecture, a.placement, a.norm_kind) == ("llama", "pre", "rmsnorm")
+    assert a.summary()["family"] == "Llama-style decoder (pre-RMSNorm, rotary)"
     assert (a.n_layers, a.d_model, a.n_heads, a.n_kv_heads, a.d_head) == (30, 576, 9, 3, 64)
     trace = rs.trace(smollm2, "The capital of France is")
     assert smollm2.tokenizer.decode(trace.logits[0, -1].argmax()).strip() == "Paris"
