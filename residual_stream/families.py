@@ -229,6 +229,10 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                             "shared experts after the first dense ones)",
                             d_mlp_keys=("intermediate_size", "moe_intermediate_size"),
                             routing=_routing("moe_k", "moe_num_experts")),
+    "exaone_moe": replace(_MOE, family="EXAONE MoE decoder (pre-RMSNorm, RMSNorm on q and k, "
+                          "mixture-of-experts MLPs with a shared expert after the first dense ones)",
+                          qk_norms=_QK_NORMS, d_mlp_keys=("intermediate_size", "moe_intermediate_size"),
+                          routing=_routing(experts="num_experts")),
     "phimoe": replace(_MOE, family="PhiMoE decoder (pre-LayerNorm, mixture-of-experts MLPs)"),
     "gpt_oss": replace(_MOE, family="gpt-oss decoder (pre-RMSNorm, mixture-of-experts MLPs, "
                        "attention sinks)"),

@@ -252,7 +252,7 @@ def test_read_attribution_sums_to_one_and_matches_the_framework():
         assert (got - expected)[m].abs().max() < 1e-4, label
 
 
-@pytest.mark.parametrize("name, dense", [("qwen2_moe_dense", 1), ("glm4_moe", 0)])
+@pytest.mark.parametrize("name, dense", [("qwen2_moe_dense", 1), ("glm4_moe", 0), ("exaone_moe", 0)])
 def test_the_dense_mlp_of_a_model_of_experts_has_its_maps(name, dense):
     """Qwen2-MoE's ``mlp_only_layers`` and GLM-4-MoE's first blocks are dense MLPs: they have
     read and write maps (gate, up and down, checked against the modules' own weights), so
@@ -364,7 +364,7 @@ QK_NORM_COS_TOL = 1e-5  # 1 − cosine between float32 vectors of 16 entries com
 
 
 @pytest.mark.parametrize("name", ["qwen3", "olmo2", "olmo3", "gemma3_text", "apertus", "exaone4", "glm4_moe",
-                                  "llama"])
+                                  "exaone_moe", "llama"])
 def test_attention_read_maps_reproduce_the_frameworks_queries_and_keys(name):
     """``attention_read_maps`` against the framework's own queries and keys, after Qwen3's
     per-head, OLMo 2's all-heads and Gemma 3's ``1 + γ`` query/key RMSNorms (Llama has

@@ -111,6 +111,11 @@ BUILDERS = {
     "ernie4_5_moe": _llama_like(tf.Ernie4_5_MoeConfig, tf.Ernie4_5_MoeForCausalLM, head_dim=16,
                                 moe_num_experts=4, moe_k=2, moe_intermediate_size=48,
                                 moe_num_shared_experts=1, moe_layer_start_index=1),
+    "exaone_moe": _llama_like(tf.ExaoneMoeConfig, tf.ExaoneMoeForCausalLM, head_dim=16, num_experts=4,
+                              num_experts_per_tok=2, moe_intermediate_size=48, num_shared_experts=1,
+                              mlp_layer_types=["dense", "sparse", "sparse"], sliding_window=4,
+                              layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                              pad_token_id=None, bos_token_id=1, eos_token_id=2),
     "gpt_oss": lambda: _sinks(tf.GptOssForCausalLM(tf.GptOssConfig(  # its MLP returns (write, scores)
         **COMMON, intermediate_size=96, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
         head_dim=16, max_position_embeddings=128))),
