@@ -1,6 +1,7 @@
 """The ``residual-stream`` command line.
 
     residual-stream models                     the registry: what is installed, how to install the rest
+    residual-stream families                   every supported config.model_type and its family
     residual-stream anatomy MODEL              sizes, norms and the stream program of a model
     residual-stream check MODEL --text TEXT    trace TEXT and print the conservation report
     residual-stream summarize MODEL [--text T] headline numbers of every analysis
