@@ -188,15 +188,16 @@ def _replay_hooks(trace: Trace, cap, rec: _Recorder) -> None:
     after every whole-stream norm (``reset="norms"``), so a wrong hook shows where it sits
     and a 16-bit model's rounding is never carried into the next comparison.
     """
+    norms = trace.anatomy.norms
     for step in walk_stream(trace, cap, reset="norms"):
         op = step.op
-        if isinstance(op, (Read, Norm)) and op.norm in cap.norm_in:  # (a multiplier has no input)
+        if isinstance(op, (Read, Norm)) and op.norm is not None and not norms[op.norm].constant:
             rec.compare("hook", f"{op.norm} input", step.x, cap.norm_in[op.norm])
         elif isinstance(op, Add):
             layer, kind = component_of(op.component)
             if kind == "attn" and cap.attn_out:
                 rec.compare("hook", f"{op.component} heads sum", step.write, cap.attn_out[layer])
-            if op.via in cap.norm_in:  # a write norm's module input (a multiplier has none)
+            if op.via is not None and not norms[op.via].constant:  # (a multiplier has no module)
                 rec.compare("hook", f"{op.via} input", step.write, cap.norm_in[op.via])
         elif isinstance(op, Mark) and op.point != "final":
             rec.compare("hook", f"resid_pre {op.point}", step.x, cap.resid[op.point])

@@ -85,15 +85,17 @@ Op = Embed | Read | Add | Norm | Scale | Mark
 # "L3.ln_attn_in"); a role the model lacks (norm="none", OLMo 2's missing input norm, a pre-norm
 # block's write roles, which only a model with write multipliers fills) drops out:
 # a Read through it becomes a raw read, a Norm or an Add's ``via`` through it disappears.
+# Pre-norm and sandwich blocks therefore share one template: the placement names which roles
+# a model fills (sandwich: both; pre: the reads, and the writes only for multipliers).
+_READ_THEN_ADD = (("read", "attn", "ln_attn_in"), ("add", "attn", "ln_attn_out"),
+                  ("read", "mlp", "ln_mlp_in"), ("add", "mlp", "ln_mlp_out"))
 BLOCK_TEMPLATES: dict[str, tuple[tuple, ...]] = {
-    "pre": (("read", "attn", "ln_attn_in"), ("add", "attn", "ln_attn_out"),
-            ("read", "mlp", "ln_mlp_in"), ("add", "mlp", "ln_mlp_out")),
+    "pre": _READ_THEN_ADD,
     "parallel": (("read", "attn", "ln_attn_in"), ("read", "mlp", "ln_mlp_in"),
                  ("add", "attn", "ln_attn_out"), ("add", "mlp", "ln_mlp_out")),
     "post": (("read", "attn", None), ("add", "attn", None), ("norm", "ln_resid_attn"),
              ("read", "mlp", None), ("add", "mlp", None), ("norm", "ln_resid_mlp")),
-    "sandwich": (("read", "attn", "ln_attn_in"), ("add", "attn", "ln_attn_out"),
-                 ("read", "mlp", "ln_mlp_in"), ("add", "mlp", "ln_mlp_out")),
+    "sandwich": _READ_THEN_ADD,
     "deepnorm": (("read", "attn", None), ("scale",), ("add", "attn", None),
                  ("norm", "ln_resid_attn"), ("read", "mlp", None), ("scale",),
                  ("add", "mlp", None), ("norm", "ln_resid_mlp")),

@@ -183,7 +183,7 @@ def walk_ops(ops, x: Tensor, cap: Captured, norms: dict, attn_write: Callable[[i
             continue
         yield Step(op, stream)
         if isinstance(op, Norm):
-            before = cap.norm_in[op.norm] if reset == "norms" and op.norm in cap.norm_in else \
+            before = cap.norm_in[op.norm] if reset == "norms" and not norms[op.norm].constant else \
                 stream.value()  # (a multiplier has no module, no captured input)
             stream = Pending((norms[op.norm].apply_frozen(wide(before), cap.norm_scale[op.norm]),))
         elif isinstance(op, Scale):

@@ -126,7 +126,8 @@ def test_weights_rebuild_attention_and_mlp(name):
         pre = x @ w.W_in + (0 if w.b_in is None else w.b_in)
         f = act(model, model.module.config.mlp if name in TWINS else "")
         if model.anatomy.architecture in LEARNED_ACTIVATIONS:  # each layer's own, with its parameters
-            f = model.module.get_submodule(f"{model.anatomy.modules.layers[L]}.mlp.act_fn")
+            own = model.module.get_submodule(f"{model.anatomy.modules.layers[L]}.mlp.act_fn")
+            f = lambda t, own=own: own(t).detach()  # noqa: E731 (its parameters need no gradient)
         gate = None if w.W_gate is None else x @ w.W_gate + (0 if w.b_gate is None else w.b_gate)
         h = f(gate) * pre if gate is not None else f(pre)
         out = h @ w.W_out + (0 if w.b_out is None else w.b_out)
