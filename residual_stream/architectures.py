@@ -130,12 +130,13 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
             if _has(base, path):
                 norms[f"L{L}.{role}"] = _norm_spec(
                     f"L{L}.{role}", base.get_submodule(path), full(path), spec.weight_offset, spec.norm_eps)
+    embed_paths = _read(spec.embeds, config)
     for role, c in spec.multipliers(config).items():
-        for name, owner in ([(role, spec.embeds["embed"])] if role == "ln_embed" else
+        for name, owner in ([(role, embed_paths["embed"])] if role == "ln_embed" else
                             [(f"L{L}.{role}", f"{spec.layers}.{L}") for L in range(n_layers)]):
             norms[name] = _multiplier(name, c, int(config.hidden_size), base.get_submodule(owner))
 
-    embeds = tuple(k for k, p in spec.embeds.items() if _has(base, p))
+    embeds = tuple(k for k, p in embed_paths.items() if _has(base, p))
     alpha = float(spec.alpha(config))
     layer_paths = tuple(f"{spec.layers}.{L}" for L in range(n_layers))
     has_mlp = _has(base, f"{layer_paths[0]}.{spec.mlp_out}")
@@ -144,6 +145,7 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
                               sublayers=("attn", "mlp") if has_mlp else ("attn",))
     attn0 = base.get_submodule(f"{layer_paths[0]}.{spec.attn_out}")
     n_heads = int(config.num_attention_heads)
+    widths = _read(spec.d_mlp_keys, config)
     d_model = int(config.hidden_size)
     z_dim, _ = _in_out(attn0)
     return Anatomy(
@@ -153,13 +155,13 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
         n_kv_heads=int(spec.n_kv_heads(config) if spec.n_kv_heads else
                        getattr(config, "num_key_value_heads", None) or n_heads),
         d_head=z_dim // n_heads, d_mlp=0 if not has_mlp else max(
-            int(getattr(config, k)) for k in spec.d_mlp_keys) if spec.d_mlp_keys
+            int(getattr(config, k)) for k in widths) if widths
         else _mlp_width(base, layer_paths[0], spec),
         d_vocab=int(config.vocab_size), n_ctx=_first_attr(config, spec.n_ctx_keys, 2048),
         embeds=embeds, norms=norms, program=program,
         modules=ModulePaths(
             layers=tuple(full(p) for p in layer_paths),
-            embeds={k: full(spec.embeds[k]) for k in embeds},
+            embeds={k: full(embed_paths[k]) for k in embeds},
             attn_out=tuple(full(f"{p}.{spec.attn_out}") for p in layer_paths),
             mlp_out=tuple(full(f"{p}.{spec.mlp_out}") for p in layer_paths) if has_mlp else (),
             norms={k: v.module_path for k, v in norms.items() if not v.constant},
@@ -172,6 +174,7 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
             qk_norms=spec.qk_norms if spec.qk_norms and all(
                 _has(base, f"{layer_paths[0]}.{p}") for p in spec.qk_norms) else None,
             qk_norm_offset=spec.weight_offset, mlp_out_in_place=spec.mlp_out_in_place,
+            unembed_in=full(spec.unembed_in) if spec.unembed_in and _has(base, spec.unembed_in) else None,
         ),
         has_lm_head=has_lm_head, lm_head_note=lm_head_note, alpha=alpha,
         has_attn_bias=getattr(attn0, "bias", None) is not None,

@@ -36,6 +36,17 @@ def terminal_bars() -> contextlib.AbstractContextManager[None]:
     return framework_bars(sys.stderr.isatty())
 
 
+def load_on_terminal(source: object, **options: object):
+    """``loading.load(source, **options)`` with transformers' bars shown only on a terminal.
+
+    How every command of the command line loads a model (``terminal_bars``).
+    """
+    from .loading import load
+
+    with terminal_bars():
+        return load(source, **options)
+
+
 _GGUF_BAR = threading.Lock()  # held while transformers reads a GGUF file (``gguf_bar``)
 
 

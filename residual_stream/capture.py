@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from .anatomy import Anatomy
 from .contexts import eager_attention, edited, model_lock, untouched
 from .errors import NotAvailableError
+from .hookio import by_token, first_input, first_output, with_first_input
 
 
 @dataclass
@@ -48,24 +49,6 @@ class Captured:
                  for f in fields(self) if isinstance(getattr(self, f.name), dict)}
         return Captured(**parts, logits=None if self.logits is None else self.logits[rows],
                         patterns=None if self.patterns is None else tuple(p[rows] for p in self.patterns))
-
-
-def first_output(x: object) -> Tensor:
-    """A module's main output: the first element when it returns a tuple."""
-    return x[0] if isinstance(x, (tuple, list)) else x
-
-
-def first_input(args: tuple, kwargs: dict) -> Tensor:
-    """A forward pre-hook's view of a module's main input.
-
-    The first positional argument, or ``hidden_states=`` (how Hugging Face blocks are called).
-    """
-    return args[0] if args else kwargs["hidden_states"]
-
-
-def with_first_input(args: tuple, kwargs: dict, x: Tensor) -> tuple[tuple, dict]:
-    """What a forward pre-hook returns to replace the module's main input (``first_input``) by ``x``."""
-    return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": x})
 
 
 @contextmanager
@@ -113,8 +96,7 @@ def _hook_plan(anatomy: Anatomy, out: Captured, shape: torch.Size, verify: bool,
     m = anatomy.modules
 
     def keep(t: Tensor) -> Tensor:
-        t = t.detach().to(home or t.device, dtype or t.dtype)
-        return t if t.shape[:-1] == shape else t.expand(*shape, t.shape[-1])
+        return by_token(t.detach().to(home or t.device, dtype or t.dtype), shape, expand=True)
 
     def store_output(store: dict, key: object, in_place: bool = False):
         def hook(mod, args, y):
@@ -196,7 +178,7 @@ def capture(
     if patterns:
         kwargs["output_attentions"] = True
     with torch.inference_mode(), untouched(model, hooks=patterns), eager_attention(model, patterns), \
-            edited(model, edits), hooked(model, anatomy, out, tokens.shape, verify=verify,
+            edited(model, edits, tokens.shape), hooked(model, anatomy, out, tokens.shape, verify=verify,
                                          home=tokens.device, heads=heads, dtype=dtype,
                                          scales=scales):
         result = model(**kwargs)
@@ -249,7 +231,7 @@ def model_logits(model: nn.Module, anatomy: Anatomy, tokens: Int[Tensor, "batch 
     if not anatomy.has_lm_head:
         raise NotAvailableError(anatomy.lm_head_note or "this model has no LM head")
     with torch.inference_mode(), untouched(model, hooks=False), \
-            edited(model, [*edits, *_unembedding_at(model, columns, tokens.shape[1])]):
+            edited(model, [*edits, *_unembedding_at(model, columns, tokens.shape[1])], tokens.shape):
         raw = _logits_of(model(**_forward_kwargs(model, tokens, attention_mask, headless=False)))
     if raw is None:
         raise NotAvailableError(f"{type(model).__name__}'s forward pass returned no logits")

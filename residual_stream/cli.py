@@ -27,7 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .bars import terminal_bars
+from .bars import load_on_terminal
 from .cli_weights import add_weight_commands, composition_command, heads_command
 from .errors import InputError, ResidualStreamError
 from .files import path_kind, usual_permissions, writable
@@ -148,10 +148,7 @@ def _families(args: argparse.Namespace) -> int:
 
 
 def _anatomy(args: argparse.Namespace) -> int:
-    from .loading import load
-
-    with terminal_bars():
-        model = load(args.model, device="cpu")
+    model = load_on_terminal(args.model, device="cpu")
     for key, value in model.anatomy.summary().items():
         print(f"{key:>14}: {value}")
     print("\nstream program:\n" + model.anatomy.describe_program())
@@ -159,11 +156,9 @@ def _anatomy(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from .loading import load
     from .trace import trace
 
-    with terminal_bars():
-        model = load(args.model, device=args.device, dtype=args.dtype)
+    model = load_on_terminal(args.model, device=args.device, dtype=args.dtype)
     report = trace(model, args.text).check()
     if args.verbose:
         print(report.to_frame().to_string(index=False))
@@ -172,11 +167,9 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _summarize(args: argparse.Namespace) -> int:
-    from .loading import load
     from .summary import DEFAULT_TEXTS, summarize
 
-    with terminal_bars():
-        model = load(args.model, device="cpu")
+    model = load_on_terminal(args.model, device="cpu")
     numbers = summarize(model, args.text or DEFAULT_TEXTS)
     if args.json:
         print(json.dumps(numbers, indent=1))
@@ -251,7 +244,6 @@ def _atomic_write(path: Path, text: str) -> None:
 
 def _report(args: argparse.Namespace) -> int:
     from .errors import EmptyTextError
-    from .loading import load
     from .report import build_report
 
     for path in filter(None, (args.out, args.data)):
@@ -267,8 +259,7 @@ def _report(args: argparse.Namespace) -> int:
     if not texts:
         raise EmptyTextError("the corpus is empty: give a file or folder with some text")
     say = None if args.quiet else (lambda m: print(f"residual-stream: {m}", file=sys.stderr, flush=True))
-    with terminal_bars():
-        models = [load(name, device=args.device, progress=not args.quiet) for name in args.model]
+    models = [load_on_terminal(name, device=args.device, progress=not args.quiet) for name in args.model]
     page, data = build_report(models, texts, max_tokens=args.max_tokens, seed=args.seed,
                               title=args.title, progress=say)
     _atomic_write(args.out, page)
@@ -283,12 +274,10 @@ def _trace_stats(args: argparse.Namespace) -> int:
     import torch
     from safetensors.torch import save_file
 
-    from .loading import load
     from .trace import trace
 
     writable(args.out)
-    with terminal_bars():
-        model = load(args.model, device=args.device)
+    model = load_on_terminal(args.model, device=args.device)
     tr = trace(model, args.text)
     n = model.anatomy.n_layers
     tensors = {

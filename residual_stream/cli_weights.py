@@ -6,7 +6,7 @@ import argparse
 import json
 import math
 
-from .bars import terminal_bars
+from .bars import load_on_terminal
 from .errors import InputError
 
 MODEL_HELP = "registry name, HF folder, .gguf file or cached hub id"
@@ -38,12 +38,10 @@ def add_weight_commands(sub) -> None:
 def heads_command(args: argparse.Namespace) -> int:
     """``residual-stream heads``: each score's top heads, and the next-token losses."""
     from .analyses.heads import KINDS, head_scores
-    from .loading import load
 
     if args.top < 1:
         raise InputError(f"--top must be at least 1, got {args.top}")
-    with terminal_bars():
-        model = load(args.model)
+    model = load_on_terminal(args.model)
     scores = head_scores(model, length=args.length, rows=args.rows, seed=args.seed)
     if args.json:
         losses = {k: None if math.isnan(v) else v  # JSON has no NaN
@@ -71,14 +69,12 @@ def composition_command(args: argparse.Namespace) -> int:
     """
     from .analyses.composition import KINDS, TITLES, composition
     from .errors import check_choice
-    from .loading import load
 
     if args.kind is not None:
         check_choice("--kind", args.kind, tuple(TITLES))
     if args.top < 1:
         raise InputError(f"--top must be at least 1, got {args.top}")
-    with terminal_bars():
-        model = load(args.model)
+    model = load_on_terminal(args.model)
     comp = composition(model, through_norms=not args.weights_only)
     if args.reader is not None:
         kind = args.kind or ("in" if args.reader in comp.mlps else "k")

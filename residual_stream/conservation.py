@@ -46,6 +46,7 @@ from .decomposition import collect, replay_states
 from .errors import ConservationError, InputError
 from .program import Add, Mark, Norm, Read
 from .walk import component_of, final_stream, walk_stream
+from .weights import as_in_out
 
 if TYPE_CHECKING:
     from .trace import Trace
@@ -160,7 +161,8 @@ def check_conservation(trace: Trace, *, tolerance: float | None = None) -> Conse
     wide = model.dtype in (torch.float32, torch.float64)
     final = trace.decompose("final").total()
     last = "final" if "ln_final" in anatomy.norms else f"resid_pre {n}"
-    rec.compare("hidden_states", last, final if wide else final_stream(walk_stream(trace, cap)), refs[n])
+    rec.compare("hidden_states", last, _as_returned(trace, final if wide else final_stream(walk_stream(
+        trace, cap))), refs[n])
     _replay_hooks(trace, cap, rec)
     for name, spec in anatomy.norms.items():
         if spec.constant:  # a multiplier has no module; the hidden states check it
@@ -179,6 +181,16 @@ def check_conservation(trace: Trace, *, tolerance: float | None = None) -> Conse
     if not wide:
         rec.compare("decomposition", last, final, run["final"])
     return ConservationReport(tuple(rec.rows), tolerance)
+
+
+def _as_returned(trace: Trace, x: Tensor) -> Tensor:
+    """The final stream as the framework returns its last hidden state.
+
+    Through ``unembed_in`` where the model has one (OPT-350m's ``project_out``, applied before
+    the hidden states are returned); the stream itself otherwise.
+    """
+    path = trace.anatomy.modules.unembed_in
+    return x if path is None else x @ as_in_out(trace.model.module.get_submodule(path), native=True).to(x)
 
 
 def _replay_hooks(trace: Trace, cap, rec: _Recorder) -> None:

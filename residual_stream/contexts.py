@@ -15,6 +15,8 @@ from contextlib import contextmanager
 
 from torch import nn
 
+from .hookio import by_token_hook
+
 _LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LOCKS_GUARD = threading.Lock()
 
@@ -73,18 +75,21 @@ def _untouched(model: nn.Module, hooks: bool) -> Iterator[None]:
 
 
 @contextmanager
-def edited(model: nn.Module, edits: Sequence[tuple]) -> Iterator[None]:
+def edited(model: nn.Module, edits: Sequence[tuple], shape: tuple[int, int] | None = None) -> Iterator[None]:
     """Attach intervention hooks for the duration of the block, and remove them on any exit.
 
     Each edit is ``(module path, forward hook)``, or ``(module path, hook, True)`` for a forward
     pre-hook taking ``(module, args, kwargs)`` (one that changes a block's input); the module
-    itself may stand for its path.
+    itself may stand for its path. ``shape``: the pass's ``(batch, pos)``; each hook then sees
+    a module's flattened tokens as ``[batch, pos, ...]`` (``hookio.by_token_hook``).
     """
     handles = []
     try:
         for path, hook, *pre in edits:
             module = model.get_submodule(path) if isinstance(path, str) else path
-            handles.append(module.register_forward_pre_hook(hook, with_kwargs=True) if pre and pre[0]
+            is_pre = bool(pre and pre[0])
+            hook = hook if shape is None else by_token_hook(hook, shape, is_pre)
+            handles.append(module.register_forward_pre_hook(hook, with_kwargs=True) if is_pre
                            else module.register_forward_hook(hook))
         yield
     finally:

@@ -12,18 +12,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
+from .family_rules import any_of, clipped, falcon_norms, flag, opt_norms, qwen_moe_widths, routing_of
+
 
 @dataclass(frozen=True)
 class ArchSpec:
     """One model family as data. Paths are relative to ``model.base_model`` (block paths to a block).
 
-    ``placement``, ``block_norms``, ``qkv_layout`` and ``causal`` may be functions of the
-    config, where a family's options change them (GPT-NeoX's parallel residual).
+    ``embeds``, ``placement``, ``block_norms``, ``qkv_layout`` and ``causal`` may be functions
+    of the config, where a family's options change them (GPT-NeoX's parallel residual).
     """
 
     family: str
     layers: str
-    embeds: Mapping[str, str]
+    embeds: Mapping[str, str] | Callable[[object], Mapping[str, str]]
     block_norms: Mapping[str, str] | Callable[[object], Mapping[str, str]]
     attn_out: str
     mlp_out: str
@@ -46,7 +48,7 @@ class ArchSpec:
     # mlp_down, which name the dense blocks' maps where a model has some): d_mlp is the widest
     # hidden layer a token's MLP computes, the largest of these config keys (one expert's
     # width; Qwen2-MoE's shared expert's; GLM-4-MoE's dense blocks')
-    d_mlp_keys: tuple[str, ...] = ()
+    d_mlp_keys: tuple[str, ...] | Callable[[object], tuple[str, ...]] = ()
     # (experts a token uses, experts) of such an MLP, for the memory estimate
     routing: Callable[[object], tuple[int, int] | None] = field(default=lambda cfg: None)
     # "gate_up": mlp_in (= mlp_gate) is one projection whose output is [gate | up], the
@@ -57,6 +59,9 @@ class ArchSpec:
     # turn, "act:NAME" an activation of transformers' ACT2FN; the lens applies it, direct
     # logit attribution cannot
     head_transform: str | tuple[str, ...] | None = None
+    # a linear map without a bias from the final stream to the unembedding's input (OPT-350m's
+    # project_out), folded into W_U, so the unembedding still reads the stream's own directions
+    unembed_in: str | None = None
     # RMSNorms on the queries and keys after their projections (Qwen3, OLMo 2, Gemma 3),
     # relative to a block: their gains scale each head's W_Q / W_K (``LayerWeights.g_Q``)
     qk_norms: tuple[str, str] | None = None
@@ -97,28 +102,6 @@ _GEMMA = ArchSpec(
 _QK_NORMS = ("self_attn.q_norm", "self_attn.k_norm")
 
 
-def _flag(key: str, variant: str) -> Callable[[object], str | None]:
-    """A ``refuse`` rule: a config with ``key`` set is ``variant``, which no row describes."""
-    return lambda cfg: variant if getattr(cfg, key, False) else None
-
-
-def _clipped(cfg) -> str | None:
-    """A ``maps_caveat``: queries, keys and values clamped after their projections (OLMo, MPT)."""
-    attn = getattr(cfg, "attn_config", None)  # MPT's: an object or a dict
-    clip = getattr(cfg, "clip_qkv", None) or (attn.get("clip_qkv") if isinstance(attn, dict) else
-                                              getattr(attn, "clip_qkv", None))
-    return None if not clip else (
-        f"its queries, keys and values are clamped to ±{clip} after their projections (clip_qkv): the "
-        "weights' read maps (model.weights' W_Q, W_K, W_V, composition, read attribution of queries, "
-        "keys and values) describe them before the clamp; the stream, its decomposition and patching "
-        "are exact")
-
-
-def _any(*rules: Callable[[object], str | None]) -> Callable[[object], str | None]:
-    """A ``refuse`` rule: the first of ``rules`` that refuses the config."""
-    return lambda cfg: next((why for why in (rule(cfg) for rule in rules) if why), None)
-
-
 _CROSS = "cross-attention (a third sublayer, with its own norm, reading an encoder)"
 _QK_LAYERNORMS = "LayerNorms on each head's queries and keys (qk_layernorm)"
 _OLMO2 = ArchSpec(
@@ -137,7 +120,7 @@ _BERT = ArchSpec(
     qkv=("attention.self.query", "attention.self.key", "attention.self.value"),
     mlp_in="intermediate.dense", mlp_gate=None, mlp_down="output.dense",
     head_transform="cls.predictions.transform", causal=lambda cfg: bool(cfg.is_decoder),
-    refuse=_flag("add_cross_attention", _CROSS),
+    refuse=flag("add_cross_attention", _CROSS),
 )
 _ROBERTA = replace(_BERT, family="RoBERTa encoder (post-LayerNorm, LayerNorm on the embeddings)",
                    head_transform=("lm_head.dense", "act:gelu", "lm_head.layer_norm"))
@@ -145,31 +128,14 @@ _PARALLEL_ONE_NORM = "parallel attention and MLP reading one LayerNorm"
 _COHERE = replace(
     _LLAMA, family=f"Cohere / Command-R decoder ({_PARALLEL_ONE_NORM} without a bias, scaled logits)",
     placement="parallel", block_norms={"ln_attn_in": "input_layernorm", "ln_mlp_in": "input_layernorm"},
-    refuse=_flag("use_qk_norm", "LayerNorms on each head's queries and keys (use_qk_norm)"),
+    refuse=flag("use_qk_norm", "LayerNorms on each head's queries and keys (use_qk_norm)"),
     logit_scale=lambda cfg: cfg.logit_scale)
 _GATE_UP = dict(mlp_in="mlp.gate_up_proj", mlp_gate="mlp.gate_up_proj", mlp_layout="gate_up")
 
 
-def _routing(used: str = "num_experts_per_tok", experts: str = "num_local_experts"):
-    """A ``routing`` rule: (experts a token uses, experts) from these config keys."""
-    return lambda cfg: (int(getattr(cfg, used)), int(getattr(cfg, experts)))
-
-
-_MOE_MAPS = dict(routing=_routing())  # the MLP paths name a dense block's (GLM-4-MoE's first)
+_MOE_MAPS = dict(routing=routing_of())  # the MLP paths name a dense block's (GLM-4-MoE's first)
 _MOE = replace(_LLAMA, family="Mixtral decoder (pre-RMSNorm, mixture-of-experts MLPs)",
                d_mlp_keys=("intermediate_size",), **_MOE_MAPS)
-
-
-def _falcon_norms(cfg) -> dict[str, str]:
-    """Falcon's block norms: two side by side, one read by both sublayers, or one before each.
-
-    The new decoder's ``ln_attn`` and ``ln_mlp`` (unless ``num_ln_in_parallel_attn`` is 1);
-    ``parallel_attn`` off: ``input_layernorm``, then ``post_attention_layernorm``.
-    """
-    if cfg.new_decoder_architecture and (cfg.num_ln_in_parallel_attn or 2) == 2:
-        return {"ln_attn_in": "ln_attn", "ln_mlp_in": "ln_mlp"}
-    mlp = "input_layernorm" if cfg.parallel_attn else "post_attention_layernorm"
-    return {"ln_attn_in": "input_layernorm", "ln_mlp_in": mlp}
 
 
 _GRANITE = replace(
@@ -180,7 +146,7 @@ _GRANITE = replace(
 _GRANITE_MOE = replace(_GRANITE, family="Granite MoE decoder (pre-RMSNorm, mixture-of-experts MLPs; "
                        "embedding, write and logit multipliers)", mlp_out="block_sparse_moe",
                        d_mlp_keys=("intermediate_size",), **_MOE_MAPS,
-                       refuse=_flag("shared_intermediate_size", "a shared MLP beside the experts (its "
+                       refuse=flag("shared_intermediate_size", "a shared MLP beside the experts (its "
                                     "output and theirs are summed into one write by the block)"))
 ARCHITECTURES: dict[str, ArchSpec] = {
     "llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA,
@@ -209,30 +175,32 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                         "ln_attn_in": "input_layernorm", "ln_attn_out": "post_self_attn_layernorm",
                         "ln_mlp_in": "post_attention_layernorm", "ln_mlp_out": "post_mlp_layernorm"}),
     "olmo": replace(_LLAMA, family="OLMo decoder (pre-LayerNorm without parameters, rotary)", norm_eps=1e-5,
-                    maps_caveat=_clipped),
+                    maps_caveat=clipped),
     "mixtral": _MOE,
     "qwen2_moe": replace(_MOE, family="Qwen2-MoE decoder (pre-RMSNorm, mixture-of-experts MLPs "
                          "with a shared expert)",
-                         d_mlp_keys=("moe_intermediate_size", "shared_expert_intermediate_size"),
-                         routing=_routing(experts="num_experts")),
+                         d_mlp_keys=qwen_moe_widths("moe_intermediate_size",
+                                                    "shared_expert_intermediate_size"),
+                         routing=routing_of(experts="num_experts")),
     "qwen3_moe": replace(_MOE, family="Qwen3-MoE decoder (pre-RMSNorm, mixture-of-experts MLPs, "
-                         "RMSNorm on q and k)", qk_norms=_QK_NORMS, d_mlp_keys=("moe_intermediate_size",),
-                         routing=_routing(experts="num_experts")),
+                         "RMSNorm on q and k)", qk_norms=_QK_NORMS,
+                         d_mlp_keys=qwen_moe_widths("moe_intermediate_size"),
+                         routing=routing_of(experts="num_experts")),
     "olmoe": replace(_MOE, family="OLMoE decoder (pre-RMSNorm, mixture-of-experts MLPs, RMSNorm "
-                     "on q and k)", qk_norms=_QK_NORMS, routing=_routing(experts="num_experts"),
-                     maps_caveat=_clipped),
+                     "on q and k)", qk_norms=_QK_NORMS, routing=routing_of(experts="num_experts"),
+                     maps_caveat=clipped),
     "glm4_moe": replace(_MOE, family="GLM-4-MoE decoder (pre-RMSNorm, partial rotary, mixture-of-experts "
                         "MLPs with shared experts after the first dense ones)", qk_norms=_QK_NORMS,
                         d_mlp_keys=("intermediate_size", "moe_intermediate_size"),
-                        routing=_routing(experts="n_routed_experts")),
+                        routing=routing_of(experts="n_routed_experts")),
     "ernie4_5_moe": replace(_MOE, family="ERNIE 4.5 MoE decoder (pre-RMSNorm, mixture-of-experts MLPs with "
                             "shared experts after the first dense ones)",
                             d_mlp_keys=("intermediate_size", "moe_intermediate_size"),
-                            routing=_routing("moe_k", "moe_num_experts")),
+                            routing=routing_of("moe_k", "moe_num_experts")),
     "exaone_moe": replace(_MOE, family="EXAONE MoE decoder (pre-RMSNorm, RMSNorm on q and k, "
                           "mixture-of-experts MLPs with a shared expert after the first dense ones)",
                           qk_norms=_QK_NORMS, d_mlp_keys=("intermediate_size", "moe_intermediate_size"),
-                          routing=_routing(experts="num_experts")),
+                          routing=routing_of(experts="num_experts")),
     "phimoe": replace(_MOE, family="PhiMoE decoder (pre-LayerNorm, mixture-of-experts MLPs)"),
     "gpt_oss": replace(_MOE, family="gpt-oss decoder (pre-RMSNorm, mixture-of-experts MLPs, "
                        "attention sinks)"),
@@ -256,7 +224,32 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         block_norms={"ln_attn_in": "ln_1", "ln_mlp_in": "ln_2"},
         attn_out="attn.c_proj", mlp_out="mlp", n_ctx_keys=("n_positions",),
         qkv=("attn.c_attn",), qkv_layout="blocks", mlp_in="mlp.c_fc", mlp_gate=None,
-        mlp_down="mlp.c_proj", refuse=_flag("add_cross_attention", _CROSS),
+        mlp_down="mlp.c_proj", refuse=flag("add_cross_attention", _CROSS),
+    ),
+    "openai-gpt": ArchSpec(
+        family="GPT-1 decoder (post-LayerNorm, learned positions, no final norm)",
+        layers="h", embeds={"embed": "tokens_embed", "pos_embed": "positions_embed"}, placement="post",
+        block_norms={"ln_resid_attn": "ln_1", "ln_resid_mlp": "ln_2"}, attn_out="attn.c_proj", mlp_out="mlp",
+        n_ctx_keys=("n_positions",), qkv=("attn.c_attn",), qkv_layout="blocks", mlp_in="mlp.c_fc",
+        mlp_gate=None, mlp_down="mlp.c_proj",
+    ),
+    # OPT runs its MLP and that norm on tokens flattened to [batch·pos, d] (hooks see them
+    # as [batch, pos, d]: hookio.by_token); 350m's embeddings are 512 wide, projected in and out
+    "opt": ArchSpec(
+        family="OPT decoder (pre-LayerNorm, learned positions; 350m: post-LayerNorm, embeddings "
+               "projected into the stream and out of it)",
+        layers="decoder.layers", embeds=lambda cfg: {"embed": "decoder.project_in" if (
+            cfg.word_embed_proj_dim != cfg.hidden_size) else "decoder.embed_tokens",
+            "pos_embed": "decoder.embed_positions"},
+        final_norm="decoder.final_layer_norm", unembed_in="decoder.project_out",
+        placement=lambda cfg: "pre" if cfg.do_layer_norm_before else "post", block_norms=opt_norms,
+        attn_out="self_attn.out_proj", mlp_out="fc2", mlp_in="fc1", mlp_gate=None, mlp_down="fc2",
+    ),
+    "biogpt": ArchSpec(  # fairseq's decoder layer: the MLP's projections sit in the block itself
+        family="BioGPT decoder (pre-LayerNorm, learned positions, scaled embeddings)", layers="layers",
+        embeds={"embed": "embed_tokens", "pos_embed": "embed_positions"}, final_norm="layer_norm",
+        block_norms={"ln_attn_in": "self_attn_layer_norm", "ln_mlp_in": "final_layer_norm"},
+        attn_out="self_attn.out_proj", mlp_out="fc2", mlp_in="fc1", mlp_gate=None, mlp_down="fc2",
     ),
     "gpt_bigcode": ArchSpec(
         family="GPTBigCode / StarCoder decoder (pre-LayerNorm, learned positions, one key/value head)",
@@ -265,19 +258,19 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         attn_out="attn.c_proj", mlp_out="mlp", n_ctx_keys=("n_positions",), qkv=("attn.c_attn",),
         # one key/value head: [q | k | v]; a head of each (multi_query=False): [h: q k v]
         qkv_layout=lambda cfg: "blocks" if cfg.multi_query else "per_head", mlp_in="mlp.c_fc", mlp_gate=None,
-        mlp_down="mlp.c_proj", refuse=_flag("add_cross_attention", _CROSS),
+        mlp_down="mlp.c_proj", refuse=flag("add_cross_attention", _CROSS),
     ),
     "falcon": ArchSpec(
         family="Falcon decoder (parallel attention and MLP reading one or two LayerNorms; sequential "
                "where configured; rotary or ALiBi)",
         layers="h", embeds={"embed": "word_embeddings"}, final_norm="ln_f",
-        placement=lambda cfg: "parallel" if cfg.parallel_attn else "pre", block_norms=_falcon_norms,
+        placement=lambda cfg: "parallel" if cfg.parallel_attn else "pre", block_norms=falcon_norms,
         attn_out="self_attention.dense", mlp_out="mlp", qkv=("self_attention.query_key_value",),
         qkv_layout=lambda cfg: "groups" if cfg.new_decoder_architecture else
         "blocks" if cfg.multi_query else "per_head",
         n_kv_heads=lambda cfg: cfg.num_kv_heads if cfg.new_decoder_architecture or not cfg.multi_query else 1,
         mlp_in="mlp.dense_h_to_4h", mlp_gate=None, mlp_down="mlp.dense_4h_to_h", mlp_out_in_place=True,
-        patterns_refused=_flag("alibi", "transformers' eager attention for Falcon with ALiBi adds the bias "
+        patterns_refused=flag("alibi", "transformers' eager attention for Falcon with ALiBi adds the bias "
                                "twice (its default attention adds it once), so its attention weights "
                                "are not this model's"),
         refuse=lambda cfg: "the new decoder with sequential blocks (new_decoder_architecture without "
@@ -299,7 +292,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         final_norm="ln_f", block_norms=_LLAMA.block_norms,
         attn_out="self_attention.dense", mlp_out="mlp.dense_4h_to_h", qkv=("self_attention.query_key_value",),
         qkv_layout="per_head", mlp_in="mlp.dense_h_to_4h", mlp_gate=None, mlp_down="mlp.dense_4h_to_h",
-        refuse=_any(_flag("apply_residual_connection_post_layernorm", "the residual taken after each "
+        refuse=any_of(flag("apply_residual_connection_post_layernorm", "the residual taken after each "
                           "block's LayerNorm (apply_residual_connection_post_layernorm)"),
                     lambda cfg: "projections computed in slices outside their modules (slow_but_exact with "
                     "pretraining_tp > 1)" if cfg.slow_but_exact and cfg.pretraining_tp > 1 else None),
@@ -309,7 +302,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         layers="blocks", embeds={"embed": "wte"}, final_norm="norm_f",
         block_norms={"ln_attn_in": "norm_1", "ln_mlp_in": "norm_2"}, attn_out="attn.out_proj",
         mlp_out="ffn.down_proj", n_ctx_keys=("max_seq_len",), qkv=("attn.Wqkv",), qkv_layout="blocks",
-        mlp_in="ffn.up_proj", mlp_gate=None, mlp_down="ffn.down_proj", maps_caveat=_clipped,
+        mlp_in="ffn.up_proj", mlp_gate=None, mlp_down="ffn.down_proj", maps_caveat=clipped,
     ),
     "starcoder2": replace(_LLAMA, family="StarCoder2 decoder (pre-LayerNorm, rotary)",
                           mlp_in="mlp.c_fc", mlp_gate=None, mlp_down="mlp.c_proj"),
@@ -318,7 +311,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         placement=lambda cfg: "parallel" if cfg.use_parallel_residual else "pre",
         block_norms=lambda cfg: {"ln_attn_in": "input_layernorm", "ln_mlp_in": (
             "input_layernorm" if cfg.use_parallel_residual else "post_attention_layernorm")},
-        refuse=_flag("qk_layernorm", _QK_LAYERNORMS),
+        refuse=flag("qk_layernorm", _QK_LAYERNORMS),
     ),
     "gpt_neox": ArchSpec(
         family="GPT-NeoX / Pythia decoder (parallel attention and MLP, LayerNorm)",
@@ -342,7 +335,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         layers="layers", embeds={"embed": "embed_tokens"}, final_norm="final_layernorm",
         placement="parallel", block_norms={"ln_attn_in": "input_layernorm", "ln_mlp_in": "input_layernorm"},
         attn_out="self_attn.dense", mlp_out="mlp", mlp_in="mlp.fc1", mlp_gate=None, mlp_down="mlp.fc2",
-        refuse=_flag("qk_layernorm", _QK_LAYERNORMS),
+        refuse=flag("qk_layernorm", _QK_LAYERNORMS),
     ),
     "cohere": _COHERE, "cohere2": replace(_COHERE, family=_COHERE.family.replace("Cohere", "Cohere 2")),
     "bert": _BERT,

@@ -86,7 +86,7 @@ def refuse_missing(module: nn.Module, anatomy: Anatomy, missing: Iterable[str], 
     """
     p = anatomy.modules
     used = [*p.layers, *p.embeds.values(), *p.norms.values(),
-            *(s for s in p.lm_head or () if not s.startswith("act:"))]
+            *(s for s in p.lm_head or () if not s.startswith("act:")), *filter(None, [p.unembed_in])]
     head = module.get_output_embeddings() if hasattr(module, "get_output_embeddings") else None
     used += [name for name, m in module.named_modules() if head is not None and m is head]
     bad = sorted(k for k in missing if any(k == u or k.startswith(u + ".") for u in used))

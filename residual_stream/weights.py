@@ -295,14 +295,17 @@ class Unembed:
 def unembedding(model: nn.Module, anatomy, *, native: bool = False) -> Unembed:
     """The model's unembedding, or ``NotAvailableError`` when it has no trained LM head.
 
-    ``W_U`` is float32 unless ``native`` (then the head's own weight, uncopied).
+    ``W_U`` is float32 unless ``native`` (then the head's own weight, uncopied, but for a
+    model with ``unembed_in``: the product of it and the head's weight, in the head's dtype).
     """
     from .errors import NotAvailableError
 
     head = model.get_output_embeddings() if anatomy.has_lm_head else None
     if head is None:
         raise NotAvailableError(anatomy.lm_head_note or "this model has no LM head")
-    bias = bias_of(head)
+    bias, W_U = bias_of(head), as_in_out(head, native=native)
+    if anatomy.modules.unembed_in:  # folded in float32: [d_model, d_proj] @ [d_proj, d_vocab]
+        W_U = (as_in_out(model.get_submodule(anatomy.modules.unembed_in)) @ W_U.float()).to(W_U.dtype)
     transform = None
     if anatomy.modules.lm_head:  # the model's own modules (no copy), applied in turn
         from transformers.activations import ACT2FN
@@ -311,5 +314,5 @@ def unembedding(model: nn.Module, anatomy, *, native: bool = False) -> Unembed:
                  for s in anatomy.modules.lm_head]
         transform = steps[0] if len(steps) == 1 else nn.Sequential(*steps)
     config = getattr(model, "config", None)
-    return Unembed(as_in_out(head, native=native), bias, transform,
+    return Unembed(W_U, bias, transform,
                    getattr(config, "final_logit_softcapping", None), anatomy.logit_scale)

@@ -50,7 +50,8 @@ def _hook_all(model, anatomy, cap, ablate: str):
         off = ablate == f"{name}.bias"
         handles.append(model.get_submodule(spec.module_path).register_forward_hook(
             lambda m, a, y, s=spec, sc=scale, off=off:
-            s.apply_linear(a[0], sc) if off else s.apply_frozen(a[0], sc)))
+            s.apply_linear(a[0], sc.reshape(a[0].shape[:-1])) if off  # (OPT's MLP norm: [batch·pos, d])
+            else s.apply_frozen(a[0], sc.reshape(a[0].shape[:-1]))))
     return handles
 
 
@@ -59,15 +60,16 @@ def _as_output(y, value):
 
     A copy: Falcon's block adds to its MLP's output in place, and ``value`` serves every run.
     """
-    value = value.clone()
+    value = value.clone().reshape((y[0] if isinstance(y, tuple) else y).shape)  # (OPT's: [batch·pos, d])
     return (value, *y[1:]) if isinstance(y, tuple) else value
 
 
 def ablation_contributions(trace, labels: list[str]) -> dict[str, torch.Tensor]:
     """``hidden_states`` (every point) minus the same with ``label`` ablated, per label.
 
-    Returns label -> ``[n_points, batch, pos, d_model]`` float64, points 0..n_layers where the
-    last is the framework's final hidden state (after the final norm if there is one).
+    Returns label -> one ``[batch, pos, d_model]`` float64 tensor per point 0..n_layers, where
+    the last is the framework's final hidden state (after the final norm if there is one, and
+    OPT-350m's ``project_out``: ``[batch, pos, 512]``).
     """
     model = copy.deepcopy(trace.model.module).double()
     if getattr(model.config, "_experts_implementation", None) not in (None, "eager"):
@@ -84,7 +86,7 @@ def ablation_contributions(trace, labels: list[str]) -> dict[str, torch.Tensor]:
         finally:
             for h in handles:
                 h.remove()
-        return torch.stack(out.hidden_states)
+        return out.hidden_states
 
     full = run("")
-    return {label: full - run(label) for label in labels}
+    return {label: [f - r for f, r in zip(full, run(label), strict=True)] for label in labels}

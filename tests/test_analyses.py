@@ -587,8 +587,10 @@ def _surgery(model, write, mode, trace):
     """
     import copy
 
-    def proj(m, L):  # Llama's and Gemma's o_proj, NeoX's dense (Linear, [d_model, H·d_head]),
-        if hasattr(m, "model"):  # GPT-2's c_proj (Conv1D, transposed)
+    def proj(m, L):  # Llama's and Gemma's o_proj, NeoX's dense, OPT's out_proj (Linear,
+        if hasattr(m, "model") and hasattr(m.model, "decoder"):  # [d_model, H·d_head]),
+            return m.model.decoder.layers[L].self_attn.out_proj  # GPT-2's c_proj (Conv1D, transposed)
+        if hasattr(m, "model"):
             return m.model.layers[L].self_attn.o_proj
         if hasattr(m, "gpt_neox"):
             return m.gpt_neox.layers[L].attention.dense
@@ -604,8 +606,12 @@ def _surgery(model, write, mode, trace):
             model.module(input_ids=trace.tokens, attention_mask=trace.attention_mask)
         handle.remove()
         with torch.no_grad():
-            for w in ((module.model.layers[L].mlp.down_proj.weight,) if rest == "mlp" else
-                      (proj(module, L).weight, proj(module, L).bias)):
+            if rest == "mlp":  # Llama's down_proj; OPT's fc2 (on flat tokens, with a bias)
+                base = module.model
+                block = base.decoder.layers[L] if hasattr(base, "decoder") else base.layers[L]
+                weights = (block.fc2.weight, block.fc2.bias) if hasattr(block, "fc2") else (
+                    block.mlp.down_proj.weight,)
+            for w in (weights if rest == "mlp" else (proj(module, L).weight, proj(module, L).bias)):
                 w.zero_()
             if mode == "mean":
                 assert rest == "attn"
@@ -631,7 +637,8 @@ def _surgery(model, write, mode, trace):
                                                      ("gpt2", "L0H1", "mean"), ("gpt2", "L1H0", "reference"),
                                                      ("gpt2", "L0.attn", "zero"), ("gemma2", "L1H1", "zero"),
                                                      ("gpt2", "L1.attn", "reference"),
-                                                     ("gpt_neox_parallel", "L0H1", "mean")])
+                                                     ("gpt_neox_parallel", "L0H1", "mean"),
+                                                     ("opt", "L1.mlp", "zero"), ("opt", "L0H1", "mean")])
 def test_ablation_of_a_head_or_an_mlp_matches_weight_surgery(name, write, mode):
     """One head (or a whole MLP) ablated by the hook against the same ablation made in the
     weights of a copy of the model: the later reads' changes (the same block's MLP reading the

@@ -190,11 +190,13 @@ def test_truncated_gguf_leaves_no_cache(tmp_path, cache):
 
 
 def test_unsupported_architecture_is_named():
-    torch.manual_seed(0)  # OPT's blocks run their MLP on the tokens flattened to [batch·pos, d_model]
-    opt = tf.OPTForCausalLM(tf.OPTConfig(vocab_size=257, hidden_size=32, num_hidden_layers=2, ffn_dim=64,
-                                         num_attention_heads=4, word_embed_proj_dim=32))
-    with pytest.raises(UnsupportedArchitectureError, match="'opt' is not supported.*llama"):
-        rs.load(opt, tokenizer=ByteTokenizer())
+    torch.manual_seed(0)  # a state-space model: no attention, no stream program of ours
+    mamba = tf.MambaForCausalLM(tf.MambaConfig(vocab_size=257, hidden_size=32, num_hidden_layers=2,
+                                               state_size=4, expand=2))
+    before = {k: v.clone() for k, v in mamba.state_dict().items()}
+    with pytest.raises(UnsupportedArchitectureError, match="'mamba' is not supported.*llama.*opt"):
+        rs.load(mamba, tokenizer=ByteTokenizer())
+    assert all(torch.equal(v, before[k]) for k, v in mamba.state_dict().items())  # left as it was
 
 
 @pytest.mark.parametrize("build_variant, variant", [

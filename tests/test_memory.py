@@ -129,6 +129,23 @@ def test_the_mlp_width_of_experts_is_the_widest_hidden_layer(name, widest):
     assert model.anatomy.routing == (module.config.num_experts_per_tok, mlp.experts.down_proj.shape[0])
 
 
+@pytest.mark.parametrize("dense", [dict(mlp_only_layers=[1]), dict(decoder_sparse_step=2)])
+def test_a_dense_mlp_among_experts_counts_where_it_is_the_widest(dense):
+    """Qwen3-MoE with dense MLPs (``mlp_only_layers``, or every other block by
+    ``decoder_sparse_step``) 160 wide among experts 48 wide: ``d_mlp`` is the widest hidden
+    layer over every block's MLP, read from the modules' weights (it was the experts' 48)."""
+    import transformers as tf
+    from tiny_hf import COMMON
+
+    cfg = tf.Qwen3MoeConfig(**COMMON, intermediate_size=160, moe_intermediate_size=48, num_experts=4,
+                            num_experts_per_tok=2, num_key_value_heads=2, head_dim=16, **dense)
+    module = tf.Qwen3MoeForCausalLM(cfg).eval()
+    widths = [b.mlp.down_proj.in_features if hasattr(b.mlp, "down_proj")  # dense, or experts [e, d, hidden]
+              else b.mlp.experts.down_proj.shape[-1] for b in module.model.layers]
+    assert sorted(set(widths)) == [48, 160]
+    assert rs.load(module, tokenizer=ByteTokenizer()).anatomy.d_mlp == max(widths)
+
+
 def test_a_pass_of_experts_counts_each_expert_a_token_uses_and_the_routing_mask():
     """By hand from the tiny Mixtral's config: 2 experts a token, each 3 hidden activations of
     ``intermediate_size``, 4 states of ``d_model``, the logits, and the int64 one-hot mask of

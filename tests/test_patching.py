@@ -12,7 +12,8 @@ from residual_stream.inputs import ByteTokenizer
 ATOL = 2e-5  # float32: a patched run stacked with others vs alone (batched matmuls round differently)
 CORRUPT = [t[:4] + "X" + t[5:] for t in TEXTS]  # one byte differs: token 5 (after BOS)
 BLOCKS = {"llama": "model.layers", "gpt2": "transformer.h", "gemma2": "model.layers",
-          "gpt_neox_parallel": "gpt_neox.layers", "bert_mlm": "bert.encoder.layer"}
+          "gpt_neox_parallel": "gpt_neox.layers", "bert_mlm": "bert.encoder.layer",
+          "opt": "model.decoder.layers", "opt_post": "model.decoder.layers"}  # OPT: MLPs on flat tokens
 
 
 def _diff(trace):
@@ -29,7 +30,8 @@ def _setup(name):
     with torch.no_grad():  # writes large enough that patching one token moves the metric
         for n, w in module.named_parameters():
             if n.endswith(("o_proj.weight", "down_proj.weight", "c_proj.weight", "dense.weight",
-                           "dense_4h_to_h.weight", "output.dense.weight", "experts.down_proj")):
+                           "dense_4h_to_h.weight", "output.dense.weight", "experts.down_proj",
+                           "self_attn.out_proj.weight", "fc2.weight")):
                 w.mul_(10)
     model = rs.load(module, tokenizer=ByteTokenizer())
     return module, model, rs.trace(model, TEXTS), rs.trace(model, CORRUPT)
@@ -426,7 +428,8 @@ def _nudged_metric(module, blocks, tokens, mask, reference_tokens, point, where,
 # (error O(ε²); the tolerance is the trace's float32 copy of the two states, whose difference Δ
 # the library uses); Llama's and Gemma 2's RMSNorm casts to float32 inside, whose rounding (~1e-7
 # of each activation) an ε below ~1e-2 divides into noise (ε = 1e-4 is 1 % off), so a larger ε
-STEPS = {"gpt2": (1e-5, 1e-4), "bert_mlm": (1e-5, 1e-4), "llama": (3e-2, 2e-3), "gemma2": (3e-2, 2e-3)}
+STEPS = {"gpt2": (1e-5, 1e-4), "bert_mlm": (1e-5, 1e-4), "llama": (3e-2, 2e-3), "gemma2": (3e-2, 2e-3),
+         "opt": (1e-5, 1e-4), "opt_post": (1e-5, 1e-4)}
 
 
 @pytest.mark.parametrize("name", list(STEPS))
@@ -487,7 +490,8 @@ def test_attribution_patching_needs_a_differentiable_metric():
 
 
 WRITE_PATHS = {"gpt2": ("transformer.h.{}.attn.c_proj", "transformer.h.{}.mlp"),
-               "llama": ("model.layers.{}.self_attn.o_proj", "model.layers.{}.mlp")}
+               "llama": ("model.layers.{}.self_attn.o_proj", "model.layers.{}.mlp"),
+               "opt": ("model.decoder.layers.{}.self_attn.out_proj", "model.decoder.layers.{}.fc2")}
 
 
 def _nudged_write(module, name, write, tokens, mask, reference_tokens, where, metric, eps, d_head):
@@ -509,7 +513,8 @@ def _nudged_write(module, name, write, tokens, mask, reference_tokens, where, me
             h.remove()
         step = torch.zeros_like(seen["clean"])
         sl = head or slice(None)
-        step[..., sl] = torch.where(where[..., None], eps * (seen["ref"] - seen["clean"])[..., sl], 0)
+        at = where[..., None] if step.ndim == 3 else where.reshape(-1, 1)  # OPT's MLP: [batch·pos, d]
+        step[..., sl] = torch.where(at, eps * (seen["ref"] - seen["clean"])[..., sl], 0)
         h = target.register_forward_pre_hook(lambda m, a: (a[0] + step, *a[1:])) if head \
             else target.register_forward_hook(lambda m, a, out: out + step)
         try:

@@ -105,6 +105,19 @@ FAMILIES = {
                      read={"attn": "input_layernorm", "mlp": "post_attention_layernorm"},
                      qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),  # per-head norms
                      mlp_in=("mlp.gate_proj", "mlp.up_proj"), final="model.norm", layout="separate"),
+    # OPT: its MLP and that norm run on tokens flattened to [batch·pos, d]; 350m post-LayerNorm
+    "opt": dict(blocks="model.decoder.layers", o="self_attn.out_proj", mlp="fc2", conv=False,
+                read={"attn": "self_attn_layer_norm", "mlp": "final_layer_norm"},
+                qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), mlp_in=("fc1",),
+                final="model.decoder.final_layer_norm", layout="separate",
+                embed="model.decoder.embed_tokens"),
+    "opt_post": dict(blocks="model.decoder.layers", o="self_attn.out_proj", mlp="fc2", conv=False,
+                     read={"attn": None, "mlp": "fc1"}, raw_mlp=True,
+                     qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), mlp_in=("fc1",),
+                     final=None, layout="separate", embed="model.decoder.project_in"),
+    "openai-gpt": dict(blocks="transformer.h", o="attn.c_proj", mlp="mlp", conv=True,  # post-LayerNorm
+                       read={"attn": None, "mlp": "mlp"}, raw_mlp=True, qkv=("attn.c_attn",),
+                       mlp_in=("mlp.c_fc",), final=None, layout="blocks", embed="transformer.tokens_embed"),
     "twin_deepnorm": dict(blocks="blocks", o="attn.o_proj", mlp="mlp", conv=False,
                           read={"attn": None, "mlp": "mlp"}, raw_mlp=True,
                           qkv=("attn.q_proj", "attn.k_proj", "attn.v_proj"), mlp_in=("mlp.fc_in",),
@@ -175,6 +188,19 @@ CASES = [
     ("falcon_new", ["L0.mlp"], "L1.mlp", []),
     ("glm4_moe", ["L0H1"], "L0.mlp", []),            # the dense MLP of a model of experts: its maps
     ("glm4_moe", ["L1.mlp"], "L2H0.q", []),          # experts, sending
+    ("opt", ["L0H1"], "L1H2.q", []),
+    ("opt", ["L0.mlp"], ("L1.mlp", "L2H0.k"), []),     # an MLP on flat tokens, sending and receiving
+    ("opt", ["embed"], "L0.mlp", []),
+    ("opt", ["L1.mlp"], "logits", []),
+    ("opt_post", ["L0H1"], "L0.mlp", [f"{L['opt_post']}.0.self_attn_layer_norm"]),
+    ("opt_post", ["L0.mlp"], "L1H2.v", [f"{L['opt_post']}.0.final_layer_norm"]),
+    ("opt_post", ["embed"], "L0H3.q", []),
+    ("opt_post", ["L1.attn"], "logits", [f"{L['opt_post']}.{i}.{n}" for i in (1, 2) for n in
+                                         ("self_attn_layer_norm", "final_layer_norm")]),
+    ("openai-gpt", ["L0H1"], "L1H2.k", [f"{L['openai-gpt']}.0.ln_1", f"{L['openai-gpt']}.0.ln_2"]),
+    ("openai-gpt", ["embed"], "L0H3.v", []),
+    ("openai-gpt", ["L1.mlp"], "logits", [f"{L['openai-gpt']}.{i}.{n}" for i, n in
+                                          ((1, "ln_2"), (2, "ln_1"), (2, "ln_2"))]),
     ("twin_deepnorm", ["L0.attn"], "L1.attn", ["blocks.0.ln_resid_attn", ALPHA, "blocks.0.ln_resid_mlp"]),
     ("twin_deepnorm", ["L0H2"], "L0.mlp", ["blocks.0.ln_resid_attn"]),
     ("twin_deepnorm", ["L1.mlp"], "L2H1.k", ["blocks.1.ln_resid_mlp"]),
@@ -246,7 +272,7 @@ def _write_paths(f, name):
 
 def _frozen(norm, x, delta):
     """``delta`` through norm module ``norm`` with its scale on ``x`` frozen, by hand (float64)."""
-    x, w = x.double(), norm.weight.double()
+    x, w = x.double().reshape(delta.shape), norm.weight.double()
     if isinstance(norm, torch.nn.LayerNorm):
         s = (x.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()
         return w * (delta - delta.mean(-1, keepdim=True)) / s
@@ -283,10 +309,11 @@ def _receiving(module, f, receiver, delta):
     if receiver == "logits":
         if fam["final"]:
             return [module.get_submodule(fam["final"]).register_forward_pre_hook(
-                lambda m, a: (a[0] + delta.to(a[0].dtype),))]
+                lambda m, a: (a[0] + delta.to(a[0].dtype).reshape(a[0].shape),))]
         return [module.get_submodule(f"{blocks}.2").register_forward_hook(
-            lambda m, a, out: (out[0] + delta.to(out[0].dtype), *out[1:]) if isinstance(out, tuple)
-            else out + delta.to(out.dtype))]
+            lambda m, a, out: (out[0] + delta.to(out[0].dtype).reshape(out[0].shape), *out[1:])
+            if isinstance(out, (tuple, list))  # (GPT-1's blocks return a list)
+            else out + delta.to(out.dtype).reshape(out.shape))]
     layer, rest = int(receiver[1]), receiver[2:]
     kind = "mlp" if rest == ".mlp" else "attn"
     read = fam["read"][kind]
@@ -307,7 +334,7 @@ def _receiving(module, f, receiver, delta):
 
         def replace(m, a, out, proj=proj, post=post, cols=cols):
             dtype = (out[0] if isinstance(out, tuple) else out).dtype  # gpt-oss's MLP: a tuple
-            x = (seen["x"].double() + delta).to(dtype)
+            x = (seen["x"].double() + delta.reshape(seen["x"].shape)).to(dtype)
             new = proj.forward(x if raw else source.forward(x))
             new = post.forward(new) if post else new
             if cols is None:
@@ -329,7 +356,8 @@ def _by_hand(module, f, clean, other, senders, receivers, norms, metric):
         makers.append(make)
     seen_clean = _record(module, record, clean.tokens, clean.attention_mask)
     seen_other = _record(module, record, other.tokens, other.attention_mask)
-    delta = sum(make(seen_other, module) - make(seen_clean, module) for make in makers)
+    shape = (*clean.tokens.shape, -1)  # (OPT's MLP writes [batch·pos, d])
+    delta = sum((make(seen_other, module) - make(seen_clean, module)).reshape(shape) for make in makers)
     for n in norms:
         delta = delta * n if isinstance(n, float) else _frozen(module.get_submodule(n), seen_clean[n], delta)
     receivers = receivers if isinstance(receivers, tuple) else (receivers,)

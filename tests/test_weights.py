@@ -21,7 +21,8 @@ REL = 1e-4
 NO_ROTARY = {"gpt2", "gpt_bigcode", "bert", "roberta", "distilbert", "gpt_neo", "twin"}
 SCORE_SCALE = {"gpt_neo": 1.0}  # GPT-Neo does not divide its scores by sqrt(d_head)
 # activations that the config does not name (BLOOM's tanh GELU, MPT's exact one, in their code)
-ACTIVATIONS = {"bloom": "gelu_pytorch_tanh", "mpt": "gelu"}
+ACTIVATIONS = {"bloom": "gelu_pytorch_tanh", "mpt": "gelu",
+               "openai-gpt": "gelu_new"}  # (GPT-1's afn "gelu" is its gelu_new)
 LEARNED_ACTIVATIONS = {"apertus"}  # xIELU: each layer's activation has parameters of its own
 # attention sinks applied after the softmax, as sigmoid(logsumexp(scores) − sink) on each
 # head's output: the patterns the framework returns leave it out, so z is A·v times a scale in

@@ -142,6 +142,18 @@ BUILDERS = {
     "glm4": _llama_like(tf.Glm4Config, tf.Glm4ForCausalLM, head_dim=16, pad_token_id=None),
     "phimoe": _random_biases(_llama_like(tf.PhimoeConfig, tf.PhimoeForCausalLM, num_local_experts=4,
                                          num_experts_per_tok=2)),
+    "openai-gpt": _random_biases(lambda: tf.OpenAIGPTLMHeadModel(tf.OpenAIGPTConfig(  # post-LayerNorm
+        vocab_size=257, n_embd=64, n_layer=3, n_head=4, n_positions=128, initializer_range=0.1))),
+    # OPT: 125m's pre-LayerNorm; 350m's post-LayerNorm with 48-wide embeddings projected in and out
+    "opt": _random_biases(lambda: tf.OPTForCausalLM(tf.OPTConfig(
+        vocab_size=257, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, ffn_dim=96,
+        max_position_embeddings=128, word_embed_proj_dim=64, init_std=0.1))),
+    "opt_post": _random_biases(lambda: tf.OPTForCausalLM(tf.OPTConfig(
+        vocab_size=257, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, ffn_dim=96,
+        max_position_embeddings=128, word_embed_proj_dim=48, do_layer_norm_before=False, init_std=0.1))),
+    # a fairseq-style decoder: scaled embeddings, the MLP's projections in the block
+    "biogpt": _random_biases(lambda: tf.BioGptForCausalLM(tf.BioGptConfig(
+        **COMMON, intermediate_size=96, max_position_embeddings=128, initializer_range=0.1))),
     "gpt_bigcode": _random_biases(lambda: tf.GPTBigCodeForCausalLM(tf.GPTBigCodeConfig(
         vocab_size=257, n_embd=64, n_layer=3, n_head=4, n_positions=128, multi_query=True))),
     "gpt_bigcode_mha": _random_biases(lambda: tf.GPTBigCodeForCausalLM(tf.GPTBigCodeConfig(  # [h: q k v]

@@ -38,8 +38,9 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from ..capture import capture, first_output
+from ..capture import capture
 from ..errors import InputError, NotAvailableError, check_choice, check_flag, need_trace
+from ..hookio import first_output
 from ..memory import trace_bytes
 from ..walk import component_of, head_of, read_inputs
 from ..weights import attn_W_O

@@ -23,9 +23,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..capture import _forward_kwargs, first_input, first_output, with_first_input
+from ..capture import _forward_kwargs
 from ..contexts import edited, untouched
 from ..errors import InputError, NotAvailableError
+from ..hookio import first_input, first_output, with_first_input
 from ..walk import component_of, head_of
 from .ablation_args import checked_patching, checked_writes, metric_values, text_shares
 from .patching import StreamPatching, grid_axes, grid_result, position_axis
@@ -68,7 +69,7 @@ def _gradients(trace, metric, wanted: dict[tuple[str, int], tuple[str, bool]]) -
     tokens = trace.tokens.to(model.device)
     kwargs = _forward_kwargs(model.module, tokens, trace.attention_mask.to(model.device), headless=False)
     with torch.inference_mode(False), torch.enable_grad(), untouched(model.module, hooks=False), \
-            edited(model.module, edits):
+            edited(model.module, edits, tokens.shape):
         try:
             logits = getattr(model.module(**kwargs), "logits", None)
             if logits is None:

@@ -23,8 +23,9 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from ..capture import first_input, first_output, model_logits, with_first_input
+from ..capture import model_logits
 from ..errors import InputError, OutOfRangeError, as_index, batch_count, layer_index, listed
+from ..hookio import first_input, first_output, with_first_input, with_first_output
 from ..memory import pass_bytes
 from ..skipping import skipping
 from .ablation_args import checked_patching, metric_values, position_mask, text_shares
@@ -181,7 +182,7 @@ def copy_rows(trace, copy: int) -> slice:
 
 
 def in_rows(output, rows: slice, new: Tensor):
-    """A module's ``output`` (a tensor, or a tuple led by one), ``rows`` of its first replaced by ``new``.
+    """A module's ``output`` (a tensor, or a tuple or list led by one), ``rows`` of its first set to ``new``.
 
     The module's tensor itself is never written to: a copy is, unless ``rows`` is every row.
     """
@@ -189,7 +190,7 @@ def in_rows(output, rows: slice, new: Tensor):
         full = first_output(output).clone()
         full[rows] = new
         new = full
-    return (new, *output[1:]) if isinstance(output, tuple) else new
+    return with_first_output(output, new)
 
 
 def stack_size(trace, batch_size: object, what: str, columns: Tensor | None = None) -> int:

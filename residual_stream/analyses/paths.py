@@ -40,8 +40,8 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from ..capture import first_input, first_output
 from ..fusion import wide
+from ..hookio import first_input, first_output
 from ..program import Add, Norm, Scale
 from ..walk import component_of
 from . import path_args

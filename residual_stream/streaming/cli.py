@@ -114,9 +114,8 @@ def _distributed(requested: str) -> tuple[int, int, str | None]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the scan the arguments describe; rank 0 writes the JSON. Returns the exit code."""
-    from ..bars import terminal_bars
+    from ..bars import load_on_terminal
     from ..errors import InputError
-    from ..loading import load
     from .accumulators import make_accumulators
     from .corpus import Corpus
     from .runner import scan
@@ -135,8 +134,8 @@ def run(args: argparse.Namespace) -> int:
         corpus = Corpus(args.corpus, args.segment_chars, args.text_field)  # refused before loading
         # so is an unknown statistic or a bad option; the scan takes these accumulators
         accs = make_accumulators([s.strip() for s in args.stats.split(",") if s.strip()])
-        with terminal_bars():
-            model = load(args.model, device=device or args.device, dtype=args.dtype, progress=not args.quiet)
+        model = load_on_terminal(args.model, device=device or args.device, dtype=args.dtype,
+                                 progress=not args.quiet)
         state = args.state if args.state is None or world == 1 else \
             args.state.with_name(f"{args.state.name}.rank{rank}")
         result = scan(model, corpus, list(accs.values()),

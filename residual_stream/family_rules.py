@@ -1,0 +1,67 @@
+"""Rules of the architecture table: functions of a model's config that its rows name.
+
+A row (``families.ArchSpec``) is data; where a family's options change what it describes,
+the row names one of these: which norms a block has, which variants are refused, what a
+load warns of, how many experts a token uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+def flag(key: str, variant: str) -> Callable[[object], str | None]:
+    """A ``refuse`` rule: a config with ``key`` set is ``variant``, which no row describes."""
+    return lambda cfg: variant if getattr(cfg, key, False) else None
+
+
+def clipped(cfg) -> str | None:
+    """A ``maps_caveat``: queries, keys and values clamped after their projections (OLMo, MPT)."""
+    attn = getattr(cfg, "attn_config", None)  # MPT's: an object or a dict
+    clip = getattr(cfg, "clip_qkv", None) or (attn.get("clip_qkv") if isinstance(attn, dict) else
+                                              getattr(attn, "clip_qkv", None))
+    return None if not clip else (
+        f"its queries, keys and values are clamped to ±{clip} after their projections (clip_qkv): the "
+        "weights' read maps (model.weights' W_Q, W_K, W_V, composition, read attribution of queries, "
+        "keys and values) describe them before the clamp; the stream, its decomposition and patching "
+        "are exact")
+
+
+def any_of(*rules: Callable[[object], str | None]) -> Callable[[object], str | None]:
+    """A ``refuse`` rule: the first of ``rules`` that refuses the config."""
+    return lambda cfg: next((why for why in (rule(cfg) for rule in rules) if why), None)
+
+
+def routing_of(used: str = "num_experts_per_tok", experts: str = "num_local_experts"):
+    """A ``routing`` rule: (experts a token uses, experts) from these config keys."""
+    return lambda cfg: (int(getattr(cfg, used)), int(getattr(cfg, experts)))
+
+
+def falcon_norms(cfg) -> dict[str, str]:
+    """Falcon's block norms: two side by side, one read by both sublayers, or one before each.
+
+    The new decoder's ``ln_attn`` and ``ln_mlp`` (unless ``num_ln_in_parallel_attn`` is 1);
+    ``parallel_attn`` off: ``input_layernorm``, then ``post_attention_layernorm``.
+    """
+    if cfg.new_decoder_architecture and (cfg.num_ln_in_parallel_attn or 2) == 2:
+        return {"ln_attn_in": "ln_attn", "ln_mlp_in": "ln_mlp"}
+    mlp = "input_layernorm" if cfg.parallel_attn else "post_attention_layernorm"
+    return {"ln_attn_in": "input_layernorm", "ln_mlp_in": mlp}
+
+
+def opt_norms(cfg) -> dict[str, str]:
+    """OPT's two LayerNorms: before each sublayer, or after each residual add (350m)."""
+    roles = ("ln_attn_in", "ln_mlp_in") if cfg.do_layer_norm_before else ("ln_resid_attn", "ln_resid_mlp")
+    return dict(zip(roles, ("self_attn_layer_norm", "final_layer_norm"), strict=True))
+
+
+def qwen_moe_widths(*moe_keys: str) -> Callable[[object], tuple[str, ...]]:
+    """A ``d_mlp_keys`` rule (Qwen2-MoE, Qwen3-MoE): the experts' widths, and the dense MLPs'.
+
+    The dense MLPs' ``intermediate_size`` counts where some blocks have one
+    (``mlp_only_layers``, a ``decoder_sparse_step`` over 1, or no experts at all).
+    """
+    def keys(cfg) -> tuple[str, ...]:
+        dense = bool(cfg.mlp_only_layers) or cfg.decoder_sparse_step > 1 or not cfg.num_experts
+        return (*moe_keys, "intermediate_size") if dense else moe_keys
+    return keys
