@@ -38,7 +38,8 @@ class ArchSpec:
     # read and write maps, relative to a block: separate q/k/v projections, or one fused
     # projection with its layout ("blocks": [q | k | v], GPT-2, Phi-3, GPTBigCode's one
     # key/value head; "per_head": [h: q k v], NeoX; "groups": [kv head: q … q k v], Falcon's
-    # new decoder, each key/value head after the query heads that read it)
+    # new decoder, each key/value head after the query heads that read it; "shards4": [shard
+    # of 4: q | v | k], CodeGen's; weights.qkv_columns)
     qkv: tuple[str, ...] = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
     qkv_layout: str | Callable[[object], str] = "separate"
     mlp_in: str = "mlp.up_proj"
@@ -138,6 +139,14 @@ _MOE = replace(_LLAMA, family="Mixtral decoder (pre-RMSNorm, mixture-of-experts 
                d_mlp_keys=("intermediate_size",), **_MOE_MAPS)
 
 
+_GPTJ = ArchSpec(
+    family=f"GPT-J decoder ({_PARALLEL_ONE_NORM}, rotary)",
+    layers="h", embeds={"embed": "wte"}, final_norm="ln_f", placement="parallel",
+    block_norms={"ln_attn_in": "ln_1", "ln_mlp_in": "ln_1"},
+    attn_out="attn.out_proj", mlp_out="mlp", n_ctx_keys=("n_positions",),
+    qkv=("attn.q_proj", "attn.k_proj", "attn.v_proj"), mlp_in="mlp.fc_in", mlp_gate=None,
+    mlp_down="mlp.fc_out",
+)
 _GRANITE = replace(
     _LLAMA, family="Granite decoder (pre-RMSNorm; embedding, write and logit multipliers)",
     multipliers=lambda cfg: {"ln_embed": cfg.embedding_multiplier, "ln_attn_out": cfg.residual_multiplier,
@@ -322,14 +331,9 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         qkv=("attention.query_key_value",), qkv_layout="per_head", mlp_in="mlp.dense_h_to_4h",
         mlp_gate=None, mlp_down="mlp.dense_4h_to_h",
     ),
-    "gptj": ArchSpec(
-        family=f"GPT-J decoder ({_PARALLEL_ONE_NORM}, rotary)",
-        layers="h", embeds={"embed": "wte"}, final_norm="ln_f", placement="parallel",
-        block_norms={"ln_attn_in": "ln_1", "ln_mlp_in": "ln_1"},
-        attn_out="attn.out_proj", mlp_out="mlp", n_ctx_keys=("n_positions",),
-        qkv=("attn.q_proj", "attn.k_proj", "attn.v_proj"), mlp_in="mlp.fc_in", mlp_gate=None,
-        mlp_down="mlp.fc_out",
-    ),
+    "gptj": _GPTJ,
+    "codegen": replace(_GPTJ, family=f"CodeGen decoder ({_PARALLEL_ONE_NORM}, partial rotary, fused q/v/k "
+                       "projection in 4 shards)", qkv=("attn.qkv_proj",), qkv_layout="shards4"),
     "phi": ArchSpec(
         family=f"Phi-1/2 decoder ({_PARALLEL_ONE_NORM}, partial rotary)",
         layers="layers", embeds={"embed": "embed_tokens"}, final_norm="final_layernorm",

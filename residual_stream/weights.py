@@ -131,30 +131,44 @@ def _gained(W: Tensor, b: Tensor | None, g: Tensor) -> tuple[Tensor, Tensor | No
     return W * g[:, None, :], None if b is None else b * g
 
 
+def qkv_columns(layout: str, n_heads: int, n_kv: int, d_head: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Where the queries, keys and values sit in the output of the projection(s) computing them.
+
+    Each is a ``LongTensor`` of column indices, head by head (``[head, d_head]`` flattened;
+    ``n_heads`` heads of queries, ``n_kv`` of keys and of values). Layouts: ``"separate"``,
+    three projections (each its own columns); one fused projection with ``"blocks"``,
+    ``[q | k | v]`` (GPT-2, Phi-3, GPTBigCode's one key/value head); ``"per_head"``, ``[head:
+    q k v]`` (NeoX); ``"groups"``, ``[kv head: its query heads, k, v]`` (Falcon's new decoder);
+    ``"shards4"``, ``[shard of 4: q | v | k]``, each shard a quarter of the heads (CodeGen,
+    trained on 4 model-parallel shards).
+    """
+    rep = n_heads // n_kv
+    if layout == "separate":
+        return tuple(torch.arange(n * d_head) for n in (n_heads, n_kv, n_kv))
+    if layout == "blocks":
+        cols = torch.arange((n_heads + 2 * n_kv) * d_head)
+        return tuple(cols.split([n_heads * d_head, n_kv * d_head, n_kv * d_head]))
+    if layout == "per_head":
+        by_head = torch.arange(3 * n_heads * d_head).view(n_heads, 3, d_head)
+        return tuple(by_head[:, c].flatten() for c in range(3))
+    if layout == "groups":
+        by_group = torch.arange((n_heads + 2 * n_kv) * d_head).view(n_kv, rep + 2, d_head)
+        return by_group[:, :rep].flatten(), by_group[:, rep].flatten(), by_group[:, rep + 1].flatten()
+    if layout == "shards4":
+        by_shard = torch.arange(3 * n_heads * d_head).view(4, 3, n_heads // 4 * d_head)
+        return by_shard[:, 0].flatten(), by_shard[:, 2].flatten(), by_shard[:, 1].flatten()
+    raise ValueError(f"unknown qkv layout {layout!r}")
+
+
 def _split_qkv(block: nn.Module, paths: ModulePaths, n_heads: int, n_kv: int):
     """``[(W, b)] * 3`` with W ``[d_model, n·d_head]`` for q, k, v, whatever the layout."""
     mods = [block.get_submodule(p) for p in paths.qkv]
     if paths.qkv_layout == "separate":
         return [(as_in_out(m), bias_of(m)) for m in mods]
     W, b = as_in_out(mods[0]), bias_of(mods[0])
-    if paths.qkv_layout == "blocks":  # [q | k | v], keys and values n_kv heads wide
-        d_head = W.shape[-1] // (n_heads + 2 * n_kv)
-        sizes = [n_heads * d_head, n_kv * d_head, n_kv * d_head]
-        return list(zip(W.split(sizes, -1), b.split(sizes, -1) if b is not None else (None,) * 3,
-                        strict=True))
-    if paths.qkv_layout == "groups":  # [kv head: (its query heads, k, v)], Falcon's new decoder
-        Wg = einops.rearrange(W, "d (group slot k) -> slot d group k", group=n_kv, slot=n_heads // n_kv + 2)
-        bg = None if b is None else einops.rearrange(b, "(group slot k) -> slot group k", group=n_kv,
-                                                      slot=n_heads // n_kv + 2)
-        q = einops.rearrange(Wg[:-2], "rep d group k -> d (group rep k)")
-        bq = None if bg is None else einops.rearrange(bg[:-2], "rep group k -> (group rep k)")
-        return [(q, bq)] + [(Wg[i].flatten(-2), None if bg is None else bg[i].flatten())
-                            for i in (-2, -1)]
-    # "per_head": columns are [head, (q k v), d_head]
-    Wh = einops.rearrange(W, "d (head three k) -> three d (head k)", head=n_heads, three=3)
-    bh = None if b is None else einops.rearrange(b, "(head three k) -> three (head k)",
-                                                  head=n_heads, three=3)
-    return [(Wh[i], None if bh is None else bh[i]) for i in range(3)]
+    d_head = W.shape[-1] // (n_heads + 2 * n_kv)
+    return [(W[:, cols.to(W.device)], None if b is None else b[cols.to(b.device)])
+            for cols in qkv_columns(paths.qkv_layout, n_heads, n_kv, d_head)]
 
 
 def _qk_gains(block: nn.Module, paths: ModulePaths, n_heads: int, n_kv: int, d_head: int):

@@ -118,6 +118,9 @@ FAMILIES = {
     "openai-gpt": dict(blocks="transformer.h", o="attn.c_proj", mlp="mlp", conv=True,  # post-LayerNorm
                        read={"attn": None, "mlp": "mlp"}, raw_mlp=True, qkv=("attn.c_attn",),
                        mlp_in=("mlp.c_fc",), final=None, layout="blocks", embed="transformer.tokens_embed"),
+    "codegen": dict(blocks="transformer.h", o="attn.out_proj", mlp="mlp", conv=False, heads=8,
+                    read={"attn": "ln_1", "mlp": "ln_1"}, qkv=("attn.qkv_proj",), mlp_in=("mlp.fc_in",),
+                    final="transformer.ln_f", layout="shards4"),  # [shard: q v k], 2 heads a shard
     "twin_deepnorm": dict(blocks="blocks", o="attn.o_proj", mlp="mlp", conv=False,
                           read={"attn": None, "mlp": "mlp"}, raw_mlp=True,
                           qkv=("attn.q_proj", "attn.k_proj", "attn.v_proj"), mlp_in=("mlp.fc_in",),
@@ -201,6 +204,9 @@ CASES = [
     ("openai-gpt", ["embed"], "L0H3.v", []),
     ("openai-gpt", ["L1.mlp"], "logits", [f"{L['openai-gpt']}.{i}.{n}" for i, n in
                                           ((1, "ln_2"), (2, "ln_1"), (2, "ln_2"))]),
+    ("codegen", ["L0H1"], "L1H3.q", []),              # shard 1's second head
+    ("codegen", ["L0H6"], ("L1H5.k", "L2H2.v"), []),
+    ("codegen", ["L0.mlp"], "L1H7", []),
     ("twin_deepnorm", ["L0.attn"], "L1.attn", ["blocks.0.ln_resid_attn", ALPHA, "blocks.0.ln_resid_mlp"]),
     ("twin_deepnorm", ["L0H2"], "L0.mlp", ["blocks.0.ln_resid_attn"]),
     ("twin_deepnorm", ["L1.mlp"], "L2H1.k", ["blocks.1.ln_resid_mlp"]),
@@ -260,12 +266,13 @@ def _write_paths(f, name):
         path = f"{blocks}.{layer}.{FAMILIES[f]['mlp']}"
         return [(path, False)], lambda seen, m: seen[path]
     path = f"{blocks}.{layer}.{FAMILIES[f]['o']}"
-    heads = range(HEADS) if rest == ".attn" else [int(rest[1:])]
+    n, d = _heads(f)
+    heads = range(n) if rest == ".attn" else [int(rest[1:])]
 
     def write(seen, module):
         W = module.get_submodule(path).weight.double()
         W = W if FAMILIES[f]["conv"] else W.T  # [H·d_head, d_model]
-        cols = torch.cat([torch.arange(h * D_HEAD, (h + 1) * D_HEAD) for h in heads])
+        cols = torch.cat([torch.arange(h * d, (h + 1) * d) for h in heads])
         return seen[path].double()[..., cols] @ W[cols]
     return [(path, True)], write
 
@@ -281,20 +288,30 @@ def _frozen(norm, x, delta):
     return (1 + w if "Gemma" in type(norm).__name__ else w) * delta / s  # Gemma's RMSNorm: (1 + γ)
 
 
+def _heads(f):
+    """(heads, d_head) of family ``f``'s tiny model (d_model 64)."""
+    n = FAMILIES[f].get("heads", HEADS)
+    return n, 64 // n
+
+
 def _columns(f, head, channel):
     c, layout = "qkv".index(channel), FAMILIES[f]["layout"]
-    group = head if c == 0 else head // (HEADS // KV.get(f, HEADS))
+    (n, d), kv = _heads(f), KV.get(f, _heads(f)[0])
+    group = head if c == 0 else head // (n // kv)
     if layout == "per_head":  # NeoX: [head, (q k v), d_head]
-        start, module = (head * 3 + c) * D_HEAD, 0
+        start, module = (head * 3 + c) * d, 0
     elif layout == "groups":  # Falcon's new decoder: [kv head: (its query heads, k, v), d_head]
-        rep = HEADS // KV[f]
+        rep = n // kv
         slot = head % rep if c == 0 else rep + c - 1
-        start, module = ((head // rep) * (rep + 2) + slot) * D_HEAD, 0
+        start, module = ((head // rep) * (rep + 2) + slot) * d, 0
     elif layout == "blocks":  # GPT-2, Phi-3, GPTBigCode: [q | k | v], k and v KV heads wide
-        start, module = (0 if c == 0 else (HEADS + (c - 1) * KV.get(f, HEADS)) * D_HEAD) + group * D_HEAD, 0
+        start, module = (0 if c == 0 else (n + (c - 1) * kv) * d) + group * d, 0
+    elif layout == "shards4":  # CodeGen: [shard of 4: (q v k) of its n/4 heads, d_head]
+        per = n // 4
+        start, module = ((head // per) * 3 + "qvk".index(channel)) * per * d + (head % per) * d, 0
     else:
-        start, module = group * D_HEAD, c
-    return module, torch.arange(start, start + D_HEAD)
+        start, module = group * d, c
+    return module, torch.arange(start, start + d)
 
 
 def _receiving(module, f, receiver, delta):

@@ -160,6 +160,9 @@ BUILDERS = {
         vocab_size=257, n_embd=64, n_layer=3, n_head=4, n_positions=128, multi_query=False))),
     "gptj": _random_biases(lambda: tf.GPTJForCausalLM(tf.GPTJConfig(
         vocab_size=257, n_embd=64, n_layer=3, n_head=4, n_positions=128, rotary_dim=8))),
+    "codegen": _random_biases(lambda: tf.CodeGenForCausalLM(tf.CodeGenConfig(  # 8 heads, 2 in each shard
+        vocab_size=257, n_embd=64, n_layer=3, n_head=8, n_positions=128, rotary_dim=4,
+        initializer_range=0.1))),
     "phi": _random_biases(lambda: tf.PhiForCausalLM(tf.PhiConfig(
         **COMMON, intermediate_size=96, max_position_embeddings=128))),
     "roberta_mlm": _random_biases(lambda: tf.RobertaForMaskedLM(tf.RobertaConfig(

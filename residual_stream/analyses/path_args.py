@@ -17,7 +17,7 @@ from ..devices import parameter
 from ..errors import InputError, UnknownNameError
 from ..program import Add, Embed, Mark, Read
 from ..walk import component_of
-from ..weights import has_mlp_maps
+from ..weights import has_mlp_maps, qkv_columns
 
 LOGITS = "logits"  # the receiver that is the unembedding's read
 CHANNELS = ("q", "k", "v")
@@ -141,29 +141,21 @@ def receiver(trace, name: str) -> Receiver:
 def _head_reading(trace, block: str, head: int, channel: str) -> Reading:
     """The module computing ``channel`` of ``head`` and its output columns, for each qkv layout.
 
-    ``separate``: q, k, v modules; ``blocks``: one module, ``[q | k | v]``; ``per_head``: one
-    module, ``[head, (q k v), d_head]``; ``groups``: one module, ``[kv head: (its query heads, k,
-    v), d_head]``. A key or value head is shared by ``n_heads / n_kv_heads`` query heads. Where
+    The layout's columns (``weights.qkv_columns``): three modules (``separate``) or one fused
+    projection. A key or value head is shared by ``n_heads / n_kv_heads`` query heads. Where
     a norm on the queries (keys) spans every head (OLMo 2), one head's query is patched after
     it, so that only that head's changes.
     """
     a = trace.anatomy
-    c, d = CHANNELS.index(channel), a.d_head
-    layout, rep = a.modules.qkv_layout, a.n_heads // a.n_kv_heads
-    group = head // rep if layout == "groups" or c else head
-    if layout == "per_head":
-        start = (head * 3 + c) * d
-    elif layout == "groups":
-        start = (group * (rep + 2) + (head % rep if c == 0 else rep + c - 1)) * d
-    else:
-        start = group * d + (0 if layout == "separate" or c == 0 else
-                             a.n_heads * d + (c - 1) * a.n_kv_heads * d)
+    c, d, layout = CHANNELS.index(channel), a.d_head, a.modules.qkv_layout
+    group = head if c == 0 else head // (a.n_heads // a.n_kv_heads)  # its key/value head
+    columns = qkv_columns(layout, a.n_heads, a.n_kv_heads, d)[c].view(-1, d)[group]
     chain = (f"{block}.{a.modules.qkv[c if layout == 'separate' else 0]}",)
     if a.modules.qk_norms is not None and c < 2:
         norm = f"{block}.{a.modules.qk_norms[c]}"
         if parameter(trace.model.module.get_submodule(norm), "weight").numel() != d:  # across heads
             chain += (norm,)
-    return Reading(chain[-1], chain, torch.arange(start, start + d))
+    return Reading(chain[-1], chain, columns)
 
 
 def merged(receivers: list[Receiver]) -> list[Receiver]:
