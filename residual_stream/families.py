@@ -175,6 +175,11 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                      weight_offset=1.0),
     "qwen3": replace(_LLAMA, family="Qwen3 decoder (pre-RMSNorm, rotary, RMSNorm on q and k)",
                      qk_norms=_QK_NORMS),
+    # its q/k norms follow the rotary embedding: an RMS is the same either side of it, so the
+    # gains folded before it give position-free bilinear forms (composition) exactly
+    "hunyuan_v1_dense": replace(_LLAMA, family="Hunyuan decoder (pre-RMSNorm, rotary, RMSNorm on q and k "
+                                "after the rotary embedding)",
+                                qk_norms=("self_attn.query_layernorm", "self_attn.key_layernorm")),
     "phi3": replace(_LLAMA, family="Phi-3 decoder (pre-RMSNorm, fused q/k/v and gate/up projections)",
                     qkv=("self_attn.qkv_proj",), qkv_layout="blocks", **_GATE_UP),
     "glm": replace(_LLAMA, family="GLM decoder (pre-RMSNorm, partial rotary, fused gate/up projection)",
@@ -195,6 +200,9 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                          "RMSNorm on q and k)", qk_norms=_QK_NORMS,
                          d_mlp_keys=qwen_moe_widths("moe_intermediate_size"),
                          routing=routing_of(experts="num_experts")),
+    "hunyuan_v1_moe": replace(_MOE, family="Hunyuan MoE decoder (pre-RMSNorm, RMSNorm on q and k after the "
+                              "rotary embedding, mixture-of-experts MLPs with a shared MLP)",
+                              qk_norms=("self_attn.query_layernorm", "self_attn.key_layernorm")),
     "olmoe": replace(_MOE, family="OLMoE decoder (pre-RMSNorm, mixture-of-experts MLPs, RMSNorm "
                      "on q and k)", qk_norms=_QK_NORMS, routing=routing_of(experts="num_experts"),
                      maps_caveat=clipped),

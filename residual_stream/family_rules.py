@@ -33,8 +33,14 @@ def any_of(*rules: Callable[[object], str | None]) -> Callable[[object], str | N
 
 
 def routing_of(used: str = "num_experts_per_tok", experts: str = "num_local_experts"):
-    """A ``routing`` rule: (experts a token uses, experts) from these config keys."""
-    return lambda cfg: (int(getattr(cfg, used)), int(getattr(cfg, experts)))
+    """A ``routing`` rule: (experts a token uses, experts) from these config keys.
+
+    A key given per layer (Hunyuan MoE's lists) counts its largest: the memory estimate it
+    feeds is a bound for every block.
+    """
+    def most(value) -> int:
+        return int(max(value)) if isinstance(value, (list, tuple)) else int(value)
+    return lambda cfg: (most(getattr(cfg, used)), most(getattr(cfg, experts)))
 
 
 def falcon_norms(cfg) -> dict[str, str]:

@@ -364,20 +364,22 @@ QK_NORM_COS_TOL = 1e-5  # 1 − cosine between float32 vectors of 16 entries com
 
 
 @pytest.mark.parametrize("name", ["qwen3", "olmo2", "olmo3", "gemma3_text", "apertus", "exaone4", "glm4_moe",
-                                  "exaone_moe", "llama"])
+                                  "exaone_moe", "hunyuan_v1_dense", "llama"])
 def test_attention_read_maps_reproduce_the_frameworks_queries_and_keys(name):
     """``attention_read_maps`` against the framework's own queries and keys, after Qwen3's
     per-head, OLMo 2's all-heads and Gemma 3's ``1 + γ`` query/key RMSNorms (Llama has
     none: its projections): from the stream entering the block, ``x @ q[h]`` is parallel
     to head ``h``'s query with a positive factor per token (the frozen scales). Without the
     query/key norms' gains (perturbed away from 1 by ``build``) it is not, so composition
-    would score a different bilinear form than the one the model attends with."""
+    would score a different bilinear form than the one the model attends with. Hunyuan's
+    norms follow the rotary embedding, so its queries are compared at position 0, where that
+    embedding is the identity."""
     from residual_stream.analyses.composition import attention_read_maps
 
     model = rs.load(build(name), tokenizer=ByteTokenizer())
     a, L = model.anatomy, 1
     attn = model.module.model.layers[L].self_attn
-    names = ("q_norm", "k_norm") if a.modules.qk_norms else ("q_proj", "k_proj")
+    names = tuple(p.split(".")[-1] for p in a.modules.qk_norms or ("q_proj", "k_proj"))
     assert (a.modules.qk_norms is not None) == (name != "llama")
     seen = {}
     hooks = [getattr(attn, n).register_forward_hook(
@@ -389,6 +391,9 @@ def test_attention_read_maps_reproduce_the_frameworks_queries_and_keys(name):
             h.remove()
     x, w = tr.stream(L), model.weights(L)
     maps = attention_read_maps(model, L)
+    mask = tr.attention_mask.bool()
+    if name == "hunyuan_v1_dense":  # (after the rotary embedding: at position 0 alone)
+        mask[:, 1:] = False
     for kind, n, groups in (("q", names[0], a.n_heads), ("k", names[1], a.n_kv_heads)):
         actual = seen[n]
         if actual.ndim == 4 and actual.shape[1:3] == (groups, x.shape[1]):  # Gemma 3: heads first
@@ -400,7 +405,7 @@ def test_attention_read_maps_reproduce_the_frameworks_queries_and_keys(name):
                 W = model.anatomy.norms[f"L{L}.ln_attn_in"].fold_into(W) \
                     if f"L{L}.ln_attn_in" in model.anatomy.norms else W
             pred = torch.einsum("bpd,hdk->bphk", x, W)
-            cos = torch.nn.functional.cosine_similarity(pred, actual, dim=-1)[tr.attention_mask.bool()]
+            cos = torch.nn.functional.cosine_similarity(pred, actual, dim=-1)[mask]
             if exact or name == "llama":
                 assert (1 - cos).abs().max() <= QK_NORM_COS_TOL, (kind, exact)
             else:

@@ -116,6 +116,8 @@ def test_available_memory_is_the_systems():
                                   mlp.shared_expert.down_proj.in_features)),
     ("granitemoe", lambda mlp: mlp.experts.down_proj.shape[-1]),
     ("phimoe", lambda mlp: mlp.experts.down_proj.shape[-1]),
+    ("hunyuan_v1_moe", lambda mlp: max(mlp.experts.down_proj.shape[-1],  # and its shared MLP's
+                                       mlp.shared_mlp.down_proj.in_features)),
 ])
 def test_the_mlp_width_of_experts_is_the_widest_hidden_layer(name, widest):
     """An MLP of experts has no single map to read ``d_mlp`` from (it feeds ``pass_bytes``): it
@@ -144,6 +146,21 @@ def test_a_dense_mlp_among_experts_counts_where_it_is_the_widest(dense):
               else b.mlp.experts.down_proj.shape[-1] for b in module.model.layers]
     assert sorted(set(widths)) == [48, 160]
     assert rs.load(module, tokenizer=ByteTokenizer()).anatomy.d_mlp == max(widths)
+
+
+def test_experts_given_per_layer_count_their_most():
+    """Hunyuan MoE may give the experts a token uses per layer (a list): the memory estimate
+    takes the largest (each block's gate reads its own, checked here)."""
+    import transformers as tf
+    from tiny_hf import COMMON
+
+    cfg = tf.HunYuanMoEV1Config(**COMMON, intermediate_size=96, num_key_value_heads=2, head_dim=16,
+                                num_experts=4, moe_topk=[1, 3, 2], pad_token_id=None,
+                                bos_token_id=1, eos_token_id=2)
+    module = tf.HunYuanMoEV1ForCausalLM(cfg).eval()
+    gates = [b.mlp.gate for b in module.model.layers]
+    assert [g.top_k for g in gates] == [1, 3, 2]
+    assert rs.load(module, tokenizer=ByteTokenizer()).anatomy.routing == (3, 4)
 
 
 def test_a_pass_of_experts_counts_each_expert_a_token_uses_and_the_routing_mask():
