@@ -82,13 +82,15 @@ def refuse_missing(module: nn.Module, anatomy: Anatomy, missing: Iterable[str], 
 
     ``missing``: ``from_pretrained``'s ``missing_keys`` (initialized at random). A key is used
     when it lies in a module the anatomy names (blocks, embeddings, norms, the LM head's
-    transform) or is the unembedding's; others (BERT's pooler) never reach the stream.
+    transform, the map into the unembedding) or is the input embedding's (which OPT-350m's
+    named embedding, ``project_in``, reads) or the unembedding's; others (BERT's pooler)
+    never reach the stream.
     """
     p = anatomy.modules
     used = [*p.layers, *p.embeds.values(), *p.norms.values(),
             *(s for s in p.lm_head or () if not s.startswith("act:")), *filter(None, [p.unembed_in])]
-    head = module.get_output_embeddings() if hasattr(module, "get_output_embeddings") else None
-    used += [name for name, m in module.named_modules() if head is not None and m is head]
+    ends = [getattr(module, f"get_{e}_embeddings", lambda: None)() for e in ("input", "output")]
+    used += [name for name, m in module.named_modules() if any(m is e for e in ends if e is not None)]
     bad = sorted(k for k in missing if any(k == u or k.startswith(u + ".") for u in used))
     if bad:
         more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""

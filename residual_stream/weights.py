@@ -76,7 +76,11 @@ class LayerWeights:
     and ``g_K`` are the gains of the RMSNorms that Qwen3, OLMo 2 and Gemma 3 put on queries
     and keys after ``W_Q`` / ``W_K`` (offset included, one row per query head), None
     elsewhere: with each such norm's per-token scale frozen, head ``h``'s query is
-    ``x W_Q[h] diag(g_Q[h]) / s``.
+    ``x W_Q[h] diag(g_Q[h]) / s``. ``W_Q`` is the query projection's own weight: the scores'
+    scale is the model's, ``1 / √d_head`` in most (OPT multiplies its queries by it after
+    the projection, GPT-2 divides the scores; GPT-Neo scales by 1, Gemma 2 and Granite by a
+    config value), and rotary embeddings, ALiBi and soft-caps apply to the scores as the
+    model computes them; composition's scores are scale-free.
     """
 
     W_Q: Float[Tensor, "head d_model d_head"]

@@ -134,6 +134,15 @@ def test_a_checkpoint_missing_weights_the_model_uses_is_refused_naming_them(tmp_
     _drop_tensors(llama, lambda k: k not in ("model.norm.weight", "lm_head.weight"))
     with pytest.raises(CorruptModelFileError, match="lacks 2 weight.*lm_head.weight, model.norm.weight"):
         rs.load(llama)
+    opt = tmp_path / "opt"  # OPT-350m-style: the stream's token embedding is project_in's output,
+    tf.OPTForCausalLM(tf.OPTConfig(  # which reads embed_tokens (helper 42)
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64,
+        word_embed_proj_dim=16, do_layer_norm_before=False, tie_word_embeddings=False)).save_pretrained(opt)
+    minilm_tokenizer_files(opt)
+    assert rs.load(opt).anatomy.placement == "post"
+    _drop_tensors(opt, lambda k: k != "model.decoder.embed_tokens.weight")
+    with pytest.raises(CorruptModelFileError, match="lacks 1 weight.*model.decoder.embed_tokens.weight"):
+        rs.load(opt)
 
 
 @pytest.mark.parametrize("damage", ["no files", "empty vocab"])
