@@ -156,7 +156,7 @@ _GRANITE_MOE = replace(_GRANITE, family="Granite MoE decoder (pre-RMSNorm, mixtu
                        "embedding, write and logit multipliers)", mlp_out="block_sparse_moe",
                        d_mlp_keys=("intermediate_size",), **_MOE_MAPS,
                        refuse=flag("shared_intermediate_size", "a shared MLP beside the experts (its "
-                                    "output and theirs are summed into one write by the block)"))
+                                   "output and theirs are summed into one write by the block)"))
 ARCHITECTURES: dict[str, ArchSpec] = {
     "llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA,
     "helium": _LLAMA, "ernie4_5": _LLAMA, "seed_oss": _LLAMA, "ministral": _LLAMA,
@@ -288,8 +288,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         n_kv_heads=lambda cfg: cfg.num_kv_heads if cfg.new_decoder_architecture or not cfg.multi_query else 1,
         mlp_in="mlp.dense_h_to_4h", mlp_gate=None, mlp_down="mlp.dense_4h_to_h", mlp_out_in_place=True,
         patterns_refused=flag("alibi", "transformers' eager attention for Falcon with ALiBi adds the bias "
-                               "twice (its default attention adds it once), so its attention weights "
-                               "are not this model's"),
+                              "twice (its default attention adds it once), so its attention weights "
+                              "are not this model's"),
         refuse=lambda cfg: "the new decoder with sequential blocks (new_decoder_architecture without "
         "parallel_attn), which transformers builds without its LayerNorms" if (
             cfg.new_decoder_architecture and not cfg.parallel_attn) else None,
@@ -310,9 +310,9 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         attn_out="self_attention.dense", mlp_out="mlp.dense_4h_to_h", qkv=("self_attention.query_key_value",),
         qkv_layout="per_head", mlp_in="mlp.dense_h_to_4h", mlp_gate=None, mlp_down="mlp.dense_4h_to_h",
         refuse=any_of(flag("apply_residual_connection_post_layernorm", "the residual taken after each "
-                          "block's LayerNorm (apply_residual_connection_post_layernorm)"),
-                    lambda cfg: "projections computed in slices outside their modules (slow_but_exact with "
-                    "pretraining_tp > 1)" if cfg.slow_but_exact and cfg.pretraining_tp > 1 else None),
+                           "block's LayerNorm (apply_residual_connection_post_layernorm)"),
+                      lambda cfg: "projections computed in slices outside their modules (slow_but_exact "
+                      "with pretraining_tp > 1)" if cfg.slow_but_exact and cfg.pretraining_tp > 1 else None),
     ),
     "mpt": ArchSpec(
         family="MPT decoder (pre-LayerNorm without biases, ALiBi)",
