@@ -92,6 +92,8 @@ class Anatomy:
     ``logit_scale``: what the model multiplies its logits by (None: nothing). ``routing``:
     ``(experts a token uses, experts)`` of a mixture-of-experts MLP (None for a dense one).
     ``patterns_note``: why the framework cannot give this model's attention patterns (None: it can).
+    ``sinks_after_softmax``: its attention sinks scale each head's output after the softmax
+    (Granite SWA), a scale the framework's patterns leave out and ``rs.trace`` puts in.
     ``family``: the family's description in the table of architectures.
     """
 
@@ -118,6 +120,7 @@ class Anatomy:
     logit_scale: float | None = None
     routing: tuple[int, int] | None = None
     patterns_note: str | None = None
+    sinks_after_softmax: bool = False
     family: str = ""
     components: tuple[Component, ...] = field(init=False)
 

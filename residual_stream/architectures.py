@@ -180,6 +180,7 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
         has_attn_bias=getattr(attn0, "bias", None) is not None,
         causal=_read(spec.causal, config), logit_scale=spec.logit_scale(config),
         routing=spec.routing(config) if has_mlp else None, patterns_note=spec.patterns_refused(config),
+        sinks_after_softmax=spec.sinks_after_softmax,
         family=spec.family,
     )
 

@@ -83,6 +83,9 @@ class ArchSpec:
     mlp_out_in_place: bool = False
     # why the framework's attention patterns (its eager attention) are not the model's, if so
     patterns_refused: Callable[[object], str | None] = field(default=lambda cfg: None)
+    # attention sinks applied after the softmax, as a scale sigmoid(logsumexp(scores) − sink)
+    # on each head's output (Granite SWA): the framework's patterns leave the scale out
+    sinks_after_softmax: bool = False
     # what the weights' read maps do not describe in this config (a warning when it loads)
     maps_caveat: Callable[[object], str | None] = field(default=lambda cfg: None)
 
@@ -223,11 +226,12 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                        "attention sinks)"),
     "granite": _GRANITE,
     "granite_swa": replace(_GRANITE, family="Granite SWA decoder (pre-RMSNorm, sliding windows, "
-                           "attention sinks; embedding, write and logit multipliers)"),
+                           "attention sinks; embedding, write and logit multipliers)",
+                           sinks_after_softmax=True),
     "granitemoe": _GRANITE_MOE,
     "granitemoe_swa": replace(_GRANITE_MOE, family="Granite MoE SWA decoder (pre-RMSNorm, "
                               "mixture-of-experts MLPs, sliding windows, attention sinks; embedding, "
-                              "write and logit multipliers)"),
+                              "write and logit multipliers)", sinks_after_softmax=True),
     "gemma2": _GEMMA,
     "gemma3_text": replace(_GEMMA, family="Gemma 3 decoder (sandwich RMSNorm with (1+γ), scaled "
                            "embeddings, RMSNorm on q and k)", qk_norms=_QK_NORMS),

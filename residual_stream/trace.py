@@ -269,7 +269,31 @@ def trace_batch(model: Model, batch: Batch, *, verify: bool = False, patterns: b
                        batch.attention_mask.to(model.device), verify=verify, patterns=patterns)
     result = Trace(model, batch, captured)
     _raise_if_non_finite(result)
+    if patterns and model.anatomy.sinks_after_softmax:
+        captured.patterns = _sink_scaled(result)
     return result
+
+
+def _sink_scaled(t: Trace) -> tuple[Tensor, ...]:
+    """The patterns of a model whose sinks scale each head's output after the softmax.
+
+    Granite SWA computes ``z = s · A v`` with ``s = sigmoid(logsumexp(scores) − sink)`` per
+    token and head (an extra logit in the softmax's denominator, in another form); the
+    framework returns ``A``. ``s`` follows from the captured ``z`` and ``A v`` (``v`` from the
+    weights and what the attention reads), and the patterns returned are ``s · A``: rows
+    summing to ``s`` < 1, as gpt-oss's (whose sink is a logit of the softmax) do, and ``z``
+    their product with ``v``.
+    """
+    out = []
+    for L, A in enumerate(t.captured.patterns):
+        w, x = t.model.weights(L), t.read_input(f"L{L}.attn")
+        v = torch.einsum("bpd,hdk->bhpk", x, w.W_V.to(x.device))
+        v = v if w.b_V is None else v + w.b_V.to(x.device)[None, :, None]
+        av = A @ v                                                      # (batch, head, query, d_head)
+        z = t.captured.z[L].unflatten(-1, (av.shape[1], -1)).transpose(1, 2)
+        s = (z * av).sum(-1) / av.pow(2).sum(-1).clamp_min(torch.finfo(av.dtype).tiny)
+        out.append(A * s.clamp(0.0, 1.0)[..., None])
+    return tuple(out)
 
 
 def _raise_if_non_finite(t: Trace) -> None:

@@ -205,3 +205,45 @@ def test_patterns_the_framework_gets_wrong_are_refused():
         rs.trace(model, TEXTS, patterns=True)
     assert model.module.config._attn_implementation == "sdpa"
     assert rs.trace(model, TEXTS).check().ok
+
+
+SINK_ATOL = 1e-5  # float32 patterns, each sink scale computed two ways
+
+
+@pytest.mark.parametrize("name", ["granite_swa", "granitemoe_swa"])
+def test_patterns_of_sinks_applied_after_the_softmax_carry_their_scale(name):
+    """Granite SWA scales each head's output by ``sigmoid(logsumexp(scores) − sink)`` after the
+    softmax; the framework's patterns leave that out. Reference, independent of the library:
+    the framework's own eager patterns ``A`` and, per token and head, ``logsumexp = S_ii −
+    log A_ii`` with the diagonal score ``S_ii`` from the framework's own projections (the
+    rotary embedding cancels between a query and a key at one position). The traced patterns
+    are ``A`` times that scale, rows summing to it (< 1), and ``z`` is their product with ``v``."""
+    model = rs.load(build(name), tokenizer=ByteTokenizer())
+    module, cfg, a = model.module, model.module.config, model.anatomy
+    seen = {}
+    hooks = [getattr(layer.self_attn, p).register_forward_hook(
+        lambda m, args, out, key=(L, p): seen.__setitem__(key, out.detach()))
+        for L, layer in enumerate(module.model.layers) for p in ("q_proj", "k_proj", "v_proj")]
+    try:
+        tr = rs.trace(model, TEXTS, patterns=True)
+        module.set_attn_implementation("eager")
+        with torch.no_grad():
+            framework = module(input_ids=tr.tokens, attention_mask=tr.attention_mask,
+                               output_attentions=True).attentions
+    finally:
+        for h in hooks:
+            h.remove()
+    real, rep = tr.attention_mask.bool(), a.n_heads // a.n_kv_heads
+    for L, (ours, A) in enumerate(zip(tr.patterns, framework, strict=True)):
+        q, k, v = (seen[(L, p)].unflatten(-1, (-1, a.d_head)) for p in ("q_proj", "k_proj", "v_proj"))
+        k, v = k.repeat_interleave(rep, 2), v.repeat_interleave(rep, 2)    # (batch, pos, head, d_head)
+        s_ii = cfg.attention_multiplier * (q * k).sum(-1)                  # (batch, pos, head)
+        diag = A.diagonal(dim1=-2, dim2=-1).transpose(1, 2)                 # A_ii, (batch, pos, head)
+        sinks = module.model.layers[L].self_attn.sinks.detach()
+        scale = torch.sigmoid(s_ii - diag.log() - sinks).transpose(1, 2)    # (batch, head, pos)
+        want = A * scale[..., None]
+        at = real[:, None, :, None].expand_as(A)
+        assert (ours - want)[at].abs().max() <= SINK_ATOL, L
+        assert scale.transpose(1, 2)[real].max() < 1 - 1e-3  # the sinks took some weight
+        z = torch.einsum("bhqk,bkhd->bqhd", ours, v).flatten(2)
+        assert max_rel_error(z, tr.captured.z[L], tr.attention_mask) <= REL_F32
