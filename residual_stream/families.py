@@ -142,6 +142,14 @@ _MOE = replace(_LLAMA, family="Mixtral decoder (pre-RMSNorm, mixture-of-experts 
                d_mlp_keys=("intermediate_size",), **_MOE_MAPS)
 
 
+# Hunyuan's q/k norms follow the rotary embedding. An RMS is the same either side of it, so
+# their gains folded before it give the position-free bilinear forms composition scores
+# exactly; but a gain does not commute with the rotation (unless equal on both halves of each
+# pair), so a piece's share of a query or key is the model's at position 0 only (helper 43)
+_HUNYUAN_QK = dict(qk_norms=("self_attn.query_layernorm", "self_attn.key_layernorm"), maps_caveat=lambda _: (
+    "its RMSNorms on queries and keys come after the rotary embedding, and their gains do not commute with "
+    "it: composition's position-free scores are exact, but read attribution of queries and keys takes each "
+    "piece's share before the rotary embedding, which is the model's own at position 0 only"))
 _GPTJ = ArchSpec(
     family=f"GPT-J decoder ({_PARALLEL_ONE_NORM}, rotary)",
     layers="h", embeds={"embed": "wte"}, final_norm="ln_f", placement="parallel",
@@ -178,11 +186,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                      weight_offset=1.0),
     "qwen3": replace(_LLAMA, family="Qwen3 decoder (pre-RMSNorm, rotary, RMSNorm on q and k)",
                      qk_norms=_QK_NORMS),
-    # its q/k norms follow the rotary embedding: an RMS is the same either side of it, so the
-    # gains folded before it give position-free bilinear forms (composition) exactly
     "hunyuan_v1_dense": replace(_LLAMA, family="Hunyuan decoder (pre-RMSNorm, rotary, RMSNorm on q and k "
-                                "after the rotary embedding)",
-                                qk_norms=("self_attn.query_layernorm", "self_attn.key_layernorm")),
+                                "after the rotary embedding)", **_HUNYUAN_QK),
     "phi3": replace(_LLAMA, family="Phi-3 decoder (pre-RMSNorm, fused q/k/v and gate/up projections)",
                     qkv=("self_attn.qkv_proj",), qkv_layout="blocks", **_GATE_UP),
     "glm": replace(_LLAMA, family="GLM decoder (pre-RMSNorm, partial rotary, fused gate/up projection)",
@@ -204,8 +209,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                          d_mlp_keys=qwen_moe_widths("moe_intermediate_size"),
                          routing=routing_of(experts="num_experts")),
     "hunyuan_v1_moe": replace(_MOE, family="Hunyuan MoE decoder (pre-RMSNorm, RMSNorm on q and k after the "
-                              "rotary embedding, mixture-of-experts MLPs with a shared MLP)",
-                              qk_norms=("self_attn.query_layernorm", "self_attn.key_layernorm")),
+                              "rotary embedding, mixture-of-experts MLPs with a shared MLP)", **_HUNYUAN_QK),
     "olmoe": replace(_MOE, family="OLMoE decoder (pre-RMSNorm, mixture-of-experts MLPs, RMSNorm "
                      "on q and k)", qk_norms=_QK_NORMS, routing=routing_of(experts="num_experts"),
                      maps_caveat=clipped),

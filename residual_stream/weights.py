@@ -107,7 +107,9 @@ class LayerWeights:
         in, ``W diag(g)`` and ``b ⊙ g``: up to each norm's frozen scale (a positive factor per
         token, and per head where the norm is per head) and the rotary embedding (orthogonal
         per position, so no share or angle changes), these make the queries and keys the
-        model attends with. Elsewhere, the maps themselves.
+        model attends with; where the norms follow the rotary embedding (Hunyuan), a gain does
+        not commute with it, and they do at position 0 only (the position-free scores of
+        composition stay exact; the load warns). Elsewhere, the maps themselves.
         """
         if self.g_Q is None:
             return (self.W_Q, self.b_Q), (self.W_K, self.b_K), (self.W_V, self.b_V)
@@ -143,7 +145,7 @@ def qkv_columns(layout: str, n_heads: int, n_kv: int, d_head: int) -> tuple[Tens
     three projections (each its own columns); one fused projection with ``"blocks"``,
     ``[q | k | v]`` (GPT-2, Phi-3, GPTBigCode's one key/value head); ``"per_head"``, ``[head:
     q k v]`` (NeoX); ``"groups"``, ``[kv head: its query heads, k, v]`` (Falcon's new decoder);
-    ``"shards4"``, ``[shard of 4: q | v | k]``, each shard a quarter of the heads (CodeGen,
+    ``"shards4"``, ``[shard of 4: q | v | k]``, each shard a quarter of the width (CodeGen,
     trained on 4 model-parallel shards).
     """
     rep = n_heads // n_kv
@@ -158,8 +160,8 @@ def qkv_columns(layout: str, n_heads: int, n_kv: int, d_head: int) -> tuple[Tens
     if layout == "groups":
         by_group = torch.arange((n_heads + 2 * n_kv) * d_head).view(n_kv, rep + 2, d_head)
         return by_group[:, :rep].flatten(), by_group[:, rep].flatten(), by_group[:, rep + 1].flatten()
-    if layout == "shards4":
-        by_shard = torch.arange(3 * n_heads * d_head).view(4, 3, n_heads // 4 * d_head)
+    if layout == "shards4":  # a shard is a quarter of the width: heads may straddle two
+        by_shard = torch.arange(3 * n_heads * d_head).view(4, 3, n_heads * d_head // 4)
         return by_shard[:, 0].flatten(), by_shard[:, 2].flatten(), by_shard[:, 1].flatten()
     raise ValueError(f"unknown qkv layout {layout!r}")
 

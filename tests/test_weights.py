@@ -167,3 +167,30 @@ def test_the_gate_bias_is_a_source_of_the_gate_read():
     want = (y @ b) / y.square().sum(-1)
     assert (ra.per_token[r, s].double() - want)[m].abs().max() <= 1e-4 * want[m].abs().max()
     assert (ra.per_token[r].sum(0).double() - 1)[m].abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("n_heads", [4, 6, 8, 12])
+def test_codegen_shards_split_as_transformers_slices_them(n_heads):
+    """CodeGen's fused projection is 4 shards of ``[q | v | k]``, each a quarter of the width, so
+    with 6 heads (d_head 16, shards 24 wide) a head straddles two shards (helper 43: the split
+    assumed whole heads per shard and raised). Reference: transformers' own slicing, on the
+    column indices themselves (its ``view(..., 4, 3·local)`` and ``split(local)`` into query,
+    value, key), against ``qkv_columns``; and ``model.weights(0)`` of such a model."""
+    import transformers as tf
+
+    from residual_stream.weights import qkv_columns
+
+    d_model = 96
+    d_head, local = d_model // n_heads, d_model // 4
+    cols = torch.arange(3 * d_model).view(4, 3 * local)
+    query, value, key = cols.split(local, dim=-1)
+    want = [t.reshape(-1) for t in (query, key, value)]
+    got = qkv_columns("shards4", n_heads, n_heads, d_head)
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    torch.manual_seed(0)
+    module = tf.CodeGenForCausalLM(tf.CodeGenConfig(vocab_size=257, n_embd=d_model, n_layer=1, n_head=n_heads,
+                                                    n_positions=64, rotary_dim=4))
+    w = rs.load(module, tokenizer=ByteTokenizer()).weights(0)
+    W = module.transformer.h[0].attn.qkv_proj.weight.detach().T  # [d_model, 3·d_model]
+    for mine, cols_of in ((w.W_Q, want[0]), (w.W_K, want[1]), (w.W_V, want[2])):
+        assert torch.equal(mine, W[:, cols_of].unflatten(-1, (n_heads, d_head)).permute(1, 0, 2))
