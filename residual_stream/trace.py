@@ -31,7 +31,7 @@ from .errors import NonFiniteError, NotAvailableError, UnknownNameError, check_f
 from .inputs import Batch, Overflow, encode
 from .memory import check_trace_fits
 from .program import Point, Read
-from .walk import component_of, final_stream, walk_stream
+from .walk import component_of, final_stream, read_inputs, walk_stream
 from .weights import attn_W_O, bias_of, head_writes
 
 if TYPE_CHECKING:
@@ -284,9 +284,9 @@ def _sink_scaled(t: Trace) -> tuple[Tensor, ...]:
     summing to ``s`` < 1, as gpt-oss's (whose sink is a logit of the softmax) do, and ``z``
     their product with ``v``.
     """
-    out = []
+    out, reads = [], read_inputs(t)  # (one walk for every layer)
     for L, A in enumerate(t.captured.patterns):
-        w, x = t.model.weights(L), t.read_input(f"L{L}.attn")
+        w, x = t.model.weights(L), reads[f"L{L}.attn"]
         v = torch.einsum("bpd,hdk->bhpk", x, w.W_V.to(x.device))
         v = v if w.b_V is None else v + w.b_V.to(x.device)[None, :, None]
         av = A @ v                                                      # (batch, head, query, d_head)
