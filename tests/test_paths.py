@@ -20,9 +20,8 @@ from residual_stream.inputs import ByteTokenizer
 
 ATOL = 2e-6  # float32 logits (~1e-7 apart): the library's hooks add a difference, the test's replace
 # the output, and runs stacked in one pass round as their own batch
-D_HEAD, HEADS, KV = 16, 4, {"llama": 2, "gemma2": 2, "olmo2": 2, "phi3": 2, "gpt_bigcode": 1, "mixtral": 2,
-                                 "gpt_oss": 2, "granite": 2, "granitemoe": 2, "falcon": 1, "falcon_new": 2,
-                                 "glm4_moe": 2}
+HEADS, KV = 4, {"llama": 2, "gemma2": 2, "olmo2": 2, "phi3": 2, "gpt_bigcode": 1, "mixtral": 2,  # d_model 64
+                "gpt_oss": 2, "granite": 2, "granitemoe": 2, "falcon": 1, "falcon_new": 2, "glm4_moe": 2}
 ALPHA = 6 ** 0.25  # DeepNorm's α = (2N)^¼ for the twin's 3 blocks
 EMBED_M, WRITE_M = GRANITE["embedding_multiplier"], GRANITE["residual_multiplier"]  # Granite's
 
