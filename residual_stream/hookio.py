@@ -1,10 +1,10 @@
 """How hooks see a module's tensors: its main input and output, and its tokens as ``[batch, pos, ...]``.
 
 Hugging Face modules take the stream as their first argument or as ``hidden_states=``, and
-some return a tuple led by their output. A few models flatten their tokens to ``[batch·pos,
-features]`` around a sublayer (OPT's MLP and its norm); ``by_token`` views such a tensor as
-``[batch, pos, features]``, and ``by_token_hook`` gives an intervention hook that view, so
-no analysis has to know which models flatten.
+some return a tuple (GPT-1's blocks: a list) led by their output. A few models flatten their
+tokens to ``[batch·pos, features]`` around a sublayer (OPT's MLP and its norm); ``by_token``
+views such a tensor as ``[batch, pos, features]``, and ``by_token_hook`` gives an
+intervention hook that view, so no analysis has to know which models flatten.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from torch import Tensor
 
 
 def first_output(x: object) -> Tensor:
-    """A module's main output: the first element when it returns a tuple."""
+    """A module's main output: the first element when it returns a tuple or a list."""
     return x[0] if isinstance(x, (tuple, list)) else x
 
 
