@@ -48,7 +48,7 @@ class ArchSpec:
     # mixture-of-experts MLPs have no single read or write map (their blocks lack mlp_in and
     # mlp_down, which name the dense blocks' maps where a model has some): d_mlp is the widest
     # hidden layer a token's MLP computes, the largest of these config keys (one expert's
-    # width; Qwen2-MoE's shared expert's; GLM-4-MoE's dense blocks')
+    # width; Qwen2-MoE's shared expert's; GLM-4-MoE's dense blocks'; dotted: nested, DBRX's)
     d_mlp_keys: tuple[str, ...] | Callable[[object], tuple[str, ...]] = ()
     # (experts a token uses, experts) of such an MLP, for the memory estimate
     routing: Callable[[object], tuple[int, int] | None] = field(default=lambda cfg: None)
@@ -329,6 +329,14 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         mlp_out="ffn.down_proj", n_ctx_keys=("max_seq_len",), qkv=("attn.Wqkv",), qkv_layout="blocks",
         mlp_in="ffn.up_proj", mlp_gate=None, mlp_down="ffn.down_proj", maps_caveat=clipped,
     ),
+    "dbrx": replace(  # its blocks' maps are nested: norm_attn_norm holds both norms and the attention
+        _MOE, family="DBRX decoder (pre-LayerNorm without biases, fused q/k/v, mixture-of-experts MLPs)",
+        layers="blocks", embeds={"embed": "wte"}, final_norm="norm_f", n_ctx_keys=("max_seq_len",),
+        block_norms={"ln_attn_in": "norm_attn_norm.norm_1", "ln_mlp_in": "norm_attn_norm.norm_2"},
+        attn_out="norm_attn_norm.attn.out_proj", mlp_out="ffn", qkv=("norm_attn_norm.attn.Wqkv",),
+        qkv_layout="blocks", n_kv_heads=lambda cfg: cfg.attn_config.kv_n_heads, maps_caveat=clipped,
+        d_mlp_keys=("ffn_config.ffn_hidden_size",),
+        routing=routing_of("ffn_config.moe_top_k", "ffn_config.moe_num_experts")),
     "starcoder2": replace(_LLAMA, family="StarCoder2 decoder (pre-LayerNorm, rotary)",
                           mlp_in="mlp.c_fc", mlp_gate=None, mlp_down="mlp.c_proj"),
     "stablelm": replace(

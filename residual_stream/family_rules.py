@@ -10,6 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 
+def config_value(cfg, key: str, default=None):
+    """``cfg``'s value at ``key``, a dotted path into nested configs (DBRX's ``ffn_config.moe_top_k``)."""
+    value = cfg
+    for part in key.split("."):
+        value = getattr(value, part, None)
+        if value is None:
+            return default
+    return value
+
+
 def flag(key: str, variant: str) -> Callable[[object], str | None]:
     """A ``refuse`` rule: a config with ``key`` set is ``variant``, which no row describes."""
     return lambda cfg: variant if getattr(cfg, key, False) else None
@@ -33,14 +43,14 @@ def any_of(*rules: Callable[[object], str | None]) -> Callable[[object], str | N
 
 
 def routing_of(used: str = "num_experts_per_tok", experts: str = "num_local_experts"):
-    """A ``routing`` rule: (experts a token uses, experts) from these config keys.
+    """A ``routing`` rule: (experts a token uses, experts) from these config keys (dotted paths).
 
     A key given per layer (Hunyuan MoE's lists) counts its largest: the memory estimate it
     feeds is a bound for every block.
     """
     def most(value) -> int:
         return int(max(value)) if isinstance(value, (list, tuple)) else int(value)
-    return lambda cfg: (most(getattr(cfg, used)), most(getattr(cfg, experts)))
+    return lambda cfg: (most(config_value(cfg, used)), most(config_value(cfg, experts)))
 
 
 def falcon_norms(cfg) -> dict[str, str]:

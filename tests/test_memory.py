@@ -163,6 +163,18 @@ def test_experts_given_per_layer_count_their_most():
     assert rs.load(module, tokenizer=ByteTokenizer()).anatomy.routing == (3, 4)
 
 
+def test_experts_described_in_a_nested_config_are_read_from_it():
+    """DBRX keeps its experts' width and routing in ``ffn_config``: ``d_mlp`` is one expert's
+    hidden width, read here from the weights (its experts' ``w1`` stacks [expert·hidden, d_model],
+    the router has one output per expert), and the routing is (top-k, experts)."""
+    module = build("dbrx")
+    ffn = module.transformer.blocks[0].ffn
+    experts = ffn.router.layer.out_features
+    anatomy = rs.load(module, tokenizer=ByteTokenizer()).anatomy
+    assert anatomy.d_mlp == ffn.experts.mlp.w1.shape[0] // experts > 0
+    assert anatomy.routing == (ffn.top_k, experts) and anatomy.n_kv_heads == 2
+
+
 def test_a_pass_of_experts_counts_each_expert_a_token_uses_and_the_routing_mask():
     """By hand from the tiny Mixtral's config: 2 experts a token, each 3 hidden activations of
     ``intermediate_size``, 4 states of ``d_model``, the logits, and the int64 one-hot mask of

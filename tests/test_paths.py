@@ -21,7 +21,8 @@ from residual_stream.inputs import ByteTokenizer
 ATOL = 2e-6  # float32 logits (~1e-7 apart): the library's hooks add a difference, the test's replace
 # the output, and runs stacked in one pass round as their own batch
 HEADS, KV = 4, {"llama": 2, "gemma2": 2, "olmo2": 2, "phi3": 2, "gpt_bigcode": 1, "mixtral": 2,  # d_model 64
-                "gpt_oss": 2, "granite": 2, "granitemoe": 2, "falcon": 1, "falcon_new": 2, "glm4_moe": 2}
+                "gpt_oss": 2, "granite": 2, "granitemoe": 2, "falcon": 1, "falcon_new": 2, "glm4_moe": 2,
+                "dbrx": 2}
 ALPHA = 6 ** 0.25  # DeepNorm's α = (2N)^¼ for the twin's 3 blocks
 EMBED_M, WRITE_M = GRANITE["embedding_multiplier"], GRANITE["residual_multiplier"]  # Granite's
 
@@ -93,6 +94,10 @@ FAMILIES = {
     "mpt": dict(blocks="transformer.blocks", o="attn.out_proj", mlp="ffn.down_proj", conv=False,
                 read={"attn": "norm_1", "mlp": "norm_2"}, qkv=("attn.Wqkv",), mlp_in=("ffn.up_proj",),
                 final="transformer.norm_f", layout="blocks"),
+    "dbrx": dict(blocks="transformer.blocks", o="norm_attn_norm.attn.out_proj", mlp="ffn", conv=False,
+                 read={"attn": "norm_attn_norm.norm_1", "mlp": "norm_attn_norm.norm_2"},  # nested maps
+                 qkv=("norm_attn_norm.attn.Wqkv",), mlp_in=("ffn",), final="transformer.norm_f",
+                 layout="blocks", embed="transformer.wte"),  # [q | k | v], 2 key/value heads; experts
     "falcon": dict(blocks="transformer.h", o="self_attention.dense", mlp="mlp", conv=False,  # 1 kv head
                    read={"attn": "input_layernorm", "mlp": "input_layernorm"},
                    qkv=("self_attention.query_key_value",), mlp_in=("mlp.dense_h_to_4h",),
@@ -183,6 +188,9 @@ CASES = [
     ("bloom", ["L1.mlp"], "logits", []),
     ("mpt", ["L0H1"], "L1H2.v", []),
     ("mpt", ["L0.mlp"], "L2.mlp", []),
+    ("dbrx", ["L0H1"], "L1H3.k", []),               # key head 1 of 2, read by query heads 2 and 3
+    ("dbrx", ["L0.mlp"], ("L1.mlp", "L2H0.v"), []),
+    ("dbrx", ["embed"], "logits", []),
     ("falcon", ["L0H1"], "L1H2.v", []),
     ("falcon", ["L0.mlp"], ("L1.mlp", "L2H3.q"), []),  # (its block adds the attention to it in place)
     ("falcon_new", ["L0H1"], "L1H3.q", []),           # [kv head: q q k v]: query head 3 in group 1

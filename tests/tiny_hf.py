@@ -142,6 +142,10 @@ BUILDERS = {
         vocab_size=257, hidden_size=64, n_layer=3, n_head=4))),
     "mpt": lambda: tf.MptForCausalLM(tf.MptConfig(vocab_size=257, d_model=64, n_layers=3, n_heads=4,
                                                   max_seq_len=128)),
+    "dbrx": lambda: tf.DbrxForCausalLM(tf.DbrxConfig(  # 2 key/value heads; 2 of 4 experts a token
+        vocab_size=257, d_model=64, n_layers=3, n_heads=4, max_seq_len=128, initializer_range=0.1,
+        attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0),  # 8 as DBRX
+        ffn_config=dict(ffn_hidden_size=96, moe_num_experts=4, moe_top_k=2))),
     "olmo": _llama_like(tf.OlmoConfig, tf.OlmoForCausalLM, pad_token_id=None),  # LayerNorms without γ, β
     "glm": _llama_like(tf.GlmConfig, tf.GlmForCausalLM, head_dim=16, pad_token_id=None),
     "glm4": _llama_like(tf.Glm4Config, tf.Glm4ForCausalLM, head_dim=16, pad_token_id=None),
