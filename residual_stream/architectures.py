@@ -13,9 +13,10 @@ import torch
 from torch import nn
 
 from .anatomy import Anatomy, ModulePaths
+from .arch_spec import ArchSpec
 from .devices import parameter
 from .errors import UnsupportedArchitectureError
-from .families import ARCHITECTURES, ArchSpec
+from .families import ARCHITECTURES
 from .family_rules import config_value
 from .norms import NormSpec
 from .program import compile_program

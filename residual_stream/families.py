@@ -9,86 +9,11 @@ how blocks place their norms, and which config options it does not describe (``r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
+from .arch_spec import ArchSpec
+from .encoder_families import CROSS, ENCODERS
 from .family_rules import any_of, clipped, falcon_norms, flag, opt_norms, qwen_moe_widths, routing_of
-
-
-@dataclass(frozen=True)
-class ArchSpec:
-    """One model family as data. Paths are relative to ``model.base_model`` (block paths to a block).
-
-    ``embeds``, ``placement``, ``block_norms``, ``qkv_layout`` and ``causal`` may be functions
-    of the config, where a family's options change them (GPT-NeoX's parallel residual).
-    """
-
-    family: str
-    layers: str
-    embeds: Mapping[str, str] | Callable[[object], Mapping[str, str]]
-    block_norms: Mapping[str, str] | Callable[[object], Mapping[str, str]]
-    attn_out: str
-    mlp_out: str
-    placement: str | Callable[[object], str] = "pre"
-    embed_norm: str | None = None
-    final_norm: str | None = None
-    weight_offset: float = 0.0
-    alpha: Callable[[object], float] = field(default=lambda cfg: 1.0)
-    n_ctx_keys: tuple[str, ...] = ("max_position_embeddings",)
-    # read and write maps, relative to a block: separate q/k/v projections, or one fused
-    # projection with its layout ("blocks": [q | k | v], GPT-2, Phi-3, GPTBigCode's one
-    # key/value head; "per_head": [h: q k v], NeoX; "groups": [kv head: q … q k v], Falcon's
-    # new decoder, each key/value head after the query heads that read it; "shards4": [shard
-    # of 4: q | v | k], CodeGen's; weights.qkv_columns)
-    qkv: tuple[str, ...] = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
-    qkv_layout: str | Callable[[object], str] = "separate"
-    mlp_in: str = "mlp.up_proj"
-    mlp_gate: str | None = "mlp.gate_proj"
-    mlp_down: str = "mlp.down_proj"
-    # mixture-of-experts MLPs have no single read or write map (their blocks lack mlp_in and
-    # mlp_down, which name the dense blocks' maps where a model has some): d_mlp is the widest
-    # hidden layer a token's MLP computes, the largest of these config keys (one expert's
-    # width; Qwen2-MoE's shared expert's; GLM-4-MoE's dense blocks'; dotted: nested, DBRX's)
-    d_mlp_keys: tuple[str, ...] | Callable[[object], tuple[str, ...]] = ()
-    # (experts a token uses, experts) of such an MLP, for the memory estimate
-    routing: Callable[[object], tuple[int, int] | None] = field(default=lambda cfg: None)
-    # "gate_up": mlp_in (= mlp_gate) is one projection whose output is [gate | up], the
-    # activation on the first half (Phi-3, ModernBERT)
-    mlp_layout: str = "separate"
-    # a nonlinear transform between the final stream and the unembedding (an MLM head: dense,
-    # activation, LayerNorm), relative to the top model: one module, or modules applied in
-    # turn, "act:NAME" an activation of transformers' ACT2FN; the lens applies it, direct
-    # logit attribution cannot
-    head_transform: str | tuple[str, ...] | None = None
-    # a linear map without a bias from the final stream to the unembedding's input (OPT-350m's
-    # project_out), folded into W_U, so the unembedding still reads the stream's own directions
-    unembed_in: str | None = None
-    # RMSNorms on the queries and keys after their projections (Qwen3, OLMo 2, Gemma 3),
-    # relative to a block: their gains scale each head's W_Q / W_K (``LayerWeights.g_Q``)
-    qk_norms: tuple[str, str] | None = None
-    # False: bidirectional attention, a masked-LM head (BERT; as a decoder, ``is_decoder``, causal)
-    causal: bool | Callable[[object], bool] = True
-    # why a config's variant of the family is not described by this row (None: it is)
-    refuse: Callable[[object], str | None] = field(default=lambda cfg: None)
-    # constant multipliers by norm role (Granite's): each is a norm of kind "multiplier",
-    # "ln_embed" on the embeddings' sum, "ln_attn_out" / "ln_mlp_out" on every block's writes
-    multipliers: Callable[[object], Mapping[str, float]] = field(default=lambda cfg: {})
-    # what the model multiplies its logits by (Cohere's logit_scale, Granite's 1 / logits_scaling)
-    logit_scale: Callable[[object], float | None] = field(default=lambda cfg: None)
-    # the norms' ε where their class keeps none (OLMo's LayerNorm without parameters: 1e-5)
-    norm_eps: float | None = None
-    # key/value heads where the config's num_key_value_heads does not say (Falcon's)
-    n_kv_heads: Callable[[object], int] | None = None
-    # the block adds to the MLP's output tensor in place once the module returns (Falcon)
-    mlp_out_in_place: bool = False
-    # why the framework's attention patterns (its eager attention) are not the model's, if so
-    patterns_refused: Callable[[object], str | None] = field(default=lambda cfg: None)
-    # attention sinks applied after the softmax, as a scale sigmoid(logsumexp(scores) − sink)
-    # on each head's output (Granite SWA): the framework's patterns leave the scale out
-    sinks_after_softmax: bool = False
-    # what the weights' read maps do not describe in this config (a warning when it loads)
-    maps_caveat: Callable[[object], str | None] = field(default=lambda cfg: None)
-
 
 _LLAMA = ArchSpec(
     family="Llama-style decoder (pre-RMSNorm, rotary)",
@@ -106,7 +31,6 @@ _GEMMA = ArchSpec(
 _QK_NORMS = ("self_attn.q_norm", "self_attn.k_norm")
 
 
-_CROSS = "cross-attention (a third sublayer, with its own norm, reading an encoder)"
 _QK_LAYERNORMS = "LayerNorms on each head's queries and keys (qk_layernorm)"
 _OLMO2 = ArchSpec(
     family="OLMo 2 decoder (RMSNorm on each write, none on the read)",
@@ -114,20 +38,6 @@ _OLMO2 = ArchSpec(
     block_norms={"ln_attn_out": "post_attention_layernorm", "ln_mlp_out": "post_feedforward_layernorm"},
     attn_out="self_attn.o_proj", mlp_out="mlp", qk_norms=_QK_NORMS,
 )
-_BERT = ArchSpec(
-    family="BERT encoder (post-LayerNorm, LayerNorm on the embeddings)",
-    layers="encoder.layer", placement="post", embed_norm="embeddings.LayerNorm",
-    embeds={"embed": "embeddings.word_embeddings", "type_embed": "embeddings.token_type_embeddings",
-            "pos_embed": "embeddings.position_embeddings"},
-    block_norms={"ln_resid_attn": "attention.output.LayerNorm", "ln_resid_mlp": "output.LayerNorm"},
-    attn_out="attention.output.dense", mlp_out="output.dense",
-    qkv=("attention.self.query", "attention.self.key", "attention.self.value"),
-    mlp_in="intermediate.dense", mlp_gate=None, mlp_down="output.dense",
-    head_transform="cls.predictions.transform", causal=lambda cfg: bool(cfg.is_decoder),
-    refuse=flag("add_cross_attention", _CROSS),
-)
-_ROBERTA = replace(_BERT, family="RoBERTa encoder (post-LayerNorm, LayerNorm on the embeddings)",
-                   head_transform=("lm_head.dense", "act:gelu", "lm_head.layer_norm"))
 _PARALLEL_ONE_NORM = "parallel attention and MLP reading one LayerNorm"
 _COHERE = replace(
     _LLAMA, family=f"Cohere / Command-R decoder ({_PARALLEL_ONE_NORM} without a bias, scaled logits)",
@@ -249,7 +159,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         block_norms={"ln_attn_in": "ln_1", "ln_mlp_in": "ln_2"},
         attn_out="attn.c_proj", mlp_out="mlp", n_ctx_keys=("n_positions",),
         qkv=("attn.c_attn",), qkv_layout="blocks", mlp_in="mlp.c_fc", mlp_gate=None,
-        mlp_down="mlp.c_proj", refuse=flag("add_cross_attention", _CROSS),
+        mlp_down="mlp.c_proj", refuse=flag("add_cross_attention", CROSS),
     ),
     "openai-gpt": ArchSpec(
         family="GPT-1 decoder (post-LayerNorm, learned positions, no final norm)",
@@ -283,7 +193,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         attn_out="attn.c_proj", mlp_out="mlp", n_ctx_keys=("n_positions",), qkv=("attn.c_attn",),
         # one key/value head: [q | k | v]; a head of each (multi_query=False): [h: q k v]
         qkv_layout=lambda cfg: "blocks" if cfg.multi_query else "per_head", mlp_in="mlp.c_fc", mlp_gate=None,
-        mlp_down="mlp.c_proj", refuse=flag("add_cross_attention", _CROSS),
+        mlp_down="mlp.c_proj", refuse=flag("add_cross_attention", CROSS),
     ),
     "falcon": ArchSpec(
         family="Falcon decoder (parallel attention and MLP reading one or two LayerNorms; sequential "
@@ -366,26 +276,6 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         refuse=flag("qk_layernorm", _QK_LAYERNORMS),
     ),
     "cohere": _COHERE, "cohere2": replace(_COHERE, family=_COHERE.family.replace("Cohere", "Cohere 2")),
-    "bert": _BERT,
-    "roberta": _ROBERTA, "xlm-roberta": _ROBERTA, "camembert": _ROBERTA,
-    "distilbert": ArchSpec(
-        family="DistilBERT encoder (post-LayerNorm, LayerNorm on the embeddings)",
-        layers="transformer.layer", placement="post", embed_norm="embeddings.LayerNorm",
-        embeds={"embed": "embeddings.word_embeddings", "pos_embed": "embeddings.position_embeddings"},
-        block_norms={"ln_resid_attn": "sa_layer_norm", "ln_resid_mlp": "output_layer_norm"},
-        attn_out="attention.out_lin", mlp_out="ffn",
-        qkv=("attention.q_lin", "attention.k_lin", "attention.v_lin"),
-        mlp_in="ffn.lin1", mlp_gate=None, mlp_down="ffn.lin2",
-        head_transform=("vocab_transform", "activation", "vocab_layer_norm"), causal=False,
-    ),
-    "modernbert": ArchSpec(
-        family="ModernBERT encoder (pre-LayerNorm, none before block 0's attention, fused projections)",
-        layers="layers", embeds={"embed": "embeddings.tok_embeddings"}, embed_norm="embeddings.norm",
-        final_norm="final_norm", block_norms={"ln_attn_in": "attn_norm", "ln_mlp_in": "mlp_norm"},
-        attn_out="attn.Wo", mlp_out="mlp", qkv=("attn.Wqkv",), qkv_layout="blocks",
-        mlp_in="mlp.Wi", mlp_gate="mlp.Wi", mlp_layout="gate_up", mlp_down="mlp.Wo",
-        head_transform="head", causal=False,
-    ),
     "rs-twin": ArchSpec(
         family="residual-stream twin (any norm, any placement)",
         layers="blocks", embeds={"embed": "embed", "pos_embed": "pos_embed"},
@@ -397,4 +287,5 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         qkv=("attn.q_proj", "attn.k_proj", "attn.v_proj"), mlp_in="mlp.fc_in", mlp_gate="mlp.gate",
         mlp_down="mlp.fc_out",
     ),
+    **ENCODERS,
 }

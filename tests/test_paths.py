@@ -50,6 +50,11 @@ FAMILIES = {
                      conv=False, read={"attn": None, "mlp": "intermediate"}, raw_mlp=True,
                      qkv=("attention.self.query", "attention.self.key", "attention.self.value"),
                      mlp_in=("intermediate.dense",), final=None, layout="separate"),
+    "megatron-bert_mlm": dict(blocks="bert.encoder.layer", o="attention.output.dense", mlp="output.dense",
+                              conv=False, read={"attn": "attention.ln", "mlp": "ln"},  # BERT, pre-LN
+                              qkv=("attention.self.query", "attention.self.key", "attention.self.value"),
+                              mlp_in=("intermediate.dense",), final="bert.encoder.ln", layout="separate",
+                              embed="bert.embeddings.word_embeddings"),
     "olmo2": dict(blocks="model.layers", o="self_attn.o_proj", mlp="mlp", conv=False,  # reads raw
                   read={"attn": None, "mlp": "mlp"}, raw_mlp=True, final="model.norm", layout="separate",
                   qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
@@ -154,6 +159,10 @@ CASES = [
     ("bert_mlm", ["L0H1"], "L1.attn", [f"{L['bert_mlm']}.0.attention.output.LayerNorm",
                                        f"{L['bert_mlm']}.0.output.LayerNorm"]),
     ("bert_mlm", ["L0.mlp"], "L1H2.q", [f"{L['bert_mlm']}.0.output.LayerNorm"]),
+    ("megatron-bert_mlm", ["L0H1"], "L1H2.v", []),
+    ("megatron-bert_mlm", ["L0.mlp"], ("L1.mlp", "L2H0.q"), []),
+    ("megatron-bert_mlm", ["embed"], "L0H3.v", []),
+    ("megatron-bert_mlm", ["L1.mlp"], "logits", []),       # through the final norm and the MLM head
     ("bert_mlm", ["L0H1"], "L0.mlp", [f"{L['bert_mlm']}.0.attention.output.LayerNorm"]),
     ("bert_mlm", ["L1.attn"], "logits", [f"{L['bert_mlm']}.{i}.{n}" for i in (1, 2) for n in
                                          ("attention.output.LayerNorm", "output.LayerNorm")]),

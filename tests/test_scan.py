@@ -315,7 +315,7 @@ def test_lean_scan_equals_the_single_trace(norm, placement, monkeypatch):
 @pytest.mark.parametrize("name", ["llama", "gpt2", "bert", "bert_mlm", "gemma2", "gpt_neox_parallel",
                                   "qwen3", "mixtral", "phi3", "gptj", "granite", "bloom", "falcon", "opt",
                                   "opt_post", "openai-gpt", "biogpt", "codegen", "hunyuan_v1_dense",
-                                  "dbrx"])
+                                  "dbrx", "roberta-prelayernorm_mlm", "megatron-bert_mlm", "ernie_mlm"])
 def test_lean_scan_on_framework_models(name, monkeypatch):
     from tiny_hf import build
 

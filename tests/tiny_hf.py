@@ -183,6 +183,19 @@ BUILDERS = {
     "modernbert_mlm": lambda: tf.ModernBertForMaskedLM(tf.ModernBertConfig(  # block 0 reads raw
         **COMMON, intermediate_size=96, max_position_embeddings=128, pad_token_id=0, bos_token_id=1,
         eos_token_id=2, cls_token_id=1, sep_token_id=2, global_attn_every_n_layers=2, local_attention=16)),
+    "data2vec-text_mlm": _random_biases(lambda: tf.Data2VecTextForMaskedLM(tf.Data2VecTextConfig(
+        **COMMON, intermediate_size=128, max_position_embeddings=130))),
+    "ernie_mlm": _random_biases(lambda: tf.ErnieForMaskedLM(tf.ErnieConfig(  # task embeddings, a 4th
+        **COMMON, intermediate_size=128, max_position_embeddings=128, use_task_id=True))),
+    "bert-generation_causal": _random_biases(lambda: tf.BertGenerationDecoder(tf.BertGenerationConfig(
+        **COMMON, intermediate_size=128, max_position_embeddings=128, is_decoder=True))),
+    # pre-LayerNorm descendants of BERT
+    "roberta-prelayernorm_mlm": _random_biases(lambda: tf.RobertaPreLayerNormForMaskedLM(
+        tf.RobertaPreLayerNormConfig(**COMMON, intermediate_size=128, max_position_embeddings=130))),
+    "xlm-roberta-xl_mlm": _random_biases(lambda: tf.XLMRobertaXLForMaskedLM(tf.XLMRobertaXLConfig(
+        **COMMON, intermediate_size=128, max_position_embeddings=130))),
+    "megatron-bert_mlm": _random_biases(lambda: tf.MegatronBertForMaskedLM(tf.MegatronBertConfig(
+        **COMMON, intermediate_size=128, max_position_embeddings=128, initializer_range=0.1))),
     "camembert_mlm": lambda: tf.CamembertForMaskedLM(tf.CamembertConfig(
         **COMMON, intermediate_size=128, max_position_embeddings=130)),
     "distilbert_mlm": _random_biases(lambda: tf.DistilBertForMaskedLM(tf.DistilBertConfig(

@@ -1,0 +1,81 @@
+"""``ArchSpec``: one model family described as data (the rows are in ``families``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """One model family as data. Paths are relative to ``model.base_model`` (block paths to a block).
+
+    ``embeds``, ``placement``, ``block_norms``, ``qkv_layout`` and ``causal`` may be functions
+    of the config, where a family's options change them (GPT-NeoX's parallel residual).
+    """
+
+    family: str
+    layers: str
+    embeds: Mapping[str, str] | Callable[[object], Mapping[str, str]]
+    block_norms: Mapping[str, str] | Callable[[object], Mapping[str, str]]
+    attn_out: str
+    mlp_out: str
+    placement: str | Callable[[object], str] = "pre"
+    embed_norm: str | None = None
+    final_norm: str | None = None
+    weight_offset: float = 0.0
+    alpha: Callable[[object], float] = field(default=lambda cfg: 1.0)
+    n_ctx_keys: tuple[str, ...] = ("max_position_embeddings",)
+    # read and write maps, relative to a block: separate q/k/v projections, or one fused
+    # projection with its layout ("blocks": [q | k | v], GPT-2, Phi-3, GPTBigCode's one
+    # key/value head; "per_head": [h: q k v], NeoX; "groups": [kv head: q … q k v], Falcon's
+    # new decoder, each key/value head after the query heads that read it; "shards4": [shard
+    # of 4: q | v | k], CodeGen's; weights.qkv_columns)
+    qkv: tuple[str, ...] = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+    qkv_layout: str | Callable[[object], str] = "separate"
+    mlp_in: str = "mlp.up_proj"
+    mlp_gate: str | None = "mlp.gate_proj"
+    mlp_down: str = "mlp.down_proj"
+    # mixture-of-experts MLPs have no single read or write map (their blocks lack mlp_in and
+    # mlp_down, which name the dense blocks' maps where a model has some): d_mlp is the widest
+    # hidden layer a token's MLP computes, the largest of these config keys (one expert's
+    # width; Qwen2-MoE's shared expert's; GLM-4-MoE's dense blocks'; dotted: nested, DBRX's)
+    d_mlp_keys: tuple[str, ...] | Callable[[object], tuple[str, ...]] = ()
+    # (experts a token uses, experts) of such an MLP, for the memory estimate
+    routing: Callable[[object], tuple[int, int] | None] = field(default=lambda cfg: None)
+    # "gate_up": mlp_in (= mlp_gate) is one projection whose output is [gate | up], the
+    # activation on the first half (Phi-3, ModernBERT)
+    mlp_layout: str = "separate"
+    # a nonlinear transform between the final stream and the unembedding (an MLM head: dense,
+    # activation, LayerNorm), relative to the top model: one module, or modules applied in
+    # turn, "act:NAME" an activation of transformers' ACT2FN; the lens applies it, direct
+    # logit attribution cannot
+    head_transform: str | tuple[str, ...] | None = None
+    # a linear map without a bias from the final stream to the unembedding's input (OPT-350m's
+    # project_out), folded into W_U, so the unembedding still reads the stream's own directions
+    unembed_in: str | None = None
+    # RMSNorms on the queries and keys after their projections (Qwen3, OLMo 2, Gemma 3),
+    # relative to a block: their gains scale each head's W_Q / W_K (``LayerWeights.g_Q``)
+    qk_norms: tuple[str, str] | None = None
+    # False: bidirectional attention, a masked-LM head (BERT; as a decoder, ``is_decoder``, causal)
+    causal: bool | Callable[[object], bool] = True
+    # why a config's variant of the family is not described by this row (None: it is)
+    refuse: Callable[[object], str | None] = field(default=lambda cfg: None)
+    # constant multipliers by norm role (Granite's): each is a norm of kind "multiplier",
+    # "ln_embed" on the embeddings' sum, "ln_attn_out" / "ln_mlp_out" on every block's writes
+    multipliers: Callable[[object], Mapping[str, float]] = field(default=lambda cfg: {})
+    # what the model multiplies its logits by (Cohere's logit_scale, Granite's 1 / logits_scaling)
+    logit_scale: Callable[[object], float | None] = field(default=lambda cfg: None)
+    # the norms' ε where their class keeps none (OLMo's LayerNorm without parameters: 1e-5)
+    norm_eps: float | None = None
+    # key/value heads where the config's num_key_value_heads does not say (Falcon's)
+    n_kv_heads: Callable[[object], int] | None = None
+    # the block adds to the MLP's output tensor in place once the module returns (Falcon)
+    mlp_out_in_place: bool = False
+    # why the framework's attention patterns (its eager attention) are not the model's, if so
+    patterns_refused: Callable[[object], str | None] = field(default=lambda cfg: None)
+    # attention sinks applied after the softmax, as a scale sigmoid(logsumexp(scores) − sink)
+    # on each head's output (Granite SWA): the framework's patterns leave the scale out
+    sinks_after_softmax: bool = False
+    # what the weights' read maps do not describe in this config (a warning when it loads)
+    maps_caveat: Callable[[object], str | None] = field(default=lambda cfg: None)

@@ -1,0 +1,66 @@
+"""The encoders' rows of the architecture table (BERT and its descendants), post- or pre-LayerNorm.
+
+``families.ARCHITECTURES`` merges them with the decoders' rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .arch_spec import ArchSpec
+from .family_rules import flag
+
+CROSS = "cross-attention (a third sublayer, with its own norm, reading an encoder)"
+_BERT = ArchSpec(
+    family="BERT encoder (post-LayerNorm, LayerNorm on the embeddings)",
+    layers="encoder.layer", placement="post", embed_norm="embeddings.LayerNorm",
+    embeds={"embed": "embeddings.word_embeddings", "type_embed": "embeddings.token_type_embeddings",
+            "pos_embed": "embeddings.position_embeddings"},
+    block_norms={"ln_resid_attn": "attention.output.LayerNorm", "ln_resid_mlp": "output.LayerNorm"},
+    attn_out="attention.output.dense", mlp_out="output.dense",
+    qkv=("attention.self.query", "attention.self.key", "attention.self.value"),
+    mlp_in="intermediate.dense", mlp_gate=None, mlp_down="output.dense",
+    head_transform="cls.predictions.transform", causal=lambda cfg: bool(cfg.is_decoder),
+    refuse=flag("add_cross_attention", CROSS),
+)
+_ROBERTA = replace(_BERT, family="RoBERTa encoder (post-LayerNorm, LayerNorm on the embeddings)",
+                   head_transform=("lm_head.dense", "act:gelu", "lm_head.layer_norm"))
+_PRE = "pre-LayerNorm, LayerNorm on the final stream"  # BERT's descendants with pre-LN blocks
+
+ENCODERS: dict[str, ArchSpec] = {
+    "bert": _BERT,
+    "roberta": _ROBERTA, "xlm-roberta": _ROBERTA, "camembert": _ROBERTA, "data2vec-text": _ROBERTA,
+    "ernie": replace(_BERT, family="ERNIE encoder (post-LayerNorm, LayerNorm on the embeddings, task "
+                     "embeddings)", embeds={**_BERT.embeds, "task_embed": "embeddings.task_type_embeddings"}),
+    "bert-generation": replace(_BERT, family="BERT-Generation encoder (post-LayerNorm, LayerNorm on the "
+                               "embeddings, no token types)", head_transform=None),
+    "roberta-prelayernorm": replace(
+        _ROBERTA, family=f"RoBERTa-PreLayerNorm encoder ({_PRE} and the embeddings)", placement="pre",
+        final_norm="LayerNorm",
+        block_norms={"ln_attn_in": "attention.LayerNorm", "ln_mlp_in": "intermediate.LayerNorm"}),
+    "xlm-roberta-xl": replace(
+        _ROBERTA, family=f"XLM-RoBERTa-XL encoder ({_PRE})", placement="pre", embed_norm=None,
+        final_norm="encoder.LayerNorm", block_norms={"ln_attn_in": "attention.self_attn_layer_norm",
+                                                     "ln_mlp_in": "LayerNorm"}),
+    "megatron-bert": replace(
+        _BERT, family=f"Megatron-BERT encoder ({_PRE})", placement="pre", embed_norm=None,
+        final_norm="encoder.ln", block_norms={"ln_attn_in": "attention.ln", "ln_mlp_in": "ln"}),
+    "distilbert": ArchSpec(
+        family="DistilBERT encoder (post-LayerNorm, LayerNorm on the embeddings)",
+        layers="transformer.layer", placement="post", embed_norm="embeddings.LayerNorm",
+        embeds={"embed": "embeddings.word_embeddings", "pos_embed": "embeddings.position_embeddings"},
+        block_norms={"ln_resid_attn": "sa_layer_norm", "ln_resid_mlp": "output_layer_norm"},
+        attn_out="attention.out_lin", mlp_out="ffn",
+        qkv=("attention.q_lin", "attention.k_lin", "attention.v_lin"),
+        mlp_in="ffn.lin1", mlp_gate=None, mlp_down="ffn.lin2",
+        head_transform=("vocab_transform", "activation", "vocab_layer_norm"), causal=False,
+    ),
+    "modernbert": ArchSpec(
+        family="ModernBERT encoder (pre-LayerNorm, none before block 0's attention, fused projections)",
+        layers="layers", embeds={"embed": "embeddings.tok_embeddings"}, embed_norm="embeddings.norm",
+        final_norm="final_norm", block_norms={"ln_attn_in": "attn_norm", "ln_mlp_in": "mlp_norm"},
+        attn_out="attn.Wo", mlp_out="mlp", qkv=("attn.Wqkv",), qkv_layout="blocks",
+        mlp_in="mlp.Wi", mlp_gate="mlp.Wi", mlp_layout="gate_up", mlp_down="mlp.Wo",
+        head_transform="head", causal=False,
+    ),
+}
