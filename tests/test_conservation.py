@@ -89,6 +89,16 @@ def test_the_unembedding_of_the_final_stream_gives_the_frameworks_logits(name):
     assert max_rel_error(logits, trace.logits, trace.attention_mask) <= REL_F32
 
 
+def test_a_stream_returned_through_a_projection_is_compared_through_it():
+    """OPT-350m returns its last hidden state through ``project_out`` (48 wide here, the stream
+    64): the check's last hidden-states row maps the final stream through it, and says so."""
+    model = hf_model("opt_post")
+    frame = rs.trace(model, TEXTS).check().to_frame()
+    last = frame[frame.check == "hidden_states"].iloc[-1]
+    assert last.point == f"resid_pre {model.anatomy.n_layers} @ project_out" and last.ok
+    assert last.reference_rms > 0 and last.relative_error <= REL_F32
+
+
 def test_every_supported_family_has_a_tiny_model_here():
     """A row of the architecture table is verified only through a model of its family built
     here (and the twins, for ``rs-twin``): none is listed without one."""
