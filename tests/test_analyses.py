@@ -173,6 +173,35 @@ def test_norm_growth_against_float64_loops():
         assert g.first_token[L].item() == pytest.approx(float(x[:, 0].norm(dim=-1).mean()), rel=1e-5)
     assert set(g.norm_inputs.norm) == {f"L{L}.ln_resid_{k}" for L in range(3) for k in ("attn", "mlp")}
     assert g.growth[1].item() == pytest.approx((g.mean[2] / g.mean[1]).item())
+    # each norm's input as its module receives it (a hook of our own on the next pass), in float64
+    seen, model = {}, tr.model
+    hooks = [model.module.get_submodule(model.anatomy.norms[name].module_path).register_forward_hook(
+        lambda mod, args, out, name=name: seen.__setitem__(name, (args[0].detach().double(), mod.eps)))
+        for name in g.norm_inputs.norm]
+    try:
+        rs.trace(model, TEXTS)
+    finally:
+        for h in hooks:
+            h.remove()
+    for row in g.norm_inputs.itertuples():
+        x, eps = seen[row.norm]
+        assert row.kind == "layernorm"
+        assert row.input_norm == pytest.approx(float(x.norm(dim=-1)[m].mean()), rel=1e-5)
+        assert row.scale == pytest.approx(float((x.var(-1, unbiased=False) + eps).sqrt()[m].mean()), rel=1e-5)
+
+
+def test_norm_growth_names_a_multipliers_kind_and_its_scale_of_one():
+    """Granite's constant multipliers stand where norms do (on the embeddings and on every
+    write): their rows say ``"multiplier"``, and the scale they divide by is exactly 1; the
+    final RMSNorm's row says ``"rmsnorm"``, its scale not 1."""
+    g = rs.norm_growth(rs.trace(rs.load(build("granite"), tokenizer=ByteTokenizer()), TEXTS))
+    frame = g.norm_inputs.set_index("norm")
+    constant = frame[frame.kind == "multiplier"]
+    writes = {f"L{L}.ln_{k}_out" for L in range(3) for k in ("attn", "mlp")}
+    assert set(constant.index) == {"ln_embed"} | writes
+    assert (constant.scale == 1.0).all() and (constant.input_norm > 0).all()
+    rms = frame[frame.kind == "rmsnorm"]  # pre-norm: only the final norm stands on the stream
+    assert list(rms.index) == ["ln_final"] and abs(rms.scale.iloc[0] - 1) > 1e-3
 
 
 def test_norm_growth_fit_recovers_a_known_rate():

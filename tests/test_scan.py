@@ -106,6 +106,7 @@ def _assert_growth_equal(result, whole) -> None:
         assert float(((getattr(got, q) - getattr(ref, q)).abs() / getattr(ref, q)).max()) <= BIN_WIDTH
     assert got.fit_rate == pytest.approx(ref.fit_rate, abs=1e-6)  # log units per layer
     assert list(got.norm_inputs.norm) == list(ref.norm_inputs.norm)
+    assert list(got.norm_inputs.kind) == list(ref.norm_inputs.kind)
     for col in ("input_norm", "scale"):
         _close(torch.tensor(got.norm_inputs[col].to_numpy(float)),
                torch.tensor(ref.norm_inputs[col].to_numpy(float)))

@@ -16,7 +16,8 @@ last block, before any final norm):
   attention's, so its denominator holds the attention's write, not only the block input it
   read);
 * for every norm that stands on the stream or on a write (post-norm, DeepNorm, sandwich),
-  the norm of the sum entering it and the scale it divides by;
+  its kind, the norm of the sum entering it and the scale it divides by (a constant
+  multiplier, Granite's, has kind ``"multiplier"`` and scale 1: it divides by nothing);
 * the share of the stream's energy along the all-ones direction, ``(Σ_k x_k)² / (d ‖x‖²)``:
   what LayerNorm's centering removes and RMSNorm keeps;
 * massive activations: coordinates with ``|x| > 100`` and ``|x| > 1000 ×`` the median
@@ -143,9 +144,10 @@ def _updates_and_norm_inputs(trace) -> tuple[Tensor, Tensor, pd.DataFrame]:
         norm = step.op.norm if isinstance(step.op, Norm) else getattr(step.op, "via", None)
         if norm is not None:
             entering = step.x if isinstance(step.op, Norm) else step.write
-            rows.append({"norm": norm, "input_norm": float(masked_mean(entering.norm(dim=-1), mask)),
+            rows.append({"norm": norm, "kind": trace.anatomy.norms[norm].kind,
+                         "input_norm": float(masked_mean(entering.norm(dim=-1), mask)),
                          "scale": float(masked_mean(trace.norm_scale(norm), mask))})
-    return upd["attn"], upd["mlp"], pd.DataFrame(rows, columns=["norm", "input_norm", "scale"])
+    return upd["attn"], upd["mlp"], pd.DataFrame(rows, columns=["norm", "kind", "input_norm", "scale"])
 
 
 def norm_growth(trace, *, massive_reference: str = "token") -> NormGrowth:

@@ -306,6 +306,7 @@ class GrowthStats(Accumulator):
         number of candidate tokens per point for massive activations.
         """
         self.meta["model_name"] = model.name
+        self.meta["norm_kinds"] = {name: spec.kind for name, spec in model.anatomy.norms.items()}
         cap = max(MIN_CANDIDATES, 4 * batch.tokens.shape[0]) if replayable else None
         return GrowthSums(batch.attention_mask.to(model.device), model.anatomy.n_layers,
                           model.anatomy.d_model, batch, self.top_k, cap)
@@ -349,7 +350,8 @@ class GrowthStats(Accumulator):
         massive = pd.DataFrame(self.meta.get("massive", []),
                                columns=["point", "text", "char", "pos", "dim", "token", "value",
                                         "ratio_to_median"])
-        norm_inputs = pd.DataFrame({"norm": self.meta.get("norms", []),
+        names, kinds = self.meta.get("norms", []), self.meta.get("norm_kinds", {})
+        norm_inputs = pd.DataFrame({"norm": names, "kind": [kinds.get(n, "") for n in names],
                                     "input_norm": self.mean("norm_input").numpy(),
                                     "scale": self.mean("norm_scale").numpy()})
         return NormGrowth(
