@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .arch_spec import ArchSpec
-from .family_rules import flag
+from .family_rules import any_of, flag
 
 CROSS = "cross-attention (a third sublayer, with its own norm, reading an encoder)"
 _BERT = ArchSpec(
@@ -26,6 +26,11 @@ _BERT = ArchSpec(
 _ROBERTA = replace(_BERT, family="RoBERTa encoder (post-LayerNorm, LayerNorm on the embeddings)",
                    head_transform=("lm_head.dense", "act:gelu", "lm_head.layer_norm"))
 _PRE = "pre-LayerNorm, LayerNorm on the final stream"  # BERT's descendants with pre-LN blocks
+# ELECTRA's and RoFormer's embeddings are embedding_size wide: where that is not hidden_size, their
+# LayerNorm is followed by a linear map into the stream (embeddings_project), which no row describes
+_PROJECTED = any_of(_BERT.refuse, lambda cfg: "embeddings LayerNormed in embedding_size, then projected "
+                    "into the stream (embeddings_project: embedding_size ≠ hidden_size)" if (
+                        cfg.embedding_size != cfg.hidden_size) else None)
 
 ENCODERS: dict[str, ArchSpec] = {
     "bert": _BERT,
@@ -45,6 +50,23 @@ ENCODERS: dict[str, ArchSpec] = {
     "megatron-bert": replace(
         _BERT, family=f"Megatron-BERT encoder ({_PRE})", placement="pre", embed_norm=None,
         final_norm="encoder.ln", block_norms={"ln_attn_in": "attention.ln", "ln_mlp_in": "ln"}),
+    "electra": replace(
+        _BERT, family="ELECTRA encoder (post-LayerNorm, LayerNorm on the embeddings)", refuse=_PROJECTED,
+        head_transform=("generator_predictions.dense", "act:gelu", "generator_predictions.LayerNorm")),
+    "roformer": replace(  # rotary inside attention: no position embeddings in the stream
+        _BERT, family="RoFormer encoder (post-LayerNorm, LayerNorm on the embeddings, rotary)",
+        embeds={"embed": "embeddings.word_embeddings", "type_embed": "embeddings.token_type_embeddings"},
+        refuse=_PROJECTED, maps_caveat=lambda cfg: None if not cfg.rotary_value else (
+            "its values are rotated by position as its queries and keys are (rotary_value): the weights' "
+            "value maps (W_V, OV circuits, composition through values) describe them before the rotation; "
+            "the stream, its decomposition and patching are exact")),
+    "big_bird": replace(
+        _BERT, family="BigBird encoder with full attention (post-LayerNorm, LayerNorm on the embeddings)",
+        refuse=any_of(_BERT.refuse, lambda cfg: "block-sparse attention (attention_type='block_sparse': "
+                      "global, sliding and random blocks, the sequence padded to whole blocks)" if (
+                          cfg.attention_type != "original_full") else None,
+                      flag("rescale_embeddings", "token embeddings scaled by √hidden_size outside their "
+                           "module (rescale_embeddings)"))),
     "distilbert": ArchSpec(
         family="DistilBERT encoder (post-LayerNorm, LayerNorm on the embeddings)",
         layers="transformer.layer", placement="post", embed_norm="embeddings.LayerNorm",

@@ -234,12 +234,24 @@ def test_unsupported_architecture_is_named():
         vocab_size=257, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_local_experts=2,
         num_experts_per_tok=1, intermediate_size=16, shared_intermediate_size=16, bos_token_id=1,
         eos_token_id=2)), "shared MLP"),
+    (lambda: tf.ElectraForMaskedLM(tf.ElectraConfig(vocab_size=257, hidden_size=32, embedding_size=16,
+                                                    num_hidden_layers=1, num_attention_heads=4)),
+     "embeddings_project"),
+    (lambda: tf.RoFormerForMaskedLM(tf.RoFormerConfig(vocab_size=257, hidden_size=32, embedding_size=16,
+                                                      num_hidden_layers=1, num_attention_heads=4)),
+     "embeddings_project"),
+    (lambda: tf.BigBirdForMaskedLM(tf.BigBirdConfig(vocab_size=257, hidden_size=32, num_hidden_layers=1,
+                                                    num_attention_heads=4)), "block-sparse attention"),
+    (lambda: tf.BigBirdForMaskedLM(tf.BigBirdConfig(vocab_size=257, hidden_size=32, num_hidden_layers=1,
+                                                    num_attention_heads=4, attention_type="original_full",
+                                                    rescale_embeddings=True)), "rescale_embeddings"),
 ])
 def test_a_variant_of_a_supported_family_that_no_row_describes_is_refused(build_variant, variant):
     """Phi's and StableLM's optional LayerNorms on each head's queries and keys, a BERT or GPT-2
     decoder's cross-attention (a third sublayer with its own LayerNorm), and a Granite MoE
-    block's shared MLP beside its experts (two modules' outputs summed into one write) change
-    the stream program or the read maps; such a model is refused by what it has, not analysed as its
+    block's shared MLP beside its experts (two modules' outputs summed into one write), ELECTRA's
+    and RoFormer's embeddings projected into a wider stream, BigBird's block-sparse attention and
+    its embeddings scaled outside their module change the stream program or the read maps; such a model is refused by what it has, not analysed as its
     family's plain form. Reference: the same family without the option loads (conservation)."""
     torch.manual_seed(0)
     module = build_variant()

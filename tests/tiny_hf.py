@@ -198,6 +198,13 @@ BUILDERS = {
         **COMMON, intermediate_size=128, max_position_embeddings=128, initializer_range=0.1))),
     "camembert_mlm": lambda: tf.CamembertForMaskedLM(tf.CamembertConfig(
         **COMMON, intermediate_size=128, max_position_embeddings=130)),
+    # ELECTRA's generator head (embedding_size = hidden_size); RoFormer (rotary); BigBird's full attention
+    "electra_mlm": _random_biases(lambda: tf.ElectraForMaskedLM(tf.ElectraConfig(
+        **COMMON, embedding_size=64, intermediate_size=128, max_position_embeddings=128))),
+    "roformer_mlm": _random_biases(lambda: tf.RoFormerForMaskedLM(tf.RoFormerConfig(
+        **COMMON, intermediate_size=128, max_position_embeddings=128))),
+    "big_bird_mlm": _random_biases(lambda: tf.BigBirdForMaskedLM(tf.BigBirdConfig(
+        **COMMON, intermediate_size=128, max_position_embeddings=128, attention_type="original_full"))),
     "distilbert_mlm": _random_biases(lambda: tf.DistilBertForMaskedLM(tf.DistilBertConfig(
         vocab_size=257, dim=64, n_layers=3, n_heads=4, hidden_dim=128, max_position_embeddings=128))),
 }
