@@ -13,7 +13,16 @@ from dataclasses import replace
 
 from .arch_spec import ArchSpec
 from .encoder_families import CROSS, ENCODERS
-from .family_rules import any_of, clipped, falcon_norms, flag, opt_norms, qwen_moe_widths, routing_of
+from .family_rules import (
+    any_of,
+    clipped,
+    falcon_norms,
+    flag,
+    llama4_queries,
+    opt_norms,
+    qwen_moe_widths,
+    routing_of,
+)
 
 _LLAMA = ArchSpec(
     family="Llama-style decoder (pre-RMSNorm, rotary)",
@@ -29,6 +38,10 @@ _GEMMA = ArchSpec(
     attn_out="self_attn.o_proj", mlp_out="mlp", weight_offset=1.0,
 )
 _QK_NORMS = ("self_attn.q_norm", "self_attn.k_norm")
+_APERTUS = replace(
+    _LLAMA, family="Apertus decoder (pre-RMSNorm, RMSNorm on q and k, MLP without a gate)", mlp_gate=None,
+    block_norms={"ln_attn_in": "attention_layernorm", "ln_mlp_in": "feedforward_layernorm"},
+    qk_norms=_QK_NORMS)
 
 
 _QK_LAYERNORMS = "LayerNorms on each head's queries and keys (qk_layernorm)"
@@ -78,16 +91,25 @@ _GRANITE_MOE = replace(_GRANITE, family="Granite MoE decoder (pre-RMSNorm, mixtu
                        d_mlp_keys=("intermediate_size",), **_MOE_MAPS,
                        refuse=flag("shared_intermediate_size", "a shared MLP beside the experts (its "
                                    "output and theirs are summed into one write by the block)"))
+_PERI = {"ln_attn_out": "post_norm1", "ln_mlp_out": "post_norm2"}
+_PERI_SCALED = ("a residual_multiplier other than 1 after the RMSNorm on each write (use_post_norm): a norm "
+                "and then a constant on one write")
 ARCHITECTURES: dict[str, ArchSpec] = {
     "llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA,
     "helium": _LLAMA, "ernie4_5": _LLAMA, "seed_oss": _LLAMA, "ministral": _LLAMA,
+    # InternLM3, IQuest-Coder and EXAONE 3 are configs of Llama's own classes; CWM, Llama's with
+    # sliding windows in 3 layers of 4
+    "internlm3": _LLAMA, "iquestcoder": _LLAMA, "exaone": _LLAMA, "cwm": _LLAMA,
     "arcee": replace(_LLAMA, family="Arcee decoder (pre-RMSNorm, rotary, MLP without a gate)", mlp_gate=None),
     "nemotron": replace(_LLAMA, family="Nemotron decoder (pre-LayerNorm with (1+γ), partial rotary, MLP "
                         "without a gate)", weight_offset=1.0, mlp_gate=None),
-    "apertus": replace(
-        _LLAMA, family="Apertus decoder (pre-RMSNorm, RMSNorm on q and k, MLP without a gate)", mlp_gate=None,
-        block_norms={"ln_attn_in": "attention_layernorm", "ln_mlp_in": "feedforward_layernorm"},
-        qk_norms=_QK_NORMS),
+    "apertus": _APERTUS,
+    # Apertus 1.5's text model: Apertus's, its unembedding maybe pruned to the text tokens' rows
+    "apertus1p5_text": replace(_APERTUS, family=_APERTUS.family.replace("Apertus", "Apertus 1.5")),
+    "ministral3": replace(_LLAMA, family="Ministral 3 decoder (pre-RMSNorm, rotary, queries scaled by "
+                          "position beyond the original context)", maps_caveat=llama4_queries),
+    "jais2": replace(_LLAMA, family="Jais 2 decoder (pre-LayerNorm, rotary, MLP without a gate)",
+                     mlp_gate=None),
     "vaultgemma": replace(_LLAMA, family="VaultGemma decoder (pre-RMSNorm with (1+γ), scaled embeddings)",
                           weight_offset=1.0, block_norms={"ln_attn_in": "input_layernorm",
                                                           "ln_mlp_in": "pre_feedforward_layernorm"}),
@@ -135,10 +157,27 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                           "mixture-of-experts MLPs with a shared expert after the first dense ones)",
                           qk_norms=_QK_NORMS, d_mlp_keys=("intermediate_size", "moe_intermediate_size"),
                           routing=routing_of(experts="num_experts")),
+    "solar_open": replace(_MOE, family="Solar Open decoder (pre-RMSNorm, mixture-of-experts MLPs with a "
+                          "shared expert)", d_mlp_keys=("moe_intermediate_size",),
+                          routing=routing_of(experts="n_routed_experts")),
+    "mellum": replace(_MOE, family="Mellum decoder (pre-RMSNorm, RMSNorm on q and k, sliding windows, "
+                      "mixture-of-experts MLPs, dense ones where configured)", qk_norms=_QK_NORMS,
+                      d_mlp_keys=lambda cfg: ("moe_intermediate_size", *(
+                          ("intermediate_size",) if "dense" in cfg.mlp_layer_types else ())),
+                      routing=routing_of(experts="num_experts")),
     "phimoe": replace(_MOE, family="PhiMoE decoder (pre-LayerNorm, mixture-of-experts MLPs)"),
     "gpt_oss": replace(_MOE, family="gpt-oss decoder (pre-RMSNorm, mixture-of-experts MLPs, "
                        "attention sinks)"),
     "granite": _GRANITE,
+    # HyperCLOVA X: Granite's block with, by default, an RMSNorm on each write before its multiplier
+    "hyperclovax": replace(
+        _GRANITE, family="HyperCLOVA X decoder (pre-RMSNorm, RMSNorm on each write where use_post_norm; "
+        "embedding, write and logit multipliers)",
+        placement=lambda cfg: "sandwich" if cfg.use_post_norm else "pre",
+        block_norms=lambda cfg: {**_LLAMA.block_norms, **(_PERI if cfg.use_post_norm else {})},
+        multipliers=lambda cfg: {"ln_embed": cfg.embedding_multiplier} if cfg.use_post_norm else
+        _GRANITE.multipliers(cfg), logit_scale=lambda cfg: cfg.logits_scaling,  # a multiplier, not a divisor
+        refuse=lambda cfg: _PERI_SCALED if cfg.use_post_norm and cfg.residual_multiplier != 1 else None),
     "granite_swa": replace(_GRANITE, family="Granite SWA decoder (pre-RMSNorm, sliding windows, "
                            "attention sinks; embedding, write and logit multipliers)",
                            sinks_after_softmax=True),

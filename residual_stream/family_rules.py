@@ -37,6 +37,20 @@ def clipped(cfg) -> str | None:
         "are exact")
 
 
+def llama4_queries(cfg) -> str | None:
+    """A ``maps_caveat``: queries scaled by position after the rotary embedding (Ministral 3's).
+
+    By 1 + β·log(1 + ⌊p / n⌋), β the ``llama_4_scaling_beta`` and n the original context length.
+    """
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    beta, n = rope.get("llama_4_scaling_beta"), rope.get("original_max_position_embeddings")
+    return None if not beta else (
+        f"from position {n} on, its queries are multiplied by 1 + {beta}·log(1 + ⌊position / {n}⌋) after "
+        "the rotary embedding: the weights' W_Q (composition, read attribution of queries) describes them "
+        "before that factor, so there the scores they give are the model's divided by it; the stream, its "
+        "decomposition, patching and attention patterns are exact")
+
+
 def any_of(*rules: Callable[[object], str | None]) -> Callable[[object], str | None]:
     """A ``refuse`` rule: the first of ``rules`` that refuses the config."""
     return lambda cfg: next((why for why in (rule(cfg) for rule in rules) if why), None)

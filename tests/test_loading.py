@@ -245,14 +245,19 @@ def test_unsupported_architecture_is_named():
     (lambda: tf.BigBirdForMaskedLM(tf.BigBirdConfig(vocab_size=257, hidden_size=32, num_hidden_layers=1,
                                                     num_attention_heads=4, attention_type="original_full",
                                                     rescale_embeddings=True)), "rescale_embeddings"),
+    (lambda: tf.HyperCLOVAXForCausalLM(tf.HyperCLOVAXConfig(
+        vocab_size=257, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, residual_multiplier=0.5)),
+     "residual_multiplier other than 1"),
 ])
 def test_a_variant_of_a_supported_family_that_no_row_describes_is_refused(build_variant, variant):
     """Phi's and StableLM's optional LayerNorms on each head's queries and keys, a BERT or GPT-2
-    decoder's cross-attention (a third sublayer with its own LayerNorm), and a Granite MoE
-    block's shared MLP beside its experts (two modules' outputs summed into one write), ELECTRA's
-    and RoFormer's embeddings projected into a wider stream, BigBird's block-sparse attention and
-    its embeddings scaled outside their module change the stream program or the read maps; such a model is refused by what it has, not analysed as its
-    family's plain form. Reference: the same family without the option loads (conservation)."""
+    decoder's cross-attention (a third sublayer with its own LayerNorm), a Granite MoE block's
+    shared MLP beside its experts (two modules' outputs summed into one write), ELECTRA's and
+    RoFormer's embeddings projected into a wider stream, BigBird's block-sparse attention and its
+    embeddings scaled outside their module, and HyperCLOVA X's multiplier after the norm on a
+    write change the stream program or the read maps; such a model is refused by what it has,
+    not analysed as its family's plain form. Reference: the same family without the option
+    loads (conservation)."""
     torch.manual_seed(0)
     module = build_variant()
     with pytest.raises(UnsupportedArchitectureError, match=f"model has .*{variant}.*a checkpoint without it"):
@@ -523,6 +528,16 @@ def test_queries_keys_and_values_clamped_after_their_projections_are_said_at_loa
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         rs.load(build_clipped(None), tokenizer=ByteTokenizer())
+
+
+def test_queries_scaled_by_position_are_said_at_load():
+    """Ministral 3 multiplies its queries by 1 + β·log(1 + ⌊p / n⌋) after the rotary embedding
+    (the tiny one from n = 8 on, β = 0.1): ``W_Q`` describes them before that factor. The load
+    says so, naming β and n; the stream stays exact (its battery, on texts past position 8)."""
+    from tiny_hf import build
+
+    with pytest.warns(UserWarning, match=r"from position 8 on.*1 \+ 0\.1·log"):
+        rs.load(build("ministral3"), tokenizer=ByteTokenizer())
 
 
 @pytest.mark.parametrize("name", ["hunyuan_v1_dense", "hunyuan_v1_moe"])

@@ -317,7 +317,8 @@ def test_lean_scan_equals_the_single_trace(norm, placement, monkeypatch):
                                   "qwen3", "mixtral", "phi3", "gptj", "granite", "bloom", "falcon", "opt",
                                   "opt_post", "openai-gpt", "biogpt", "codegen", "hunyuan_v1_dense",
                                   "dbrx", "roberta-prelayernorm_mlm", "megatron-bert_mlm", "ernie_mlm",
-                                  "roformer_mlm", "big_bird_mlm"])
+                                  "roformer_mlm", "big_bird_mlm",
+                                  "hyperclovax", "mellum"])
 def test_lean_scan_on_framework_models(name, monkeypatch):
     from tiny_hf import build
 

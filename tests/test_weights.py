@@ -24,7 +24,8 @@ SCORE_SCALE = {"gpt_neo": 1.0}  # GPT-Neo does not divide its scores by sqrt(d_h
 # activations that the config does not name (BLOOM's tanh GELU, MPT's exact one, in their code)
 ACTIVATIONS = {"bloom": "gelu_pytorch_tanh", "mpt": "gelu",
                "openai-gpt": "gelu_new"}  # (GPT-1's afn "gelu" is its gelu_new)
-LEARNED_ACTIVATIONS = {"apertus"}  # xIELU: each layer's activation has parameters of its own
+# xIELU: each layer's activation has parameters of its own
+LEARNED_ACTIVATIONS = {"apertus", "apertus1p5_text"}
 # attention sinks applied after the softmax, as sigmoid(logsumexp(scores) − sink) on each
 # head's output: the patterns the framework returns leave it out (``sink_scale``)
 SINK_SCALED = {"granite_swa", "granitemoe_swa"}

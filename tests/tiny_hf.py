@@ -8,6 +8,8 @@ import transformers as tf
 COMMON = dict(vocab_size=257, hidden_size=64, num_hidden_layers=3, num_attention_heads=4)
 GRANITE = dict(embedding_multiplier=3.0, residual_multiplier=0.4, attention_multiplier=0.3,
                logits_scaling=2.5, bos_token_id=1, eos_token_id=2)
+MINISTRAL3_ROPE = dict(rope_type="yarn", rope_theta=1e6, factor=16.0, beta_fast=32.0, beta_slow=1.0,
+                       mscale_all_dim=1.0, mscale=1.0, llama_4_scaling_beta=0.1)  # Ministral 3's
 
 
 def _llama_like(cls_cfg, cls_model, **extra):
@@ -66,11 +68,25 @@ BUILDERS = {
                                            attention_bias=True, attention_out_bias=True)),
     "ministral": _llama_like(tf.MinistralConfig, tf.MinistralForCausalLM, head_dim=16, sliding_window=4,
                              layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+    # configs of Llama's own classes (InternLM3's one bias setting for q, k, v, o and the MLP)
+    "internlm3": _random_biases(_llama_like(tf.InternLM3Config, tf.LlamaForCausalLM, head_dim=16,
+                                            attention_bias=True, mlp_bias=True)),
+    "iquestcoder": _llama_like(tf.IQuestCoderConfig, tf.LlamaForCausalLM, head_dim=16),
+    "exaone": _llama_like(tf.ExaoneConfig, tf.LlamaForCausalLM, eos_token_id=2),
+    "cwm": _llama_like(tf.CwmConfig, tf.CwmForCausalLM, head_dim=16, sliding_window=4, bos_token_id=1,
+                       eos_token_id=2),  # layer 0 full, 1 and 2 sliding (CWM's 1 in 4)
     "arcee": _llama_like(tf.ArceeConfig, tf.ArceeForCausalLM, head_dim=16),
     "nemotron": _random_biases(_llama_like(tf.NemotronConfig, tf.NemotronForCausalLM, head_dim=16,
                                            pad_token_id=None, bos_token_id=1, eos_token_id=2)),
     "apertus": _llama_like(tf.ApertusConfig, tf.ApertusForCausalLM, head_dim=16, pad_token_id=None,
                            bos_token_id=1, eos_token_id=2),
+    "apertus1p5_text": _llama_like(tf.Apertus1p5TextConfig, tf.Apertus1p5TextForCausalLM, head_dim=16,
+                                   pad_token_id=None, bos_token_id=1, eos_token_id=2,
+                                   output_vocab_size=200),  # its unembedding pruned to 200 rows
+    # queries scaled by position from 8 on (Ministral 3's 1 + 0.1·log(1 + ⌊p / 16384⌋) from 16384)
+    "ministral3": _llama_like(tf.Ministral3Config, tf.Ministral3ForCausalLM, head_dim=16,
+                              rope_parameters=dict(MINISTRAL3_ROPE, original_max_position_embeddings=8)),
+    "jais2": _random_biases(_llama_like(tf.Jais2Config, tf.Jais2ForCausalLM, bos_token_id=0, eos_token_id=2)),
     "vaultgemma": _llama_like(tf.VaultGemmaConfig, tf.VaultGemmaForCausalLM, head_dim=16),
     "exaone4": _llama_like(tf.Exaone4Config, tf.Exaone4ForCausalLM, head_dim=16, sliding_window=4,
                            bos_token_id=1, eos_token_id=2, pad_token_id=None),
@@ -89,6 +105,11 @@ BUILDERS = {
                            sliding_window=4),
     # Granite: embedding, residual (every write), attention and logit multipliers
     "granite": _llama_like(tf.GraniteConfig, tf.GraniteForCausalLM, **GRANITE),
+    # HyperCLOVA X: an RMSNorm on each write (use_post_norm, so no residual multiplier); Granite's block
+    "hyperclovax": _llama_like(tf.HyperCLOVAXConfig, tf.HyperCLOVAXForCausalLM, embedding_multiplier=3.0,
+                               attention_multiplier=0.3, logits_scaling=2.5, bos_token_id=1, eos_token_id=2),
+    "hyperclovax_no_post_norm": _llama_like(tf.HyperCLOVAXConfig, tf.HyperCLOVAXForCausalLM, **GRANITE,
+                                            use_post_norm=False),
     "granite_swa": lambda: _sinks(_llama_like(tf.GraniteSWAConfig, tf.GraniteSWAForCausalLM, **GRANITE,
                                               sliding_window=4, head_dim=16)()),
     # mixture-of-experts MLPs (4 experts, 2 a token; Qwen2-MoE with a shared expert)
@@ -121,6 +142,13 @@ BUILDERS = {
                               mlp_layer_types=["dense", "sparse", "sparse"], sliding_window=4,
                               layer_types=["sliding_attention", "sliding_attention", "full_attention"],
                               pad_token_id=None, bos_token_id=1, eos_token_id=2),
+    "solar_open": lambda: tf.SolarOpenForCausalLM(tf.SolarOpenConfig(  # a shared expert beside 4
+        **COMMON, num_key_value_heads=2, max_position_embeddings=128, head_dim=16, n_routed_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=48, n_shared_experts=1)),
+    "mellum": _llama_like(tf.MellumConfig, tf.MellumForCausalLM, head_dim=16, num_experts=4,  # block 0 dense
+                          num_experts_per_tok=2, moe_intermediate_size=48, sliding_window=4,
+                          mlp_layer_types=["dense", "sparse", "sparse"],
+                          layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
     "gpt_oss": lambda: _sinks(tf.GptOssForCausalLM(tf.GptOssConfig(  # its MLP returns (write, scores)
         **COMMON, intermediate_size=96, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
         head_dim=16, max_position_embeddings=128))),
