@@ -16,12 +16,14 @@ from .encoder_families import CROSS, ENCODERS
 from .family_rules import (
     any_of,
     clipped,
+    dense_layer_types,
     falcon_norms,
     flag,
     llama4_queries,
     opt_norms,
     qwen_moe_widths,
     routing_of,
+    with_dense,
 )
 
 _LLAMA = ArchSpec(
@@ -63,6 +65,13 @@ _GATE_UP = dict(mlp_in="mlp.gate_up_proj", mlp_gate="mlp.gate_up_proj", mlp_layo
 _MOE_MAPS = dict(routing=routing_of())  # the MLP paths name a dense block's (GLM-4-MoE's first)
 _MOE = replace(_LLAMA, family="Mixtral decoder (pre-RMSNorm, mixture-of-experts MLPs)",
                d_mlp_keys=("intermediate_size",), **_MOE_MAPS)
+_GLM4_NORMS = {"ln_attn_in": "input_layernorm", "ln_attn_out": "post_self_attn_layernorm",
+               "ln_mlp_in": "post_attention_layernorm", "ln_mlp_out": "post_mlp_layernorm"}
+_SHARED_AFTER_DENSE = "mixture-of-experts MLPs with shared experts after the first dense ones"
+_GLM4_MOE = replace(_MOE, family=f"GLM-4-MoE decoder (pre-RMSNorm, partial rotary, {_SHARED_AFTER_DENSE})",
+                    qk_norms=_QK_NORMS,
+                    d_mlp_keys=("intermediate_size", "moe_intermediate_size"),
+                    routing=routing_of(experts="n_routed_experts"))
 
 
 # Hunyuan's q/k norms follow the rotary embedding. An RMS is the same either side of it, so
@@ -125,9 +134,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "glm": replace(_LLAMA, family="GLM decoder (pre-RMSNorm, partial rotary, fused gate/up projection)",
                    **_GATE_UP),
     "glm4": replace(_GEMMA, family="GLM-4 decoder (sandwich RMSNorm, partial rotary, fused gate/up "
-                    "projection)", weight_offset=0.0, **_GATE_UP, block_norms={
-                        "ln_attn_in": "input_layernorm", "ln_attn_out": "post_self_attn_layernorm",
-                        "ln_mlp_in": "post_attention_layernorm", "ln_mlp_out": "post_mlp_layernorm"}),
+                    "projection)", weight_offset=0.0, **_GATE_UP, block_norms=_GLM4_NORMS),
     "olmo": replace(_LLAMA, family="OLMo decoder (pre-LayerNorm without parameters, rotary)", norm_eps=1e-5,
                     maps_caveat=clipped),
     "mixtral": _MOE,
@@ -145,10 +152,30 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "olmoe": replace(_MOE, family="OLMoE decoder (pre-RMSNorm, mixture-of-experts MLPs, RMSNorm "
                      "on q and k)", qk_norms=_QK_NORMS, routing=routing_of(experts="num_experts"),
                      maps_caveat=clipped),
-    "glm4_moe": replace(_MOE, family="GLM-4-MoE decoder (pre-RMSNorm, partial rotary, mixture-of-experts "
-                        "MLPs with shared experts after the first dense ones)", qk_norms=_QK_NORMS,
-                        d_mlp_keys=("intermediate_size", "moe_intermediate_size"),
-                        routing=routing_of(experts="n_routed_experts")),
+    "glm4_moe": _GLM4_MOE,
+    "sarvam_moe": replace(_GLM4_MOE, family="Sarvam MoE decoder (GLM-4-MoE's: pre-RMSNorm, RMSNorm on q and "
+                          f"k, {_SHARED_AFTER_DENSE})"),
+    "dots1": replace(_MOE, family=f"dots.llm1 decoder (pre-RMSNorm, RMSNorm on q and k, "
+                     f"{_SHARED_AFTER_DENSE})", qk_norms=_QK_NORMS,
+                     d_mlp_keys=with_dense("intermediate_size", lambda cfg: cfg.first_k_dense_replace > 0,
+                                           "moe_intermediate_size"),
+                     routing=routing_of(experts="n_routed_experts")),
+    "hy_v3": replace(_MOE, family=f"Hy3 decoder (pre-RMSNorm, RMSNorm on q and k, {_SHARED_AFTER_DENSE})",
+                     qk_norms=_QK_NORMS,
+                     d_mlp_keys=with_dense("intermediate_size", dense_layer_types, "moe_intermediate_size"),
+                     routing=routing_of(experts="num_experts")),
+    "flint": replace(_MOE, family="Flint decoder (pre-RMSNorm, RMSNorm on q and k, attention sinks, rotary "
+                     "in sliding-window layers only, mixture-of-experts MLPs with a shared expert)",
+                     qk_norms=_QK_NORMS, routing=routing_of(experts="num_experts"),
+                     d_mlp_keys=qwen_moe_widths("moe_intermediate_size", "shared_expert_intermediate_size")),
+    "kolibri1": replace(_GEMMA, family="Kolibri decoder (sandwich RMSNorm, RMSNorm on q and k, rotary in "
+                        "sliding-window layers only, mixture-of-experts MLPs with a shared expert)",
+                        weight_offset=0.0, block_norms=_GLM4_NORMS, qk_norms=_QK_NORMS,
+                        routing=routing_of(experts="num_experts"),
+                        d_mlp_keys=("moe_intermediate_size", "shared_expert_intermediate_size")),
+    "flex_olmo": replace(_OLMO2, family="FlexOlmo decoder (RMSNorm on each write, none on the read; RMSNorm "
+                         "on q and k; mixture-of-experts MLPs)", d_mlp_keys=("intermediate_size",),
+                         routing=routing_of(experts="num_experts")),
     "ernie4_5_moe": replace(_MOE, family="ERNIE 4.5 MoE decoder (pre-RMSNorm, mixture-of-experts MLPs with "
                             "shared experts after the first dense ones)",
                             d_mlp_keys=("intermediate_size", "moe_intermediate_size"),
@@ -315,6 +342,10 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         refuse=flag("qk_layernorm", _QK_LAYERNORMS),
     ),
     "cohere": _COHERE, "cohere2": replace(_COHERE, family=_COHERE.family.replace("Cohere", "Cohere 2")),
+    "cohere2_moe": replace(
+        _COHERE, family=f"Cohere 2 MoE decoder ({_PARALLEL_ONE_NORM} or RMSNorm, mixture-of-experts MLPs "
+        "with shared experts after dense ones, scaled logits)", routing=routing_of(experts="num_experts"),
+        d_mlp_keys=with_dense("prefix_dense_intermediate_size", dense_layer_types, "intermediate_size")),
     "rs-twin": ArchSpec(
         family="residual-stream twin (any norm, any placement)",
         layers="blocks", embeds={"embed": "embed", "pos_embed": "pos_embed"},

@@ -95,3 +95,17 @@ def qwen_moe_widths(*moe_keys: str) -> Callable[[object], tuple[str, ...]]:
         dense = bool(cfg.mlp_only_layers) or cfg.decoder_sparse_step > 1 or not cfg.num_experts
         return (*moe_keys, "intermediate_size") if dense else moe_keys
     return keys
+
+
+def with_dense(dense_key: str, has_dense: Callable[[object], bool], *moe_keys: str):
+    """A ``d_mlp_keys`` rule: the experts' widths, and the dense MLPs' (``dense_key``) where some have one.
+
+    ``has_dense`` says whether some blocks have a dense MLP; ``dense_key`` counts where the
+    config gives its width (Cohere 2 MoE's dense MLPs take the experts' where it does not).
+    """
+    return lambda cfg: (*moe_keys, dense_key) if has_dense(cfg) and config_value(cfg, dense_key) else moe_keys
+
+
+def dense_layer_types(cfg) -> bool:
+    """Whether ``mlp_layer_types`` names some blocks' MLPs dense (Hy3, Cohere 2 MoE)."""
+    return "dense" in (cfg.mlp_layer_types or ())

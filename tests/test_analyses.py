@@ -393,7 +393,8 @@ QK_NORM_COS_TOL = 1e-5  # 1 − cosine between float32 vectors of 16 entries com
 
 
 @pytest.mark.parametrize("name", ["qwen3", "olmo2", "olmo3", "gemma3_text", "apertus", "exaone4", "glm4_moe",
-                                  "exaone_moe", "hunyuan_v1_dense", "llama"])
+                                  "exaone_moe", "hunyuan_v1_dense", "llama", "kolibri1", "flint", "dots1",
+                                  "flex_olmo"])
 def test_attention_read_maps_reproduce_the_frameworks_queries_and_keys(name):
     """``attention_read_maps`` against the framework's own queries and keys, after Qwen3's
     per-head, OLMo 2's all-heads and Gemma 3's ``1 + γ`` query/key RMSNorms (Llama has
@@ -451,7 +452,8 @@ def _by_head(out: torch.Tensor, batch_pos: tuple[int, int], heads: int, d_head: 
 READ_QK_ATOL = 1e-4  # a token's share, float32 model against float64 from its own outputs
 
 
-@pytest.mark.parametrize("name", ["qwen3", "olmo2", "olmo3", "gemma3_text", "apertus", "exaone4", "glm4_moe"])
+@pytest.mark.parametrize("name", ["qwen3", "olmo2", "olmo3", "gemma3_text", "apertus", "exaone4", "glm4_moe",
+                                  "kolibri1", "flint", "dots1", "flex_olmo"])
 def test_read_attribution_of_a_query_is_of_the_query_the_model_attends_with(name):
     """With a query norm after ``W_Q`` (Qwen3 per head, OLMo 2 over all heads, Gemma 3's
     ``1 + γ``), a source's share of a head's query is its projection onto the *normed* query

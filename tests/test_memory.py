@@ -118,6 +118,8 @@ def test_available_memory_is_the_systems():
     ("phimoe", lambda mlp: mlp.experts.down_proj.shape[-1]),
     ("hunyuan_v1_moe", lambda mlp: max(mlp.experts.down_proj.shape[-1],  # and its shared MLP's
                                        mlp.shared_mlp.down_proj.in_features)),
+    ("kolibri1", lambda mlp: max(mlp.experts.down_proj.shape[-1], mlp.shared_experts.down_proj.in_features)),
+    ("flex_olmo", lambda mlp: mlp.experts.down_proj.shape[-1]),
 ])
 def test_the_mlp_width_of_experts_is_the_widest_hidden_layer(name, widest):
     """An MLP of experts has no single map to read ``d_mlp`` from (it feeds ``pass_bytes``): it

@@ -10,6 +10,8 @@ GRANITE = dict(embedding_multiplier=3.0, residual_multiplier=0.4, attention_mult
                logits_scaling=2.5, bos_token_id=1, eos_token_id=2)
 MINISTRAL3_ROPE = dict(rope_type="yarn", rope_theta=1e6, factor=16.0, beta_fast=32.0, beta_slow=1.0,
                        mscale_all_dim=1.0, mscale=1.0, llama_4_scaling_beta=0.1)  # Ministral 3's
+COHERE2_MOE = dict(pad_token_id=None, bos_token_id=1, eos_token_id=2, logit_scale=0.25, sliding_window=4,
+                   num_experts=4, num_experts_per_tok=2, num_shared_experts=1)
 
 
 def _llama_like(cls_cfg, cls_model, **extra):
@@ -149,6 +151,35 @@ BUILDERS = {
                           num_experts_per_tok=2, moe_intermediate_size=48, sliding_window=4,
                           mlp_layer_types=["dense", "sparse", "sparse"],
                           layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+    # GLM-4-MoE's model with Sarvam's config (full rotary, biases on q, k and v)
+    "sarvam_moe": _random_biases(lambda: tf.Glm4MoeForCausalLM(tf.SarvamMoEConfig(
+        **COMMON, intermediate_size=96, num_key_value_heads=2, head_dim=16, n_routed_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=48, n_shared_experts=1, first_k_dense_replace=1,
+        use_qk_norm=True, attention_bias=True, max_position_embeddings=128, pad_token_id=None,
+        eos_token_id=2))),
+    "dots1": _llama_like(tf.Dots1Config, tf.Dots1ForCausalLM, head_dim=16, n_routed_experts=4,  # last: SWA
+                         num_experts_per_tok=2, moe_intermediate_size=48, n_shared_experts=1,
+                         first_k_dense_replace=1, sliding_window=4, max_window_layers=2),
+    "hy_v3": _random_biases(_llama_like(tf.HYV3Config, tf.HYV3ForCausalLM, head_dim=16, num_experts=4,
+                                        num_experts_per_tok=2, moe_intermediate_size=48, num_shared_experts=1,
+                                        attention_bias=True)),
+    "flint": lambda: _sinks(_llama_like(  # dense block 0; rotary in the sliding-window blocks only
+        tf.FlintConfig, tf.FlintForCausalLM, head_dim=16, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=48, shared_expert_intermediate_size=64, mlp_only_layers=[0], sliding_window=4,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention"])()),
+    "kolibri1": lambda: tf.Kolibri1ForCausalLM(tf.Kolibri1Config(  # sandwich norms; rotary where SWA
+        **COMMON, num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=48, shared_expert_intermediate_size=64, max_position_embeddings=128,
+        sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+    "flex_olmo": _llama_like(tf.FlexOlmoConfig, tf.FlexOlmoForCausalLM, num_experts=4, num_experts_per_tok=2,
+                             pad_token_id=None, eos_token_id=2),
+    # Cohere 2 MoE: a dense block, then experts with a shared MLP; LayerNorms, or RMSNorms and sigmoid routing
+    "cohere2_moe": _llama_like(
+        tf.Cohere2MoeConfig, tf.Cohere2MoeForCausalLM, **COHERE2_MOE, sliding_window_pattern=2,
+        first_k_dense_replace=1, prefix_dense_intermediate_size=128),
+    "cohere2_moe_rms": _llama_like(
+        tf.Cohere2MoeConfig, tf.Cohere2MoeForCausalLM, **COHERE2_MOE, rms_norm_eps=1e-6,
+        expert_selection_fn="sigmoid", shared_expert_combination_strategy="sum"),
     "gpt_oss": lambda: _sinks(tf.GptOssForCausalLM(tf.GptOssConfig(  # its MLP returns (write, scores)
         **COMMON, intermediate_size=96, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
         head_dim=16, max_position_embeddings=128))),
