@@ -27,6 +27,7 @@ from .anatomy import Anatomy
 from .contexts import eager_attention, edited, model_lock, untouched
 from .errors import NotAvailableError
 from .hookio import by_token, first_input, first_output, with_first_input
+from .program import Add, Norm, Read, Scale
 
 
 @dataclass
@@ -119,18 +120,42 @@ def _hook_plan(anatomy: Anatomy, out: Captured, shape: torch.Size, verify: bool,
              for L, path in enumerate(m.mlp_out)]
     by_path: dict[str, list[str]] = defaultdict(list)
     for name, path in m.norms.items():
-        if scales is None or name in scales or verify:
-            by_path[path].append(name)  # one module may serve several roles (a shared norm)
-    plan += [(path, _norm_hook(anatomy, names, out, verify, keep), True)
-             for path, names in by_path.items()]
+        by_path[path].append(name)  # one module may serve several roles (a shared norm)
+    wanted = {n for n in m.norms if scales is None or n in scales or verify}
+    for path, names in by_path.items():
+        calls = [[n for n in call if n in wanted] for call in norm_calls(anatomy, names)]
+        if any(calls):
+            plan.append((path, _norm_hook(anatomy, calls, out, verify, keep), True))
     return plan
 
 
-def _norm_hook(anatomy: Anatomy, names: list[str], out: Captured, verify: bool, keep):
+def norm_calls(anatomy: Anatomy, names: list[str]) -> list[list[str]]:
+    """The calls one norm module serving the roles ``names`` gets in a pass, in order.
+
+    Roles reading one stream state share a call (GPT-J's ``ln_1``, read by attention and MLP);
+    roles at different points take a call each (nanochat's one norm module, run on the
+    embeddings and again on the final stream).
+    """
+    state, at = 0, {}
+    for op in anatomy.program:
+        role = op.norm if isinstance(op, (Read, Norm)) else op.via if isinstance(op, Add) else None
+        if role in names:
+            at.setdefault(role, state)
+        state += isinstance(op, (Add, Norm, Scale))
+    return [[n for n in names if at.get(n, -1) == s] for s in sorted(set(at.get(n, -1) for n in names))]
+
+
+def _norm_hook(anatomy: Anatomy, calls: list[list[str]], out: Captured, verify: bool, keep):
+    count = [0]
+
     def hook(mod, args, kwargs):
+        names = calls[count[0] % len(calls)]  # this call's roles (the module's calls in turn)
+        count[0] += 1
+        if not names:  # a call whose roles this pass does not keep
+            return
         x = first_input(args, kwargs).detach()
         kept = keep(x) if verify else None  # the full input only when verifying
-        scale = keep(anatomy.norms[names[0]].scale(x)[..., None])[..., 0]  # one module: one scale,
+        scale = keep(anatomy.norms[names[0]].scale(x)[..., None])[..., 0]  # one call: one scale,
         for name in names:  # whatever roles it serves (GPT-J's ln_1 read by attention and MLP)
             out.norm_scale[name] = scale
             if verify:

@@ -109,6 +109,10 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     # InternLM3, IQuest-Coder and EXAONE 3 are configs of Llama's own classes; CWM, Llama's with
     # sliding windows in 3 layers of 4
     "internlm3": _LLAMA, "iquestcoder": _LLAMA, "exaone": _LLAMA, "cwm": _LLAMA,
+    "nanochat": replace(  # one parameterless RMSNorm module, run on the embeddings and on the final stream
+        _LLAMA, family="nanochat decoder (pre-RMSNorm without gains, also on the embeddings, RMSNorm on q "
+        "and k after the rotary embedding, relu² MLP without a gate, soft-capped logits)", embed_norm="norm",
+        mlp_in="mlp.fc1", mlp_gate=None, mlp_down="mlp.fc2"),
     "arcee": replace(_LLAMA, family="Arcee decoder (pre-RMSNorm, rotary, MLP without a gate)", mlp_gate=None),
     "nemotron": replace(_LLAMA, family="Nemotron decoder (pre-LayerNorm with (1+γ), partial rotary, MLP "
                         "without a gate)", weight_offset=1.0, mlp_gate=None),

@@ -43,16 +43,34 @@ def _hook_all(model, anatomy, cap, ablate: str):
         handles.append(model.get_submodule(path).register_forward_hook(  # gpt-oss: (write, router scores)
             lambda m, a, y, v=value, on=(ablate == f"L{L}.mlp"):
             _as_output(y, torch.zeros_like(v) if on else v)))
-    for name, spec in anatomy.norms.items():
-        if spec.constant:  # a multiplier (Granite's): the model's own code applies it
+    calls: dict[str, list[list[str]]] = {}  # each norm module's calls in a pass, in order
+    for name, spec in anatomy.norms.items():  # (a multiplier, Granite's, has no module: the model's
+        if spec.constant:                     # own code applies it)
             continue
-        scale = cap.norm_scale[name].double()
-        off = ablate == f"{name}.bias"
-        handles.append(model.get_submodule(spec.module_path).register_forward_hook(
-            lambda m, a, y, s=spec, sc=scale, off=off:
-            s.apply_linear(a[0], sc.reshape(a[0].shape[:-1])) if off  # (OPT's MLP norm: [batch·pos, d])
-            else s.apply_frozen(a[0], sc.reshape(a[0].shape[:-1]))))
+        groups = calls.setdefault(spec.module_path, [])
+        same = [g for g in groups if torch.equal(cap.norm_scale[name], cap.norm_scale[g[0]])]
+        if same:  # one call: one scale
+            same[0].append(name)
+        else:
+            groups.append([name])
+    for path, groups in calls.items():  # (GPT-J's ln_1, read twice in one call)
+        handles.append(model.get_submodule(path).register_forward_hook(_frozen(anatomy, cap, groups, ablate)))
     return handles
+
+
+def _frozen(anatomy, cap, groups: list[list[str]], ablate: str):
+    """A norm module's hook: its scale frozen, its ``k``-th call serving the roles ``groups[k]``
+    (nanochat runs one module on the embeddings, then on the final stream); its bias ablated
+    if one of them is ``ablate``."""
+    count = [0]
+
+    def hook(m, a, y):
+        names = groups[count[0] % len(groups)]
+        count[0] += 1
+        spec, scale = anatomy.norms[names[0]], cap.norm_scale[names[0]].double().reshape(a[0].shape[:-1])
+        off = any(ablate == f"{n}.bias" for n in names)  # (OPT's MLP norm: [batch·pos, d])
+        return spec.apply_linear(a[0], scale) if off else spec.apply_frozen(a[0], scale)
+    return hook
 
 
 def _as_output(y, value):

@@ -99,6 +99,31 @@ def test_a_stream_returned_through_a_projection_is_compared_through_it():
     assert last.reference_rms > 0 and last.relative_error <= REL_F32
 
 
+def test_one_norm_module_run_twice_gives_each_role_its_own_call():
+    """nanochat runs one parameterless RMSNorm module on the embeddings and again on the final
+    stream: each role keeps its own call's scale (the second call used to overwrite the
+    first), against the module's inputs recorded by a hook of our own, in float64. GPT-J's
+    ``ln_1``, read by attention and MLP from one call, is one call serving both roles."""
+    from residual_stream.capture import norm_calls
+
+    model = hf_model("nanochat")
+    norm = model.module.model.norm
+    inputs = []
+    handle = norm.register_forward_pre_hook(lambda m, a: inputs.append(a[0].detach().double()))
+    try:
+        trace = rs.trace(model, TEXTS)
+    finally:
+        handle.remove()
+    assert len(inputs) == 2
+    assert norm_calls(model.anatomy, ["ln_embed", "ln_final"]) == [["ln_embed"], ["ln_final"]]
+    real = trace.attention_mask.bool()
+    for name, x in zip(("ln_embed", "ln_final"), inputs, strict=True):
+        want = (x.pow(2).mean(-1) + norm.eps).sqrt()
+        assert torch.allclose(trace.norm_scale(name).double()[real], want[real], rtol=1e-6), name
+    gptj = hf_model("gptj").anatomy
+    assert norm_calls(gptj, ["L1.ln_attn_in", "L1.ln_mlp_in"]) == [["L1.ln_attn_in", "L1.ln_mlp_in"]]
+
+
 def test_every_supported_family_has_a_tiny_model_here():
     """A row of the architecture table is verified only through a model of its family built
     here (and the twins, for ``rs-twin``): none is listed without one."""

@@ -22,7 +22,7 @@ ATOL = 2e-6  # float32 logits (~1e-7 apart): the library's hooks add a differenc
 # the output, and runs stacked in one pass round as their own batch
 HEADS, KV = 4, {"llama": 2, "gemma2": 2, "olmo2": 2, "phi3": 2, "gpt_bigcode": 1, "mixtral": 2,  # d_model 64
                 "gpt_oss": 2, "granite": 2, "granitemoe": 2, "falcon": 1, "falcon_new": 2, "glm4_moe": 2,
-                "dbrx": 2}
+                "dbrx": 2, "nanochat": 2}
 ALPHA = 6 ** 0.25  # DeepNorm's α = (2N)^¼ for the twin's 3 blocks
 EMBED_M, WRITE_M = GRANITE["embedding_multiplier"], GRANITE["residual_multiplier"]  # Granite's
 
@@ -55,6 +55,12 @@ FAMILIES = {
                               qkv=("attention.self.query", "attention.self.key", "attention.self.value"),
                               mlp_in=("intermediate.dense",), final="bert.encoder.ln", layout="separate",
                               embed="bert.embeddings.word_embeddings"),
+    # nanochat: one norm module run twice, on the embeddings and on the final stream (final=None:
+    # the logits' delta goes on the last block's output, not into both of that module's calls)
+    "nanochat": dict(blocks="model.layers", o="self_attn.o_proj", mlp="mlp", conv=False,
+                     read={"attn": "input_layernorm", "mlp": "post_attention_layernorm"},
+                     qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                     mlp_in=("mlp.fc1",), final=None, layout="separate"),
     "olmo2": dict(blocks="model.layers", o="self_attn.o_proj", mlp="mlp", conv=False,  # reads raw
                   read={"attn": None, "mlp": "mlp"}, raw_mlp=True, final="model.norm", layout="separate",
                   qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
@@ -159,6 +165,9 @@ CASES = [
     ("bert_mlm", ["L0H1"], "L1.attn", [f"{L['bert_mlm']}.0.attention.output.LayerNorm",
                                        f"{L['bert_mlm']}.0.output.LayerNorm"]),
     ("bert_mlm", ["L0.mlp"], "L1H2.q", [f"{L['bert_mlm']}.0.output.LayerNorm"]),
+    ("nanochat", ["L0H1"], "L1H2.v", []),
+    ("nanochat", ["L0.mlp"], ("L1.mlp", "L2H0.q"), []),   # (q normed after rotary, per head)
+    ("nanochat", ["L1.mlp"], "logits", []),                # through the final norm, soft-capped
     ("megatron-bert_mlm", ["L0H1"], "L1H2.v", []),
     ("megatron-bert_mlm", ["L0.mlp"], ("L1.mlp", "L2H0.q"), []),
     ("megatron-bert_mlm", ["embed"], "L0H3.v", []),

@@ -318,7 +318,8 @@ def test_lean_scan_equals_the_single_trace(norm, placement, monkeypatch):
                                   "opt_post", "openai-gpt", "biogpt", "codegen", "hunyuan_v1_dense",
                                   "dbrx", "roberta-prelayernorm_mlm", "megatron-bert_mlm", "ernie_mlm",
                                   "roformer_mlm", "big_bird_mlm",
-                                  "hyperclovax", "mellum", "kolibri1", "cohere2_moe"])
+                                  "hyperclovax", "mellum", "kolibri1", "cohere2_moe",
+                                  "nanochat"])
 def test_lean_scan_on_framework_models(name, monkeypatch):
     from tiny_hf import build
 

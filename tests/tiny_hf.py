@@ -77,6 +77,9 @@ BUILDERS = {
     "exaone": _llama_like(tf.ExaoneConfig, tf.LlamaForCausalLM, eos_token_id=2),
     "cwm": _llama_like(tf.CwmConfig, tf.CwmForCausalLM, head_dim=16, sliding_window=4, bos_token_id=1,
                        eos_token_id=2),  # layer 0 full, 1 and 2 sliding (CWM's 1 in 4)
+    "nanochat": _llama_like(tf.NanoChatConfig, tf.NanoChatForCausalLM, head_dim=16, bos_token_id=1,  # relu²
+                            eos_token_id=2, pad_token_id=None, final_logit_softcapping=3.0,
+                            initializer_range=0.1),
     "arcee": _llama_like(tf.ArceeConfig, tf.ArceeForCausalLM, head_dim=16),
     "nemotron": _random_biases(_llama_like(tf.NemotronConfig, tf.NemotronForCausalLM, head_dim=16,
                                            pad_token_id=None, bos_token_id=1, eos_token_id=2)),
