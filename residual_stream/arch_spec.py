@@ -39,7 +39,8 @@ class ArchSpec:
     # mixture-of-experts MLPs have no single read or write map (their blocks lack mlp_in and
     # mlp_down, which name the dense blocks' maps where a model has some): d_mlp is the widest
     # hidden layer a token's MLP computes, the largest of these config keys (one expert's
-    # width; Qwen2-MoE's shared expert's; GLM-4-MoE's dense blocks'; dotted: nested, DBRX's)
+    # width; Qwen2-MoE's shared expert's; GLM-4-MoE's dense blocks'; dotted: nested, DBRX's;
+    # "a*b": a product, DeepSeek-style shared experts' moe_intermediate_size*n_shared_experts)
     d_mlp_keys: tuple[str, ...] | Callable[[object], tuple[str, ...]] = ()
     # (experts a token uses, experts) of such an MLP, for the memory estimate
     routing: Callable[[object], tuple[int, int] | None] = field(default=lambda cfg: None)

@@ -17,7 +17,7 @@ from .arch_spec import ArchSpec
 from .devices import parameter
 from .errors import UnsupportedArchitectureError
 from .families import ARCHITECTURES
-from .family_rules import config_value
+from .family_rules import config_width
 from .norms import NormSpec
 from .program import compile_program
 from .tl_compat import wrapped
@@ -157,7 +157,7 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
         n_kv_heads=int(spec.n_kv_heads(config) if spec.n_kv_heads else
                        getattr(config, "num_key_value_heads", None) or n_heads),
         d_head=z_dim // n_heads, d_mlp=0 if not has_mlp else max(
-            int(config_value(config, k)) for k in widths) if widths
+            config_width(config, k) for k in widths) if widths
         else _mlp_width(base, layer_paths[0], spec),
         d_vocab=int(config.vocab_size), n_ctx=_first_attr(config, spec.n_ctx_keys, 2048),
         embeds=embeds, norms=norms, program=program,

@@ -70,7 +70,8 @@ _GLM4_NORMS = {"ln_attn_in": "input_layernorm", "ln_attn_out": "post_self_attn_l
 _SHARED_AFTER_DENSE = "mixture-of-experts MLPs with shared experts after the first dense ones"
 _GLM4_MOE = replace(_MOE, family=f"GLM-4-MoE decoder (pre-RMSNorm, partial rotary, {_SHARED_AFTER_DENSE})",
                     qk_norms=_QK_NORMS,
-                    d_mlp_keys=("intermediate_size", "moe_intermediate_size"),
+                    d_mlp_keys=("intermediate_size", "moe_intermediate_size",
+                                "moe_intermediate_size*n_shared_experts"),
                     routing=routing_of(experts="n_routed_experts"))
 
 
@@ -162,11 +163,12 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "dots1": replace(_MOE, family=f"dots.llm1 decoder (pre-RMSNorm, RMSNorm on q and k, "
                      f"{_SHARED_AFTER_DENSE})", qk_norms=_QK_NORMS,
                      d_mlp_keys=with_dense("intermediate_size", lambda cfg: cfg.first_k_dense_replace > 0,
-                                           "moe_intermediate_size"),
+                                           "moe_intermediate_size", "moe_intermediate_size*n_shared_experts"),
                      routing=routing_of(experts="n_routed_experts")),
     "hy_v3": replace(_MOE, family=f"Hy3 decoder (pre-RMSNorm, RMSNorm on q and k, {_SHARED_AFTER_DENSE})",
                      qk_norms=_QK_NORMS,
-                     d_mlp_keys=with_dense("intermediate_size", dense_layer_types, "moe_intermediate_size"),
+                     d_mlp_keys=with_dense("intermediate_size", dense_layer_types, "moe_intermediate_size",
+                                           "moe_intermediate_size*num_shared_experts"),
                      routing=routing_of(experts="num_experts")),
     "flint": replace(_MOE, family="Flint decoder (pre-RMSNorm, RMSNorm on q and k, attention sinks, rotary "
                      "in sliding-window layers only, mixture-of-experts MLPs with a shared expert)",
@@ -182,14 +184,17 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                          routing=routing_of(experts="num_experts")),
     "ernie4_5_moe": replace(_MOE, family="ERNIE 4.5 MoE decoder (pre-RMSNorm, mixture-of-experts MLPs with "
                             "shared experts after the first dense ones)",
-                            d_mlp_keys=("intermediate_size", "moe_intermediate_size"),
+                            d_mlp_keys=("intermediate_size", "moe_intermediate_size",
+                                        "moe_intermediate_size*moe_num_shared_experts"),
                             routing=routing_of("moe_k", "moe_num_experts")),
     "exaone_moe": replace(_MOE, family="EXAONE MoE decoder (pre-RMSNorm, RMSNorm on q and k, "
                           "mixture-of-experts MLPs with a shared expert after the first dense ones)",
-                          qk_norms=_QK_NORMS, d_mlp_keys=("intermediate_size", "moe_intermediate_size"),
+                          qk_norms=_QK_NORMS, d_mlp_keys=("intermediate_size", "moe_intermediate_size",
+                                                          "moe_intermediate_size*num_shared_experts"),
                           routing=routing_of(experts="num_experts")),
     "solar_open": replace(_MOE, family="Solar Open decoder (pre-RMSNorm, mixture-of-experts MLPs with a "
-                          "shared expert)", d_mlp_keys=("moe_intermediate_size",),
+                          "shared expert)", d_mlp_keys=("moe_intermediate_size",
+                                                        "moe_intermediate_size*n_shared_experts"),
                           routing=routing_of(experts="n_routed_experts")),
     "mellum": replace(_MOE, family="Mellum decoder (pre-RMSNorm, RMSNorm on q and k, sliding windows, "
                       "mixture-of-experts MLPs, dense ones where configured)", qk_norms=_QK_NORMS,
@@ -349,7 +354,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "cohere2_moe": replace(
         _COHERE, family=f"Cohere 2 MoE decoder ({_PARALLEL_ONE_NORM} or RMSNorm, mixture-of-experts MLPs "
         "with shared experts after dense ones, scaled logits)", routing=routing_of(experts="num_experts"),
-        d_mlp_keys=with_dense("prefix_dense_intermediate_size", dense_layer_types, "intermediate_size")),
+        d_mlp_keys=with_dense("prefix_dense_intermediate_size", dense_layer_types, "intermediate_size",
+                              "intermediate_size*num_shared_experts")),
     "rs-twin": ArchSpec(
         family="residual-stream twin (any norm, any placement)",
         layers="blocks", embeds={"embed": "embed", "pos_embed": "pos_embed"},

@@ -20,6 +20,18 @@ def config_value(cfg, key: str, default=None):
     return value
 
 
+def config_width(cfg, key: str) -> int:
+    """A width from ``cfg``: one key's value, or the product of keys joined by ``*``.
+
+    Shared experts are ``moe_intermediate_size*n_shared_experts`` wide; a factor the config
+    lacks counts 0.
+    """
+    width = 1
+    for factor in key.split("*"):
+        width *= int(config_value(cfg, factor, 0))
+    return width
+
+
 def flag(key: str, variant: str) -> Callable[[object], str | None]:
     """A ``refuse`` rule: a config with ``key`` set is ``variant``, which no row describes."""
     return lambda cfg: variant if getattr(cfg, key, False) else None

@@ -165,6 +165,32 @@ def test_experts_given_per_layer_count_their_most():
     assert rs.load(module, tokenizer=ByteTokenizer()).anatomy.routing == (3, 4)
 
 
+def _widest_hidden_layer(module) -> int:
+    """The widest hidden layer of any block's MLP, read from the weights: a dense or shared
+    MLP's ``down_proj`` [d_model, hidden], the experts' stacked ``down_proj`` [expert, d_model,
+    hidden]."""
+    widths = [p.shape[-1] for n, p in module.named_parameters()
+              if n.endswith(("down_proj.weight", "experts.down_proj")) and ".layers." in n]
+    return max(widths)
+
+
+@pytest.mark.parametrize("name, shared", [
+    ("glm4_moe", "n_shared_experts"), ("sarvam_moe", "n_shared_experts"), ("dots1", "n_shared_experts"),
+    ("solar_open", "n_shared_experts"), ("hy_v3", "num_shared_experts"),
+    ("exaone_moe", "num_shared_experts"), ("ernie4_5_moe", "moe_num_shared_experts"),
+    ("cohere2_moe", "num_shared_experts"),
+])
+def test_shared_experts_count_as_wide_as_they_are(name, shared):
+    """DeepSeek-style shared experts are one MLP, an expert's width times how many there are:
+    with 3 of them it is the widest hidden layer (``d_mlp`` took one expert's width before)."""
+    config = build(name).config
+    setattr(config, shared, 3)
+    module = type(build(name))(config).eval()
+    anatomy = rs.load(module, tokenizer=ByteTokenizer()).anatomy
+    shared = {m.down_proj.in_features for n, m in module.named_modules() if n.endswith("shared_experts")}
+    assert anatomy.d_mlp == _widest_hidden_layer(module) == max(shared)
+
+
 def test_experts_described_in_a_nested_config_are_read_from_it():
     """DBRX keeps its experts' width and routing in ``ffn_config``: ``d_mlp`` is one expert's
     hidden width, read here from the weights (its experts' ``w1`` stacks [expert·hidden, d_model],
