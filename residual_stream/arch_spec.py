@@ -31,7 +31,10 @@ class ArchSpec:
     # key/value head; "per_head": [h: q k v], NeoX; "groups": [kv head: q … q k v], Falcon's
     # new decoder, each key/value head after the query heads that read it; "shards4": [shard
     # of 4: q | v | k], CodeGen's; weights.qkv_columns)
-    qkv: tuple[str, ...] = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+    # "latent": multi-head latent attention (DeepSeek's MLA), whose qkv name the modules reading
+    # the stream: no linear per-head maps from the stream to queries, keys and values exist
+    qkv: tuple[str, ...] | Callable[[object], tuple[str, ...]] = (
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
     qkv_layout: str | Callable[[object], str] = "separate"
     mlp_in: str = "mlp.up_proj"
     mlp_gate: str | None = "mlp.gate_proj"

@@ -168,7 +168,7 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
             mlp_out=tuple(full(f"{p}.{spec.mlp_out}") for p in layer_paths) if has_mlp else (),
             norms={k: v.module_path for k, v in norms.items() if not v.constant},
             lm_head=_head_transform(model, spec.head_transform) if has_lm_head else None,
-            qkv=spec.qkv, qkv_layout=_read(spec.qkv_layout, config),
+            qkv=_read(spec.qkv, config), qkv_layout=_read(spec.qkv_layout, config),
             mlp_in=spec.mlp_in if has_mlp else "", mlp_down=spec.mlp_down if has_mlp else "",
             mlp_gate=spec.mlp_gate if has_mlp and any(  # (a model of experts: in its dense blocks)
                 _has(base, f"{p}.{spec.mlp_gate}") for p in layer_paths) else None,

@@ -65,6 +65,16 @@ _GATE_UP = dict(mlp_in="mlp.gate_up_proj", mlp_gate="mlp.gate_up_proj", mlp_layo
 _MOE_MAPS = dict(routing=routing_of())  # the MLP paths name a dense block's (GLM-4-MoE's first)
 _MOE = replace(_LLAMA, family="Mixtral decoder (pre-RMSNorm, mixture-of-experts MLPs)",
                d_mlp_keys=("intermediate_size",), **_MOE_MAPS)
+# multi-head latent attention: queries, keys and values through low-rank maps with an RMSNorm
+# between; the modules reading the stream are the row's qkv, and there are no linear W_Q/W_K/W_V
+_DEEPSEEK = replace(
+    _MOE, family="DeepSeek-V3 decoder (pre-RMSNorm, multi-head latent attention, mixture-of-experts MLPs "
+    "with shared experts after the first dense ones)", qkv_layout="latent",
+    qkv=lambda cfg: ("self_attn.q_a_proj" if cfg.q_lora_rank else "self_attn.q_proj",
+                     "self_attn.kv_a_proj_with_mqa"),
+    d_mlp_keys=with_dense("intermediate_size", lambda cfg: cfg.first_k_dense_replace > 0,
+                          "moe_intermediate_size", "moe_intermediate_size*n_shared_experts"),
+    routing=routing_of(experts="n_routed_experts"))
 _GLM4_NORMS = {"ln_attn_in": "input_layernorm", "ln_attn_out": "post_self_attn_layernorm",
                "ln_mlp_in": "post_attention_layernorm", "ln_mlp_out": "post_mlp_layernorm"}
 _SHARED_AFTER_DENSE = "mixture-of-experts MLPs with shared experts after the first dense ones"
@@ -179,6 +189,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                         weight_offset=0.0, block_norms=_GLM4_NORMS, qk_norms=_QK_NORMS,
                         routing=routing_of(experts="num_experts"),
                         d_mlp_keys=("moe_intermediate_size", "shared_expert_intermediate_size")),
+    "deepseek_v3": _DEEPSEEK,
+    "deepseek_v2": replace(_DEEPSEEK, family=_DEEPSEEK.family.replace("V3", "V2")),
     "flex_olmo": replace(_OLMO2, family="FlexOlmo decoder (RMSNorm on each write, none on the read; RMSNorm "
                          "on q and k; mixture-of-experts MLPs)", d_mlp_keys=("intermediate_size",),
                          routing=routing_of(experts="num_experts")),

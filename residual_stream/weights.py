@@ -17,6 +17,13 @@ from torch import Tensor, nn
 
 from .anatomy import ModulePaths
 from .devices import parameter
+from .errors import NotAvailableError
+
+LATENT = ("this model's attention is multi-head latent attention (DeepSeek's MLA): its queries, keys and "
+          "values come through low-rank maps with an RMSNorm between them, so no linear W_Q, W_K, W_V read "
+          "the stream and analyses of what heads read (composition, read attribution, the readers' spaces, "
+          "patching one head's q, k or v) are not available; each head's write (W_O), the stream's "
+          "decomposition, growth, the lens, and patching whole components stay exact")
 
 VOCAB_SLICE = 8192  # columns of a lower-precision W_U cast to float32 at a time
 
@@ -83,9 +90,9 @@ class LayerWeights:
     model computes them; composition's scores are scale-free.
     """
 
-    W_Q: Float[Tensor, "head d_model d_head"]
-    W_K: Float[Tensor, "head d_model d_head"]
-    W_V: Float[Tensor, "head d_model d_head"]
+    W_Q: Float[Tensor, "head d_model d_head"] | None  # None: latent attention (``LATENT``)
+    W_K: Float[Tensor, "head d_model d_head"] | None
+    W_V: Float[Tensor, "head d_model d_head"] | None
     b_Q: Float[Tensor, "head d_head"] | None
     b_K: Float[Tensor, "head d_head"] | None
     b_V: Float[Tensor, "head d_head"] | None
@@ -111,6 +118,8 @@ class LayerWeights:
         not commute with it, and they do at position 0 only (the position-free scores of
         composition stay exact; the load warns). Elsewhere, the maps themselves.
         """
+        if self.W_Q is None:
+            raise NotAvailableError(LATENT)
         if self.g_Q is None:
             return (self.W_Q, self.b_Q), (self.W_K, self.b_K), (self.W_V, self.b_V)
         return (_gained(self.W_Q, self.b_Q, self.g_Q), _gained(self.W_K, self.b_K, self.g_K),
@@ -124,7 +133,7 @@ class LayerWeights:
         """
         if self.W_in is not None:
             return self.W_in, self.b_in
-        return torch.eye(self.W_Q.shape[1], device=self.W_Q.device), None
+        return torch.eye(self.W_O.shape[-1], device=self.W_O.device), None
 
     def to(self, device: torch.device) -> LayerWeights:
         """The same maps on ``device`` (no copy for those already there)."""
@@ -168,6 +177,8 @@ def qkv_columns(layout: str, n_heads: int, n_kv: int, d_head: int) -> tuple[Tens
 
 def _split_qkv(block: nn.Module, paths: ModulePaths, n_heads: int, n_kv: int):
     """``[(W, b)] * 3`` with W ``[d_model, n·d_head]`` for q, k, v, whatever the layout."""
+    if paths.qkv_layout == "latent":  # multi-head latent attention: no linear map to read through
+        return [(None, None)] * 3
     mods = [block.get_submodule(p) for p in paths.qkv]
     if paths.qkv_layout == "separate":
         return [(as_in_out(m), bias_of(m)) for m in mods]
@@ -196,7 +207,9 @@ def _qk_gains(block: nn.Module, paths: ModulePaths, n_heads: int, n_kv: int, d_h
     return tuple(out)
 
 
-def _per_head(W: Tensor, b: Tensor | None, n_heads: int, n_groups: int):
+def _per_head(W: Tensor | None, b: Tensor | None, n_heads: int, n_groups: int):
+    if W is None:
+        return None, None
     W = einops.rearrange(W, "d (group k) -> group d k", group=n_groups)
     b = None if b is None else einops.rearrange(b, "(group k) -> group k", group=n_groups)
     rep = n_heads // n_groups  # grouped-query attention: head h reads kv group h // rep

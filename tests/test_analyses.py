@@ -1327,3 +1327,31 @@ def test_results_print_as_one_line_of_shapes():
     lens = results[0]
     assert f"top_tokens=({len(lens.top_tokens)} items)" in repr(lens)
     assert "labels=(" + str(len(results[1].labels)) + ": 'embed'," in repr(results[1])
+
+
+def test_latent_attention_says_what_heads_read_is_not_there_and_keeps_the_rest():
+    """DeepSeek's multi-head latent attention reads the stream through low-rank maps with an
+    RMSNorm between them: no linear W_Q, W_K, W_V exist. Every analysis of what heads read
+    refuses by name (composition, read attribution, mixing ratios, the readers' spaces,
+    patching one head's query); the writes' analyses run, and each head's write from W_O is
+    the captured z times W_O (the framework's attention output, summed over heads)."""
+    model = rs.load(build("deepseek_v3"), tokenizer=ByteTokenizer())
+    trace = rs.trace(model, TEXTS)
+    refused = [lambda: rs.composition(model), lambda: rs.read_attribution(trace),
+               lambda: rs.mixing_ratio(rs.trace(model, TEXTS, patterns=True)),
+               lambda: rs.write_subspaces(trace, readers=True),
+               lambda: rs.path_patch(trace, trace, lambda logits: logits[:, -1, 0].mean(),
+                                     senders=["L0H1"], receivers="L1H2.q")]
+    for call in refused:
+        with pytest.raises(NotAvailableError, match="multi-head latent attention.*stay exact"):
+            call()
+    w, mask = model.weights(1), trace.attention_mask
+    z = trace.captured.z[1].unflatten(-1, (model.anatomy.n_heads, -1))
+    by_heads = torch.einsum("bphk,hkd->bpd", z, w.W_O) + (0 if w.b_O is None else w.b_O)
+    with torch.no_grad():  # the framework's own output projection, on the captured z
+        out = trace.model.module.model.layers[1].self_attn.o_proj(trace.captured.z[1].clone())
+    assert torch.allclose(by_heads[mask.bool()], out[mask.bool()], atol=1e-5)
+    assert torch.isfinite(rs.norm_growth(trace).mean).all()
+    writes = rs.write_subspaces(trace, readers=False)  # the heads' write spaces come from W_O
+    assert torch.isfinite(writes.head_overlap).all() and len(writes.heads) == 3 * model.anatomy.n_heads
+

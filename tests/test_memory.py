@@ -178,7 +178,8 @@ def _widest_hidden_layer(module) -> int:
     ("glm4_moe", "n_shared_experts"), ("sarvam_moe", "n_shared_experts"), ("dots1", "n_shared_experts"),
     ("solar_open", "n_shared_experts"), ("hy_v3", "num_shared_experts"),
     ("exaone_moe", "num_shared_experts"), ("ernie4_5_moe", "moe_num_shared_experts"),
-    ("cohere2_moe", "num_shared_experts"),
+    ("cohere2_moe", "num_shared_experts"), ("deepseek_v3", "n_shared_experts"),
+    ("deepseek_v2", "n_shared_experts"),
 ])
 def test_shared_experts_count_as_wide_as_they_are(name, shared):
     """DeepSeek-style shared experts are one MLP, an expert's width times how many there are:

@@ -55,6 +55,11 @@ FAMILIES = {
                               qkv=("attention.self.query", "attention.self.key", "attention.self.value"),
                               mlp_in=("intermediate.dense",), final="bert.encoder.ln", layout="separate",
                               embed="bert.embeddings.word_embeddings"),
+    # DeepSeek's latent attention: the modules reading the stream are two low-rank maps
+    "deepseek_v3": dict(blocks="model.layers", o="self_attn.o_proj", mlp="mlp", conv=False,
+                        read={"attn": "input_layernorm", "mlp": "post_attention_layernorm"},
+                        qkv=("self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa"),
+                        mlp_in=("mlp",), final="model.norm", layout="latent"),
     # nanochat: one norm module run twice, on the embeddings and on the final stream (final=None:
     # the logits' delta goes on the last block's output, not into both of that module's calls)
     "nanochat": dict(blocks="model.layers", o="self_attn.o_proj", mlp="mlp", conv=False,
@@ -165,6 +170,9 @@ CASES = [
     ("bert_mlm", ["L0H1"], "L1.attn", [f"{L['bert_mlm']}.0.attention.output.LayerNorm",
                                        f"{L['bert_mlm']}.0.output.LayerNorm"]),
     ("bert_mlm", ["L0.mlp"], "L1H2.q", [f"{L['bert_mlm']}.0.output.LayerNorm"]),
+    ("deepseek_v3", ["L0H1"], "L1.attn", []),          # through both low-rank maps
+    ("deepseek_v3", ["L0.mlp"], ("L1.mlp", "L2.attn"), []),  # a dense MLP sending, experts receiving
+    ("deepseek_v3", ["L1.mlp"], "logits", []),
     ("nanochat", ["L0H1"], "L1H2.v", []),
     ("nanochat", ["L0.mlp"], ("L1.mlp", "L2H0.q"), []),   # (q normed after rotary, per head)
     ("nanochat", ["L1.mlp"], "logits", []),                # through the final norm, soft-capped

@@ -313,6 +313,24 @@ def test_lean_scan_equals_the_single_trace(norm, placement, monkeypatch):
     _assert_subspaces_equal(result, subspaces)
 
 
+def test_a_scan_of_latent_attention_runs_what_needs_no_reads_and_refuses_the_rest(monkeypatch):
+    """DeepSeek's multi-head latent attention has no linear reads: a scan of growth and the lens
+    equals the concatenated trace's; one asking for read attribution refuses by name."""
+    from tiny_hf import build
+
+    from residual_stream.inputs import ByteTokenizer
+
+    m = rs.load(build("deepseek_v3"), tokenizer=ByteTokenizer())
+    kw = dict(batch_size=4, seq_len=32)
+    whole = _whole(m, TEXTS, **kw)
+    monkeypatch.setattr("residual_stream.streaming.runner.trace_batch", None)
+    result = rs.scan(m, TEXTS, ["growth", "lens"], progress=False, **kw)
+    _assert_growth_equal(result, whole)
+    _assert_lens_equal(result, whole)
+    with pytest.raises(rs.errors.NotAvailableError, match="multi-head latent attention"):
+        rs.scan(m, TEXTS, ["growth", "read_attribution"], progress=False, **kw)
+
+
 @pytest.mark.parametrize("name", ["llama", "gpt2", "bert", "bert_mlm", "gemma2", "gpt_neox_parallel",
                                   "qwen3", "mixtral", "phi3", "gptj", "granite", "bloom", "falcon", "opt",
                                   "opt_post", "openai-gpt", "biogpt", "codegen", "hunyuan_v1_dense",

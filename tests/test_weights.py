@@ -90,38 +90,12 @@ def test_weights_rebuild_attention_and_mlp(name):
     mask = trace.attention_mask
     for L in range(model.anatomy.n_layers):
         w = model.weights(L)
-        u = trace.read_input(f"L{L}.attn")
-        v = torch.einsum("bpd,hdk->bhpk", u, w.W_V) + (0 if w.b_V is None else w.b_V[:, None])
-        q = torch.einsum("bpd,hdk->bhpk", u, w.W_Q) + (0 if w.b_Q is None else w.b_Q[:, None])
-        k = torch.einsum("bpd,hdk->bhpk", u, w.W_K) + (0 if w.b_K is None else w.b_K[:, None])
-        causal = model.anatomy.causal
-        if pats is not None:
-            A = pats[L].float()
+        if model.anatomy.modules.qkv_layout == "latent":  # no linear reads: said, not guessed
+            with pytest.raises(rs.errors.NotAvailableError, match="multi-head latent attention"):
+                w.attention_reads()
+            assert w.W_Q is None and w.W_K is None and w.W_V is None and w.W_O is not None
         else:
-            scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-            if model.anatomy.patterns_note:  # Falcon with ALiBi: its bias, from transformers' own function
-                alibi = build_alibi_tensor(mask, model.anatomy.n_heads, torch.float32)
-                scores = scores + alibi.view(*q.shape[:2], 1, -1) / math.sqrt(q.shape[-1])
-            P = scores.shape[-1]
-            scores = scores.masked_fill(torch.ones(P, P).triu(1).bool(), float("-inf"))
-            A = scores.softmax(-1)
-        if model.anatomy.architecture in NO_ROTARY and pats is not None:
-            arch = model.anatomy.architecture
-            scores = q @ k.transpose(-1, -2) * SCORE_SCALE.get(arch, 1 / math.sqrt(q.shape[-1]))
-            P = scores.shape[-1]
-            blocked = ~mask.bool()[:, None, None, :]
-            if causal:
-                blocked = blocked | torch.ones(P, P).triu(1).bool()
-            if arch == "gpt_neo" and model.module.config.attention_layers[L] == "local":
-                blocked = blocked | torch.ones(P, P).tril(-model.module.config.window_size).bool()
-            mine = scores.masked_fill(blocked, float("-inf")).softmax(-1)
-            real = mask.bool()[:, None, :, None].expand_as(A)
-            assert (mine - A)[real].abs().max() < 1e-5, f"Q/K pattern, layer {L}"
-        z = (A @ v).transpose(1, 2)  # (batch, pos, head, d_head)
-        if model.anatomy.architecture in SINK_SCALED:  # each head's output times its row's scale
-            z = sink_scale(model, L, q, k, A).transpose(1, 2)[..., None] * z
-        z = z.flatten(2)
-        assert max_rel_error(z, trace.captured.z[L], mask) <= REL, f"z, layer {L}"
+            _assert_attention(model, trace, pats, w, L)
         x = trace.read_input(f"L{L}.mlp")
         if w.W_in is None:  # experts: no single map; the framework's MLP, run on what it reads
             assert w.W_out is None and w.W_gate is None and model.anatomy.routing is not None
@@ -140,6 +114,45 @@ def test_weights_rebuild_attention_and_mlp(name):
         h = f(gate) * pre if gate is not None else f(pre)
         out = h @ w.W_out + (0 if w.b_out is None else w.b_out)
         assert max_rel_error(out, trace.mlp_write(L), mask) <= REL, f"mlp, layer {L}"
+
+
+def _assert_attention(model, trace, pats, w, L):
+    """Block ``L``'s attention from its maps: each head's values (and, without a rotary
+    embedding, its pattern) from ``W_Q``, ``W_K``, ``W_V`` on what it reads, against the
+    captured ``z``."""
+    mask = trace.attention_mask
+    u = trace.read_input(f"L{L}.attn")
+    v = torch.einsum("bpd,hdk->bhpk", u, w.W_V) + (0 if w.b_V is None else w.b_V[:, None])
+    q = torch.einsum("bpd,hdk->bhpk", u, w.W_Q) + (0 if w.b_Q is None else w.b_Q[:, None])
+    k = torch.einsum("bpd,hdk->bhpk", u, w.W_K) + (0 if w.b_K is None else w.b_K[:, None])
+    causal = model.anatomy.causal
+    if pats is not None:
+        A = pats[L].float()
+    else:
+        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if model.anatomy.patterns_note:  # Falcon with ALiBi: its bias, from transformers' own function
+            alibi = build_alibi_tensor(mask, model.anatomy.n_heads, torch.float32)
+            scores = scores + alibi.view(*q.shape[:2], 1, -1) / math.sqrt(q.shape[-1])
+        P = scores.shape[-1]
+        scores = scores.masked_fill(torch.ones(P, P).triu(1).bool(), float("-inf"))
+        A = scores.softmax(-1)
+    if model.anatomy.architecture in NO_ROTARY and pats is not None:
+        arch = model.anatomy.architecture
+        scores = q @ k.transpose(-1, -2) * SCORE_SCALE.get(arch, 1 / math.sqrt(q.shape[-1]))
+        P = scores.shape[-1]
+        blocked = ~mask.bool()[:, None, None, :]
+        if causal:
+            blocked = blocked | torch.ones(P, P).triu(1).bool()
+        if arch == "gpt_neo" and model.module.config.attention_layers[L] == "local":
+            blocked = blocked | torch.ones(P, P).tril(-model.module.config.window_size).bool()
+        mine = scores.masked_fill(blocked, float("-inf")).softmax(-1)
+        real = mask.bool()[:, None, :, None].expand_as(A)
+        assert (mine - A)[real].abs().max() < 1e-5, f"Q/K pattern, layer {L}"
+    z = (A @ v).transpose(1, 2)  # (batch, pos, head, d_head)
+    if model.anatomy.architecture in SINK_SCALED:  # each head's output times its row's scale
+        z = sink_scale(model, L, q, k, A).transpose(1, 2)[..., None] * z
+    z = z.flatten(2)
+    assert max_rel_error(z, trace.captured.z[L], mask) <= REL, f"z, layer {L}"
 
 
 def test_grouped_query_heads_share_keys():

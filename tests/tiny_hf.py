@@ -10,6 +10,10 @@ GRANITE = dict(embedding_multiplier=3.0, residual_multiplier=0.4, attention_mult
                logits_scaling=2.5, bos_token_id=1, eos_token_id=2)
 MINISTRAL3_ROPE = dict(rope_type="yarn", rope_theta=1e6, factor=16.0, beta_fast=32.0, beta_slow=1.0,
                        mscale_all_dim=1.0, mscale=1.0, llama_4_scaling_beta=0.1)  # Ministral 3's
+DEEPSEEK = dict(intermediate_size=96, max_position_embeddings=128, num_key_value_heads=4, n_routed_experts=4,
+                n_group=1, topk_group=1, num_experts_per_tok=2, moe_intermediate_size=48, n_shared_experts=1,
+                first_k_dense_replace=1, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16,
+                v_head_dim=16, initializer_range=0.1)
 COHERE2_MOE = dict(pad_token_id=None, bos_token_id=1, eos_token_id=2, logit_scale=0.25, sliding_window=4,
                    num_experts=4, num_experts_per_tok=2, num_shared_experts=1)
 
@@ -174,6 +178,14 @@ BUILDERS = {
         **COMMON, num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=2,
         moe_intermediate_size=48, shared_expert_intermediate_size=64, max_position_embeddings=128,
         sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+    # multi-head latent attention: keys and values through one low-rank map and an RMSNorm, queries
+    # through another (V3's) or their own projection (V2-Lite's); block 0 dense
+    "deepseek_v3": lambda: tf.DeepseekV3ForCausalLM(tf.DeepseekV3Config(
+        **COMMON, **DEEPSEEK, q_lora_rank=24)),
+    "deepseek_v3_q": lambda: tf.DeepseekV3ForCausalLM(tf.DeepseekV3Config(
+        **COMMON, **DEEPSEEK, q_lora_rank=None)),
+    "deepseek_v2": lambda: tf.DeepseekV2ForCausalLM(tf.DeepseekV2Config(  # V2-Lite's: no low-rank queries
+        **COMMON, **DEEPSEEK, q_lora_rank=None)),
     "flex_olmo": _llama_like(tf.FlexOlmoConfig, tf.FlexOlmoForCausalLM, num_experts=4, num_experts_per_tok=2,
                              pad_token_id=None, eos_token_id=2),
     # Cohere 2 MoE: a dense block, then experts with a shared MLP; LayerNorms, or RMSNorms and sigmoid routing

@@ -75,7 +75,8 @@ def _after_attention(trace, layer: int) -> list:
 def _layer(trace, layer: int, A: Tensor, u: Tensor, x: Tensor):
     """Ratios of one layer: ``u`` is what attention reads, ``x`` the stream at its read point."""
     w = trace.model.weights(layer)
-    f = torch.einsum("bjd,hdk,hke->bhje", u, w.W_V, w.W_O)             # per head, per source token
+    W_V = w.attention_reads()[2][0]  # (latent attention has none: NotAvailableError, said)
+    f = torch.einsum("bjd,hdk,hke->bhje", u, W_V, w.W_O)                # per head, per source token
     T = torch.einsum("bhij,bhje->bije", A, f)                           # (batch, i, j, d_model)
     eye = torch.eye(T.shape[1], dtype=torch.bool, device=T.device)
     own_attn = T[:, eye]                                                 # T_ii: (batch, pos, d)
