@@ -16,7 +16,7 @@ from .anatomy import Anatomy, ModulePaths
 from .arch_spec import ArchSpec
 from .devices import parameter
 from .errors import UnsupportedArchitectureError
-from .families import ARCHITECTURES
+from .families import ARCHITECTURES, CONTAINERS
 from .family_rules import config_width
 from .norms import NormSpec
 from .program import compile_program
@@ -24,8 +24,8 @@ from .tl_compat import wrapped
 
 
 def supported_architectures() -> list[str]:
-    """The ``config.model_type`` values this version can describe."""
-    return sorted(ARCHITECTURES)
+    """The ``config.model_type`` values this version can describe (multimodal containers included)."""
+    return sorted({*ARCHITECTURES, *CONTAINERS})
 
 
 def _spec_for(config: object) -> ArchSpec:
@@ -105,9 +105,8 @@ def _first_attr(config: object, keys: tuple[str, ...], default: int) -> int:
 
 def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> Anatomy:
     """Derive the ``Anatomy`` of a framework model from its config and modules."""
-    config = model.config
+    config, base = _text_model(model)
     spec = _spec_for(config)
-    base = model.base_model
     prefix = next(n for n, m in model.named_modules() if m is base)
 
     def full(path: str) -> str:
@@ -183,8 +182,20 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
         causal=_read(spec.causal, config), logit_scale=spec.logit_scale(config),
         routing=spec.routing(config) if has_mlp else None, patterns_note=spec.patterns_refused(config),
         sinks_after_softmax=spec.sinks_after_softmax,
-        family=spec.family,
+        family=spec.family if config is model.config else
+        f"{spec.family}; the text model of a {model.config.model_type} model",
     )
+
+
+def _text_model(model: nn.Module) -> tuple[object, nn.Module]:
+    """The config and the root module ``model`` is described by.
+
+    Its own config and base model, or a multimodal container's text model's (``families.CONTAINERS``).
+    """
+    path = CONTAINERS.get(getattr(model.config, "model_type", None))
+    if path is None:
+        return model.config, model.base_model
+    return model.config.get_text_config(), model.base_model.get_submodule(path)
 
 
 def _read(field, config: object):

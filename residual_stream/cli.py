@@ -140,10 +140,13 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def _families(args: argparse.Namespace) -> int:
-    from .families import ARCHITECTURES
+    from .architectures import supported_architectures
+    from .families import ARCHITECTURES, CONTAINERS
 
-    for model_type in sorted(ARCHITECTURES):
-        print(f"{model_type:<16} {ARCHITECTURES[model_type].family}")
+    for model_type in supported_architectures():
+        print(f"{model_type:<16} " + (ARCHITECTURES[model_type].family if model_type in ARCHITECTURES else
+                                      f"the text model ({CONTAINERS[model_type]}) of a multimodal model, "
+                                      "described by its text config's row"))
     return 0
 
 

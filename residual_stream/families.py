@@ -142,6 +142,13 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                      weight_offset=1.0),
     "qwen3": replace(_LLAMA, family="Qwen3 decoder (pre-RMSNorm, rotary, RMSNorm on q and k)",
                      qk_norms=_QK_NORMS),
+    # the text models of Qwen2.5-VL and Qwen3-VL: Qwen2's and Qwen3's blocks; their multimodal rotary
+    # gives text alone the same position on each axis, so plain rotary (Qwen3-VL's visual features,
+    # added to early blocks' streams, come only with images)
+    "qwen2_5_vl_text": replace(_LLAMA, family="Qwen2.5-VL text decoder (Qwen2's: pre-RMSNorm, biases on q, k "
+                               "and v; multimodal rotary)"),
+    "qwen3_vl_text": replace(_LLAMA, family="Qwen3-VL text decoder (Qwen3's: pre-RMSNorm, RMSNorm on q and "
+                             "k; multimodal rotary)", qk_norms=_QK_NORMS),
     "hunyuan_v1_dense": replace(_LLAMA, family="Hunyuan decoder (pre-RMSNorm, rotary, RMSNorm on q and k "
                                 "after the rotary embedding)", **_HUNYUAN_QK),
     "phi3": replace(_LLAMA, family="Phi-3 decoder (pre-RMSNorm, fused q/k/v and gate/up projections)",
@@ -235,7 +242,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                               "write and logit multipliers)", sinks_after_softmax=True),
     "gemma2": _GEMMA,
     "gemma3_text": replace(_GEMMA, family="Gemma 3 decoder (sandwich RMSNorm with (1+γ), scaled "
-                           "embeddings, RMSNorm on q and k)", qk_norms=_QK_NORMS),
+                           "embeddings, RMSNorm on q and k; bidirectional where configured, EmbeddingGemma)",
+                           qk_norms=_QK_NORMS, causal=lambda cfg: not cfg.use_bidirectional_attention),
     "olmo2": _OLMO2,
     "exaone4": replace(_OLMO2, family="EXAONE 4 decoder (RMSNorm on each write, none on the read; RMSNorm "
                        "on q and k)"),
@@ -381,3 +389,11 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     ),
     **ENCODERS,
 }
+
+# Multimodal containers of a text model (Gemma 3 4B-27B, Mistral Small 3.1, Qwen2.5-VL): model_type → the text
+# model's path under the base model. On text-only inputs the container runs that model on them
+# alone (its embeddings, blocks and final norm; the container's LM head), so it is described as
+# that model, by the row of its own model_type (``config.get_text_config()``); images are no part
+# of the stream program
+CONTAINERS: dict[str, str] = {"gemma3": "language_model", "mistral3": "language_model",
+                              "qwen2_5_vl": "language_model", "qwen3_vl": "language_model"}

@@ -48,7 +48,7 @@ from .registry import REGISTRY
 from .tl_compat import is_bridge, unwrap_bridge
 from .weights import LayerWeights, Unembed, layer_weights, unembedding
 
-LM_HEAD_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForMaskedLM")
+LM_HEAD_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForMaskedLM", "ForConditionalGeneration")
 
 
 @dataclass(eq=False)

@@ -13,6 +13,7 @@ from reference import ablation_contributions
 from tiny_hf import BUILDERS, build
 
 import residual_stream as rs
+from residual_stream.families import CONTAINERS
 from residual_stream.inputs import ByteTokenizer
 from residual_stream.program import PLACEMENTS
 from residual_stream.twins import twin
@@ -124,11 +125,47 @@ def test_one_norm_module_run_twice_gives_each_role_its_own_call():
     assert norm_calls(gptj, ["L1.ln_attn_in", "L1.ln_mlp_in"]) == [["L1.ln_attn_in", "L1.ln_mlp_in"]]
 
 
+def test_a_bidirectional_gemma_3_is_described_as_one():
+    """EmbeddingGemma is Gemma 3 with ``use_bidirectional_attention``: it was described as causal
+    (ablations and head scores then read next-token predictions it does not make). Its eager
+    patterns put weight on later keys, which the anatomy now says it may."""
+    model = hf_model("gemma3_text_bidirectional")
+    assert not model.anatomy.causal and hf_model("gemma3_text").anatomy.causal
+    patterns = rs.trace(model, TEXTS, patterns=True).patterns
+    assert all(A.triu(1).sum() > 0.1 for A in patterns)
+
+
 def test_every_supported_family_has_a_tiny_model_here():
     """A row of the architecture table is verified only through a model of its family built
     here (and the twins, for ``rs-twin``): none is listed without one."""
-    built = {BUILDERS[n]().config.model_type for n in BUILDERS}
+    configs = [BUILDERS[n]().config for n in BUILDERS]  # (a multimodal container: its text model's too)
+    built = {c.model_type for c in configs} | {c.get_text_config().model_type for c in configs}
     assert built | {"rs-twin"} == set(rs.supported_architectures())
+
+
+@pytest.mark.parametrize("name", ["gemma3", "mistral3", "mistral3_ministral3", "qwen2_5_vl", "qwen3_vl"])
+def test_a_multimodal_container_gives_its_text_models_stream(name):
+    """A multimodal container (Gemma 3 4B, Mistral Small 3.1) on text alone is its text model:
+    described by the text model's row at the text model's paths, it gives the stream, every
+    contribution and the logits of that model wrapped on its own (the same weights)."""
+    container = hf_model(name)
+    text = container.module.model.language_model
+    alone = rs.load(text, tokenizer=ByteTokenizer())
+    assert container.module.config.model_type in CONTAINERS
+    assert container.anatomy.architecture == alone.anatomy.architecture == text.config.model_type
+    layers = alone.anatomy.modules.layers
+    assert container.anatomy.modules.layers == tuple(f"model.language_model.{p}" for p in layers)
+    assert container.anatomy.has_lm_head and not alone.anatomy.has_lm_head
+    both, one = rs.trace(container, TEXTS), rs.trace(alone, TEXTS)
+    for L in range(container.anatomy.n_layers + 1):
+        a, b = both.decompose(L), one.decompose(L)
+        assert a.labels == b.labels
+        for label in a.labels:
+            torch.testing.assert_close(a.get(label), b.get(label), rtol=0, atol=0)
+    with torch.no_grad():
+        logits = container.module.lm_head(one.stream("final"))
+    unembedded = container.unembed().logits(both.stream("final"))
+    assert max_rel_error(unembedded, logits, one.attention_mask) <= REL_F32
 
 
 def test_labels_cover_every_writer():

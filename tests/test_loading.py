@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as tf
-from conftest import TEXTS
+from conftest import REL_F32, TEXTS, max_rel_error
 from tiny_hf import build
 
 import residual_stream as rs
@@ -279,6 +279,21 @@ def test_a_float64_model_of_experts_runs_its_experts_one_by_one(tmp_path):
     assert module.config._experts_implementation == "grouped_mm"
     module.set_experts_implementation("eager")
     assert rs.trace(rs.load(module, tokenizer=ByteTokenizer()), ["hello world"]).check().ok
+
+
+def test_a_multimodal_checkpoint_loads_with_its_lm_head(tmp_path):
+    """A Gemma 3 4B-style checkpoint (``Gemma3ForConditionalGeneration``) saved to a folder
+    loads as its whole class, LM head included (it loaded as ``Gemma3Model``, headless), and
+    is described as its text model: the check passes and the unembedded final stream is the
+    logits its own forward pass returns."""
+    build("gemma3").save_pretrained(tmp_path / "gemma3")
+    model = rs.load(tmp_path / "gemma3", tokenizer=ByteTokenizer())
+    assert type(model.module).__name__ == "Gemma3ForConditionalGeneration" and model.anatomy.has_lm_head
+    assert model.anatomy.architecture == "gemma3_text"
+    trace = rs.trace(model, ["hello world", "a longer text, to pad the other"])
+    assert trace.check().ok
+    logits = model.unembed().logits(trace.stream("final"))
+    assert max_rel_error(logits, trace.logits, trace.attention_mask) <= REL_F32
 
 
 def test_model_object_without_tokenizer():

@@ -58,7 +58,7 @@ def patterns(model, trace):
 def act(model, name):
     if model.anatomy.architecture == "rs-twin":
         return torch.nn.functional.silu if name == "swiglu" else torch.nn.functional.gelu
-    cfg = model.module.config
+    cfg = model.module.config.get_text_config()  # (a multimodal container: its text model's)
     if model.anatomy.architecture in ACTIVATIONS:
         return ACT2FN[ACTIVATIONS[model.anatomy.architecture]]
     keys = ("activation_function", "hidden_activation", "hidden_act", "activation")

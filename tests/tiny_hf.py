@@ -14,6 +14,9 @@ DEEPSEEK = dict(intermediate_size=96, max_position_embeddings=128, num_key_value
                 n_group=1, topk_group=1, num_experts_per_tok=2, moe_intermediate_size=48, n_shared_experts=1,
                 first_k_dense_replace=1, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16,
                 v_head_dim=16, initializer_range=0.1)
+TEXT = dict(COMMON, intermediate_size=96, num_key_value_heads=2, max_position_embeddings=128, head_dim=16)
+MROPE = dict(rope_type="default", rope_theta=1e6, mrope_section=[2, 3, 3])
+QWEN_VISION = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64)
 COHERE2_MOE = dict(pad_token_id=None, bos_token_id=1, eos_token_id=2, logit_scale=0.25, sliding_window=4,
                    num_experts=4, num_experts_per_tok=2, num_shared_experts=1)
 
@@ -48,6 +51,13 @@ def _sinks(model):
     return model
 
 
+def _mistral3(**text):
+    return tf.Mistral3ForConditionalGeneration(tf.Mistral3Config(
+        text_config=dict(TEXT, **text), vision_config=tf.PixtralVisionConfig(
+            hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+            patch_size=14, head_dim=8)))
+
+
 BUILDERS = {
     "llama": _llama_like(tf.LlamaConfig, tf.LlamaForCausalLM),
     "llama_mlp_bias": _llama_like(tf.LlamaConfig, tf.LlamaForCausalLM, mlp_bias=True),
@@ -56,6 +66,8 @@ BUILDERS = {
     "qwen3": _llama_like(tf.Qwen3Config, tf.Qwen3ForCausalLM, head_dim=16),
     "gemma2": _llama_like(tf.Gemma2Config, tf.Gemma2ForCausalLM, head_dim=16),
     "gemma3_text": _llama_like(tf.Gemma3TextConfig, tf.Gemma3ForCausalLM, head_dim=16),
+    "gemma3_text_bidirectional": _llama_like(tf.Gemma3TextConfig, tf.Gemma3ForCausalLM, head_dim=16,
+                                             use_bidirectional_attention=True),  # EmbeddingGemma's
     "olmo2": _llama_like(tf.Olmo2Config, tf.Olmo2ForCausalLM),
     "gpt2": lambda: tf.GPT2LMHeadModel(tf.GPT2Config(
         vocab_size=257, n_embd=64, n_layer=3, n_head=4, n_positions=128)),
@@ -195,6 +207,23 @@ BUILDERS = {
     "cohere2_moe_rms": _llama_like(
         tf.Cohere2MoeConfig, tf.Cohere2MoeForCausalLM, **COHERE2_MOE, rms_norm_eps=1e-6,
         expert_selection_fn="sigmoid", shared_expert_combination_strategy="sum"),
+    # multimodal containers, run on text alone: a tiny vision tower (one block, 2×2 patches) beside
+    # the text model, which is described by its own row (Gemma 3 4B-27B; Mistral Small 3.1, Ministral 3)
+    "gemma3": lambda: tf.Gemma3ForConditionalGeneration(tf.Gemma3Config(
+        text_config=tf.Gemma3TextConfig(**TEXT), mm_tokens_per_image=4, vision_config=tf.SiglipVisionConfig(
+            hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+            patch_size=14))),
+    "mistral3": lambda: _mistral3(model_type="mistral"),
+    "mistral3_ministral3": lambda: _mistral3(
+        model_type="ministral3", rope_parameters=dict(MINISTRAL3_ROPE, original_max_position_embeddings=8)),
+    # Qwen2.5-VL's (biases on q, k, v) and Qwen3-VL's (interleaved sections, features of images added to
+    # block 0's output) text models with their multimodal rotary in sections of 2, 3 and 3 frequencies
+    "qwen2_5_vl": _random_biases(lambda: tf.Qwen2_5_VLForConditionalGeneration(tf.Qwen2_5_VLConfig(
+        text_config=dict(TEXT, rope_parameters=MROPE),
+        vision_config=dict(QWEN_VISION, fullatt_block_indexes=[0])))),
+    "qwen3_vl": lambda: tf.Qwen3VLForConditionalGeneration(tf.Qwen3VLConfig(
+        text_config=dict(TEXT, rope_parameters=dict(MROPE, mrope_interleaved=True)), vision_config=dict(
+            QWEN_VISION, deepstack_visual_indexes=[0], num_position_embeddings=16))),
     "gpt_oss": lambda: _sinks(tf.GptOssForCausalLM(tf.GptOssConfig(  # its MLP returns (write, scores)
         **COMMON, intermediate_size=96, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
         head_dim=16, max_position_embeddings=128))),
