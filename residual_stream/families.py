@@ -9,6 +9,7 @@ how blocks place their norms, and which config options it does not describe (``r
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from .arch_spec import ArchSpec
@@ -25,229 +26,190 @@ from .family_rules import (
     routing_of,
     with_dense,
 )
-
-_LLAMA = ArchSpec(
-    family="Llama-style decoder (pre-RMSNorm, rotary)",
-    layers="layers", embeds={"embed": "embed_tokens"}, final_norm="norm",
-    block_norms={"ln_attn_in": "input_layernorm", "ln_mlp_in": "post_attention_layernorm"},
-    attn_out="self_attn.o_proj", mlp_out="mlp",
+from .family_templates import (
+    APERTUS,
+    COHERE,
+    DEEPSEEK,
+    GATE_UP,
+    GEMMA,
+    GLM4_MOE,
+    GLM4_NORMS,
+    GPTJ,
+    GRANITE,
+    GRANITE_MOE,
+    HUNYUAN_QK,
+    LLAMA,
+    MLA,
+    MLA_DENSE,
+    MLA_MOE,
+    MOE,
+    OLMO2,
+    PARALLEL_ONE_NORM,
+    PERI,
+    PERI_SCALED,
+    QK_LAYERNORMS,
+    QK_NORMS,
+    SHARED_AFTER_DENSE,
 )
-_GEMMA = ArchSpec(
-    family="Gemma 2/3 decoder (sandwich RMSNorm with (1+γ), scaled embeddings)",
-    layers="layers", embeds={"embed": "embed_tokens"}, final_norm="norm", placement="sandwich",
-    block_norms={"ln_attn_in": "input_layernorm", "ln_attn_out": "post_attention_layernorm",
-                 "ln_mlp_in": "pre_feedforward_layernorm", "ln_mlp_out": "post_feedforward_layernorm"},
-    attn_out="self_attn.o_proj", mlp_out="mlp", weight_offset=1.0,
-)
-_QK_NORMS = ("self_attn.q_norm", "self_attn.k_norm")
-_APERTUS = replace(
-    _LLAMA, family="Apertus decoder (pre-RMSNorm, RMSNorm on q and k, MLP without a gate)", mlp_gate=None,
-    block_norms={"ln_attn_in": "attention_layernorm", "ln_mlp_in": "feedforward_layernorm"},
-    qk_norms=_QK_NORMS)
 
-
-_QK_LAYERNORMS = "LayerNorms on each head's queries and keys (qk_layernorm)"
-_OLMO2 = ArchSpec(
-    family="OLMo 2 decoder (RMSNorm on each write, none on the read)",
-    layers="layers", embeds={"embed": "embed_tokens"}, final_norm="norm", placement="sandwich",
-    block_norms={"ln_attn_out": "post_attention_layernorm", "ln_mlp_out": "post_feedforward_layernorm"},
-    attn_out="self_attn.o_proj", mlp_out="mlp", qk_norms=_QK_NORMS,
-)
-_PARALLEL_ONE_NORM = "parallel attention and MLP reading one LayerNorm"
-_COHERE = replace(
-    _LLAMA, family=f"Cohere / Command-R decoder ({_PARALLEL_ONE_NORM} without a bias, scaled logits)",
-    placement="parallel", block_norms={"ln_attn_in": "input_layernorm", "ln_mlp_in": "input_layernorm"},
-    refuse=flag("use_qk_norm", "LayerNorms on each head's queries and keys (use_qk_norm)"),
-    logit_scale=lambda cfg: cfg.logit_scale)
-_GATE_UP = dict(mlp_in="mlp.gate_up_proj", mlp_gate="mlp.gate_up_proj", mlp_layout="gate_up")
-
-
-_MOE_MAPS = dict(routing=routing_of())  # the MLP paths name a dense block's (GLM-4-MoE's first)
-_MOE = replace(_LLAMA, family="Mixtral decoder (pre-RMSNorm, mixture-of-experts MLPs)",
-               d_mlp_keys=("intermediate_size",), **_MOE_MAPS)
-# multi-head latent attention: queries, keys and values through low-rank maps with an RMSNorm
-# between; the modules reading the stream are the row's qkv, and there are no linear W_Q/W_K/W_V
-_DEEPSEEK = replace(
-    _MOE, family="DeepSeek-V3 decoder (pre-RMSNorm, multi-head latent attention, mixture-of-experts MLPs "
-    "with shared experts after the first dense ones)", qkv_layout="latent",
-    qkv=lambda cfg: ("self_attn.q_a_proj" if cfg.q_lora_rank else "self_attn.q_proj",
-                     "self_attn.kv_a_proj_with_mqa"),
-    d_mlp_keys=with_dense("intermediate_size", lambda cfg: cfg.first_k_dense_replace > 0,
-                          "moe_intermediate_size", "moe_intermediate_size*n_shared_experts"),
-    routing=routing_of(experts="n_routed_experts"))
-_GLM4_NORMS = {"ln_attn_in": "input_layernorm", "ln_attn_out": "post_self_attn_layernorm",
-               "ln_mlp_in": "post_attention_layernorm", "ln_mlp_out": "post_mlp_layernorm"}
-_SHARED_AFTER_DENSE = "mixture-of-experts MLPs with shared experts after the first dense ones"
-_GLM4_MOE = replace(_MOE, family=f"GLM-4-MoE decoder (pre-RMSNorm, partial rotary, {_SHARED_AFTER_DENSE})",
-                    qk_norms=_QK_NORMS,
-                    d_mlp_keys=("intermediate_size", "moe_intermediate_size",
-                                "moe_intermediate_size*n_shared_experts"),
-                    routing=routing_of(experts="n_routed_experts"))
-
-
-# Hunyuan's q/k norms follow the rotary embedding. An RMS is the same either side of it, so
-# their gains folded before it give the position-free bilinear forms composition scores
-# exactly; but a gain does not commute with the rotation (unless equal on both halves of each
-# pair), so a piece's share of a query or key is the model's at position 0 only (helper 43)
-_HUNYUAN_QK = dict(qk_norms=("self_attn.query_layernorm", "self_attn.key_layernorm"), maps_caveat=lambda _: (
-    "its RMSNorms on queries and keys come after the rotary embedding, and their gains do not commute with "
-    "it: composition's position-free scores are exact, but read attribution of queries and keys takes each "
-    "piece's share before the rotary embedding, which is the model's own at position 0 only"))
-_GPTJ = ArchSpec(
-    family=f"GPT-J decoder ({_PARALLEL_ONE_NORM}, rotary)",
-    layers="h", embeds={"embed": "wte"}, final_norm="ln_f", placement="parallel",
-    block_norms={"ln_attn_in": "ln_1", "ln_mlp_in": "ln_1"},
-    attn_out="attn.out_proj", mlp_out="mlp", n_ctx_keys=("n_positions",),
-    qkv=("attn.q_proj", "attn.k_proj", "attn.v_proj"), mlp_in="mlp.fc_in", mlp_gate=None,
-    mlp_down="mlp.fc_out",
-)
-_GRANITE = replace(
-    _LLAMA, family="Granite decoder (pre-RMSNorm; embedding, write and logit multipliers)",
-    multipliers=lambda cfg: {"ln_embed": cfg.embedding_multiplier, "ln_attn_out": cfg.residual_multiplier,
-                             "ln_mlp_out": cfg.residual_multiplier},
-    logit_scale=lambda cfg: 1.0 / cfg.logits_scaling)
-_GRANITE_MOE = replace(_GRANITE, family="Granite MoE decoder (pre-RMSNorm, mixture-of-experts MLPs; "
-                       "embedding, write and logit multipliers)", mlp_out="block_sparse_moe",
-                       d_mlp_keys=("intermediate_size",), **_MOE_MAPS,
-                       refuse=flag("shared_intermediate_size", "a shared MLP beside the experts (its "
-                                   "output and theirs are summed into one write by the block)"))
-_PERI = {"ln_attn_out": "post_norm1", "ln_mlp_out": "post_norm2"}
-_PERI_SCALED = ("a residual_multiplier other than 1 after the RMSNorm on each write (use_post_norm): a norm "
-                "and then a constant on one write")
 ARCHITECTURES: dict[str, ArchSpec] = {
-    "llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA,
-    "helium": _LLAMA, "ernie4_5": _LLAMA, "seed_oss": _LLAMA, "ministral": _LLAMA,
+    "llama": LLAMA, "mistral": LLAMA, "qwen2": LLAMA,
+    "helium": LLAMA, "ernie4_5": LLAMA, "seed_oss": LLAMA, "ministral": LLAMA,
     # InternLM3, IQuest-Coder and EXAONE 3 are configs of Llama's own classes; CWM, Llama's with
     # sliding windows in 3 layers of 4
-    "internlm3": _LLAMA, "iquestcoder": _LLAMA, "exaone": _LLAMA, "cwm": _LLAMA,
+    "internlm3": LLAMA, "iquestcoder": LLAMA, "exaone": LLAMA, "cwm": LLAMA,
     "nanochat": replace(  # one parameterless RMSNorm module, run on the embeddings and on the final stream
-        _LLAMA, family="nanochat decoder (pre-RMSNorm without gains, also on the embeddings, RMSNorm on q "
+        LLAMA, family="nanochat decoder (pre-RMSNorm without gains, also on the embeddings, RMSNorm on q "
         "and k after the rotary embedding, relu² MLP without a gate, soft-capped logits)", embed_norm="norm",
         mlp_in="mlp.fc1", mlp_gate=None, mlp_down="mlp.fc2"),
-    "arcee": replace(_LLAMA, family="Arcee decoder (pre-RMSNorm, rotary, MLP without a gate)", mlp_gate=None),
-    "nemotron": replace(_LLAMA, family="Nemotron decoder (pre-LayerNorm with (1+γ), partial rotary, MLP "
+    "arcee": replace(LLAMA, family="Arcee decoder (pre-RMSNorm, rotary, MLP without a gate)", mlp_gate=None),
+    "nemotron": replace(LLAMA, family="Nemotron decoder (pre-LayerNorm with (1+γ), partial rotary, MLP "
                         "without a gate)", weight_offset=1.0, mlp_gate=None),
-    "apertus": _APERTUS,
+    "apertus": APERTUS,
     # Apertus 1.5's text model: Apertus's, its unembedding maybe pruned to the text tokens' rows
-    "apertus1p5_text": replace(_APERTUS, family=_APERTUS.family.replace("Apertus", "Apertus 1.5")),
-    "ministral3": replace(_LLAMA, family="Ministral 3 decoder (pre-RMSNorm, rotary, queries scaled by "
+    "apertus1p5_text": replace(APERTUS, family=APERTUS.family.replace("Apertus", "Apertus 1.5")),
+    "ministral3": replace(LLAMA, family="Ministral 3 decoder (pre-RMSNorm, rotary, queries scaled by "
                           "position beyond the original context)", maps_caveat=llama4_queries),
-    "jais2": replace(_LLAMA, family="Jais 2 decoder (pre-LayerNorm, rotary, MLP without a gate)",
+    "jais2": replace(LLAMA, family="Jais 2 decoder (pre-LayerNorm, rotary, MLP without a gate)",
                      mlp_gate=None),
-    "vaultgemma": replace(_LLAMA, family="VaultGemma decoder (pre-RMSNorm with (1+γ), scaled embeddings)",
+    "vaultgemma": replace(LLAMA, family="VaultGemma decoder (pre-RMSNorm with (1+γ), scaled embeddings)",
                           weight_offset=1.0, block_norms={"ln_attn_in": "input_layernorm",
                                                           "ln_mlp_in": "pre_feedforward_layernorm"}),
-    "smollm3": replace(_LLAMA, family="SmolLM3 decoder (pre-RMSNorm, rotary in 3 layers of 4)"),
-    "gemma": replace(_LLAMA, family="Gemma decoder (pre-RMSNorm with (1+γ), scaled embeddings)",
+    "smollm3": replace(LLAMA, family="SmolLM3 decoder (pre-RMSNorm, rotary in 3 layers of 4)"),
+    "gemma": replace(LLAMA, family="Gemma decoder (pre-RMSNorm with (1+γ), scaled embeddings)",
                      weight_offset=1.0),
-    "qwen3": replace(_LLAMA, family="Qwen3 decoder (pre-RMSNorm, rotary, RMSNorm on q and k)",
-                     qk_norms=_QK_NORMS),
+    "qwen3": replace(LLAMA, family="Qwen3 decoder (pre-RMSNorm, rotary, RMSNorm on q and k)",
+                     qk_norms=QK_NORMS),
     # the text models of Qwen2.5-VL and Qwen3-VL: Qwen2's and Qwen3's blocks; their multimodal rotary
     # gives text alone the same position on each axis, so plain rotary (Qwen3-VL's visual features,
     # added to early blocks' streams, come only with images)
-    "qwen2_5_vl_text": replace(_LLAMA, family="Qwen2.5-VL text decoder (Qwen2's: pre-RMSNorm, biases on q, k "
+    "qwen2_5_vl_text": replace(LLAMA, family="Qwen2.5-VL text decoder (Qwen2's: pre-RMSNorm, biases on q, k "
                                "and v; multimodal rotary)"),
-    "qwen3_vl_text": replace(_LLAMA, family="Qwen3-VL text decoder (Qwen3's: pre-RMSNorm, RMSNorm on q and "
-                             "k; multimodal rotary)", qk_norms=_QK_NORMS),
-    "hunyuan_v1_dense": replace(_LLAMA, family="Hunyuan decoder (pre-RMSNorm, rotary, RMSNorm on q and k "
-                                "after the rotary embedding)", **_HUNYUAN_QK),
-    "phi3": replace(_LLAMA, family="Phi-3 decoder (pre-RMSNorm, fused q/k/v and gate/up projections)",
-                    qkv=("self_attn.qkv_proj",), qkv_layout="blocks", **_GATE_UP),
-    "glm": replace(_LLAMA, family="GLM decoder (pre-RMSNorm, partial rotary, fused gate/up projection)",
-                   **_GATE_UP),
-    "glm4": replace(_GEMMA, family="GLM-4 decoder (sandwich RMSNorm, partial rotary, fused gate/up "
-                    "projection)", weight_offset=0.0, **_GATE_UP, block_norms=_GLM4_NORMS),
-    "olmo": replace(_LLAMA, family="OLMo decoder (pre-LayerNorm without parameters, rotary)", norm_eps=1e-5,
+    "qwen3_vl_text": replace(LLAMA, family="Qwen3-VL text decoder (Qwen3's: pre-RMSNorm, RMSNorm on q and "
+                             "k; multimodal rotary)", qk_norms=QK_NORMS),
+    "hunyuan_v1_dense": replace(LLAMA, family="Hunyuan decoder (pre-RMSNorm, rotary, RMSNorm on q and k "
+                                "after the rotary embedding)", **HUNYUAN_QK),
+    "phi3": replace(LLAMA, family="Phi-3 decoder (pre-RMSNorm, fused q/k/v and gate/up projections)",
+                    qkv=("self_attn.qkv_proj",), qkv_layout="blocks", **GATE_UP),
+    "glm": replace(LLAMA, family="GLM decoder (pre-RMSNorm, partial rotary, fused gate/up projection)",
+                   **GATE_UP),
+    "glm4": replace(GEMMA, family="GLM-4 decoder (sandwich RMSNorm, partial rotary, fused gate/up "
+                    "projection)", weight_offset=0.0, **GATE_UP, block_norms=GLM4_NORMS),
+    "olmo": replace(LLAMA, family="OLMo decoder (pre-LayerNorm without parameters, rotary)", norm_eps=1e-5,
                     maps_caveat=clipped),
-    "mixtral": _MOE,
-    "qwen2_moe": replace(_MOE, family="Qwen2-MoE decoder (pre-RMSNorm, mixture-of-experts MLPs "
+    "mixtral": MOE,
+    "qwen2_moe": replace(MOE, family="Qwen2-MoE decoder (pre-RMSNorm, mixture-of-experts MLPs "
                          "with a shared expert)",
                          d_mlp_keys=qwen_moe_widths("moe_intermediate_size",
                                                     "shared_expert_intermediate_size"),
                          routing=routing_of(experts="num_experts")),
-    "qwen3_moe": replace(_MOE, family="Qwen3-MoE decoder (pre-RMSNorm, mixture-of-experts MLPs, "
-                         "RMSNorm on q and k)", qk_norms=_QK_NORMS,
+    "qwen3_moe": replace(MOE, family="Qwen3-MoE decoder (pre-RMSNorm, mixture-of-experts MLPs, "
+                         "RMSNorm on q and k)", qk_norms=QK_NORMS,
                          d_mlp_keys=qwen_moe_widths("moe_intermediate_size"),
                          routing=routing_of(experts="num_experts")),
-    "hunyuan_v1_moe": replace(_MOE, family="Hunyuan MoE decoder (pre-RMSNorm, RMSNorm on q and k after the "
-                              "rotary embedding, mixture-of-experts MLPs with a shared MLP)", **_HUNYUAN_QK),
-    "olmoe": replace(_MOE, family="OLMoE decoder (pre-RMSNorm, mixture-of-experts MLPs, RMSNorm "
-                     "on q and k)", qk_norms=_QK_NORMS, routing=routing_of(experts="num_experts"),
+    "hunyuan_v1_moe": replace(MOE, family="Hunyuan MoE decoder (pre-RMSNorm, RMSNorm on q and k after the "
+                              "rotary embedding, mixture-of-experts MLPs with a shared MLP)", **HUNYUAN_QK),
+    "olmoe": replace(MOE, family="OLMoE decoder (pre-RMSNorm, mixture-of-experts MLPs, RMSNorm "
+                     "on q and k)", qk_norms=QK_NORMS, routing=routing_of(experts="num_experts"),
                      maps_caveat=clipped),
-    "glm4_moe": _GLM4_MOE,
-    "sarvam_moe": replace(_GLM4_MOE, family="Sarvam MoE decoder (GLM-4-MoE's: pre-RMSNorm, RMSNorm on q and "
-                          f"k, {_SHARED_AFTER_DENSE})"),
-    "dots1": replace(_MOE, family=f"dots.llm1 decoder (pre-RMSNorm, RMSNorm on q and k, "
-                     f"{_SHARED_AFTER_DENSE})", qk_norms=_QK_NORMS,
+    "glm4_moe": GLM4_MOE,
+    "sarvam_moe": replace(GLM4_MOE, family="Sarvam MoE decoder (GLM-4-MoE's: pre-RMSNorm, RMSNorm on q and "
+                          f"k, {SHARED_AFTER_DENSE})"),
+    "dots1": replace(MOE, family=f"dots.llm1 decoder (pre-RMSNorm, RMSNorm on q and k, "
+                     f"{SHARED_AFTER_DENSE})", qk_norms=QK_NORMS,
                      d_mlp_keys=with_dense("intermediate_size", lambda cfg: cfg.first_k_dense_replace > 0,
                                            "moe_intermediate_size", "moe_intermediate_size*n_shared_experts"),
                      routing=routing_of(experts="n_routed_experts")),
-    "hy_v3": replace(_MOE, family=f"Hy3 decoder (pre-RMSNorm, RMSNorm on q and k, {_SHARED_AFTER_DENSE})",
-                     qk_norms=_QK_NORMS,
+    "hy_v3": replace(MOE, family=f"Hy3 decoder (pre-RMSNorm, RMSNorm on q and k, {SHARED_AFTER_DENSE})",
+                     qk_norms=QK_NORMS,
                      d_mlp_keys=with_dense("intermediate_size", dense_layer_types, "moe_intermediate_size",
                                            "moe_intermediate_size*num_shared_experts"),
                      routing=routing_of(experts="num_experts")),
-    "flint": replace(_MOE, family="Flint decoder (pre-RMSNorm, RMSNorm on q and k, attention sinks, rotary "
+    "flint": replace(MOE, family="Flint decoder (pre-RMSNorm, RMSNorm on q and k, attention sinks, rotary "
                      "in sliding-window layers only, mixture-of-experts MLPs with a shared expert)",
-                     qk_norms=_QK_NORMS, routing=routing_of(experts="num_experts"),
+                     qk_norms=QK_NORMS, routing=routing_of(experts="num_experts"),
                      d_mlp_keys=qwen_moe_widths("moe_intermediate_size", "shared_expert_intermediate_size")),
-    "kolibri1": replace(_GEMMA, family="Kolibri decoder (sandwich RMSNorm, RMSNorm on q and k, rotary in "
+    "kolibri1": replace(GEMMA, family="Kolibri decoder (sandwich RMSNorm, RMSNorm on q and k, rotary in "
                         "sliding-window layers only, mixture-of-experts MLPs with a shared expert)",
-                        weight_offset=0.0, block_norms=_GLM4_NORMS, qk_norms=_QK_NORMS,
+                        weight_offset=0.0, block_norms=GLM4_NORMS, qk_norms=QK_NORMS,
                         routing=routing_of(experts="num_experts"),
                         d_mlp_keys=("moe_intermediate_size", "shared_expert_intermediate_size")),
-    "deepseek_v3": _DEEPSEEK,
-    "deepseek_v2": replace(_DEEPSEEK, family=_DEEPSEEK.family.replace("V3", "V2")),
-    "flex_olmo": replace(_OLMO2, family="FlexOlmo decoder (RMSNorm on each write, none on the read; RMSNorm "
+    "deepseek_v3": DEEPSEEK,
+    "deepseek_v2": replace(DEEPSEEK, family=DEEPSEEK.family.replace("V3", "V2")),
+    # Sarvam's MLA model is DeepSeek-V3's classes with its config
+    "sarvam_mla": replace(DEEPSEEK, family=DEEPSEEK.family.replace("DeepSeek-V3", "Sarvam MLA")),
+    "glm4_moe_lite": replace(MLA_MOE, family=f"GLM-4-MoE-Lite decoder (pre-RMSNorm, {MLA}, "
+                             f"{SHARED_AFTER_DENSE})"),
+    # A.X K1: each mixture-of-experts MLP ends in an RMSNorm of its own output, inside its module:
+    # the write is that module's output, the norm one more step of the MLP's function
+    "axk1": replace(MLA_MOE, family=f"A.X K1 decoder (pre-RMSNorm, {MLA}, {SHARED_AFTER_DENSE}, "
+                    "an RMSNorm on each mixture-of-experts MLP's output inside it)"),
+    # DeepSeek-V3.2: a sparse-attention indexer in each attention picks the keys each query reads
+    # (top index_topk) and masks the rest in the attention mask, eager's too, so its patterns are
+    # the model's; the indexer reads the stream through modules of its own, listed with MLA's
+    "deepseek_v32": replace(MLA_MOE, family=f"DeepSeek-V3.2 decoder (pre-RMSNorm, {MLA} with "
+                            f"keys chosen by a sparse-attention indexer, {SHARED_AFTER_DENSE})",
+                            qkv=("self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa", "self_attn.indexer.wk",
+                                 "self_attn.indexer.weights_proj")),
+    "youtu": replace(MLA_DENSE, family=f"Youtu-LLM decoder (pre-RMSNorm, {MLA})"),
+    # MiniCPM3: embeddings scaled inside their module; writes by scale_depth / √layers; the
+    # final stream divided by hidden_size / dim_model_base before the unembedding (no bias: the
+    # logits divided by it)
+    "minicpm3": replace(MLA_DENSE, family=f"MiniCPM3 decoder (pre-RMSNorm, {MLA}, scaled embeddings; "
+                        "write and logit multipliers)", multipliers=lambda cfg: dict.fromkeys(
+                            ("ln_attn_out", "ln_mlp_out"),
+                            cfg.scale_depth / math.sqrt(cfg.num_hidden_layers)),
+                        logit_scale=lambda cfg: 1.0 / cfg.logits_scaling),
+    "flex_olmo": replace(OLMO2, family="FlexOlmo decoder (RMSNorm on each write, none on the read; RMSNorm "
                          "on q and k; mixture-of-experts MLPs)", d_mlp_keys=("intermediate_size",),
                          routing=routing_of(experts="num_experts")),
-    "ernie4_5_moe": replace(_MOE, family="ERNIE 4.5 MoE decoder (pre-RMSNorm, mixture-of-experts MLPs with "
+    "ernie4_5_moe": replace(MOE, family="ERNIE 4.5 MoE decoder (pre-RMSNorm, mixture-of-experts MLPs with "
                             "shared experts after the first dense ones)",
                             d_mlp_keys=("intermediate_size", "moe_intermediate_size",
                                         "moe_intermediate_size*moe_num_shared_experts"),
                             routing=routing_of("moe_k", "moe_num_experts")),
-    "exaone_moe": replace(_MOE, family="EXAONE MoE decoder (pre-RMSNorm, RMSNorm on q and k, "
+    "exaone_moe": replace(MOE, family="EXAONE MoE decoder (pre-RMSNorm, RMSNorm on q and k, "
                           "mixture-of-experts MLPs with a shared expert after the first dense ones)",
-                          qk_norms=_QK_NORMS, d_mlp_keys=("intermediate_size", "moe_intermediate_size",
+                          qk_norms=QK_NORMS, d_mlp_keys=("intermediate_size", "moe_intermediate_size",
                                                           "moe_intermediate_size*num_shared_experts"),
                           routing=routing_of(experts="num_experts")),
-    "solar_open": replace(_MOE, family="Solar Open decoder (pre-RMSNorm, mixture-of-experts MLPs with a "
+    "solar_open": replace(MOE, family="Solar Open decoder (pre-RMSNorm, mixture-of-experts MLPs with a "
                           "shared expert)", d_mlp_keys=("moe_intermediate_size",
                                                         "moe_intermediate_size*n_shared_experts"),
                           routing=routing_of(experts="n_routed_experts")),
-    "mellum": replace(_MOE, family="Mellum decoder (pre-RMSNorm, RMSNorm on q and k, sliding windows, "
-                      "mixture-of-experts MLPs, dense ones where configured)", qk_norms=_QK_NORMS,
+    "mellum": replace(MOE, family="Mellum decoder (pre-RMSNorm, RMSNorm on q and k, sliding windows, "
+                      "mixture-of-experts MLPs, dense ones where configured)", qk_norms=QK_NORMS,
                       d_mlp_keys=lambda cfg: ("moe_intermediate_size", *(
                           ("intermediate_size",) if "dense" in cfg.mlp_layer_types else ())),
                       routing=routing_of(experts="num_experts")),
-    "phimoe": replace(_MOE, family="PhiMoE decoder (pre-LayerNorm, mixture-of-experts MLPs)"),
-    "gpt_oss": replace(_MOE, family="gpt-oss decoder (pre-RMSNorm, mixture-of-experts MLPs, "
+    "phimoe": replace(MOE, family="PhiMoE decoder (pre-LayerNorm, mixture-of-experts MLPs)"),
+    "gpt_oss": replace(MOE, family="gpt-oss decoder (pre-RMSNorm, mixture-of-experts MLPs, "
                        "attention sinks)"),
-    "granite": _GRANITE,
+    "granite": GRANITE,
     # HyperCLOVA X: Granite's block with, by default, an RMSNorm on each write before its multiplier
     "hyperclovax": replace(
-        _GRANITE, family="HyperCLOVA X decoder (pre-RMSNorm, RMSNorm on each write where use_post_norm; "
+        GRANITE, family="HyperCLOVA X decoder (pre-RMSNorm, RMSNorm on each write where use_post_norm; "
         "embedding, write and logit multipliers)",
         placement=lambda cfg: "sandwich" if cfg.use_post_norm else "pre",
-        block_norms=lambda cfg: {**_LLAMA.block_norms, **(_PERI if cfg.use_post_norm else {})},
+        block_norms=lambda cfg: {**LLAMA.block_norms, **(PERI if cfg.use_post_norm else {})},
         multipliers=lambda cfg: {"ln_embed": cfg.embedding_multiplier} if cfg.use_post_norm else
-        _GRANITE.multipliers(cfg), logit_scale=lambda cfg: cfg.logits_scaling,  # a multiplier, not a divisor
-        refuse=lambda cfg: _PERI_SCALED if cfg.use_post_norm and cfg.residual_multiplier != 1 else None),
-    "granite_swa": replace(_GRANITE, family="Granite SWA decoder (pre-RMSNorm, sliding windows, "
+        GRANITE.multipliers(cfg), logit_scale=lambda cfg: cfg.logits_scaling,  # a multiplier, not a divisor
+        refuse=lambda cfg: PERI_SCALED if cfg.use_post_norm and cfg.residual_multiplier != 1 else None),
+    "granite_swa": replace(GRANITE, family="Granite SWA decoder (pre-RMSNorm, sliding windows, "
                            "attention sinks; embedding, write and logit multipliers)",
                            sinks_after_softmax=True),
-    "granitemoe": _GRANITE_MOE,
-    "granitemoe_swa": replace(_GRANITE_MOE, family="Granite MoE SWA decoder (pre-RMSNorm, "
+    "granitemoe": GRANITE_MOE,
+    "granitemoe_swa": replace(GRANITE_MOE, family="Granite MoE SWA decoder (pre-RMSNorm, "
                               "mixture-of-experts MLPs, sliding windows, attention sinks; embedding, "
                               "write and logit multipliers)", sinks_after_softmax=True),
-    "gemma2": _GEMMA,
-    "gemma3_text": replace(_GEMMA, family="Gemma 3 decoder (sandwich RMSNorm with (1+γ), scaled "
+    "gemma2": GEMMA,
+    "gemma3_text": replace(GEMMA, family="Gemma 3 decoder (sandwich RMSNorm with (1+γ), scaled "
                            "embeddings, RMSNorm on q and k; bidirectional where configured, EmbeddingGemma)",
-                           qk_norms=_QK_NORMS, causal=lambda cfg: not cfg.use_bidirectional_attention),
-    "olmo2": _OLMO2,
-    "exaone4": replace(_OLMO2, family="EXAONE 4 decoder (RMSNorm on each write, none on the read; RMSNorm "
+                           qk_norms=QK_NORMS, causal=lambda cfg: not cfg.use_bidirectional_attention),
+    "olmo2": OLMO2,
+    "exaone4": replace(OLMO2, family="EXAONE 4 decoder (RMSNorm on each write, none on the read; RMSNorm "
                        "on q and k)"),
-    "olmo3": replace(_OLMO2, family="OLMo 3 decoder (RMSNorm on each write, none on the read)"),
+    "olmo3": replace(OLMO2, family="OLMo 3 decoder (RMSNorm on each write, none on the read)"),
     "gpt2": ArchSpec(
         family="GPT-2 decoder (pre-LayerNorm, learned positions)",
         layers="h", embeds={"embed": "wte", "pos_embed": "wpe"}, final_norm="ln_f",
@@ -319,7 +281,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "bloom": ArchSpec(
         family="BLOOM decoder (pre-LayerNorm, LayerNorm on the embeddings, ALiBi)",
         layers="h", embeds={"embed": "word_embeddings"}, embed_norm="word_embeddings_layernorm",
-        final_norm="ln_f", block_norms=_LLAMA.block_norms,
+        final_norm="ln_f", block_norms=LLAMA.block_norms,
         attn_out="self_attention.dense", mlp_out="mlp.dense_4h_to_h", qkv=("self_attention.query_key_value",),
         qkv_layout="per_head", mlp_in="mlp.dense_h_to_4h", mlp_gate=None, mlp_down="mlp.dense_4h_to_h",
         refuse=any_of(flag("apply_residual_connection_post_layernorm", "the residual taken after each "
@@ -335,21 +297,21 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         mlp_in="ffn.up_proj", mlp_gate=None, mlp_down="ffn.down_proj", maps_caveat=clipped,
     ),
     "dbrx": replace(  # its blocks' maps are nested: norm_attn_norm holds both norms and the attention
-        _MOE, family="DBRX decoder (pre-LayerNorm without biases, fused q/k/v, mixture-of-experts MLPs)",
+        MOE, family="DBRX decoder (pre-LayerNorm without biases, fused q/k/v, mixture-of-experts MLPs)",
         layers="blocks", embeds={"embed": "wte"}, final_norm="norm_f", n_ctx_keys=("max_seq_len",),
         block_norms={"ln_attn_in": "norm_attn_norm.norm_1", "ln_mlp_in": "norm_attn_norm.norm_2"},
         attn_out="norm_attn_norm.attn.out_proj", mlp_out="ffn", qkv=("norm_attn_norm.attn.Wqkv",),
         qkv_layout="blocks", n_kv_heads=lambda cfg: cfg.attn_config.kv_n_heads, maps_caveat=clipped,
         d_mlp_keys=("ffn_config.ffn_hidden_size",),
         routing=routing_of("ffn_config.moe_top_k", "ffn_config.moe_num_experts")),
-    "starcoder2": replace(_LLAMA, family="StarCoder2 decoder (pre-LayerNorm, rotary)",
+    "starcoder2": replace(LLAMA, family="StarCoder2 decoder (pre-LayerNorm, rotary)",
                           mlp_in="mlp.c_fc", mlp_gate=None, mlp_down="mlp.c_proj"),
     "stablelm": replace(
-        _LLAMA, family="StableLM decoder (pre-LayerNorm, rotary; parallel where configured)",
+        LLAMA, family="StableLM decoder (pre-LayerNorm, rotary; parallel where configured)",
         placement=lambda cfg: "parallel" if cfg.use_parallel_residual else "pre",
         block_norms=lambda cfg: {"ln_attn_in": "input_layernorm", "ln_mlp_in": (
             "input_layernorm" if cfg.use_parallel_residual else "post_attention_layernorm")},
-        refuse=flag("qk_layernorm", _QK_LAYERNORMS),
+        refuse=flag("qk_layernorm", QK_LAYERNORMS),
     ),
     "gpt_neox": ArchSpec(
         family="GPT-NeoX / Pythia decoder (parallel attention and MLP, LayerNorm)",
@@ -360,19 +322,19 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         qkv=("attention.query_key_value",), qkv_layout="per_head", mlp_in="mlp.dense_h_to_4h",
         mlp_gate=None, mlp_down="mlp.dense_4h_to_h",
     ),
-    "gptj": _GPTJ,
-    "codegen": replace(_GPTJ, family=f"CodeGen decoder ({_PARALLEL_ONE_NORM}, partial rotary, fused q/v/k "
+    "gptj": GPTJ,
+    "codegen": replace(GPTJ, family=f"CodeGen decoder ({PARALLEL_ONE_NORM}, partial rotary, fused q/v/k "
                        "projection in 4 shards)", qkv=("attn.qkv_proj",), qkv_layout="shards4"),
     "phi": ArchSpec(
-        family=f"Phi-1/2 decoder ({_PARALLEL_ONE_NORM}, partial rotary)",
+        family=f"Phi-1/2 decoder ({PARALLEL_ONE_NORM}, partial rotary)",
         layers="layers", embeds={"embed": "embed_tokens"}, final_norm="final_layernorm",
         placement="parallel", block_norms={"ln_attn_in": "input_layernorm", "ln_mlp_in": "input_layernorm"},
         attn_out="self_attn.dense", mlp_out="mlp", mlp_in="mlp.fc1", mlp_gate=None, mlp_down="mlp.fc2",
-        refuse=flag("qk_layernorm", _QK_LAYERNORMS),
+        refuse=flag("qk_layernorm", QK_LAYERNORMS),
     ),
-    "cohere": _COHERE, "cohere2": replace(_COHERE, family=_COHERE.family.replace("Cohere", "Cohere 2")),
+    "cohere": COHERE, "cohere2": replace(COHERE, family=COHERE.family.replace("Cohere", "Cohere 2")),
     "cohere2_moe": replace(
-        _COHERE, family=f"Cohere 2 MoE decoder ({_PARALLEL_ONE_NORM} or RMSNorm, mixture-of-experts MLPs "
+        COHERE, family=f"Cohere 2 MoE decoder ({PARALLEL_ONE_NORM} or RMSNorm, mixture-of-experts MLPs "
         "with shared experts after dense ones, scaled logits)", routing=routing_of(experts="num_experts"),
         d_mlp_keys=with_dense("prefix_dense_intermediate_size", dense_layer_types, "intermediate_size",
                               "intermediate_size*num_shared_experts")),

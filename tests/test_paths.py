@@ -23,6 +23,7 @@ ATOL = 2e-6  # float32 logits (~1e-7 apart): the library's hooks add a differenc
 HEADS, KV = 4, {"llama": 2, "gemma2": 2, "olmo2": 2, "phi3": 2, "gpt_bigcode": 1, "mixtral": 2,  # d_model 64
                 "gpt_oss": 2, "granite": 2, "granitemoe": 2, "falcon": 1, "falcon_new": 2, "glm4_moe": 2,
                 "dbrx": 2, "nanochat": 2}
+MINICPM3_M = 1.4 / 3 ** 0.5  # MiniCPM3's tiny model's scale_depth / √layers
 ALPHA = 6 ** 0.25  # DeepNorm's α = (2N)^¼ for the twin's 3 blocks
 EMBED_M, WRITE_M = GRANITE["embedding_multiplier"], GRANITE["residual_multiplier"]  # Granite's
 
@@ -60,6 +61,18 @@ FAMILIES = {
                         read={"attn": "input_layernorm", "mlp": "post_attention_layernorm"},
                         qkv=("self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa"),
                         mlp_in=("mlp",), final="model.norm", layout="latent"),
+    # DeepSeek-V3.2: its sparse-attention indexer reads the stream too, through modules of its own
+    "deepseek_v32": dict(blocks="model.layers", o="self_attn.o_proj", mlp="mlp", conv=False,
+                         read={"attn": "input_layernorm", "mlp": "post_attention_layernorm"},
+                         qkv=("self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa", "self_attn.indexer.wk",
+                              "self_attn.indexer.weights_proj"), mlp_in=("mlp",), final="model.norm",
+                         layout="latent"),
+    # MiniCPM3: latent attention, writes times scale_depth / √layers, scaled embeddings and logits
+    "minicpm3": dict(blocks="model.layers", o="self_attn.o_proj", mlp="mlp", conv=False,
+                     read={"attn": "input_layernorm", "mlp": "post_attention_layernorm"},
+                     qkv=("self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa"),
+                     mlp_in=("mlp.gate_proj", "mlp.up_proj"), final="model.norm", layout="latent",
+                     embed="model.embed_tokens"),
     # nanochat: one norm module run twice, on the embeddings and on the final stream (final=None:
     # the logits' delta goes on the last block's output, not into both of that module's calls)
     "nanochat": dict(blocks="model.layers", o="self_attn.o_proj", mlp="mlp", conv=False,
@@ -173,6 +186,12 @@ CASES = [
     ("deepseek_v3", ["L0H1"], "L1.attn", []),          # through both low-rank maps
     ("deepseek_v3", ["L0.mlp"], ("L1.mlp", "L2.attn"), []),  # a dense MLP sending, experts receiving
     ("deepseek_v3", ["L1.mlp"], "logits", []),
+    ("deepseek_v32", ["L0H1"], "L1.attn", []),         # through MLA's maps and the indexer's
+    ("deepseek_v32", ["L0.mlp"], ("L1.mlp", "L2.attn"), []),
+    ("deepseek_v32", ["L1.mlp"], "logits", []),
+    ("minicpm3", ["L0H1"], "L1.attn", [MINICPM3_M]),   # each write is added times the multiplier
+    ("minicpm3", ["embed"], "L0.mlp", []),             # (scaled inside the embedding module)
+    ("minicpm3", ["L0.mlp"], "logits", [MINICPM3_M]),  # (the model scales the final stream itself)
     ("nanochat", ["L0H1"], "L1H2.v", []),
     ("nanochat", ["L0.mlp"], ("L1.mlp", "L2H0.q"), []),   # (q normed after rotary, per head)
     ("nanochat", ["L1.mlp"], "logits", []),                # through the final norm, soft-capped

@@ -313,14 +313,16 @@ def test_lean_scan_equals_the_single_trace(norm, placement, monkeypatch):
     _assert_subspaces_equal(result, subspaces)
 
 
-def test_a_scan_of_latent_attention_runs_what_needs_no_reads_and_refuses_the_rest(monkeypatch):
+@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v32", "minicpm3"])
+def test_a_scan_of_latent_attention_runs_what_needs_no_reads_and_refuses_the_rest(name, monkeypatch):
     """DeepSeek's multi-head latent attention has no linear reads: a scan of growth and the lens
-    equals the concatenated trace's; one asking for read attribution refuses by name."""
+    equals the concatenated trace's; one asking for read attribution refuses by name (V3.2's
+    keys chosen by its indexer; MiniCPM3's write and logit multipliers)."""
     from tiny_hf import build
 
     from residual_stream.inputs import ByteTokenizer
 
-    m = rs.load(build("deepseek_v3"), tokenizer=ByteTokenizer())
+    m = rs.load(build(name), tokenizer=ByteTokenizer())
     kw = dict(batch_size=4, seq_len=32)
     whole = _whole(m, TEXTS, **kw)
     monkeypatch.setattr("residual_stream.streaming.runner.trace_batch", None)

@@ -17,6 +17,10 @@ DEEPSEEK = dict(intermediate_size=96, max_position_embeddings=128, num_key_value
 TEXT = dict(COMMON, intermediate_size=96, num_key_value_heads=2, max_position_embeddings=128, head_dim=16)
 MROPE = dict(rope_type="default", rope_theta=1e6, mrope_section=[2, 3, 3])
 QWEN_VISION = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64)
+MLA = dict(max_position_embeddings=128, num_key_value_heads=4, kv_lora_rank=16, qk_rope_head_dim=8,
+           qk_nope_head_dim=16, v_head_dim=16, initializer_range=0.1)  # multi-head latent attention
+MLA_MOE = dict(MLA, intermediate_size=96, n_routed_experts=4, n_group=1, topk_group=1, num_experts_per_tok=2,
+               moe_intermediate_size=48, n_shared_experts=1, mlp_layer_types=["dense", "sparse", "sparse"])
 COHERE2_MOE = dict(pad_token_id=None, bos_token_id=1, eos_token_id=2, logit_scale=0.25, sliding_window=4,
                    num_experts=4, num_experts_per_tok=2, num_shared_experts=1)
 
@@ -198,6 +202,26 @@ BUILDERS = {
         **COMMON, **DEEPSEEK, q_lora_rank=None)),
     "deepseek_v2": lambda: tf.DeepseekV2ForCausalLM(tf.DeepseekV2Config(  # V2-Lite's: no low-rank queries
         **COMMON, **DEEPSEEK, q_lora_rank=None)),
+    # DeepSeek-V3's classes with Sarvam's config; GLM-4-MoE-Lite's and A.X K1's blocks (dense where
+    # mlp_layer_types says; A.X K1's experts end in an RMSNorm); V3.2's indexer keeps 4 keys a query
+    # (8 indexer heads: with 2, scores of keys every head's ReLU zeroes tie exactly at 0, and topk
+    # breaks such ties by the padded length, so the model's own output for a row changes with padding)
+    "sarvam_mla": lambda: tf.DeepseekV3ForCausalLM(tf.SarvamMLAConfig(**COMMON, **DEEPSEEK, q_lora_rank=24)),
+    "glm4_moe_lite": lambda: tf.Glm4MoeLiteForCausalLM(tf.Glm4MoeLiteConfig(
+        **COMMON, **MLA_MOE, q_lora_rank=None)),
+    "axk1": lambda: tf.AXK1ForCausalLM(tf.AXK1Config(**COMMON, **MLA_MOE, q_lora_rank=24, bos_token_id=1,
+                                                     eos_token_id=2)),
+    "deepseek_v32": lambda: tf.DeepseekV32ForCausalLM(tf.DeepseekV32Config(
+        **COMMON, **MLA_MOE, q_lora_rank=24, index_topk=4, index_head_dim=16, index_n_heads=8)),
+    # latent attention with one dense MLP; MiniCPM3's embedding, write and logit multipliers
+    "youtu": lambda: tf.YoutuForCausalLM(tf.YoutuConfig(**COMMON, **MLA, intermediate_size=96, q_lora_rank=24,
+                                                      bos_token_id=1, eos_token_id=2)),
+    "minicpm3": _random_biases(lambda: tf.MiniCPM3ForCausalLM(tf.MiniCPM3Config(
+        **COMMON, **MLA, intermediate_size=96, q_lora_rank=24, attention_bias=True, scale_emb=3.0,
+        scale_depth=1.4, dim_model_base=16))),
+    "minicpm3_q": lambda: tf.MiniCPM3ForCausalLM(tf.MiniCPM3Config(  # queries by their own projection
+        **COMMON, **MLA, intermediate_size=96, q_lora_rank=None, scale_emb=3.0, scale_depth=1.4,
+        dim_model_base=16)),
     "flex_olmo": _llama_like(tf.FlexOlmoConfig, tf.FlexOlmoForCausalLM, num_experts=4, num_experts_per_tok=2,
                              pad_token_id=None, eos_token_id=2),
     # Cohere 2 MoE: a dense block, then experts with a shared MLP; LayerNorms, or RMSNorms and sigmoid routing
