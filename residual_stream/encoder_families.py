@@ -32,6 +32,43 @@ _PROJECTED = any_of(_BERT.refuse, lambda cfg: "embeddings LayerNormed in embeddi
                     "into the stream (embeddings_project: embedding_size ≠ hidden_size)" if (
                         cfg.embedding_size != cfg.hidden_size) else None)
 
+_MODERNBERT = ArchSpec(
+    family="ModernBERT encoder (pre-LayerNorm, none before block 0's attention, fused projections)",
+    layers="layers", embeds={"embed": "embeddings.tok_embeddings"}, embed_norm="embeddings.norm",
+    final_norm="final_norm", block_norms={"ln_attn_in": "attn_norm", "ln_mlp_in": "mlp_norm"},
+    attn_out="attn.Wo", mlp_out="mlp", qkv=("attn.Wqkv",), qkv_layout="blocks",
+    mlp_in="mlp.Wi", mlp_gate="mlp.Wi", mlp_layout="gate_up", mlp_down="mlp.Wo",
+    head_transform="head", causal=False,
+)
+# Llama's block without the causal mask (EuroBERT); post-LayerNorm blocks with rotary, a gated MLP (NomicBERT)
+_BIDI_LLAMA = ArchSpec(family="EuroBERT encoder (pre-RMSNorm, rotary, bidirectional)", layers="layers",
+                       embeds={"embed": "embed_tokens"}, final_norm="norm", attn_out="self_attn.o_proj",
+                       block_norms={"ln_attn_in": "input_layernorm", "ln_mlp_in": "post_attention_layernorm"},
+                       mlp_out="mlp", causal=False)
+_NOMIC = ArchSpec(
+    family="NomicBERT encoder (post-LayerNorm, LayerNorm on the embeddings, rotary, gated MLP)",
+    layers="layers", placement="post", embed_norm="embeddings.LayerNorm", attn_out="self_attn.o_proj",
+    mlp_out="mlp",
+    embeds={"embed": "embeddings.word_embeddings", "type_embed": "embeddings.token_type_embeddings"},
+    block_norms={"ln_resid_attn": "post_attention_layernorm", "ln_resid_mlp": "post_mlp_layernorm"},
+    head_transform="cls.predictions.transform", causal=False)
+
+# DeBERTa-v2's scores add, to q·k, each query's product with relative-position keys and each key's with
+# relative-position queries (c2p, p2c): maps of the position embeddings, which never enter the stream
+_DEBERTA_REFUSE = any_of(
+    flag("conv_kernel_size", "a convolution over the embeddings (then an activation) added to block 0's "
+         "output, under a LayerNorm of its own (conv_kernel_size)"),
+    lambda cfg: "embeddings summed in embedding_size, then projected into the stream (embed_proj)" if (
+        getattr(cfg, "embedding_size", cfg.hidden_size) != cfg.hidden_size) else None,
+    lambda cfg: None if cfg.legacy else "an MLM head that multiplies by the word embeddings itself "
+    "(legacy=False: its output embeddings name the head's dense map, not the unembedding)")
+_DEBERTA_MAPS = lambda cfg: None if not (cfg.relative_attention and cfg.pos_att_type) else (  # noqa: E731
+    "its attention scores add to each q·k the query's product with relative-position keys and the key's with "
+    "relative-position queries (disentangled attention: c2p, p2c), and divide by √(d_head·(1 + terms)): the "
+    "weights' W_Q and W_K are how queries and keys read the stream, but their bilinear form (QK circuits, "
+    "Q/K-composition) is the content-to-content term alone; the stream, its decomposition, patching and "
+    "attention patterns are exact")
+
 ENCODERS: dict[str, ArchSpec] = {
     "bert": _BERT,
     "roberta": _ROBERTA, "xlm-roberta": _ROBERTA, "camembert": _ROBERTA, "data2vec-text": _ROBERTA,
@@ -77,12 +114,29 @@ ENCODERS: dict[str, ArchSpec] = {
         mlp_in="ffn.lin1", mlp_gate=None, mlp_down="ffn.lin2",
         head_transform=("vocab_transform", "activation", "vocab_layer_norm"), causal=False,
     ),
-    "modernbert": ArchSpec(
-        family="ModernBERT encoder (pre-LayerNorm, none before block 0's attention, fused projections)",
-        layers="layers", embeds={"embed": "embeddings.tok_embeddings"}, embed_norm="embeddings.norm",
-        final_norm="final_norm", block_norms={"ln_attn_in": "attn_norm", "ln_mlp_in": "mlp_norm"},
-        attn_out="attn.Wo", mlp_out="mlp", qkv=("attn.Wqkv",), qkv_layout="blocks",
-        mlp_in="mlp.Wi", mlp_gate="mlp.Wi", mlp_layout="gate_up", mlp_down="mlp.Wo",
-        head_transform="head", causal=False,
-    ),
+    "modernbert": _MODERNBERT,
+    "deberta-v2": replace(  # (DeBERTa-v3 too: no position embeddings in the stream, no token types)
+        _BERT, family="DeBERTa-v2 encoder (post-LayerNorm, LayerNorm on the embeddings, disentangled "
+        "attention)",
+        embeds={**_BERT.embeds, "pos_embed": "embeddings.position_embeddings"}, causal=False,
+        qkv=("attention.self.query_proj", "attention.self.key_proj", "attention.self.value_proj"),
+        refuse=_DEBERTA_REFUSE, maps_caveat=_DEBERTA_MAPS),
+    "modernbert-decoder": replace(  # ModernBERT's block with separate projections and a causal mask
+        _MODERNBERT, family="ModernBERT decoder (pre-LayerNorm, none before block 0's attention)",
+        qkv=("attn.q_proj", "attn.k_proj", "attn.v_proj"), qkv_layout="separate", head_transform="lm_head",
+        causal=True),
+    "eurobert": _BIDI_LLAMA,
+    "nomic_bert": _NOMIC,
+    "gte": replace(  # (its down_proj and q, k, v, o with biases)
+        _NOMIC, family="GTE encoder (post-LayerNorm, LayerNorm on the embeddings, rotary, gated MLP)",
+        head_transform=_ROBERTA.head_transform),
+    "jina_embeddings_v3": replace(
+        _NOMIC, family="Jina Embeddings v3 encoder (post-LayerNorm, LayerNorm on the embeddings, rotary)",
+        mlp_in="mlp.fc1", mlp_gate=None, mlp_down="mlp.fc2", head_transform=_ROBERTA.head_transform),
+    "mpnet": replace(  # a bias on the scores by relative position, shared by the blocks (the eager patterns')
+        _BERT, family="MPNet encoder (post-LayerNorm, LayerNorm on the embeddings, relative position bias)",
+        embeds={"embed": "embeddings.word_embeddings", "pos_embed": "embeddings.position_embeddings"},
+        attn_out="attention.attn.o", qkv=("attention.attn.q", "attention.attn.k", "attention.attn.v"),
+        block_norms={"ln_resid_attn": "attention.LayerNorm", "ln_resid_mlp": "output.LayerNorm"},
+        head_transform=_ROBERTA.head_transform, causal=False, refuse=lambda cfg: None),
 }

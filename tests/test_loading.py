@@ -245,6 +245,12 @@ def test_unsupported_architecture_is_named():
     (lambda: tf.BigBirdForMaskedLM(tf.BigBirdConfig(vocab_size=257, hidden_size=32, num_hidden_layers=1,
                                                     num_attention_heads=4, attention_type="original_full",
                                                     rescale_embeddings=True)), "rescale_embeddings"),
+    (lambda: tf.DebertaV2ForMaskedLM(tf.DebertaV2Config(vocab_size=257, hidden_size=32, num_hidden_layers=1,
+                                                        num_attention_heads=4, conv_kernel_size=3)),
+     "conv_kernel_size"),
+    (lambda: tf.DebertaV2ForMaskedLM(tf.DebertaV2Config(vocab_size=257, hidden_size=32, num_hidden_layers=1,
+                                                        num_attention_heads=4, embedding_size=16)),
+     "embed_proj"),
     (lambda: tf.HyperCLOVAXForCausalLM(tf.HyperCLOVAXConfig(
         vocab_size=257, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, residual_multiplier=0.5)),
      "residual_multiplier other than 1"),
@@ -543,6 +549,16 @@ def test_queries_keys_and_values_clamped_after_their_projections_are_said_at_loa
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         rs.load(build_clipped(None), tokenizer=ByteTokenizer())
+
+
+def test_disentangled_attention_is_said_at_load():
+    """DeBERTa-v2's scores add query × relative-position-key and key × relative-position-query
+    terms to q·k: W_Q and W_K are how its queries and keys read the stream, but their product
+    is only the content term. The load says so; the stream stays exact (its battery)."""
+    from tiny_hf import build
+
+    with pytest.warns(UserWarning, match=r"disentangled attention.*content-to-content term alone"):
+        rs.load(build("deberta-v2_mlm"), tokenizer=ByteTokenizer())
 
 
 def test_queries_scaled_by_position_are_said_at_load():

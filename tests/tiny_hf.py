@@ -334,6 +334,34 @@ BUILDERS = {
         **COMMON, intermediate_size=128, max_position_embeddings=128, attention_type="original_full"))),
     "distilbert_mlm": _random_biases(lambda: tf.DistilBertForMaskedLM(tf.DistilBertConfig(
         vocab_size=257, dim=64, n_layers=3, n_heads=4, hidden_dim=128, max_position_embeddings=128))),
+    # DeBERTa-v3's disentangled attention (c2p, p2c; 16 log buckets), no positions or types in the stream;
+    # DeBERTa-v2's with learned positions, token types and separate position projections
+    "deberta-v2_mlm": _random_biases(lambda: tf.DebertaV2ForMaskedLM(tf.DebertaV2Config(
+        **COMMON, intermediate_size=128, max_position_embeddings=128, relative_attention=True,
+        pos_att_type=["p2c", "c2p"], position_biased_input=False, position_buckets=16,
+        norm_rel_ebd="layer_norm", share_att_key=True, max_relative_positions=-1, initializer_range=0.1))),
+    "deberta-v2_mlm_v2": _random_biases(lambda: tf.DebertaV2ForMaskedLM(tf.DebertaV2Config(
+        **COMMON, intermediate_size=128, max_position_embeddings=128, relative_attention=True,
+        pos_att_type=["p2c", "c2p"], position_biased_input=True, type_vocab_size=2, share_att_key=False,
+        initializer_range=0.1))),
+    "modernbert-decoder_causal": _random_biases(lambda: tf.ModernBertDecoderForCausalLM(  # windows of 4
+        tf.ModernBertDecoderConfig(
+            **COMMON, intermediate_size=96, max_position_embeddings=128, pad_token_id=0, bos_token_id=1,
+            eos_token_id=2, cls_token_id=1, sep_token_id=2, local_attention=8, attention_bias=True,
+            mlp_bias=True, norm_bias=True, classifier_bias=True,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"]))),
+    "eurobert_mlm": _random_biases(_llama_like(tf.EuroBertConfig, tf.EuroBertForMaskedLM, head_dim=16,
+                                               attention_bias=True, mlp_bias=True, pad_token_id=0,
+                                               bos_token_id=1, eos_token_id=2, mask_token_id=3)),
+    # post-LayerNorm blocks with rotary: NomicBERT's and GTE's gated MLPs, Jina v3's GELU MLP
+    "nomic_bert_mlm": _random_biases(lambda: tf.NomicBertForMaskedLM(tf.NomicBertConfig(
+        **COMMON, intermediate_size=96, max_position_embeddings=128))),
+    "gte_mlm": _random_biases(lambda: tf.GteForMaskedLM(tf.GteConfig(
+        **COMMON, intermediate_size=96, max_position_embeddings=128, type_vocab_size=2, pad_token_id=0))),
+    "jina_embeddings_v3_mlm": _random_biases(lambda: tf.JinaEmbeddingsV3ForMaskedLM(tf.JinaEmbeddingsV3Config(
+        **COMMON, intermediate_size=128, max_position_embeddings=128, pad_token_id=0))),
+    "mpnet_mlm": _random_biases(lambda: tf.MPNetForMaskedLM(tf.MPNetConfig(  # relative position bias
+        **COMMON, intermediate_size=128, max_position_embeddings=130, initializer_range=0.1))),
 }
 
 
