@@ -58,9 +58,11 @@ class ModulePaths:
     projection to ``[gate | up]`` (Phi-3). ``mlp_out_in_place``: the block adds to the MLP's
     output tensor in place after the module returns (Falcon), so a hook keeps a copy of it.
     ``unembed_in``: a linear map without a bias between the final stream and the unembedding
-    (OPT-350m's ``project_out``), folded into ``W_U``. ``lm_head`` is the nonlinear transform applied
-    before the unembedding, if the model has one (an MLM head): module paths from the root,
-    applied in turn, ``"act:NAME"`` an activation of transformers' ``ACT2FN``.
+    (OPT-350m's ``project_out``), folded into ``W_U``. ``unembed_bias``: the unembedding's bias, a
+    parameter beside its Linear (ESM's ``lm_head.bias``), from the root. ``lm_head`` is the
+    nonlinear transform applied before the unembedding, if the model has one (an MLM head):
+    module paths from the root, applied in turn, ``"act:NAME"`` an activation of transformers'
+    ``ACT2FN``.
     """
 
     layers: tuple[str, ...]
@@ -79,6 +81,7 @@ class ModulePaths:
     qk_norm_offset: float = 0.0
     mlp_out_in_place: bool = False
     unembed_in: str | None = None
+    unembed_bias: str | None = None
 
 
 @dataclass(frozen=True, eq=False, repr=False)

@@ -58,6 +58,9 @@ class ArchSpec:
     # a linear map without a bias from the final stream to the unembedding's input (OPT-350m's
     # project_out), folded into W_U, so the unembedding still reads the stream's own directions
     unembed_in: str | None = None
+    # the unembedding's bias where the head keeps it beside its Linear, not in it (ESM's lm_head.bias,
+    # added to lm_head.decoder's output), relative to the top model
+    unembed_bias: str | None = None
     # RMSNorms on the queries and keys after their projections (Qwen3, OLMo 2, Gemma 3),
     # relative to a block: their gains scale each head's W_Q / W_K (``LayerWeights.g_Q``)
     qk_norms: tuple[str, str] | None = None

@@ -176,6 +176,7 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
                 _has(base, f"{layer_paths[0]}.{p}") for p in spec.qk_norms) else None,
             qk_norm_offset=spec.weight_offset, mlp_out_in_place=spec.mlp_out_in_place,
             unembed_in=full(spec.unembed_in) if spec.unembed_in and _has(base, spec.unembed_in) else None,
+            unembed_bias=spec.unembed_bias if has_lm_head and spec.unembed_bias else None,
         ),
         has_lm_head=has_lm_head, lm_head_note=lm_head_note, alpha=alpha,
         has_attn_bias=getattr(attn0, "bias", None) is not None,

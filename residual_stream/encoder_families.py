@@ -52,6 +52,15 @@ _NOMIC = ArchSpec(
     embeds={"embed": "embeddings.word_embeddings", "type_embed": "embeddings.token_type_embeddings"},
     block_norms={"ln_resid_attn": "post_attention_layernorm", "ln_resid_mlp": "post_mlp_layernorm"},
     head_transform="cls.predictions.transform", causal=False)
+# ESM: ESM-2's rotary checkpoints scale the token embeddings inside the embeddings module
+# (token_dropout: a mask token's zeroed, the rest × 0.88 / (1 − the sequence's share of mask tokens)),
+# so the module's output is the embedding write; with learned positions or a LayerNorm in that module
+# the scaling falls between hooks (ESM-1b, ESM-1v), described only with token_dropout off
+_ESM_WHOLE = lambda cfg: cfg.position_embedding_type == "rotary" and not cfg.emb_layer_norm_before  # noqa: E731
+_ESM_REFUSE = any_of(_BERT.refuse, flag("is_folding_model", "ESMFold's folding trunk (is_folding_model)"),
+                     lambda cfg: "token embeddings scaled by the share of mask tokens (token_dropout) before "
+                     "learned positions are added or the embeddings' LayerNorm" if (
+                         cfg.token_dropout and not _ESM_WHOLE(cfg)) else None)
 
 # DeBERTa-v2's scores add, to q·k, each query's product with relative-position keys and each key's with
 # relative-position queries (c2p, p2c): maps of the position embeddings, which never enter the stream
@@ -115,6 +124,12 @@ ENCODERS: dict[str, ArchSpec] = {
         head_transform=("vocab_transform", "activation", "vocab_layer_norm"), causal=False,
     ),
     "modernbert": _MODERNBERT,
+    "esm": replace(  # rotary (ESM-2) or learned positions and a LayerNorm on the embeddings (ESM-1b)
+        _ROBERTA, family=f"ESM encoder ({_PRE})", placement="pre", embed_norm="embeddings.layer_norm",
+        embeds=lambda cfg: {"embed": "embeddings"} if _ESM_WHOLE(cfg) else {
+            "embed": "embeddings.word_embeddings", "pos_embed": "embeddings.position_embeddings"},
+        final_norm="encoder.emb_layer_norm_after", refuse=_ESM_REFUSE, unembed_bias="lm_head.bias",
+        block_norms={"ln_attn_in": "attention.LayerNorm", "ln_mlp_in": "LayerNorm"}),
     "deberta-v2": replace(  # (DeBERTa-v3 too: no position embeddings in the stream, no token types)
         _BERT, family="DeBERTa-v2 encoder (post-LayerNorm, LayerNorm on the embeddings, disentangled "
         "attention)",

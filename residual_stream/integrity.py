@@ -82,13 +82,14 @@ def refuse_missing(module: nn.Module, anatomy: Anatomy, missing: Iterable[str], 
 
     ``missing``: ``from_pretrained``'s ``missing_keys`` (initialized at random). A key is used
     when it lies in a module the anatomy names (blocks, embeddings, norms, the LM head's
-    transform, the map into the unembedding) or is the input embedding's (which OPT-350m's
-    named embedding, ``project_in``, reads) or the unembedding's; others (BERT's pooler)
-    never reach the stream.
+    transform, the map into the unembedding and a bias beside it) or is the input embedding's
+    (which OPT-350m's named embedding, ``project_in``, reads) or the unembedding's; others
+    (BERT's pooler) never reach the stream.
     """
     p = anatomy.modules
     used = [*p.layers, *p.embeds.values(), *p.norms.values(),
-            *(s for s in p.lm_head or () if not s.startswith("act:")), *filter(None, [p.unembed_in])]
+            *(s for s in p.lm_head or () if not s.startswith("act:")),
+            *filter(None, [p.unembed_in, p.unembed_bias])]
     ends = [getattr(module, f"get_{e}_embeddings", lambda: None)() for e in ("input", "output")]
     used += [name for name, m in module.named_modules() if any(m is e for e in ends if e is not None)]
     bad = sorted(k for k in missing if any(k == u or k.startswith(u + ".") for u in used))

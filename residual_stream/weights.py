@@ -337,6 +337,8 @@ def unembedding(model: nn.Module, anatomy, *, native: bool = False) -> Unembed:
     if head is None:
         raise NotAvailableError(anatomy.lm_head_note or "this model has no LM head")
     bias, W_U = bias_of(head), as_in_out(head, native=native)
+    if bias is None and anatomy.modules.unembed_bias:  # beside the Linear (ESM's lm_head.bias)
+        bias = model.get_parameter(anatomy.modules.unembed_bias).detach().float()
     if anatomy.modules.unembed_in:  # folded in float32: [d_model, d_proj] @ [d_proj, d_vocab]
         W_U = (as_in_out(model.get_submodule(anatomy.modules.unembed_in)) @ W_U.float()).to(W_U.dtype)
     transform = None

@@ -251,6 +251,11 @@ def test_unsupported_architecture_is_named():
     (lambda: tf.DebertaV2ForMaskedLM(tf.DebertaV2Config(vocab_size=257, hidden_size=32, num_hidden_layers=1,
                                                         num_attention_heads=4, embedding_size=16)),
      "embed_proj"),
+    (lambda: tf.EsmForMaskedLM(tf.EsmConfig(vocab_size=257, hidden_size=32, num_hidden_layers=1,
+                                            num_attention_heads=4, intermediate_size=64, mask_token_id=101,
+                                            pad_token_id=0,
+                                            position_embedding_type="absolute", token_dropout=True)),
+     "token_dropout"),
     (lambda: tf.HyperCLOVAXForCausalLM(tf.HyperCLOVAXConfig(
         vocab_size=257, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, residual_multiplier=0.5)),
      "residual_multiplier other than 1"),

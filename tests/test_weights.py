@@ -21,8 +21,8 @@ from residual_stream.twins import twin
 REL = 1e-4
 NO_ROTARY = {"gpt2", "gpt_bigcode", "bert", "roberta", "distilbert", "gpt_neo", "twin"}
 SCORE_SCALE = {"gpt_neo": 1.0}  # GPT-Neo does not divide its scores by sqrt(d_head)
-# activations that the config does not name (BLOOM's tanh GELU, MPT's exact one, in their code)
-ACTIVATIONS = {"bloom": "gelu_pytorch_tanh", "mpt": "gelu",
+# activations that the config does not name (BLOOM's tanh GELU, MPT's and ESM's exact one, in their code)
+ACTIVATIONS = {"bloom": "gelu_pytorch_tanh", "mpt": "gelu", "esm": "gelu",
                "openai-gpt": "gelu_new"}  # (GPT-1's afn "gelu" is its gelu_new)
 # xIELU: each layer's activation has parameters of its own
 LEARNED_ACTIVATIONS = {"apertus", "apertus1p5_text"}

@@ -334,6 +334,13 @@ BUILDERS = {
         **COMMON, intermediate_size=128, max_position_embeddings=128, attention_type="original_full"))),
     "distilbert_mlm": _random_biases(lambda: tf.DistilBertForMaskedLM(tf.DistilBertConfig(
         vocab_size=257, dim=64, n_layers=3, n_heads=4, hidden_dim=128, max_position_embeddings=128))),
+    # ESM-2: rotary, token_dropout ('e' the mask token: its embedding zeroed, the rest scaled per text)
+    "esm_mlm": _random_biases(lambda: tf.EsmForMaskedLM(tf.EsmConfig(
+        **COMMON, intermediate_size=128, max_position_embeddings=128, pad_token_id=0, mask_token_id=101,
+        position_embedding_type="rotary", token_dropout=True, emb_layer_norm_before=False))),
+    "esm_mlm_absolute": _random_biases(lambda: tf.EsmForMaskedLM(tf.EsmConfig(  # ESM-1b's, token_dropout off
+        **COMMON, intermediate_size=128, max_position_embeddings=130, pad_token_id=0, mask_token_id=101,
+        position_embedding_type="absolute", token_dropout=False, emb_layer_norm_before=True))),
     # DeBERTa-v3's disentangled attention (c2p, p2c; 16 log buckets), no positions or types in the stream;
     # DeBERTa-v2's with learned positions, token types and separate position projections
     "deberta-v2_mlm": _random_biases(lambda: tf.DebertaV2ForMaskedLM(tf.DebertaV2Config(
