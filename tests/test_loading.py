@@ -208,6 +208,12 @@ def test_unsupported_architecture_is_named():
     assert all(torch.equal(v, before[k]) for k, v in mamba.state_dict().items())  # left as it was
 
 
+def _one_block(model_cls, config_cls, **options):
+    """A builder of a one-block model of ``model_cls``, 32 wide with 4 heads, and ``options``."""
+    return lambda: model_cls(config_cls(vocab_size=257, hidden_size=32, num_hidden_layers=1,
+                                        num_attention_heads=4, **options))
+
+
 @pytest.mark.parametrize("build_variant, variant", [
     (lambda: tf.PhiForCausalLM(tf.PhiConfig(vocab_size=257, hidden_size=32, num_hidden_layers=1,
                                             num_attention_heads=4, qk_layernorm=True)), "qk_layernorm"),
@@ -234,30 +240,16 @@ def test_unsupported_architecture_is_named():
         vocab_size=257, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_local_experts=2,
         num_experts_per_tok=1, intermediate_size=16, shared_intermediate_size=16, bos_token_id=1,
         eos_token_id=2)), "shared MLP"),
-    (lambda: tf.ElectraForMaskedLM(tf.ElectraConfig(vocab_size=257, hidden_size=32, embedding_size=16,
-                                                    num_hidden_layers=1, num_attention_heads=4)),
-     "embeddings_project"),
-    (lambda: tf.RoFormerForMaskedLM(tf.RoFormerConfig(vocab_size=257, hidden_size=32, embedding_size=16,
-                                                      num_hidden_layers=1, num_attention_heads=4)),
-     "embeddings_project"),
-    (lambda: tf.BigBirdForMaskedLM(tf.BigBirdConfig(vocab_size=257, hidden_size=32, num_hidden_layers=1,
-                                                    num_attention_heads=4)), "block-sparse attention"),
-    (lambda: tf.BigBirdForMaskedLM(tf.BigBirdConfig(vocab_size=257, hidden_size=32, num_hidden_layers=1,
-                                                    num_attention_heads=4, attention_type="original_full",
-                                                    rescale_embeddings=True)), "rescale_embeddings"),
-    (lambda: tf.DebertaV2ForMaskedLM(tf.DebertaV2Config(vocab_size=257, hidden_size=32, num_hidden_layers=1,
-                                                        num_attention_heads=4, conv_kernel_size=3)),
-     "conv_kernel_size"),
-    (lambda: tf.DebertaV2ForMaskedLM(tf.DebertaV2Config(vocab_size=257, hidden_size=32, num_hidden_layers=1,
-                                                        num_attention_heads=4, embedding_size=16)),
-     "embed_proj"),
-    (lambda: tf.EsmForMaskedLM(tf.EsmConfig(vocab_size=257, hidden_size=32, num_hidden_layers=1,
-                                            num_attention_heads=4, intermediate_size=64, mask_token_id=101,
-                                            pad_token_id=0,
-                                            position_embedding_type="absolute", token_dropout=True)),
-     "token_dropout"),
-    (lambda: tf.HyperCLOVAXForCausalLM(tf.HyperCLOVAXConfig(
-        vocab_size=257, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, residual_multiplier=0.5)),
+    (_one_block(tf.ElectraForMaskedLM, tf.ElectraConfig, embedding_size=16), "embeddings_project"),
+    (_one_block(tf.RoFormerForMaskedLM, tf.RoFormerConfig, embedding_size=16), "embeddings_project"),
+    (_one_block(tf.BigBirdForMaskedLM, tf.BigBirdConfig), "block-sparse attention"),
+    (_one_block(tf.BigBirdForMaskedLM, tf.BigBirdConfig, attention_type="original_full",
+                rescale_embeddings=True), "rescale_embeddings"),
+    (_one_block(tf.DebertaV2ForMaskedLM, tf.DebertaV2Config, conv_kernel_size=3), "conv_kernel_size"),
+    (_one_block(tf.DebertaV2ForMaskedLM, tf.DebertaV2Config, embedding_size=16), "embed_proj"),
+    (_one_block(tf.EsmForMaskedLM, tf.EsmConfig, intermediate_size=64, mask_token_id=101, pad_token_id=0,
+                position_embedding_type="absolute", token_dropout=True), "token_dropout"),
+    (_one_block(tf.HyperCLOVAXForCausalLM, tf.HyperCLOVAXConfig, residual_multiplier=0.5),
      "residual_multiplier other than 1"),
 ])
 def test_a_variant_of_a_supported_family_that_no_row_describes_is_refused(build_variant, variant):
