@@ -13,6 +13,7 @@ the model's own parameters, buffers and settings are never touched.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -136,13 +137,22 @@ def norm_calls(anatomy: Anatomy, names: list[str]) -> list[list[str]]:
     roles at different points take a call each (nanochat's one norm module, run on the
     embeddings and again on the final stream).
     """
+    if len(names) == 1:  # a module of its own (most): one call
+        return [list(names)]
+    at = _norm_states(anatomy)
+    return [[n for n in names if at.get(n, -1) == s] for s in sorted(set(at.get(n, -1) for n in names))]
+
+
+@functools.lru_cache(maxsize=32)  # per anatomy (hashed by identity), not per pass
+def _norm_states(anatomy: Anatomy) -> dict[str, int]:
+    """Each norm role's stream state: how many changes of the stream come before its first use."""
     state, at = 0, {}
     for op in anatomy.program:
         role = op.norm if isinstance(op, (Read, Norm)) else op.via if isinstance(op, Add) else None
-        if role in names:
+        if role is not None:
             at.setdefault(role, state)
         state += isinstance(op, (Add, Norm, Scale))
-    return [[n for n in names if at.get(n, -1) == s] for s in sorted(set(at.get(n, -1) for n in names))]
+    return at
 
 
 def _norm_hook(anatomy: Anatomy, calls: list[list[str]], out: Captured, verify: bool, keep):
