@@ -1,6 +1,6 @@
 """Rules of the architecture table: functions of a model's config that its rows name.
 
-A row (``families.ArchSpec``) is data; where a family's options change what it describes,
+A row (``arch_spec.ArchSpec``) is data; where a family's options change what it describes,
 the row names one of these: which norms a block has, which variants are refused, what a
 load warns of, how many experts a token uses.
 """
