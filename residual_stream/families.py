@@ -85,6 +85,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     # added to early blocks' streams, come only with images)
     "qwen2_5_vl_text": replace(LLAMA, family="Qwen2.5-VL text decoder (Qwen2's: pre-RMSNorm, biases on q, k "
                                "and v; multimodal rotary)"),
+    "qwen2_vl_text": replace(LLAMA, family="Qwen2-VL text decoder (Qwen2's: pre-RMSNorm, biases on q, k and "
+                             "v; multimodal rotary)"),
     "qwen3_vl_text": replace(LLAMA, family="Qwen3-VL text decoder (Qwen3's: pre-RMSNorm, RMSNorm on q and "
                              "k; multimodal rotary)", qk_norms=QK_NORMS),
     "hunyuan_v1_dense": replace(LLAMA, family="Hunyuan decoder (pre-RMSNorm, rotary, RMSNorm on q and k "
@@ -358,4 +360,5 @@ ARCHITECTURES: dict[str, ArchSpec] = {
 # that model, by the row of its own model_type (``config.get_text_config()``); images are no part
 # of the stream program
 CONTAINERS: dict[str, str] = {"gemma3": "language_model", "mistral3": "language_model",
-                              "qwen2_5_vl": "language_model", "qwen3_vl": "language_model"}
+                              "qwen2_vl": "language_model", "qwen2_5_vl": "language_model",
+                              "qwen3_vl": "language_model"}

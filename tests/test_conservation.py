@@ -143,7 +143,8 @@ def test_every_supported_family_has_a_tiny_model_here():
     assert built | {"rs-twin"} == set(rs.supported_architectures())
 
 
-@pytest.mark.parametrize("name", ["gemma3", "mistral3", "mistral3_ministral3", "qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("name", ["gemma3", "mistral3", "mistral3_ministral3", "qwen2_vl", "qwen2_5_vl",
+                                  "qwen3_vl"])
 def test_a_multimodal_container_gives_its_text_models_stream(name):
     """A multimodal container (Gemma 3 4B, Mistral Small 3.1) on text alone is its text model:
     described by the text model's row at the text model's paths, it gives the stream, every

@@ -245,6 +245,9 @@ BUILDERS = {
     "qwen2_5_vl": _random_biases(lambda: tf.Qwen2_5_VLForConditionalGeneration(tf.Qwen2_5_VLConfig(
         text_config=dict(TEXT, rope_parameters=MROPE),
         vision_config=dict(QWEN_VISION, fullatt_block_indexes=[0])))),
+    "qwen2_vl": _random_biases(lambda: tf.Qwen2VLForConditionalGeneration(tf.Qwen2VLConfig(
+        text_config=dict(TEXT, rope_parameters=MROPE), vision_config=dict(
+            depth=1, embed_dim=16, hidden_size=64, num_heads=2, mlp_ratio=2)))),
     "qwen3_vl": lambda: tf.Qwen3VLForConditionalGeneration(tf.Qwen3VLConfig(
         text_config=dict(TEXT, rope_parameters=dict(MROPE, mrope_interleaved=True)), vision_config=dict(
             QWEN_VISION, deepstack_visual_indexes=[0], num_position_embeddings=16))),
