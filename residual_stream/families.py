@@ -19,6 +19,7 @@ from .family_rules import (
     clipped,
     dense_layer_types,
     falcon_norms,
+    first_dense,
     flag,
     llama4_queries,
     opt_norms,
@@ -119,7 +120,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                           f"k, {SHARED_AFTER_DENSE})"),
     "dots1": replace(MOE, family=f"dots.llm1 decoder (pre-RMSNorm, RMSNorm on q and k, "
                      f"{SHARED_AFTER_DENSE})", qk_norms=QK_NORMS,
-                     d_mlp_keys=with_dense("intermediate_size", lambda cfg: cfg.first_k_dense_replace > 0,
+                     d_mlp_keys=with_dense("intermediate_size", first_dense,
                                            "moe_intermediate_size", "moe_intermediate_size*n_shared_experts"),
                      routing=routing_of(experts="n_routed_experts")),
     "hy_v3": replace(MOE, family=f"Hy3 decoder (pre-RMSNorm, RMSNorm on q and k, {SHARED_AFTER_DENSE})",
@@ -181,8 +182,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                           routing=routing_of(experts="n_routed_experts")),
     "mellum": replace(MOE, family="Mellum decoder (pre-RMSNorm, RMSNorm on q and k, sliding windows, "
                       "mixture-of-experts MLPs, dense ones where configured)", qk_norms=QK_NORMS,
-                      d_mlp_keys=lambda cfg: ("moe_intermediate_size", *(
-                          ("intermediate_size",) if "dense" in cfg.mlp_layer_types else ())),
+                      d_mlp_keys=with_dense("intermediate_size", dense_layer_types, "moe_intermediate_size"),
                       routing=routing_of(experts="num_experts")),
     "phimoe": replace(MOE, family="PhiMoE decoder (pre-LayerNorm, mixture-of-experts MLPs)"),
     "gpt_oss": replace(MOE, family="gpt-oss decoder (pre-RMSNorm, mixture-of-experts MLPs, "

@@ -103,10 +103,9 @@ def qwen_moe_widths(*moe_keys: str) -> Callable[[object], tuple[str, ...]]:
     The dense MLPs' ``intermediate_size`` counts where some blocks have one
     (``mlp_only_layers``, a ``decoder_sparse_step`` over 1, or no experts at all).
     """
-    def keys(cfg) -> tuple[str, ...]:
-        dense = bool(cfg.mlp_only_layers) or cfg.decoder_sparse_step > 1 or not cfg.num_experts
-        return (*moe_keys, "intermediate_size") if dense else moe_keys
-    return keys
+    def dense(cfg) -> bool:
+        return bool(cfg.mlp_only_layers) or cfg.decoder_sparse_step > 1 or not cfg.num_experts
+    return with_dense("intermediate_size", dense, *moe_keys)
 
 
 def with_dense(dense_key: str, has_dense: Callable[[object], bool], *moe_keys: str):
@@ -116,6 +115,11 @@ def with_dense(dense_key: str, has_dense: Callable[[object], bool], *moe_keys: s
     config gives its width (Cohere 2 MoE's dense MLPs take the experts' where it does not).
     """
     return lambda cfg: (*moe_keys, dense_key) if has_dense(cfg) and config_value(cfg, dense_key) else moe_keys
+
+
+def first_dense(cfg) -> bool:
+    """Whether the first ``first_k_dense_replace`` blocks have dense MLPs (DeepSeek's, dots1's)."""
+    return cfg.first_k_dense_replace > 0
 
 
 def dense_layer_types(cfg) -> bool:

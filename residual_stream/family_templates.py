@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .arch_spec import ArchSpec
-from .family_rules import dense_layer_types, flag, routing_of, with_dense
+from .family_rules import dense_layer_types, first_dense, flag, routing_of, with_dense
 
 LLAMA = ArchSpec(
     family="Llama-style decoder (pre-RMSNorm, rotary)",
@@ -49,7 +49,7 @@ GATE_UP = dict(mlp_in="mlp.gate_up_proj", mlp_gate="mlp.gate_up_proj", mlp_layou
 
 MOE_MAPS = dict(routing=routing_of())  # the MLP paths name a dense block's (GLM-4-MoE's first)
 MOE = replace(LLAMA, family="Mixtral decoder (pre-RMSNorm, mixture-of-experts MLPs)",
-               d_mlp_keys=("intermediate_size",), **MOE_MAPS)
+              d_mlp_keys=("intermediate_size",), **MOE_MAPS)
 # multi-head latent attention: queries, keys and values through low-rank maps with an RMSNorm
 # between; the modules reading the stream are the row's qkv, and there are no linear W_Q/W_K/W_V
 DEEPSEEK = replace(
@@ -57,7 +57,7 @@ DEEPSEEK = replace(
     "with shared experts after the first dense ones)", qkv_layout="latent",
     qkv=lambda cfg: ("self_attn.q_a_proj" if cfg.q_lora_rank else "self_attn.q_proj",
                      "self_attn.kv_a_proj_with_mqa"),
-    d_mlp_keys=with_dense("intermediate_size", lambda cfg: cfg.first_k_dense_replace > 0,
+    d_mlp_keys=with_dense("intermediate_size", first_dense,
                           "moe_intermediate_size", "moe_intermediate_size*n_shared_experts"),
     routing=routing_of(experts="n_routed_experts"))
 MLA_DENSE = replace(LLAMA, qkv_layout="latent", qkv=DEEPSEEK.qkv)  # latent attention, one dense MLP
@@ -66,13 +66,13 @@ MLA_MOE = replace(DEEPSEEK, d_mlp_keys=with_dense(  # dense blocks where mlp_lay
     "moe_intermediate_size*n_shared_experts"))
 MLA = "multi-head latent attention"
 GLM4_NORMS = {"ln_attn_in": "input_layernorm", "ln_attn_out": "post_self_attn_layernorm",
-               "ln_mlp_in": "post_attention_layernorm", "ln_mlp_out": "post_mlp_layernorm"}
+              "ln_mlp_in": "post_attention_layernorm", "ln_mlp_out": "post_mlp_layernorm"}
 SHARED_AFTER_DENSE = "mixture-of-experts MLPs with shared experts after the first dense ones"
 GLM4_MOE = replace(MOE, family=f"GLM-4-MoE decoder (pre-RMSNorm, partial rotary, {SHARED_AFTER_DENSE})",
-                    qk_norms=QK_NORMS,
-                    d_mlp_keys=("intermediate_size", "moe_intermediate_size",
-                                "moe_intermediate_size*n_shared_experts"),
-                    routing=routing_of(experts="n_routed_experts"))
+                   qk_norms=QK_NORMS,
+                   d_mlp_keys=("intermediate_size", "moe_intermediate_size",
+                               "moe_intermediate_size*n_shared_experts"),
+                   routing=routing_of(experts="n_routed_experts"))
 
 
 # Hunyuan's q/k norms follow the rotary embedding. An RMS is the same either side of it, so
@@ -97,10 +97,10 @@ GRANITE = replace(
                              "ln_mlp_out": cfg.residual_multiplier},
     logit_scale=lambda cfg: 1.0 / cfg.logits_scaling)
 GRANITE_MOE = replace(GRANITE, family="Granite MoE decoder (pre-RMSNorm, mixture-of-experts MLPs; "
-                       "embedding, write and logit multipliers)", mlp_out="block_sparse_moe",
-                       d_mlp_keys=("intermediate_size",), **MOE_MAPS,
-                       refuse=flag("shared_intermediate_size", "a shared MLP beside the experts (its "
-                                   "output and theirs are summed into one write by the block)"))
+                      "embedding, write and logit multipliers)", mlp_out="block_sparse_moe",
+                      d_mlp_keys=("intermediate_size",), **MOE_MAPS,
+                      refuse=flag("shared_intermediate_size", "a shared MLP beside the experts (its "
+                                  "output and theirs are summed into one write by the block)"))
 PERI = {"ln_attn_out": "post_norm1", "ln_mlp_out": "post_norm2"}
 PERI_SCALED = ("a residual_multiplier other than 1 after the RMSNorm on each write (use_post_norm): a norm "
-                "and then a constant on one write")
+               "and then a constant on one write")

@@ -155,8 +155,11 @@ def qkv_columns(layout: str, n_heads: int, n_kv: int, d_head: int) -> tuple[Tens
     ``[q | k | v]`` (GPT-2, Phi-3, GPTBigCode's one key/value head); ``"per_head"``, ``[head:
     q k v]`` (NeoX); ``"groups"``, ``[kv head: its query heads, k, v]`` (Falcon's new decoder);
     ``"shards4"``, ``[shard of 4: q | v | k]``, each shard a quarter of the width (CodeGen,
-    trained on 4 model-parallel shards).
+    trained on 4 model-parallel shards). ``"latent"`` (multi-head latent attention) has no such
+    columns: ``NotAvailableError``.
     """
+    if layout == "latent":  # no per-head columns: the queries, keys and values are not projections
+        raise NotAvailableError(LATENT)
     rep = n_heads // n_kv
     if layout == "separate":
         return tuple(torch.arange(n * d_head) for n in (n_heads, n_kv, n_kv))

@@ -185,12 +185,12 @@ def _widest_hidden_layer(module) -> int:
 def test_shared_experts_count_as_wide_as_they_are(name, shared):
     """DeepSeek-style shared experts are one MLP, an expert's width times how many there are:
     with 3 of them it is the widest hidden layer (``d_mlp`` took one expert's width before)."""
-    config = build(name).config
-    setattr(config, shared, 3)
-    module = type(build(name))(config).eval()
+    built = build(name)
+    setattr(built.config, shared, 3)
+    module = type(built)(built.config).eval()
     anatomy = rs.load(module, tokenizer=ByteTokenizer()).anatomy
-    shared = {m.down_proj.in_features for n, m in module.named_modules() if n.endswith("shared_experts")}
-    assert anatomy.d_mlp == _widest_hidden_layer(module) == max(shared)
+    widths = {m.down_proj.in_features for n, m in module.named_modules() if n.endswith("shared_experts")}
+    assert anatomy.d_mlp == _widest_hidden_layer(module) == max(widths)
 
 
 def test_experts_described_in_a_nested_config_are_read_from_it():

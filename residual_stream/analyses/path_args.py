@@ -14,10 +14,10 @@ import torch
 from torch import Tensor
 
 from ..devices import parameter
-from ..errors import InputError, NotAvailableError, UnknownNameError
+from ..errors import InputError, UnknownNameError
 from ..program import Add, Embed, Mark, Read
 from ..walk import component_of
-from ..weights import LATENT, has_mlp_maps, qkv_columns
+from ..weights import has_mlp_maps, qkv_columns
 
 LOGITS = "logits"  # the receiver that is the unembedding's read
 CHANNELS = ("q", "k", "v")
@@ -147,8 +147,6 @@ def _head_reading(trace, block: str, head: int, channel: str) -> Reading:
     it, so that only that head's changes.
     """
     a = trace.anatomy
-    if a.modules.qkv_layout == "latent":
-        raise NotAvailableError(f"{LATENT} (receive at the whole attention, 'L3.attn', instead)")
     c, d, layout = CHANNELS.index(channel), a.d_head, a.modules.qkv_layout
     group = head if c == 0 else head // (a.n_heads // a.n_kv_heads)  # its key/value head
     columns = qkv_columns(layout, a.n_heads, a.n_kv_heads, d)[c].view(-1, d)[group]
