@@ -12,8 +12,9 @@ Two statistics are not means and use a stated approximation or a bound:
 * quantiles of the stream norm (median, 5th, 95th percentile) come from a histogram with
   ``LOG_BINS`` log-spaced bins between ``NORM_RANGE``; the estimate interpolates
   geometrically inside the bin holding the order statistic, so it is within one bin width
-  (``BIN_WIDTH`` ≈ 0.58 % relative) of ``torch.quantile`` on the same values; norms outside
-  the range are clamped into the end bins;
+  (``BIN_WIDTH`` ≈ 0.58 % relative) of ``torch.quantile`` on the same values; a norm of
+  exactly 0 (a zeroed embedding, as ESM's token dropout gives a mask token) has a bin of its
+  own and reads 0; other norms outside the range are clamped into the end bins;
 * massive activations keep the ``top_k`` largest by magnitude (and the total number found);
   the logit lens's median rank is exact (an integer histogram over the vocabulary).
 
@@ -172,23 +173,33 @@ class Accumulator:
 
 
 def log_histogram(values: Tensor, weights: Tensor | None = None) -> Tensor:
-    """Counts of ``values [point, n]`` in the ``LOG_BINS`` log-spaced bins (clamped), per point.
+    """Counts of ``values [point, n]`` in ``1 + LOG_BINS`` bins per point: zeros, then log-spaced.
 
-    ``weights [n]`` (0 or 1) selects which of the ``n`` values count, without indexing.
+    Column 0 counts values ≤ 0 (a norm is 0 exactly when its vector is); columns
+    ``1..LOG_BINS`` are the log-spaced bins between ``NORM_RANGE``, the end ones taking what
+    lies outside it. ``weights [n]`` (0 or 1) selects which of the ``n`` values count, without
+    indexing.
     """
-    idx = (torch.bucketize(values.double(), _EDGES.to(values.device)) - 1).clamp(0, LOG_BINS - 1)
-    offset = torch.arange(values.shape[0], device=values.device)[:, None] * LOG_BINS
+    log_bin = (torch.bucketize(values.double(), _EDGES.to(values.device)) - 1).clamp(0, LOG_BINS - 1)
+    idx = torch.where(values > 0, log_bin + 1, 0)
+    width = LOG_BINS + 1
+    offset = torch.arange(values.shape[0], device=values.device)[:, None] * width
     w = None if weights is None else weights.to(torch.float64).expand_as(idx).flatten()
-    counts = torch.bincount((idx + offset).flatten(), weights=w, minlength=values.shape[0] * LOG_BINS)
-    return counts.round().to(torch.int64).view(values.shape[0], LOG_BINS)
+    counts = torch.bincount((idx + offset).flatten(), weights=w, minlength=values.shape[0] * width)
+    return counts.round().to(torch.int64).view(values.shape[0], width)
 
 
 def _order_statistic(row: Tensor, cum: Tensor, k: int) -> float:
-    """Estimate of the ``k``-th smallest value (0-based) from one histogram row: inside its bin."""
+    """Estimate of the ``k``-th smallest value (0-based) from one histogram row: inside its bin.
+
+    Bin 0 holds exact zeros; log bin ``b ≥ 1`` spans ``_EDGES[b - 1]`` to ``_EDGES[b]``.
+    """
     b = int(torch.searchsorted(cum, torch.tensor(k), right=True))
-    before = int(cum[b - 1]) if b else 0
+    if b == 0:
+        return 0.0
+    before = int(cum[b - 1])
     frac = (k - before + 0.5) / max(int(row[b]), 1)
-    lo, hi = float(_EDGES[b]), float(_EDGES[b + 1])
+    lo, hi = float(_EDGES[b - 1]), float(_EDGES[b])
     return lo * (hi / lo) ** min(max(frac, 0.0), 1.0)
 
 
@@ -198,7 +209,7 @@ def histogram_quantile(counts: Tensor, q: float) -> Tensor:
     ``torch.quantile`` interpolates linearly between the order statistics at ranks
     ``floor(q (n − 1))`` and the next; each is estimated inside its own bin (geometric
     interpolation by rank within the bin), so the result is within one bin width
-    (``BIN_WIDTH``, relative) of the exact quantile.
+    (``BIN_WIDTH``, relative) of the exact quantile; an order statistic that is 0 reads 0.
     """
     out = []
     for row in counts.cpu():

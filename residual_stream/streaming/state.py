@@ -28,13 +28,14 @@ from .corpus import Corpus
 from .ledger import Ledger
 from .tokenize import fingerprint as tokenizer_fingerprint
 
-STATE_VERSION = 9  # 2: batches within segments, named (segment, index); 3: stats by spec, lens kl_sq;
+STATE_VERSION = 10  # 2: batches within segments, named (segment, index); 3: stats by spec, lens kl_sq;
 # 4: batches by length (config "order"), growth's first-token sums, the lens's open texts;
 # 5: a corpus of files fingerprinted by names, sizes and ends, not path and mtime;
 # 6: a text longer than a segment cut into parts, each a segment (growth's massive "char");
 #    the segments' token counts ("ledger"); 7: the model's shape, dtype and weights ("weights");
 # 8: the tokenizer ("tokenizer"), the statistics in any order ("stats" sorted);
-# 9: the weights' fingerprint over every value ("weights")
+# 9: the weights' fingerprint over every value ("weights");
+# 10: growth's norm histograms gain a bin of their own for norms of exactly 0 (column 0)
 
 
 def scan_config(model, corpus: Corpus, stats: list[str], batch_size: int, seq_len: int,
