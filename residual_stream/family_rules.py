@@ -24,7 +24,8 @@ def config_width(cfg, key: str) -> int:
     """A width from ``cfg``: one key's value, or the product of keys joined by ``*``.
 
     Shared experts are ``moe_intermediate_size*n_shared_experts`` wide; a factor the config
-    lacks counts 0.
+    leaves unset counts 0 (a model without shared experts). Every row's keys are fields of its
+    config class, which the tests check, so a misspelt key cannot pass as unset.
     """
     width = 1
     for factor in key.split("*"):

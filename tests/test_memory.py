@@ -193,6 +193,35 @@ def test_shared_experts_count_as_wide_as_they_are(name, shared):
     assert anatomy.d_mlp == _widest_hidden_layer(module) == max(widths)
 
 
+def _width_rows() -> list[str]:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from residual_stream.families import ARCHITECTURES
+
+    return [t for t, spec in ARCHITECTURES.items() if spec.d_mlp_keys and t in CONFIG_MAPPING]
+
+
+@pytest.mark.parametrize("model_type", _width_rows())
+def test_every_width_key_names_a_field_of_its_config(model_type):
+    """``config_width`` counts a factor the config leaves unset (``None``) as 0: a model without
+    shared experts has none. A misspelt key would count 0 as well and lower ``d_mlp`` silently, so
+    every factor of every row's width keys (dotted paths into nested configs included) must be a
+    field the model type's config class defines, checked on its default config."""
+    import transformers as tf
+
+    from residual_stream.architectures import _read
+    from residual_stream.families import ARCHITECTURES
+
+    cfg = tf.AutoConfig.for_model(model_type)
+    keys = _read(ARCHITECTURES[model_type].d_mlp_keys, cfg)
+    assert keys
+    for factor in (f for key in keys for f in key.split("*")):
+        value = cfg
+        for part in factor.split("."):
+            assert hasattr(value, part), f"{model_type}: {factor!r} is not a field of its config"
+            value = getattr(value, part)
+
+
 def test_experts_described_in_a_nested_config_are_read_from_it():
     """DBRX keeps its experts' width and routing in ``ffn_config``: ``d_mlp`` is one expert's
     hidden width, read here from the weights (its experts' ``w1`` stacks [expert·hidden, d_model],
