@@ -16,7 +16,7 @@ from .anatomy import Anatomy, ModulePaths
 from .arch_spec import ArchSpec
 from .devices import parameter
 from .errors import UnsupportedArchitectureError
-from .families import ARCHITECTURES, CONTAINERS
+from .families import ARCHITECTURES, CONTAINERS, TEXT_LMS
 from .family_rules import config_width
 from .norms import NormSpec
 from .program import compile_program
@@ -25,7 +25,18 @@ from .tl_compat import wrapped
 
 def supported_architectures() -> list[str]:
     """The ``config.model_type`` values this version can describe (multimodal containers included)."""
-    return sorted({*ARCHITECTURES, *CONTAINERS})
+    return sorted({*ARCHITECTURES, *CONTAINERS, *TEXT_LMS})
+
+
+def has_lm_head(module: nn.Module) -> bool:
+    """Whether ``module`` has output embeddings (an LM head), so logits."""
+    return getattr(module, "get_output_embeddings", lambda: None)() is not None
+
+
+def text_lm(model: nn.Module) -> nn.Module:
+    """``model``, or the whole text LM of a multimodal container that holds one (``families.TEXT_LMS``)."""
+    path = TEXT_LMS.get(getattr(getattr(model, "config", None), "model_type", None))
+    return model if path is None else model.get_submodule(path)
 
 
 def _spec_for(config: object) -> ArchSpec:
@@ -195,8 +206,18 @@ def _text_model(model: nn.Module) -> tuple[object, nn.Module]:
     """
     path = CONTAINERS.get(getattr(model.config, "model_type", None))
     if path is None:
-        return model.config, model.base_model
-    return model.config.get_text_config(), model.base_model.get_submodule(path)
+        return model.config, _base_model(model)
+    return model.config.get_text_config(), _base_model(model).get_submodule(path)
+
+
+def _base_model(model: nn.Module) -> nn.Module:
+    """``model.base_model``, or the conventional ``model`` child of a head model whose body it misses.
+
+    ``Llama4ForCausalLM``'s ``base_model_prefix`` (``"language_model"``) names no attribute of
+    it, so ``base_model`` is the head model itself; its body is ``model``.
+    """
+    base = model.base_model
+    return model.model if base is model and isinstance(getattr(model, "model", None), nn.Module) else base
 
 
 def _read(field, config: object):

@@ -2,6 +2,7 @@
 
 transformers' own bars (loading weights) answer to its switch; its GGUF reader's bar is a
 plain ``tqdm`` that does not, so its module's name for it is swapped while a file is read.
+Its load report (a table of unused weights) is held back where they are unused on purpose.
 """
 
 from __future__ import annotations
@@ -26,6 +27,25 @@ def framework_bars(shown: bool) -> Iterator[None]:
     finally:
         if hide:
             hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def quiet_load_report(quiet: bool) -> Iterator[None]:
+    """Hold back transformers' load report while ``quiet`` (its errors still show).
+
+    Loading a multimodal container's text LM alone (Llama 4's) leaves the vision tower's
+    weights unused on purpose: the report would list each of them as unexpected.
+    """
+    import logging
+
+    log = logging.getLogger("transformers.modeling_utils")
+    level = log.level
+    if quiet:
+        log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def terminal_bars() -> contextlib.AbstractContextManager[None]:

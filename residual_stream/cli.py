@@ -141,12 +141,14 @@ def _models(args: argparse.Namespace) -> int:
 
 def _families(args: argparse.Namespace) -> int:
     from .architectures import supported_architectures
-    from .families import ARCHITECTURES, CONTAINERS
+    from .families import ARCHITECTURES, CONTAINERS, TEXT_LMS
 
     for model_type in supported_architectures():
+        path = CONTAINERS.get(model_type) or TEXT_LMS.get(model_type)
+        alone = ", loaded alone" if model_type in TEXT_LMS else ""
         print(f"{model_type:<16} " + (ARCHITECTURES[model_type].family if model_type in ARCHITECTURES else
-                                      f"the text model ({CONTAINERS[model_type]}) of a multimodal model, "
-                                      "described by its text config's row"))
+                                      f"the text model ({path}) of a multimodal model, described by its "
+                                      f"text config's row{alone}"))
     return 0
 
 

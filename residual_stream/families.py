@@ -21,7 +21,9 @@ from .family_rules import (
     falcon_norms,
     first_dense,
     flag,
+    llama4_dense,
     llama4_queries,
+    llama4_temperature,
     opt_norms,
     qwen_moe_widths,
     routing_of,
@@ -71,6 +73,15 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "apertus1p5_text": replace(APERTUS, family=APERTUS.family.replace("Apertus", "Apertus 1.5")),
     "ministral3": replace(LLAMA, family="Ministral 3 decoder (pre-RMSNorm, rotary, queries scaled by "
                           "position beyond the original context)", maps_caveat=llama4_queries),
+    # Llama 4's text model: the L2 norm on q and k (after the rotary embedding) has no gains; the router's
+    # sigmoid scores scale each expert's input, and a shared expert sees every token
+    "llama4_text": replace(
+        MOE, family="Llama 4 decoder (pre-RMSNorm; rotary, chunked attention and parameterless RMSNorm on q "
+        "and k in most blocks, no positions in the rest; mixture-of-experts MLPs with a shared expert, dense "
+        "ones between in Maverick)", mlp_out="feed_forward", mlp_in="feed_forward.up_proj",
+        mlp_gate="feed_forward.gate_proj", mlp_down="feed_forward.down_proj",
+        d_mlp_keys=with_dense("intermediate_size_mlp", llama4_dense, "intermediate_size"),
+        maps_caveat=llama4_temperature),
     "jais2": replace(LLAMA, family="Jais 2 decoder (pre-LayerNorm, rotary, MLP without a gate)",
                      mlp_gate=None),
     "vaultgemma": replace(LLAMA, family="VaultGemma decoder (pre-RMSNorm with (1+γ), scaled embeddings)",
@@ -362,3 +373,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
 CONTAINERS: dict[str, str] = {"gemma3": "language_model", "mistral3": "language_model",
                               "qwen2_vl": "language_model", "qwen2_5_vl": "language_model",
                               "qwen3_vl": "language_model"}
+# Multimodal containers whose text model is a whole LM, head included (Llama 4's language_model, a
+# Llama4ForCausalLM): on text alone that LM is the model, so rs.load analyses it (the same weights;
+# transformers 5.24's Llama4ForConditionalGeneration.forward fails on text alone), and a saved folder
+# loads only it (AutoModelForCausalLM: the vision tower stays on disk)
+TEXT_LMS: dict[str, str] = {"llama4": "language_model"}

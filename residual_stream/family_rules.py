@@ -64,6 +64,26 @@ def llama4_queries(cfg) -> str | None:
         "decomposition, patching and attention patterns are exact")
 
 
+def llama4_temperature(cfg) -> str | None:
+    """A ``maps_caveat``: Llama 4's queries scaled by position in its blocks without rotary embedding.
+
+    By 1 + a·log(1 + ⌊(p + 1) / f⌋), a the ``attn_scale`` and f the ``floor_scale``
+    (``attn_temperature_tuning``): 1 before position f − 1.
+    """
+    if not cfg.attn_temperature_tuning or all(cfg.no_rope_layers):
+        return None
+    f, a = cfg.floor_scale, cfg.attn_scale
+    return (f"from position {f - 1} on, the queries of its blocks without rotary embedding are multiplied by "
+            f"1 + {a}·log(1 + ⌊(position + 1) / {f}⌋) (attn_temperature_tuning): the weights' W_Q "
+            "(composition, read attribution of queries) describes them before that factor; the stream, its "
+            "decomposition, patching and attention patterns are exact")
+
+
+def llama4_dense(cfg) -> bool:
+    """Whether some Llama 4 blocks have a dense MLP (``moe_layers`` not all of them; Maverick's)."""
+    return len(cfg.moe_layers) < cfg.num_hidden_layers
+
+
 def any_of(*rules: Callable[[object], str | None]) -> Callable[[object], str | None]:
     """A ``refuse`` rule: the first of ``rules`` that refuses the config."""
     return lambda cfg: next((why for why in (rule(cfg) for rule in rules) if why), None)

@@ -8,7 +8,8 @@ cached as safetensors under ``$RESIDUAL_STREAM_CACHE`` (default ``~/.cache/resid
 keyed by the file's sha256, so later loads take a few seconds.
 
 A model object passed in is wrapped as it is: its attention implementation, weights,
-device, dtype and hooks are left alone.
+device, dtype and hooks are left alone (a Llama 4 container is analysed through its text LM,
+``language_model``, which holds the same tensors).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from .anatomy import Anatomy
-from .architectures import describe
-from .bars import framework_bars, gguf_bar
+from .architectures import describe, has_lm_head, text_lm
+from .bars import framework_bars, quiet_load_report
 from .devices import check_device_map, home_device, resolve_device, resolve_dtype
 from .errors import (
     CorruptModelFileError,
@@ -36,7 +36,9 @@ from .errors import (
     UnsupportedArchitectureError,
     layer_index,
 )
-from .files import look_up, sha256
+from .families import TEXT_LMS
+from .files import look_up
+from .gguf_cache import gguf_cache
 from .integrity import (
     check_tokenizer,
     refuse_extra_layers,
@@ -110,19 +112,15 @@ def wrap(module: nn.Module, tokenizer: object, *, name: str, source: str = "obje
         raise UnsupportedArchitectureError(
             f"a {type(module).__name__} is not a transformers model: load a Hugging Face model "
             "(PreTrainedModel), a TransformerLens bridge, a twin, a path or a registry name")
+    module = text_lm(module)  # Llama 4's container: its language_model, a whole LM
     arch = getattr(module.config, "architectures", None) or [type(module).__name__]
-    has_head = _has_head(module)
+    has_head = has_lm_head(module)
     entry = REGISTRY.get(name)
     note = entry.lm_head_note if entry and entry.lm_head_note else (
         "" if has_head else f"{arch[0]} has no LM head, so logits and the logit lens are not "
         "available; load a *ForCausalLM / *ForMaskedLM checkpoint for them")
     return Model(module, tokenizer, describe(module, has_lm_head=has_head, lm_head_note=note),
                  name, source)
-
-
-def _has_head(module: nn.Module) -> bool:
-    """Whether ``module`` has output embeddings (an LM head), so logits."""
-    return getattr(module, "get_output_embeddings", lambda: None)() is not None
 
 
 def load(
@@ -241,7 +239,7 @@ def _load_file(path: Path, dev: torch.device, dt: torch.dtype, progress: bool, p
             raise InputError("twins are small and load on one device: drop device_map")
         return _load_twin(path, dev, dt)
     if path.is_file() and path.suffix == ".gguf":
-        folder = _gguf_cache(path, progress)
+        folder = gguf_cache(path, progress)
         try:
             return _from_folder(folder, dev, dt, placement, tokenizer)
         except CorruptModelFileError as e:  # the copy is ours (its weights were checked): made again
@@ -250,7 +248,7 @@ def _load_file(path: Path, dev: torch.device, dt: torch.dtype, progress: bool, p
             print(f"residual-stream: the cached copy does not load ({e}); making it again",
                   file=sys.stderr, flush=True)
             shutil.rmtree(folder, ignore_errors=True)
-            return _from_folder(_gguf_cache(path, progress), dev, dt, placement, tokenizer)
+            return _from_folder(gguf_cache(path, progress), dev, dt, placement, tokenizer)
     if path.is_dir() and (path / "config.json").exists():
         validate_safetensors(path)
         return _from_folder(path, dev, dt, placement, tokenizer)
@@ -276,6 +274,8 @@ def _load_twin(folder: Path, dev: torch.device, dt: torch.dtype):
 def _auto_class(config):
     import transformers
 
+    if config.model_type in TEXT_LMS:  # a container holding a whole text LM: that LM alone
+        return transformers.AutoModelForCausalLM
     archs = getattr(config, "architectures", None) or []
     for arch in archs:
         if arch.endswith(LM_HEAD_SUFFIXES) and hasattr(transformers, arch):
@@ -289,10 +289,11 @@ def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, placement: di
 
     try:
         config = AutoConfig.from_pretrained(folder, local_files_only=True, **kw)
-        model, info = _auto_class(config).from_pretrained(
-            folder, config=config, dtype=dt, local_files_only=True, use_safetensors=True,
-            output_loading_info=True, **(placement or {}), **kw)
-        anatomy = describe(model, has_lm_head=_has_head(model))
+        with quiet_load_report(config.model_type in TEXT_LMS):  # a container's vision tower: unused
+            model, info = _auto_class(config).from_pretrained(
+                folder, config=config, dtype=dt, local_files_only=True, use_safetensors=True,
+                output_loading_info=True, **(placement or {}), **kw)
+        anatomy = describe(model, has_lm_head=has_lm_head(model))
         refuse_missing(model, anatomy, info.get("missing_keys", ()), str(folder))
         refuse_extra_layers(anatomy, info.get("unexpected_keys", ()), str(folder))
         tok = tokenizer  # the caller's (``load(..., tokenizer=)``), else the folder's, checked
@@ -306,82 +307,6 @@ def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, placement: di
             f"could not load the model in {str(folder)!r}: {type(e).__name__}: "
             f"{str(e).splitlines()[0][:300]}. Re-download or reinstall it.") from e
     return (model if placement else model.to(dev)), tok
-
-
-def _cache_root() -> Path:
-    return Path(os.environ.get("RESIDUAL_STREAM_CACHE", "~/.cache/residual_stream")).expanduser()
-
-
-def _gguf_cache(path: Path, progress: bool) -> Path:
-    """A dequantized safetensors copy of a GGUF file, made once and keyed by its sha256."""
-    with open(path, "rb") as fh:
-        if fh.read(4) != b"GGUF":
-            raise CorruptModelFileError(f"{str(path)!r} is not a GGUF file (bad magic bytes)")
-    target = _cache_root() / "gguf" / sha256(path)[:24]
-    if (target / "config.json").exists():
-        try:
-            validate_safetensors(target)
-            return target
-        except CorruptModelFileError as e:  # the cache is ours: made again, not a dead end
-            print(f"residual-stream: the cached copy is damaged ({e}); making it again",
-                  file=sys.stderr, flush=True)
-            shutil.rmtree(target, ignore_errors=True)
-    if progress:
-        print(f"residual-stream: first load of {path.name}: dequantizing (about 20 s); the float "
-              f"copy is cached in {target}", file=sys.stderr, flush=True)
-    with gguf_bar(progress):
-        model, tok, missing = _from_gguf(path)
-    refuse_non_finite(model, str(path))  # before the copy: a refused model leaves no cache
-    refuse_missing(model, describe(model, has_lm_head=_has_head(model)), missing, str(path))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".partial-"))
-    try:
-        _save_float_copy(model, tok, tmp)
-        os.replace(tmp, target)
-    except BaseException as e:  # interrupted or failed: no partial copy is left behind
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not isinstance(e, OSError) or not (target / "config.json").exists():
-            raise  # (an OSError with the target there: another process made it first)
-    if progress:
-        print("residual-stream: cached.", file=sys.stderr, flush=True)
-    return target
-
-
-def _save_float_copy(model: nn.Module, tok: object, folder: Path) -> None:
-    """Save a dequantized model as safetensors + config (``save_pretrained`` refuses GGUF-loaded models)."""
-    import copy
-
-    from safetensors.torch import save_model
-
-    config = copy.deepcopy(model.config)
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    config.architectures = [type(model).__name__]
-    config.save_pretrained(folder)
-    save_model(model, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    tok.save_pretrained(folder)
-
-
-def _from_gguf(path: Path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    try:
-        model, info = AutoModelForCausalLM.from_pretrained(
-            path.parent, gguf_file=path.name, dtype=torch.float32, local_files_only=True,
-            output_loading_info=True)
-        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
-    except Exception as e:  # gguf raises ValueError, struct.error, KeyError, IndexError ...
-        if isinstance(e, ValueError) and "is not supported yet" in str(e):  # transformers' words
-            raise UnsupportedArchitectureError(
-                f"{str(path)!r} is a well-formed GGUF file, but transformers cannot read its "
-                f"architecture ({str(e).splitlines()[0][:200]}); see rs.list_models() and the "
-                "README for the supported families, or convert the model to a Hugging Face "
-                "folder of a supported one") from e
-        raise CorruptModelFileError(
-            f"could not read GGUF file {str(path)!r} ({type(e).__name__}: "
-            f"{str(e).splitlines()[0][:200] if str(e) else ''}); it is corrupt or truncated: "
-            "reinstall or re-download it") from e
-    return model, tok, info.get("missing_keys", ())
 
 
 def _load_hub_cache(hub_id: str, dev: torch.device, dt: torch.dtype, placement: dict,

@@ -299,6 +299,37 @@ def test_a_multimodal_checkpoint_loads_with_its_lm_head(tmp_path):
     assert max_rel_error(logits, trace.logits, trace.attention_mask) <= REL_F32
 
 
+def test_a_llama4_checkpoint_loads_its_text_model_alone(tmp_path, caplog):
+    """Llama 4 (Scout, Maverick) ships as ``Llama4ForConditionalGeneration``, whose text model
+    is a whole ``Llama4ForCausalLM``: a saved folder loads that LM alone (none of the vision
+    tower's weights, and no report listing them as unused), and a container passed in is
+    analysed through its ``language_model`` (the same tensors). Both give the logits of the
+    container's own text LM (transformers 5.24's container forward fails on text alone), and
+    ``Llama4ForCausalLM``'s body is found though its ``base_model_prefix`` names no attribute."""
+    container = build("llama4")
+    container.save_pretrained(tmp_path / "llama4")
+    with pytest.warns(UserWarning, match="attn_temperature_tuning"), caplog.at_level("WARNING"):
+        loaded = rs.load(tmp_path / "llama4", tokenizer=ByteTokenizer())
+    assert not [r for r in caplog.records if "LOAD REPORT" in r.getMessage()]
+    assert type(loaded.module).__name__ == "Llama4ForCausalLM"
+    assert not any(n.startswith(("vision_model", "multi_modal_projector"))
+                   for n, _ in loaded.module.named_parameters())
+    text = container.language_model
+    assert sum(p.numel() for p in loaded.module.parameters()) == sum(p.numel() for p in text.parameters())
+    with pytest.warns(UserWarning, match="attn_temperature_tuning"):
+        passed = rs.load(container, tokenizer=ByteTokenizer())
+    assert passed.module is text and passed.anatomy.modules.layers[0] == "model.layers.0"
+    assert loaded.anatomy.architecture == passed.anatomy.architecture == "llama4_text"
+    for model in (loaded, passed):
+        trace = rs.trace(model, TEXTS)
+        assert trace.check().ok
+        with torch.no_grad():
+            logits = text(input_ids=trace.tokens, attention_mask=trace.attention_mask).logits
+        assert max_rel_error(trace.logits, logits, trace.attention_mask) <= REL_F32
+        assert max_rel_error(model.unembed().logits(trace.stream("final")), logits,
+                             trace.attention_mask) <= REL_F32
+
+
 def test_model_object_without_tokenizer():
     """An InputError that shows how (it was ModelNotFoundError: the model was found)."""
     with pytest.raises(InputError, match=r"LlamaForCausalLM object carries no tokenizer: pass its "
@@ -420,19 +451,19 @@ def test_a_config_field_of_the_wrong_type_is_a_corrupt_model_file(tmp_path):
 
 
 def test_an_interrupted_gguf_copy_leaves_no_partial_folder(tmp_path, cache, monkeypatch):
-    from residual_stream import loading
+    from residual_stream import gguf_cache
 
     fake = tmp_path / "m.gguf"
     fake.write_bytes(b"GGUF" + bytes(64))
-    monkeypatch.setattr(loading, "_from_gguf", lambda path: (build("llama"), None, ()))  # checked first
+    monkeypatch.setattr(gguf_cache, "from_gguf", lambda path: (build("llama"), None, ()))  # checked first
 
     def interrupted(model, tok, folder):
         (folder / "config.json").write_text("{}")
         raise KeyboardInterrupt  # Ctrl-C while the copy is written
 
-    monkeypatch.setattr(loading, "_save_float_copy", interrupted)
+    monkeypatch.setattr(gguf_cache, "save_float_copy", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        loading._gguf_cache(fake, progress=False)
+        gguf_cache.gguf_cache(fake, progress=False)
     assert list((cache / "gguf").iterdir()) == []
 
 
@@ -440,12 +471,12 @@ def test_an_interrupted_gguf_copy_leaves_no_partial_folder(tmp_path, cache, monk
 def test_a_damaged_gguf_cache_is_made_again(smollm2, tmp_path, monkeypatch, capsys):
     """The float copy of a GGUF file is the package's own cache: a truncated one is found on
     the next load and made again (it is keyed by the GGUF's hash, so nothing else repairs it)."""
-    from residual_stream import loading
+    from residual_stream import gguf_cache
 
     real = registry.REGISTRY["smollm2-135m"].location()
-    made = loading._gguf_cache(real, progress=False)  # the session's copy (``smollm2`` made it)
+    made = gguf_cache.gguf_cache(real, progress=False)  # the session's copy (``smollm2`` made it)
     monkeypatch.setenv("RESIDUAL_STREAM_CACHE", str(tmp_path / "cache"))
-    target = loading._cache_root() / "gguf" / made.name
+    target = gguf_cache.cache_root() / "gguf" / made.name
     shutil.copytree(made, target)
     weights = target / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:2_000_000])

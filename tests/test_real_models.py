@@ -92,13 +92,13 @@ def test_smollm2_matches_transformer_lens_bridge(smollm2):
 
 @pytest.mark.slow
 def test_gguf_loads_from_cache_the_second_time(monkeypatch):
-    from residual_stream import loading
+    from residual_stream import gguf_cache
 
     def fail(path):
         raise AssertionError("dequantized again instead of using the cache")
 
     rs.load("smollm2-135m", progress=False)  # makes the cache if the fixture has not
-    monkeypatch.setattr(loading, "_from_gguf", fail)
+    monkeypatch.setattr(gguf_cache, "from_gguf", fail)
     model = rs.load("smollm2-135m", progress=False)
     assert model.anatomy.n_layers == 30
     assert torch.isfinite(next(model.module.parameters())).all()

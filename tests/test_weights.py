@@ -15,6 +15,7 @@ from transformers.activations import ACT2FN
 from transformers.models.falcon.modeling_falcon import build_alibi_tensor
 
 import residual_stream as rs
+from residual_stream.hookio import by_token
 from residual_stream.inputs import ByteTokenizer
 from residual_stream.twins import twin
 
@@ -102,7 +103,8 @@ def test_weights_rebuild_attention_and_mlp(name):
             mlp = model.module.get_submodule(model.anatomy.modules.mlp_out[L])
             with torch.no_grad():
                 out = mlp(x)
-            out = out[0] if isinstance(out, tuple) else out  # gpt-oss: (write, router scores)
+            out = out[0] if isinstance(out, tuple) else out  # gpt-oss, Llama 4: (write, router scores)
+            out = by_token(out, mask.shape)  # Llama 4's experts: flattened tokens [batch·pos, d]
             assert max_rel_error(out, trace.mlp_write(L), mask) <= REL, f"mlp, layer {L}"
             continue
         pre = x @ w.W_in + (0 if w.b_in is None else w.b_in)
@@ -214,3 +216,33 @@ def test_codegen_shards_split_as_transformers_slices_them(n_heads):
     W = module.transformer.h[0].attn.qkv_proj.weight.detach().T  # [d_model, 3·d_model]
     for mine, cols_of in ((w.W_Q, want[0]), (w.W_K, want[1]), (w.W_V, want[2])):
         assert torch.equal(mine, W[:, cols_of].unflatten(-1, (n_heads, d_head)).permute(1, 0, 2))
+
+
+def test_llama4_scales_its_queries_by_position_where_it_has_no_rotary_embedding():
+    """What the Llama 4 load warning says, checked: in a block without rotary embedding the
+    model's pattern is the softmax of ``W_Q``/``W_K``'s scores with each query's row times
+    1 + a·log(1 + ⌊(p + 1) / f⌋), against the framework's eager patterns (without the factor
+    they differ); in its other blocks a key in another chunk of ``attention_chunk_size``
+    positions gets no weight."""
+    with pytest.warns(UserWarning, match=r"multiplied by 1 \+ 0.5·log\(1 \+ ⌊\(position \+ 1\) / 4⌋\)"):
+        model = rs.load(build("llama4_text"), tokenizer=ByteTokenizer())
+    cfg = model.module.config
+    trace = rs.trace(model, TEXTS)
+    pats, mask = patterns(model, trace), trace.attention_mask
+    L = cfg.no_rope_layers.index(0)
+    w, u = model.weights(L), trace.read_input(f"L{L}.attn")
+    q, k = (torch.einsum("bpd,hdk->bhpk", u, W) for W in (w.W_Q, w.W_K))
+    P = u.shape[1]
+    factor = 1 + cfg.attn_scale * torch.log1p(torch.floor((torch.arange(P) + 1.0) / cfg.floor_scale))
+    blocked = ~mask.bool()[:, None, None, :] | torch.ones(P, P).triu(1).bool()
+    real = mask.bool()[:, None, :, None].expand_as(pats[L])
+    for scale, close in ((factor[:, None], True), (1.0, False)):
+        scores = scale * (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        error = float((scores.masked_fill(blocked, float("-inf")).softmax(-1) - pats[L])[real].abs().max())
+        assert (error < 1e-5) == close, (scale, error)
+    chunk = cfg.attention_chunk_size
+    other_chunk = (torch.arange(P)[:, None] // chunk) != (torch.arange(P)[None, :] // chunk)
+    other_chunk = other_chunk & mask.bool()[:, None, :, None]  # from real queries (padding's are uniform)
+    assert other_chunk.any() and all(float(pats[i].masked_fill(~other_chunk, 0).abs().max()) == 0.0
+                                     for i in range(cfg.num_hidden_layers) if cfg.no_rope_layers[i])
+    assert float(pats[L].masked_fill(~other_chunk, 0).max()) > 0  # (the block without rotary: all keys)

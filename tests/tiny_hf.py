@@ -15,6 +15,9 @@ DEEPSEEK = dict(intermediate_size=96, max_position_embeddings=128, num_key_value
                 first_k_dense_replace=1, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16,
                 v_head_dim=16, initializer_range=0.1)
 TEXT = dict(COMMON, intermediate_size=96, num_key_value_heads=2, max_position_embeddings=128, head_dim=16)
+LLAMA4 = dict(TEXT, intermediate_size=48, intermediate_size_mlp=128, num_local_experts=4,
+              no_rope_layer_interval=3, floor_scale=4, attn_scale=0.5, attention_chunk_size=8, pad_token_id=0,
+              bos_token_id=1, eos_token_id=2)
 MROPE = dict(rope_type="default", rope_theta=1e6, mrope_section=[2, 3, 3])
 QWEN_VISION = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64)
 MLA = dict(max_position_embeddings=128, num_key_value_heads=4, kv_lora_rank=16, qk_rope_head_dim=8,
@@ -251,6 +254,14 @@ BUILDERS = {
     "qwen3_vl": lambda: tf.Qwen3VLForConditionalGeneration(tf.Qwen3VLConfig(
         text_config=dict(TEXT, rope_parameters=dict(MROPE, mrope_interleaved=True)), vision_config=dict(
             QWEN_VISION, deepstack_visual_indexes=[0], num_position_embeddings=16))),
+    # Llama 4: Maverick's interleaving (block 1 of experts between dense ones 128 wide), block 2 without
+    # rotary, its queries scaled from position 3 on (floor_scale 4), the others chunked by 8 positions;
+    # the container (Scout's: every block of experts, 2 a token) as it is saved, its text model a whole LM
+    "llama4_text": lambda: tf.Llama4ForCausalLM(tf.Llama4TextConfig(**LLAMA4, interleave_moe_layer_step=2)),
+    "llama4": lambda: tf.Llama4ForConditionalGeneration(tf.Llama4Config(
+        text_config=dict(LLAMA4, num_experts_per_tok=2), vision_config=dict(
+            hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=28,
+            patch_size=14, vision_output_dim=32, projector_input_dim=32, projector_output_dim=64))),
     "gpt_oss": lambda: _sinks(tf.GptOssForCausalLM(tf.GptOssConfig(  # its MLP returns (write, scores)
         **COMMON, intermediate_size=96, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
         head_dim=16, max_position_embeddings=128))),

@@ -1,0 +1,105 @@
+"""GGUF files: dequantized once into a cached safetensors folder, keyed by the file's sha256.
+
+``loading`` loads that folder as any other; the copy is checked (finite weights, none
+missing) before it is written, written to a temporary folder and renamed into place, and
+made again when it is found damaged.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .architectures import describe, has_lm_head
+from .bars import gguf_bar
+from .errors import CorruptModelFileError, UnsupportedArchitectureError
+from .files import sha256
+from .integrity import refuse_missing, refuse_non_finite, validate_safetensors
+
+
+def cache_root() -> Path:
+    """The package's cache folder: ``$RESIDUAL_STREAM_CACHE``, default ``~/.cache/residual_stream``."""
+    return Path(os.environ.get("RESIDUAL_STREAM_CACHE", "~/.cache/residual_stream")).expanduser()
+
+
+def gguf_cache(path: Path, progress: bool) -> Path:
+    """A dequantized safetensors copy of a GGUF file, made once and keyed by its sha256."""
+    with open(path, "rb") as fh:
+        if fh.read(4) != b"GGUF":
+            raise CorruptModelFileError(f"{str(path)!r} is not a GGUF file (bad magic bytes)")
+    target = cache_root() / "gguf" / sha256(path)[:24]
+    if (target / "config.json").exists():
+        try:
+            validate_safetensors(target)
+            return target
+        except CorruptModelFileError as e:  # the cache is ours: made again, not a dead end
+            print(f"residual-stream: the cached copy is damaged ({e}); making it again",
+                  file=sys.stderr, flush=True)
+            shutil.rmtree(target, ignore_errors=True)
+    if progress:
+        print(f"residual-stream: first load of {path.name}: dequantizing (about 20 s); the float "
+              f"copy is cached in {target}", file=sys.stderr, flush=True)
+    with gguf_bar(progress):
+        model, tok, missing = from_gguf(path)
+    refuse_non_finite(model, str(path))  # before the copy: a refused model leaves no cache
+    refuse_missing(model, describe(model, has_lm_head=has_lm_head(model)), missing, str(path))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".partial-"))
+    try:
+        save_float_copy(model, tok, tmp)
+        os.replace(tmp, target)
+    except BaseException as e:  # interrupted or failed: no partial copy is left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not isinstance(e, OSError) or not (target / "config.json").exists():
+            raise  # (an OSError with the target there: another process made it first)
+    if progress:
+        print("residual-stream: cached.", file=sys.stderr, flush=True)
+    return target
+
+
+def save_float_copy(model: nn.Module, tok: object, folder: Path) -> None:
+    """Save a dequantized model as safetensors + config (``save_pretrained`` refuses GGUF-loaded models)."""
+    import copy
+
+    from safetensors.torch import save_model
+
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.architectures = [type(model).__name__]
+    config.save_pretrained(folder)
+    save_model(model, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    tok.save_pretrained(folder)
+
+
+def from_gguf(path: Path):
+    """Dequantize a GGUF file with transformers: (float32 model, tokenizer, missing weights' names).
+
+    An architecture transformers cannot read is ``UnsupportedArchitectureError``; anything
+    else that fails is ``CorruptModelFileError``.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32, local_files_only=True,
+            output_loading_info=True)
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    except Exception as e:  # gguf raises ValueError, struct.error, KeyError, IndexError ...
+        if isinstance(e, ValueError) and "is not supported yet" in str(e):  # transformers' words
+            raise UnsupportedArchitectureError(
+                f"{str(path)!r} is a well-formed GGUF file, but transformers cannot read its "
+                f"architecture ({str(e).splitlines()[0][:200]}); see rs.list_models() and the "
+                "README for the supported families, or convert the model to a Hugging Face "
+                "folder of a supported one") from e
+        raise CorruptModelFileError(
+            f"could not read GGUF file {str(path)!r} ({type(e).__name__}: "
+            f"{str(e).splitlines()[0][:200] if str(e) else ''}); it is corrupt or truncated: "
+            "reinstall or re-download it") from e
+    return model, tok, info.get("missing_keys", ())
