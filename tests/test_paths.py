@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import TEXTS, hooks_of, metric_failing_after_clean
 from test_patching import CORRUPT, _diff, _setup
-from tiny_hf import GRANITE, build
+from tiny_hf import COMMON, GRANITE, MINICPM3, build
 
 import residual_stream as rs
 from residual_stream.errors import InputError, NotAvailableError, UnknownNameError
@@ -23,7 +23,7 @@ ATOL = 2e-6  # float32 logits (~1e-7 apart): the library's hooks add a differenc
 HEADS, KV = 4, {"llama": 2, "gemma2": 2, "olmo2": 2, "phi3": 2, "gpt_bigcode": 1, "mixtral": 2,  # d_model 64
                 "gpt_oss": 2, "granite": 2, "granitemoe": 2, "falcon": 1, "falcon_new": 2, "glm4_moe": 2,
                 "dbrx": 2, "nanochat": 2}
-MINICPM3_M = 1.4 / 3 ** 0.5  # MiniCPM3's tiny model's scale_depth / √layers
+MINICPM3_M = MINICPM3["scale_depth"] / COMMON["num_hidden_layers"] ** 0.5  # MiniCPM3's write multiplier
 ALPHA = 6 ** 0.25  # DeepNorm's α = (2N)^¼ for the twin's 3 blocks
 EMBED_M, WRITE_M = GRANITE["embedding_multiplier"], GRANITE["residual_multiplier"]  # Granite's
 

@@ -15,6 +15,7 @@ DEEPSEEK = dict(intermediate_size=96, max_position_embeddings=128, num_key_value
                 first_k_dense_replace=1, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16,
                 v_head_dim=16, initializer_range=0.1)
 TEXT = dict(COMMON, intermediate_size=96, num_key_value_heads=2, max_position_embeddings=128, head_dim=16)
+MINICPM3 = dict(scale_emb=3.0, scale_depth=1.4, dim_model_base=16)  # embedding, write and logit multipliers
 LLAMA4 = dict(TEXT, intermediate_size=48, intermediate_size_mlp=128, num_local_experts=4,
               no_rope_layer_interval=3, floor_scale=4, attn_scale=0.5, attention_chunk_size=8, pad_token_id=0,
               bos_token_id=1, eos_token_id=2)
@@ -220,11 +221,9 @@ BUILDERS = {
     "youtu": lambda: tf.YoutuForCausalLM(tf.YoutuConfig(**COMMON, **MLA, intermediate_size=96, q_lora_rank=24,
                                                       bos_token_id=1, eos_token_id=2)),
     "minicpm3": _random_biases(lambda: tf.MiniCPM3ForCausalLM(tf.MiniCPM3Config(
-        **COMMON, **MLA, intermediate_size=96, q_lora_rank=24, attention_bias=True, scale_emb=3.0,
-        scale_depth=1.4, dim_model_base=16))),
+        **COMMON, **MLA, intermediate_size=96, q_lora_rank=24, attention_bias=True, **MINICPM3))),
     "minicpm3_q": lambda: tf.MiniCPM3ForCausalLM(tf.MiniCPM3Config(  # queries by their own projection
-        **COMMON, **MLA, intermediate_size=96, q_lora_rank=None, scale_emb=3.0, scale_depth=1.4,
-        dim_model_base=16)),
+        **COMMON, **MLA, intermediate_size=96, q_lora_rank=None, **MINICPM3)),
     "flex_olmo": _llama_like(tf.FlexOlmoConfig, tf.FlexOlmoForCausalLM, num_experts=4, num_experts_per_tok=2,
                              pad_token_id=None, eos_token_id=2),
     # Cohere 2 MoE: a dense block, then experts with a shared MLP; LayerNorms, or RMSNorms and sigmoid routing
