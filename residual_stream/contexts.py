@@ -103,15 +103,26 @@ def eager_attention(model: nn.Module, on: bool) -> Iterator[None]:
     before = getattr(getattr(model, "config", None), "_attn_implementation", None)
     switch = on and hasattr(model, "set_attn_implementation") and before != "eager"
     if switch:
+        restore = _implementations(model.config)  # each sub-config's own: a tower's may take no SDPA
         _set_attention(model, "eager")
     try:
         yield
     finally:
         if switch:
-            _set_attention(model, before)
+            _set_attention(model, restore)
 
 
-def _set_attention(model: nn.Module, implementation: str) -> None:
+def _implementations(config) -> dict:
+    """``config``'s attention implementation and its sub-configs', as ``set_attn_implementation`` takes them.
+
+    A vision tower's may differ from the text model's: Apertus 1.5's vision tokenizer takes no SDPA.
+    """
+    subs = {k: _implementations(getattr(config, k)) for k in getattr(config, "sub_configs", {})
+            if getattr(config, k, None) is not None}
+    return {"": config._attn_implementation, **subs}
+
+
+def _set_attention(model: nn.Module, implementation: str | dict) -> None:
     """Set a Hugging Face model's attention implementation.
 
     transformers switches only models whose attention goes through its ``AttentionInterface``;
@@ -123,4 +134,5 @@ def _set_attention(model: nn.Module, implementation: str) -> None:
     if can_set():
         model.set_attn_implementation(implementation)
     else:
-        model.config._attn_implementation = implementation
+        model.config._attn_implementation = implementation if isinstance(implementation, str) else (
+            implementation[""])

@@ -197,6 +197,8 @@ def _float64_experts(module: nn.Module, *, ours: bool) -> None:
     """
     config = getattr(module, "config", None)
     kind = getattr(config, "_experts_implementation", None)
+    if kind in (None, "eager") and hasattr(config, "get_text_config"):  # its text model's (Kimi K2.5)
+        kind = getattr(config.get_text_config(), "_experts_implementation", None)
     if kind in (None, "eager") or not any(p.dtype == torch.float64 for p in module.parameters()):
         return
     if not ours:

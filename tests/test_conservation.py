@@ -144,18 +144,20 @@ def test_every_supported_family_has_a_tiny_model_here():
 
 
 @pytest.mark.parametrize("name", ["gemma3", "mistral3", "mistral3_ministral3", "qwen2_vl", "qwen2_5_vl",
-                                  "qwen3_vl"])
+                                  "qwen3_vl", "llava", "llava_next", "llava_onevision", "llava_next_video",
+                                  "vipllava", "internvl", "smolvlm", "idefics3", "ovis2", "lighton_ocr",
+                                  "exaone4_5", "kimi_k25", "apertus1p5"])
 def test_a_multimodal_container_gives_its_text_models_stream(name):
     """A multimodal container (Gemma 3 4B, Mistral Small 3.1) on text alone is its text model:
     described by the text model's row at the text model's paths, it gives the stream, every
     contribution and the logits of that model wrapped on its own (the same weights)."""
     container = hf_model(name)
-    text = container.module.model.language_model
+    path = CONTAINERS[container.module.config.model_type]  # language_model, or text_model (SmolVLM)
+    text = container.module.model.get_submodule(path)
     alone = rs.load(text, tokenizer=ByteTokenizer())
-    assert container.module.config.model_type in CONTAINERS
     assert container.anatomy.architecture == alone.anatomy.architecture == text.config.model_type
     layers = alone.anatomy.modules.layers
-    assert container.anatomy.modules.layers == tuple(f"model.language_model.{p}" for p in layers)
+    assert container.anatomy.modules.layers == tuple(f"model.{path}.{p}" for p in layers)
     assert container.anatomy.has_lm_head and not alone.anatomy.has_lm_head
     both, one = rs.trace(container, TEXTS), rs.trace(alone, TEXTS)
     for L in range(container.anatomy.n_layers + 1):

@@ -284,15 +284,19 @@ def test_a_float64_model_of_experts_runs_its_experts_one_by_one(tmp_path):
     assert rs.trace(rs.load(module, tokenizer=ByteTokenizer()), ["hello world"]).check().ok
 
 
-def test_a_multimodal_checkpoint_loads_with_its_lm_head(tmp_path):
-    """A Gemma 3 4B-style checkpoint (``Gemma3ForConditionalGeneration``) saved to a folder
-    loads as its whole class, LM head included (it loaded as ``Gemma3Model``, headless), and
-    is described as its text model: the check passes and the unembedded final stream is the
+@pytest.mark.parametrize(("name", "cls", "text"), [
+    ("gemma3", "Gemma3ForConditionalGeneration", "gemma3_text"),
+    ("llava", "LlavaForConditionalGeneration", "llama"),
+    ("smolvlm", "SmolVLMForConditionalGeneration", "llama")])
+def test_a_multimodal_checkpoint_loads_with_its_lm_head(tmp_path, name, cls, text):
+    """A Gemma 3 4B-style checkpoint (``Gemma3ForConditionalGeneration``; LLaVA's, SmolVLM's) saved
+    to a folder loads as its whole class, LM head included (it loaded as ``Gemma3Model``, headless),
+    and is described as its text model: the check passes and the unembedded final stream is the
     logits its own forward pass returns."""
-    build("gemma3").save_pretrained(tmp_path / "gemma3")
-    model = rs.load(tmp_path / "gemma3", tokenizer=ByteTokenizer())
-    assert type(model.module).__name__ == "Gemma3ForConditionalGeneration" and model.anatomy.has_lm_head
-    assert model.anatomy.architecture == "gemma3_text"
+    build(name).save_pretrained(tmp_path / name)
+    model = rs.load(tmp_path / name, tokenizer=ByteTokenizer())
+    assert type(model.module).__name__ == cls and model.anatomy.has_lm_head
+    assert model.anatomy.architecture == text
     trace = rs.trace(model, ["hello world", "a longer text, to pad the other"])
     assert trace.check().ok
     logits = model.unembed().logits(trace.stream("final"))

@@ -25,6 +25,10 @@ MLA = dict(max_position_embeddings=128, num_key_value_heads=4, kv_lora_rank=16, 
            qk_nope_head_dim=16, v_head_dim=16, initializer_range=0.1)  # multi-head latent attention
 MLA_MOE = dict(MLA, intermediate_size=96, n_routed_experts=4, n_group=1, topk_group=1, num_experts_per_tok=2,
                moe_intermediate_size=48, n_shared_experts=1, mlp_layer_types=["dense", "sparse", "sparse"])
+CLIP = dict(model_type="clip_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+            num_attention_heads=2, image_size=28, patch_size=14)  # a tiny vision tower: 1 block, 2×2 patches
+SIGLIP = dict(CLIP, model_type="siglip_vision_model")
+VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
 COHERE2_MOE = dict(pad_token_id=None, bos_token_id=1, eos_token_id=2, logit_scale=0.25, sliding_window=4,
                    num_experts=4, num_experts_per_tok=2, num_shared_experts=1)
 
@@ -57,6 +61,12 @@ def _sinks(model):
             if name.endswith("sinks"):
                 p.normal_()
     return model
+
+
+def _container(cls_model, cls_cfg, text_type, vision, **extra):
+    """A multimodal container with the usual tiny text model of ``text_type`` and a tiny vision tower."""
+    return lambda: cls_model(cls_cfg(text_config=dict(TEXT, model_type=text_type), vision_config=vision,
+                                     **extra))
 
 
 def _mistral3(**text):
@@ -253,6 +263,44 @@ BUILDERS = {
     "qwen3_vl": lambda: tf.Qwen3VLForConditionalGeneration(tf.Qwen3VLConfig(
         text_config=dict(TEXT, rope_parameters=dict(MROPE, mrope_interleaved=True)), vision_config=dict(
             QWEN_VISION, deepstack_visual_indexes=[0], num_position_embeddings=16))),
+    # LLaVA and its kin (1.5, NeXT, OneVision, NeXT-Video, ViP), InternVL 3, SmolVLM, Idefics 3,
+    # Ovis 2, LightOnOCR, EXAONE 4.5, Kimi K2.5, Apertus 1.5: a text model of a supported type
+    # beside their vision tower (smolvlm and idefics3 call theirs text_model)
+    "llava": _container(tf.LlavaForConditionalGeneration, tf.LlavaConfig, "llama", CLIP),
+    "llava_next": _container(tf.LlavaNextForConditionalGeneration, tf.LlavaNextConfig, "mistral", CLIP,
+                             image_grid_pinpoints=[[28, 28]]),
+    "llava_onevision": _random_biases(_container(
+        tf.LlavaOnevisionForConditionalGeneration, tf.LlavaOnevisionConfig, "qwen2", SIGLIP,
+        image_grid_pinpoints=[[28, 28]])),
+    "llava_next_video": _container(tf.LlavaNextVideoForConditionalGeneration, tf.LlavaNextVideoConfig,
+                                   "llama", CLIP, image_grid_pinpoints=[[28, 28]]),
+    "vipllava": _container(tf.VipLlavaForConditionalGeneration, tf.VipLlavaConfig, "llama", CLIP,
+                           vision_feature_layers=[-1]),
+    "internvl": _random_biases(_container(tf.InternVLForConditionalGeneration, tf.InternVLConfig, "qwen2",
+                                          dict(VISION, image_size=28, patch_size=14))),
+    "smolvlm": _container(tf.SmolVLMForConditionalGeneration, tf.SmolVLMConfig, "llama",
+                          dict(VISION, image_size=28, patch_size=14), scale_factor=1),
+    "idefics3": _container(tf.Idefics3ForConditionalGeneration, tf.Idefics3Config, "llama",
+                           dict(VISION, image_size=28, patch_size=14), scale_factor=1),
+    "ovis2": _random_biases(_container(tf.Ovis2ForConditionalGeneration, tf.Ovis2Config, "qwen2", dict(
+        VISION, image_size=28, patch_size=14, vocab_size=32), hidden_size=64, vocab_size=257)),
+    "lighton_ocr": _container(tf.LightOnOcrForConditionalGeneration, tf.LightOnOcrConfig, "qwen3", dict(
+        VISION, model_type="pixtral", image_size=28, patch_size=14, head_dim=8)),
+    "exaone4_5": lambda: tf.Exaone4_5_ForConditionalGeneration(tf.Exaone4_5_Config(
+        text_config=dict(TEXT, model_type="exaone4", sliding_window=4, pad_token_id=None), vision_config=dict(
+            QWEN_VISION, num_key_value_heads=2, fullatt_block_indexes=[0]))),
+    "kimi_k25": lambda: tf.Kimi_K25ForConditionalGeneration(tf.Kimi_K25Config(
+        text_config=dict(COMMON, **DEEPSEEK, q_lora_rank=24, model_type="deepseek_v3"),
+        vision_config=dict(VISION, pos_emb_height=4, pos_emb_width=4))),
+    # Apertus 1.5: its unembedding pruned to the text tokens (200), then 16 image and 16 audio tokens
+    "apertus1p5": lambda: tf.Apertus1p5ForConditionalGeneration(tf.Apertus1p5Config(
+        text_config=dict(TEXT, output_vocab_size=200, pad_token_id=None, bos_token_id=1, eos_token_id=2),
+        vision_config=dict(codebook_size=16, embed_dim=8, latent_channels=8, base_channels=32,
+                           channel_multiplier=[1], num_res_blocks=1, attn_resolutions=[], resolution=28),
+        image_token_offset=200, audio_token_offset=216, audio_config=dict(
+            model_type="wavtokenizer_encoder", num_filters=4, upsampling_ratios=[2, 2], num_lstm_layers=1,
+            hidden_size=8, codebook_size=16, codebook_dim=8, decoder_hidden_size=8,
+            decoder_intermediate_size=16, decoder_num_layers=1, decoder_attention_num_groups=2))),
     # Llama 4: Maverick's interleaving (block 1 of experts between dense ones 128 wide), block 2 without
     # rotary, its queries scaled from position 3 on (floor_scale 4), the others chunked by 8 positions;
     # the container (Scout's: every block of experts, 2 a token) as it is saved, its text model a whole LM
