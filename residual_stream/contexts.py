@@ -119,7 +119,8 @@ def _implementations(config) -> dict:
     """
     subs = {k: _implementations(getattr(config, k)) for k in getattr(config, "sub_configs", {})
             if getattr(config, k, None) is not None}
-    return {"": config._attn_implementation, **subs}
+    own = getattr(config, "_attn_implementation", None)  # (DBRX's attn_config has none)
+    return {**({"": own} if own else {}), **{k: v for k, v in subs.items() if v}}
 
 
 def _set_attention(model: nn.Module, implementation: str | dict) -> None:

@@ -33,6 +33,7 @@ from .family_templates import (
     APERTUS,
     COHERE,
     DEEPSEEK,
+    DSA_QKV,
     GATE_UP,
     GEMMA,
     GLM4_MOE,
@@ -54,6 +55,7 @@ from .family_templates import (
     QK_NORMS,
     SHARED_AFTER_DENSE,
 )
+from .recent_families import RECENT, RECENT_CONTAINERS
 
 ARCHITECTURES: dict[str, ArchSpec] = {
     "llama": LLAMA, "mistral": LLAMA, "qwen2": LLAMA,
@@ -163,8 +165,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     # the model's; the indexer reads the stream through modules of its own, listed with MLA's
     "deepseek_v32": replace(MLA_MOE, family=f"DeepSeek-V3.2 decoder (pre-RMSNorm, {MLA} with "
                             f"keys chosen by a sparse-attention indexer, {SHARED_AFTER_DENSE})",
-                            qkv=("self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa", "self_attn.indexer.wk",
-                                 "self_attn.indexer.weights_proj")),
+                            qkv=DSA_QKV),
     "youtu": replace(MLA_DENSE, family=f"Youtu-LLM decoder (pre-RMSNorm, {MLA})"),
     # MiniCPM3: embeddings scaled inside their module; writes by scale_depth / √layers; the
     # final stream divided by hidden_size / dim_model_base before the unembedding (no bias: the
@@ -363,6 +364,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         mlp_down="mlp.fc_out",
     ),
     **ENCODERS,
+    **RECENT,
 }
 
 # Multimodal containers of a text model (Gemma 3 4B-27B, Mistral Small 3.1, Qwen2.5-VL, LLaVA, InternVL,
@@ -374,7 +376,7 @@ CONTAINERS: dict[str, str] = {
     **dict.fromkeys(("gemma3", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "llava_next",
                      "llava_onevision", "llava_next_video", "vipllava", "internvl", "ovis2", "lighton_ocr",
                      "exaone4_5", "kimi_k25", "apertus1p5"), "language_model"),
-    **dict.fromkeys(("smolvlm", "idefics3"), "text_model")}
+    **dict.fromkeys(("smolvlm", "idefics3"), "text_model"), **RECENT_CONTAINERS}
 # Multimodal containers whose text model is a whole LM, head included (Llama 4's language_model, a
 # Llama4ForCausalLM): on text alone that LM is the model, so rs.load analyses it (the same weights;
 # transformers 5.24's Llama4ForConditionalGeneration.forward fails on text alone), and a saved folder

@@ -65,6 +65,9 @@ MLA_MOE = replace(DEEPSEEK, d_mlp_keys=with_dense(  # dense blocks where mlp_lay
     "intermediate_size", dense_layer_types, "moe_intermediate_size",
     "moe_intermediate_size*n_shared_experts"))
 MLA = "multi-head latent attention"
+# DeepSeek-V3.2's reads of the stream: MLA's, and its sparse-attention indexer's own modules
+DSA_QKV = ("self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa", "self_attn.indexer.wk",
+           "self_attn.indexer.weights_proj")
 GLM4_NORMS = {"ln_attn_in": "input_layernorm", "ln_attn_out": "post_self_attn_layernorm",
               "ln_mlp_in": "post_attention_layernorm", "ln_mlp_out": "post_mlp_layernorm"}
 SHARED_AFTER_DENSE = "mixture-of-experts MLPs with shared experts after the first dense ones"

@@ -90,7 +90,7 @@ def ablation_contributions(trace, labels: list[str]) -> dict[str, torch.Tensor]:
     OPT-350m's ``project_out``: ``[batch, pos, 512]``).
     """
     model = copy.deepcopy(trace.model.module).double()
-    configs = (model.config, model.config.get_text_config())  # a container's text model's own (Kimi K2.5)
+    configs = (model.config, getattr(model.config, "get_text_config", lambda: model.config)())  # Kimi K2.5's
     if {getattr(c, "_experts_implementation", None) for c in configs} - {None, "eager"}:
         model.set_experts_implementation("eager")  # grouped matmuls of experts take no float64
     anatomy = describe(model, has_lm_head=trace.anatomy.has_lm_head)

@@ -394,7 +394,7 @@ QK_NORM_COS_TOL = 1e-5  # 1 − cosine between float32 vectors of 16 entries com
 
 @pytest.mark.parametrize("name", ["qwen3", "olmo2", "olmo3", "gemma3_text", "apertus", "exaone4", "glm4_moe",
                                   "exaone_moe", "hunyuan_v1_dense", "llama", "kolibri1", "flint", "dots1",
-                                  "flex_olmo"])
+                                  "flex_olmo", "minimax_m2"])
 def test_attention_read_maps_reproduce_the_frameworks_queries_and_keys(name):
     """``attention_read_maps`` against the framework's own queries and keys, after Qwen3's
     per-head, OLMo 2's all-heads and Gemma 3's ``1 + γ`` query/key RMSNorms (Llama has

@@ -146,7 +146,8 @@ def test_every_supported_family_has_a_tiny_model_here():
 @pytest.mark.parametrize("name", ["gemma3", "mistral3", "mistral3_ministral3", "qwen2_vl", "qwen2_5_vl",
                                   "qwen3_vl", "llava", "llava_next", "llava_onevision", "llava_next_video",
                                   "vipllava", "internvl", "smolvlm", "idefics3", "ovis2", "lighton_ocr",
-                                  "exaone4_5", "kimi_k25", "apertus1p5"])
+                                  "exaone4_5", "kimi_k25", "apertus1p5", "qwen3_vl_moe", "glm4v", "glm46v",
+                                  "glm4v_moe", "aria"])
 def test_a_multimodal_container_gives_its_text_models_stream(name):
     """A multimodal container (Gemma 3 4B, Mistral Small 3.1) on text alone is its text model:
     described by the text model's row at the text model's paths, it gives the stream, every

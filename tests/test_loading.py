@@ -251,6 +251,11 @@ def _one_block(model_cls, config_cls, **options):
                 position_embedding_type="absolute", token_dropout=True), "token_dropout"),
     (_one_block(tf.HyperCLOVAXForCausalLM, tf.HyperCLOVAXConfig, residual_multiplier=0.5),
      "residual_multiplier other than 1"),
+    (lambda: tf.GlmMoeDsaForCausalLM(tf.GlmMoeDsaConfig(  # GLM-5: block 1 reuses block 0's indexer keys
+        vocab_size=257, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+        intermediate_size=48, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2,
+        q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, index_topk=4,
+        index_head_dim=16, index_n_heads=2, indexer_types=["full", "shared"])), "indexer_types 'shared'"),
 ])
 def test_a_variant_of_a_supported_family_that_no_row_describes_is_refused(build_variant, variant):
     """Phi's and StableLM's optional LayerNorms on each head's queries and keys, a BERT or GPT-2

@@ -181,6 +181,7 @@ def _widest_hidden_layer(module) -> int:
     ("cohere2_moe", "num_shared_experts"), ("deepseek_v3", "n_shared_experts"),
     ("deepseek_v2", "n_shared_experts"), ("sarvam_mla", "n_shared_experts"),
     ("glm4_moe_lite", "n_shared_experts"), ("axk1", "n_shared_experts"), ("deepseek_v32", "n_shared_experts"),
+    ("glm_moe_dsa", "n_shared_experts"), ("aria_text", "moe_num_shared_experts"),
 ])
 def test_shared_experts_count_as_wide_as_they_are(name, shared):
     """DeepSeek-style shared experts are one MLP, an expert's width times how many there are:

@@ -22,7 +22,7 @@ ATOL = 2e-6  # float32 logits (~1e-7 apart): the library's hooks add a differenc
 # the output, and runs stacked in one pass round as their own batch
 HEADS, KV = 4, {"llama": 2, "gemma2": 2, "olmo2": 2, "phi3": 2, "gpt_bigcode": 1, "mixtral": 2,  # d_model 64
                 "gpt_oss": 2, "granite": 2, "granitemoe": 2, "falcon": 1, "falcon_new": 2, "glm4_moe": 2,
-                "dbrx": 2, "nanochat": 2}
+                "dbrx": 2, "nanochat": 2, "minimax_m2": 2}
 MINICPM3_M = MINICPM3["scale_depth"] / COMMON["num_hidden_layers"] ** 0.5  # MiniCPM3's write multiplier
 ALPHA = 6 ** 0.25  # DeepNorm's α = (2N)^¼ for the twin's 3 blocks
 EMBED_M, WRITE_M = GRANITE["embedding_multiplier"], GRANITE["residual_multiplier"]  # Granite's
@@ -67,6 +67,17 @@ FAMILIES = {
                          qkv=("self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa", "self_attn.indexer.wk",
                               "self_attn.indexer.weights_proj"), mlp_in=("mlp",), final="model.norm",
                          layout="latent"),
+    "glm_moe_dsa": dict(blocks="model.layers", o="self_attn.o_proj", mlp="mlp", conv=False,  # V3.2's
+                        read={"attn": "input_layernorm", "mlp": "post_attention_layernorm"},
+                        qkv=("self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa", "self_attn.indexer.wk",
+                             "self_attn.indexer.weights_proj"), mlp_in=("mlp",), final="model.norm",
+                        layout="latent"),
+    # MiniMax-M2: one RMSNorm over all heads' queries (keys), as OLMo 2's; an MLP of experts
+    "minimax_m2": dict(blocks="model.layers", o="self_attn.o_proj", mlp="mlp", conv=False,
+                       read={"attn": "input_layernorm", "mlp": "post_attention_layernorm"},
+                       qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                       qk_norm=("self_attn.q_norm", "self_attn.k_norm", None), mlp_in=("mlp",),
+                       final="model.norm", layout="separate", embed="model.embed_tokens"),
     # MiniCPM3: latent attention, writes times scale_depth / √layers, scaled embeddings and logits
     "minicpm3": dict(blocks="model.layers", o="self_attn.o_proj", mlp="mlp", conv=False,
                      read={"attn": "input_layernorm", "mlp": "post_attention_layernorm"},
@@ -189,6 +200,11 @@ CASES = [
     ("deepseek_v32", ["L0H1"], "L1.attn", []),         # through MLA's maps and the indexer's
     ("deepseek_v32", ["L0.mlp"], ("L1.mlp", "L2.attn"), []),
     ("deepseek_v32", ["L1.mlp"], "logits", []),
+    ("glm_moe_dsa", ["L0H1"], "L1.attn", []),
+    ("glm_moe_dsa", ["L0.mlp"], ("L1.mlp", "L2.attn"), []),
+    ("minimax_m2", ["L0.mlp"], "L1H2.q", []),          # one head's query, after the all-heads norm
+    ("minimax_m2", ["L0H1"], ("L1H3.k", "L2.mlp"), []),
+    ("minimax_m2", ["embed"], ("L0H0.v", "L1.attn"), []),
     ("minicpm3", ["L0H1"], "L1.attn", [MINICPM3_M]),   # each write is added times the multiplier
     ("minicpm3", ["embed"], "L0.mlp", []),             # (scaled inside the embedding module)
     ("minicpm3", ["L0.mlp"], "logits", [MINICPM3_M]),  # (the model scales the final stream itself)

@@ -20,6 +20,12 @@ LLAMA4 = dict(TEXT, intermediate_size=48, intermediate_size_mlp=128, num_local_e
               no_rope_layer_interval=3, floor_scale=4, attn_scale=0.5, attention_chunk_size=8, pad_token_id=0,
               bos_token_id=1, eos_token_id=2)
 MROPE = dict(rope_type="default", rope_theta=1e6, mrope_section=[2, 3, 3])
+QWEN3_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48)
+ARIA = dict(intermediate_size=48, moe_num_experts=4, moe_topk=2, moe_num_shared_experts=2,
+            attention_bias=True, mlp_bias=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+GLM_MROPE = dict(rope_type="default", rope_theta=1e4, mrope_section=[2, 1, 1], partial_rotary_factor=0.5)
+GLM_VISION = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64,
+                  image_size=28)
 QWEN_VISION = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64)
 MLA = dict(max_position_embeddings=128, num_key_value_heads=4, kv_lora_rank=16, qk_rope_head_dim=8,
            qk_nope_head_dim=16, v_head_dim=16, initializer_range=0.1)  # multi-head latent attention
@@ -227,6 +233,13 @@ BUILDERS = {
                                                      eos_token_id=2)),
     "deepseek_v32": lambda: tf.DeepseekV32ForCausalLM(tf.DeepseekV32Config(
         **COMMON, **MLA_MOE, q_lora_rank=24, index_topk=4, index_head_dim=16, index_n_heads=8)),
+    # GLM-5: V3.2's blocks, every attention with an indexer of its own
+    "glm_moe_dsa": lambda: tf.GlmMoeDsaForCausalLM(tf.GlmMoeDsaConfig(
+        **COMMON, **MLA_MOE, q_lora_rank=24, index_topk=4, index_head_dim=16, index_n_heads=8, bos_token_id=1,
+        eos_token_id=2)),
+    # MiniMax-M2: an RMSNorm over all heads' queries (keys), half of each head rotated, sigmoid routing
+    "minimax_m2": _llama_like(tf.MiniMaxM2Config, tf.MiniMaxM2ForCausalLM, head_dim=16, num_local_experts=4,
+                              num_experts_per_tok=2, rotary_dim=8, bos_token_id=1, eos_token_id=2),
     # latent attention with one dense MLP; MiniCPM3's embedding, write and logit multipliers
     "youtu": lambda: tf.YoutuForCausalLM(tf.YoutuConfig(**COMMON, **MLA, intermediate_size=96, q_lora_rank=24,
                                                       bos_token_id=1, eos_token_id=2)),
@@ -301,6 +314,28 @@ BUILDERS = {
             model_type="wavtokenizer_encoder", num_filters=4, upsampling_ratios=[2, 2], num_lstm_layers=1,
             hidden_size=8, codebook_size=16, codebook_dim=8, decoder_hidden_size=8,
             decoder_intermediate_size=16, decoder_num_layers=1, decoder_attention_num_groups=2))),
+    # Qwen3-VL-MoE's (block 1 a dense MLP between two of experts); GLM-4.1V's (biases on q, k and v),
+    # GLM-4.6V's (its classes) and GLM-4.5V's (block 0 dense, then experts with a shared one) text models
+    # with their multimodal partial rotary, sections of 2, 1 and 1 frequencies
+    "qwen3_vl_moe": lambda: tf.Qwen3VLMoeForConditionalGeneration(tf.Qwen3VLMoeConfig(
+        text_config=dict(TEXT, rope_parameters=dict(MROPE, mrope_interleaved=True), **QWEN3_MOE,
+                         mlp_only_layers=[1]),
+        vision_config=dict(QWEN_VISION, deepstack_visual_indexes=[0], num_position_embeddings=16))),
+    "glm4v": _random_biases(lambda: tf.Glm4vForConditionalGeneration(tf.Glm4vConfig(
+        text_config=dict(TEXT, rope_parameters=GLM_MROPE), vision_config=GLM_VISION))),
+    "glm46v": _random_biases(lambda: tf.Glm46VForConditionalGeneration(tf.Glm46VConfig(
+        text_config=dict(TEXT, rope_parameters=GLM_MROPE), vision_config=GLM_VISION))),
+    "glm4v_moe": _random_biases(lambda: tf.Glm4vMoeForConditionalGeneration(tf.Glm4vMoeConfig(
+        text_config=dict(TEXT, rope_parameters=GLM_MROPE, n_routed_experts=4, num_experts_per_tok=2,
+                         moe_intermediate_size=48, n_shared_experts=1, first_k_dense_replace=1),
+        vision_config=GLM_VISION))),
+    # Aria: experts (2 of 4 a token) beside 2 shared ones, biases on q, k, v, o and the shared experts; the
+    # container with a tiny Idefics3 vision tower
+    "aria_text": _random_biases(lambda: tf.AriaTextForCausalLM(tf.AriaTextConfig(**dict(TEXT, **ARIA)))),
+    "aria": _random_biases(lambda: tf.AriaForConditionalGeneration(tf.AriaConfig(
+        text_config=dict(TEXT, **ARIA), projector_patch_to_query_dict={4: 4}, vision_config=dict(
+            model_type="idefics3_vision", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+            num_attention_heads=2, image_size=28, patch_size=14)))),
     # Llama 4: Maverick's interleaving (block 1 of experts between dense ones 128 wide), block 2 without
     # rotary, its queries scaled from position 3 on (floor_scale 4), the others chunked by 8 positions;
     # the container (Scout's: every block of experts, 2 a token) as it is saved, its text model a whole LM

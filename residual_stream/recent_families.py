@@ -1,0 +1,68 @@
+"""Rows of recent mixture-of-experts families and the text models of their multimodal containers.
+
+``families.ARCHITECTURES`` merges them with the other decoders' rows, and ``families.CONTAINERS``
+the containers (Qwen3-VL-MoE, GLM-4.1V, GLM-4.5V, GLM-4.6V, Aria) whose text models these rows describe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .arch_spec import ArchSpec
+from .family_rules import qwen_moe_widths, routing_of
+from .family_templates import (
+    DEEPSEEK,
+    DSA_QKV,
+    GATE_UP,
+    GEMMA,
+    GLM4_MOE,
+    GLM4_NORMS,
+    MLA,
+    MLA_MOE,
+    MOE,
+    QK_NORMS,
+    SHARED_AFTER_DENSE,
+)
+
+
+def _shared_indexer(cfg) -> str | None:
+    """A ``refuse`` rule: GLM-5's attentions that reuse an earlier block's indexer selection."""
+    return None if "shared" not in (cfg.indexer_types or ()) else (
+        "attentions reusing the keys an earlier block's sparse-attention indexer chose (indexer_types "
+        "'shared'): one block's read of the stream decides another's keys, a path the stream program does "
+        "not have, and those attentions have no indexer modules of their own")
+
+
+RECENT: dict[str, ArchSpec] = {
+    # the text models of the containers: on text alone their multimodal rotary gives each axis the
+    # same position, so plain rotary (Qwen3-VL-MoE's visual features, added to early blocks' streams,
+    # come only with images). Qwen3-VL-MoE's: Qwen3-MoE's blocks, dense where mlp_only_layers says
+    "qwen3_vl_moe_text": replace(
+        MOE, family="Qwen3-VL-MoE text decoder (Qwen3-MoE's: pre-RMSNorm, RMSNorm on q and k, "
+        "mixture-of-experts MLPs; multimodal rotary)", qk_norms=QK_NORMS,
+        d_mlp_keys=qwen_moe_widths("moe_intermediate_size"), routing=routing_of(experts="num_experts")),
+    # GLM-4.1V's and GLM-4.6V's: GLM-4's blocks (each head's dims 2i and 2i + 1 rotated together)
+    "glm4v_text": replace(GEMMA, family="GLM-4V text decoder (GLM-4's: sandwich RMSNorm, biases on q, k and "
+                          "v, fused gate/up projection; multimodal partial rotary)", weight_offset=0.0,
+                          **GATE_UP, block_norms=GLM4_NORMS),
+    # GLM-4.5V's: GLM-4-MoE's blocks without RMSNorms on q and k
+    "glm4v_moe_text": replace(GLM4_MOE, family=f"GLM-4.5V text decoder (GLM-4-MoE's: pre-RMSNorm, biases on "
+                              f"q, k and v, {SHARED_AFTER_DENSE}; multimodal partial rotary)", qk_norms=None,
+                              d_mlp_keys=DEEPSEEK.d_mlp_keys),
+    # MiniMax-M2: one RMSNorm over all heads' queries and one over all heads' keys (OLMo 2's), its gains
+    # split per head (weights._qk_gains); sigmoid routing with a bias choosing the experts
+    "minimax_m2": replace(MOE, family="MiniMax-M2 decoder (pre-RMSNorm, partial rotary, RMSNorm on all "
+                          "heads' queries and on all heads' keys, mixture-of-experts MLPs)",
+                          qk_norms=QK_NORMS),
+    # Aria's text model: shared experts as wide as an expert times moe_num_shared_experts, in every block
+    "aria_text": replace(MOE, family="Aria text decoder (pre-RMSNorm, rotary, mixture-of-experts MLPs with "
+                         "shared experts)", routing=routing_of("moe_topk", "moe_num_experts"),
+                         d_mlp_keys=("intermediate_size", "intermediate_size*moe_num_shared_experts")),
+    # GLM-5: DeepSeek-V3.2's blocks (its indexer's rotary interleaved), dense where mlp_layer_types says
+    "glm_moe_dsa": replace(MLA_MOE, family=f"GLM-5 decoder (DeepSeek-V3.2's: pre-RMSNorm, {MLA} with keys "
+                           f"chosen by a sparse-attention indexer, {SHARED_AFTER_DENSE})", qkv=DSA_QKV,
+                           refuse=_shared_indexer),
+}
+# model_type → the text model's path under the base model (``families.CONTAINERS``)
+RECENT_CONTAINERS: dict[str, str] = dict.fromkeys(("qwen3_vl_moe", "glm4v", "glm4v_moe", "glm46v", "aria"),
+                                                  "language_model")
