@@ -104,12 +104,15 @@ def eager_attention(model: nn.Module, on: bool) -> Iterator[None]:
     switch = on and hasattr(model, "set_attn_implementation") and before != "eager"
     if switch:
         restore = _implementations(model.config)  # each sub-config's own: a tower's may take no SDPA
+        unset = _unset(model.config)  # (switching sets these too)
         _set_attention(model, "eager")
     try:
         yield
     finally:
         if switch:
             _set_attention(model, restore)
+            for config in unset:
+                config._attn_implementation = None
 
 
 def _implementations(config) -> dict:
@@ -121,6 +124,14 @@ def _implementations(config) -> dict:
             if getattr(config, k, None) is not None}
     own = getattr(config, "_attn_implementation", None)  # (DBRX's attn_config has none)
     return {**({"": own} if own else {}), **{k: v for k, v in subs.items() if v}}
+
+
+def _unset(config) -> list:
+    """The sub-configs, at any depth, without an attention implementation (DBRX's ``attn_config``)."""
+    subs = [getattr(config, k) for k in getattr(config, "sub_configs", {})
+            if getattr(config, k, None) is not None]
+    return [c for sub in subs for c in ([sub] if getattr(sub, "_attn_implementation", None) is None else [])
+            + _unset(sub)]
 
 
 def _set_attention(model: nn.Module, implementation: str | dict) -> None:

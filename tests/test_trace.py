@@ -196,6 +196,28 @@ def test_patterns_of_a_model_transformers_cannot_switch_to_eager_attention(name)
     assert module.config._attn_implementation == "sdpa"
 
 
+def _implementations(config, at: str = "") -> dict:
+    """Every (sub-)config's attention implementation, by its path, walked here by hand."""
+    out = {at: getattr(config, "_attn_implementation", None)}
+    for key in getattr(config, "sub_configs", {}):
+        if getattr(config, key, None) is not None:
+            out |= _implementations(getattr(config, key), f"{at}.{key}")
+    return out
+
+
+@pytest.mark.parametrize("name", ["dbrx", "llava", "apertus1p5", "gemma3"])
+def test_patterns_leave_every_sub_config_as_it_was(name):
+    """Patterns switch a model to eager attention and back; every sub-config gets its own
+    implementation back: Apertus 1.5's vision tower keeps eager (it takes no SDPA), LLaVA's
+    tower and text model SDPA, and DBRX's attention and MLP configs none (they were set to
+    what the model was switched to)."""
+    model = rs.load(build(name), tokenizer=ByteTokenizer())
+    before = _implementations(model.module.config)
+    assert "eager" not in before[""] and len(before) > 1
+    rs.trace(model, TEXTS, patterns=True)
+    assert _implementations(model.module.config) == before
+
+
 def test_patterns_the_framework_gets_wrong_are_refused():
     """Falcon with ALiBi: transformers' eager attention adds the bias twice (its SDPA path
     once), so patterns would describe another model; they are refused by name, and the

@@ -28,9 +28,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..errors import need_trace
+from ..errors import NotAvailableError, need_trace
 from ..program import Add, Mark, Norm, Read, Scale
 from ..walk import read_inputs, walk_stream
+from ..weights import LATENT
 from .results import CompactRepr
 from .tokens import masked_mean, safe_ratio
 
@@ -75,7 +76,9 @@ def _after_attention(trace, layer: int) -> list:
 def _layer(trace, layer: int, A: Tensor, u: Tensor, x: Tensor):
     """Ratios of one layer: ``u`` is what attention reads, ``x`` the stream at its read point."""
     w = trace.model.weights(layer)
-    W_V = w.attention_reads()[2][0]  # (latent attention has none: NotAvailableError, said)
+    if w.W_V is None:  # latent attention: no linear map from the stream to values
+        raise NotAvailableError(LATENT)
+    W_V = w.W_V  # (values are never normed: no gains to fold, unlike queries and keys)
     f = torch.einsum("bjd,hdk,hke->bhje", u, W_V, w.W_O)                # per head, per source token
     T = torch.einsum("bhij,bhje->bije", A, f)                           # (batch, i, j, d_model)
     eye = torch.eye(T.shape[1], dtype=torch.bool, device=T.device)
