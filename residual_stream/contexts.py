@@ -115,23 +115,27 @@ def eager_attention(model: nn.Module, on: bool) -> Iterator[None]:
                 config._attn_implementation = None
 
 
+def _sub_configs(config) -> dict:
+    """``config``'s sub-configs that are set, by name (a container's text and vision configs)."""
+    return {k: getattr(config, k) for k in getattr(config, "sub_configs", {})
+            if getattr(config, k, None) is not None}
+
+
 def _implementations(config) -> dict:
     """``config``'s attention implementation and its sub-configs', as ``set_attn_implementation`` takes them.
 
     A vision tower's may differ from the text model's: Apertus 1.5's vision tokenizer takes no SDPA.
+    Configs without one of their own (DBRX's ``attn_config``) are left out.
     """
-    subs = {k: _implementations(getattr(config, k)) for k in getattr(config, "sub_configs", {})
-            if getattr(config, k, None) is not None}
-    own = getattr(config, "_attn_implementation", None)  # (DBRX's attn_config has none)
+    own = getattr(config, "_attn_implementation", None)
+    subs = {k: _implementations(sub) for k, sub in _sub_configs(config).items()}
     return {**({"": own} if own else {}), **{k: v for k, v in subs.items() if v}}
 
 
 def _unset(config) -> list:
     """The sub-configs, at any depth, without an attention implementation (DBRX's ``attn_config``)."""
-    subs = [getattr(config, k) for k in getattr(config, "sub_configs", {})
-            if getattr(config, k, None) is not None]
-    return [c for sub in subs for c in ([sub] if getattr(sub, "_attn_implementation", None) is None else [])
-            + _unset(sub)]
+    return [c for sub in _sub_configs(config).values()
+            for c in ([sub] if getattr(sub, "_attn_implementation", None) is None else []) + _unset(sub)]
 
 
 def _set_attention(model: nn.Module, implementation: str | dict) -> None:

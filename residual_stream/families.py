@@ -19,7 +19,6 @@ from .family_rules import (
     clipped,
     dense_layer_types,
     falcon_norms,
-    first_dense,
     flag,
     llama4_dense,
     llama4_queries,
@@ -54,6 +53,7 @@ from .family_templates import (
     QK_LAYERNORMS,
     QK_NORMS,
     SHARED_AFTER_DENSE,
+    SHARED_EXPERTS,
 )
 from .recent_families import RECENT, RECENT_CONTAINERS
 
@@ -133,8 +133,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                           f"k, {SHARED_AFTER_DENSE})"),
     "dots1": replace(MOE, family=f"dots.llm1 decoder (pre-RMSNorm, RMSNorm on q and k, "
                      f"{SHARED_AFTER_DENSE})", qk_norms=QK_NORMS,
-                     d_mlp_keys=with_dense("intermediate_size", first_dense,
-                                           "moe_intermediate_size", "moe_intermediate_size*n_shared_experts"),
+                     d_mlp_keys=DEEPSEEK.d_mlp_keys,
                      routing=routing_of(experts="n_routed_experts")),
     "hy_v3": replace(MOE, family=f"Hy3 decoder (pre-RMSNorm, RMSNorm on q and k, {SHARED_AFTER_DENSE})",
                      qk_norms=QK_NORMS,
@@ -189,8 +188,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                                                           "moe_intermediate_size*num_shared_experts"),
                           routing=routing_of(experts="num_experts")),
     "solar_open": replace(MOE, family="Solar Open decoder (pre-RMSNorm, mixture-of-experts MLPs with a "
-                          "shared expert)", d_mlp_keys=("moe_intermediate_size",
-                                                        "moe_intermediate_size*n_shared_experts"),
+                          "shared expert)", d_mlp_keys=SHARED_EXPERTS,
                           routing=routing_of(experts="n_routed_experts")),
     "mellum": replace(MOE, family="Mellum decoder (pre-RMSNorm, RMSNorm on q and k, sliding windows, "
                       "mixture-of-experts MLPs, dense ones where configured)", qk_norms=QK_NORMS,

@@ -50,6 +50,8 @@ GATE_UP = dict(mlp_in="mlp.gate_up_proj", mlp_gate="mlp.gate_up_proj", mlp_layou
 MOE_MAPS = dict(routing=routing_of())  # the MLP paths name a dense block's (GLM-4-MoE's first)
 MOE = replace(LLAMA, family="Mixtral decoder (pre-RMSNorm, mixture-of-experts MLPs)",
               d_mlp_keys=("intermediate_size",), **MOE_MAPS)
+# the widths of one routed expert and of DeepSeek-style shared experts (one MLP, n experts wide)
+SHARED_EXPERTS = ("moe_intermediate_size", "moe_intermediate_size*n_shared_experts")
 # multi-head latent attention: queries, keys and values through low-rank maps with an RMSNorm
 # between; the modules reading the stream are the row's qkv, and there are no linear W_Q/W_K/W_V
 DEEPSEEK = replace(
@@ -57,13 +59,11 @@ DEEPSEEK = replace(
     "with shared experts after the first dense ones)", qkv_layout="latent",
     qkv=lambda cfg: ("self_attn.q_a_proj" if cfg.q_lora_rank else "self_attn.q_proj",
                      "self_attn.kv_a_proj_with_mqa"),
-    d_mlp_keys=with_dense("intermediate_size", first_dense,
-                          "moe_intermediate_size", "moe_intermediate_size*n_shared_experts"),
+    d_mlp_keys=with_dense("intermediate_size", first_dense, *SHARED_EXPERTS),
     routing=routing_of(experts="n_routed_experts"))
 MLA_DENSE = replace(LLAMA, qkv_layout="latent", qkv=DEEPSEEK.qkv)  # latent attention, one dense MLP
 MLA_MOE = replace(DEEPSEEK, d_mlp_keys=with_dense(  # dense blocks where mlp_layer_types says
-    "intermediate_size", dense_layer_types, "moe_intermediate_size",
-    "moe_intermediate_size*n_shared_experts"))
+    "intermediate_size", dense_layer_types, *SHARED_EXPERTS))
 MLA = "multi-head latent attention"
 # DeepSeek-V3.2's reads of the stream: MLA's, and its sparse-attention indexer's own modules
 DSA_QKV = ("self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa", "self_attn.indexer.wk",
@@ -73,8 +73,7 @@ GLM4_NORMS = {"ln_attn_in": "input_layernorm", "ln_attn_out": "post_self_attn_la
 SHARED_AFTER_DENSE = "mixture-of-experts MLPs with shared experts after the first dense ones"
 GLM4_MOE = replace(MOE, family=f"GLM-4-MoE decoder (pre-RMSNorm, partial rotary, {SHARED_AFTER_DENSE})",
                    qk_norms=QK_NORMS,
-                   d_mlp_keys=("intermediate_size", "moe_intermediate_size",
-                               "moe_intermediate_size*n_shared_experts"),
+                   d_mlp_keys=("intermediate_size", *SHARED_EXPERTS),
                    routing=routing_of(experts="n_routed_experts"))
 
 
