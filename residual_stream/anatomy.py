@@ -62,7 +62,9 @@ class ModulePaths:
     parameter beside its Linear (ESM's ``lm_head.bias``), from the root. ``lm_head`` is the
     nonlinear transform applied before the unembedding, if the model has one (an MLM head):
     module paths from the root, applied in turn, ``"act:NAME"`` an activation of transformers'
-    ``ACT2FN``.
+    ``ACT2FN``. ``values_from`` and ``v_norm`` (relative to a block): the projection whose output
+    are the values where a block has no value projection, and a parameterless RMSNorm on each
+    head's values (Gemma 4's; ``ArchSpec``).
     """
 
     layers: tuple[str, ...]
@@ -80,6 +82,8 @@ class ModulePaths:
     qk_norms: tuple[str, str] | None = None
     qk_norm_offset: float = 0.0
     mlp_out_in_place: bool = False
+    values_from: str | None = None
+    v_norm: str | None = None
     unembed_in: str | None = None
     unembed_bias: str | None = None
 
@@ -97,7 +101,10 @@ class Anatomy:
     ``patterns_note``: why the framework cannot give this model's attention patterns (None: it can).
     ``sinks_after_softmax``: its attention sinks scale each head's output after the softmax
     (Granite SWA), a scale the framework's patterns leave out and ``rs.trace`` puts in.
-    ``family``: the family's description in the table of architectures.
+    ``family``: the family's description in the table of architectures. ``d_head`` and
+    ``n_kv_heads`` are the widest block's head width and block 0's key/value heads where blocks
+    differ (Gemma 4's full attentions: wider heads, fewer key/value heads; ``model.weights(L)``
+    gives each block's own; ``heads_at``, from ``layer_heads``).
     """
 
     architecture: str
@@ -125,6 +132,7 @@ class Anatomy:
     patterns_note: str | None = None
     sinks_after_softmax: bool = False
     family: str = ""
+    layer_heads: tuple[tuple[int, int], ...] = ()
     components: tuple[Component, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -155,6 +163,10 @@ class Anatomy:
                 f"layers, d_model {self.d_model}, {heads} of {self.d_head}, d_mlp {self.d_mlp}, "
                 f"d_vocab {self.d_vocab}, n_ctx {self.n_ctx}, {len(self.norms)} norms, "
                 f"{len(self.program)} ops, {'an' if self.has_lm_head else 'no'} LM head)")
+
+    def heads_at(self, layer: int) -> tuple[int, int]:
+        """``(d_head, n_kv_heads)`` of block ``layer``'s attention (the model's where blocks agree)."""
+        return self.layer_heads[layer] if self.layer_heads else (self.d_head, self.n_kv_heads)
 
     @property
     def heads(self) -> tuple[str, ...]:

@@ -64,6 +64,16 @@ class ArchSpec:
     # RMSNorms on the queries and keys after their projections (Qwen3, OLMo 2, Gemma 3),
     # relative to a block: their gains scale each head's W_Q / W_K (``LayerWeights.g_Q``)
     qk_norms: tuple[str, str] | None = None
+    # where a block has no value projection (qkv's last module absent or None), the projection whose
+    # output are its values, relative to a block (Gemma 4's full attentions with attention_k_eq_v: the
+    # key projection's, before the key norm)
+    values_from: str | None = None
+    # a parameterless RMSNorm on each head's values, relative to a block (Gemma 4's v_norm): W_V gives
+    # the values up to its frozen scale, a positive factor per token and head (``LayerWeights.v_norm_eps``)
+    v_norm: str | None = None
+    # a buffer of each block, relative to it, by which the block multiplies the whole stream as it ends
+    # (Gemma 4's layer_scalar): a constant multiplier "ln_block_out" per block in the stream program
+    block_scale: str | None = None
     # False: bidirectional attention, a masked-LM head (BERT; as a decoder, ``is_decoder``, causal)
     causal: bool | Callable[[object], bool] = True
     # why a config's variant of the family is not described by this row (None: it is)

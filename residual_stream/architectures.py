@@ -114,6 +114,38 @@ def _first_attr(config: object, keys: tuple[str, ...], default: int) -> int:
     return next((int(getattr(config, k)) for k in keys if getattr(config, k, None)), default)
 
 
+def _norms(spec: ArchSpec, config: object, base: nn.Module, full, n_layers: int) -> dict[str, NormSpec]:
+    """Every norm of the stream program by role name: modules, and constant multipliers.
+
+    A block's ``block_scale`` buffer (Gemma 4's ``layer_scalar``, one value) is a multiplier whose
+    gain is a view of it, as the norms' gains are views of their modules' weights.
+    """
+    norms: dict[str, NormSpec] = {}
+    global_norms = {"ln_embed": spec.embed_norm, "ln_final": spec.final_norm}
+    for role, path in global_norms.items():
+        if path is not None and _has(base, path):
+            norms[role] = _norm_spec(role, base.get_submodule(path), full(path), spec.weight_offset,
+                                     spec.norm_eps)
+    block_norms = _read(spec.block_norms, config)
+    for L in range(n_layers):
+        for role, rel in block_norms.items():
+            path = f"{spec.layers}.{L}.{rel}"
+            if _has(base, path):
+                norms[f"L{L}.{role}"] = _norm_spec(
+                    f"L{L}.{role}", base.get_submodule(path), full(path), spec.weight_offset, spec.norm_eps)
+    embed = _read(spec.embeds, config)["embed"]
+    d_model = int(config.hidden_size)
+    for role, c in spec.multipliers(config).items():
+        for name, owner in ([(role, embed)] if role == "ln_embed" else
+                            [(f"L{L}.{role}", f"{spec.layers}.{L}") for L in range(n_layers)]):
+            norms[name] = _multiplier(name, c, d_model, base.get_submodule(owner))
+    for L in range(n_layers) if spec.block_scale else ():  # a view: later edits to it stay visible
+        scalar = base.get_submodule(f"{spec.layers}.{L}").get_buffer(spec.block_scale).detach()
+        norms[f"L{L}.ln_block_out"] = NormSpec(f"L{L}.ln_block_out", "multiplier", 0.0,
+                                               scalar.reshape(1).expand(d_model), None)
+    return norms
+
+
 def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> Anatomy:
     """Derive the ``Anatomy`` of a framework model from its config and modules."""
     config, base = _text_model(model)
@@ -129,24 +161,8 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
                                            "has no reads or writes to study; load one with 1 or more")
     placement = _read(spec.placement, config)
 
-    norms: dict[str, NormSpec] = {}
-    global_norms = {"ln_embed": spec.embed_norm, "ln_final": spec.final_norm}
-    for role, path in global_norms.items():
-        if path is not None and _has(base, path):
-            norms[role] = _norm_spec(role, base.get_submodule(path), full(path), spec.weight_offset,
-                                     spec.norm_eps)
-    block_norms = _read(spec.block_norms, config)
-    for L in range(n_layers):
-        for role, rel in block_norms.items():
-            path = f"{spec.layers}.{L}.{rel}"
-            if _has(base, path):
-                norms[f"L{L}.{role}"] = _norm_spec(
-                    f"L{L}.{role}", base.get_submodule(path), full(path), spec.weight_offset, spec.norm_eps)
     embed_paths = _read(spec.embeds, config)
-    for role, c in spec.multipliers(config).items():
-        for name, owner in ([(role, embed_paths["embed"])] if role == "ln_embed" else
-                            [(f"L{L}.{role}", f"{spec.layers}.{L}") for L in range(n_layers)]):
-            norms[name] = _multiplier(name, c, int(config.hidden_size), base.get_submodule(owner))
+    norms = _norms(spec, config, base, full, n_layers)
 
     embeds = tuple(k for k, p in embed_paths.items() if _has(base, p))
     alpha = float(spec.alpha(config))
@@ -159,14 +175,14 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
     n_heads = int(config.num_attention_heads)
     widths = _read(spec.d_mlp_keys, config)
     d_model = int(config.hidden_size)
-    z_dim, _ = _in_out(attn0)
+    n_kv = int(spec.n_kv_heads(config) if spec.n_kv_heads else getattr(config, "num_key_value_heads", None)
+               or n_heads)
+    layer_heads = tuple(_heads(base, p, spec, config, n_heads, n_kv) for p in layer_paths)
     return Anatomy(
         architecture=config.model_type, placement=placement,
         norm_kind=next((n.kind for n in norms.values() if not n.constant), "none"),
         n_layers=n_layers, d_model=d_model, n_heads=n_heads,
-        n_kv_heads=int(spec.n_kv_heads(config) if spec.n_kv_heads else
-                       getattr(config, "num_key_value_heads", None) or n_heads),
-        d_head=z_dim // n_heads, d_mlp=0 if not has_mlp else max(
+        n_kv_heads=n_kv, d_head=max(d for d, _ in layer_heads), d_mlp=0 if not has_mlp else max(
             config_width(config, k) for k in widths) if widths
         else _mlp_width(base, layer_paths[0], spec),
         d_vocab=int(config.vocab_size), n_ctx=_first_attr(config, spec.n_ctx_keys, 2048),
@@ -186,6 +202,7 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
             qk_norms=spec.qk_norms if spec.qk_norms and all(
                 _has(base, f"{layer_paths[0]}.{p}") for p in spec.qk_norms) else None,
             qk_norm_offset=spec.weight_offset, mlp_out_in_place=spec.mlp_out_in_place,
+            values_from=spec.values_from, v_norm=spec.v_norm,
             unembed_in=full(spec.unembed_in) if spec.unembed_in and _has(base, spec.unembed_in) else None,
             unembed_bias=spec.unembed_bias if has_lm_head and spec.unembed_bias else None,
         ),
@@ -193,7 +210,7 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
         has_attn_bias=getattr(attn0, "bias", None) is not None,
         causal=_read(spec.causal, config), logit_scale=spec.logit_scale(config),
         routing=spec.routing(config) if has_mlp else None, patterns_note=spec.patterns_refused(config),
-        sinks_after_softmax=spec.sinks_after_softmax,
+        sinks_after_softmax=spec.sinks_after_softmax, layer_heads=layer_heads,
         family=spec.family if config is model.config else
         f"{spec.family}; the text model of a {model.config.model_type} model",
     )
@@ -239,6 +256,21 @@ def _head_transform(model: nn.Module, transform: str | tuple[str, ...] | None) -
     if not steps or not all(s.startswith("act:") or _has(model, s) for s in steps):
         return None
     return steps
+
+
+def _heads(base: nn.Module, layer: str, spec: ArchSpec, config: object, n_heads: int, n_kv: int):
+    """``(d_head, n_kv_heads)`` of one block's attention, from its modules' widths.
+
+    The width of each head from the output projection's input; key/value heads from a separate
+    key projection's width where it has one (Gemma 4's full attentions: wider heads, fewer key/value
+    heads than its sliding ones), else the model's.
+    """
+    d_head = _in_out(base.get_submodule(f"{layer}.{spec.attn_out}"))[0] // n_heads
+    qkv = _read(spec.qkv, config)
+    if _read(spec.qkv_layout, config) != "separate" or len(qkv) != 3 or not _has(base, f"{layer}.{qkv[1]}"):
+        return d_head, n_kv
+    width = _in_out(base.get_submodule(f"{layer}.{qkv[1]}"))[1]
+    return d_head, width // d_head if width % d_head == 0 else n_kv
 
 
 def _mlp_width(base: nn.Module, layer: str, spec: ArchSpec) -> int:

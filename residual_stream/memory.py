@@ -33,8 +33,8 @@ def trace_bytes(anatomy, shape: tuple[int, int], *, verify: bool = False, patter
     a, m = anatomy, anatomy.modules
     tokens = shape[0] * shape[1]
     per_token = (len(m.layers) + 1 + len(m.embeds) + len(m.mlp_out)) * a.d_model + len(a.norms)
-    per_attention = (a.n_heads * a.d_head if heads else 0) + (a.d_model if verify or not heads else 0)
-    per_token += len(m.attn_out) * per_attention
+    z = sum(a.n_heads * a.heads_at(L)[0] for L in range(len(m.attn_out))) if heads else 0
+    per_token += z + len(m.attn_out) * (a.d_model if verify or not heads else 0)
     per_token += a.d_vocab if a.has_lm_head else 0
     if verify:
         per_token += len(set(m.norms.values())) * a.d_model

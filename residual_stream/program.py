@@ -8,6 +8,7 @@ A transformer's forward pass, seen from the stream, is a sequence of a few kinds
   (sandwich / peri-norm models normalize the write before adding it);
 * ``Norm(norm)``: the whole stream is normalized (post-norm, DeepNorm, embedding LN, final);
 * ``Scale(alpha)``: the whole stream is multiplied by α (DeepNorm's ``α·x + F(x)``);
+  a constant per block (Gemma 4's ``layer_scalar``) is a ``Norm`` through a multiplier instead;
 * ``Mark(point)``: a named point; ``Mark(L)`` is the stream entering block ``L``
   (``Mark(n_layers)`` is after the last block) and ``Mark("final")`` is after the final norm.
 
@@ -21,7 +22,8 @@ Placements differ only in their block template (data below), so one replay engin
     deepnorm  x ← N(α·x + F(x))                  Wang et al. 2022
 
 A constant multiplier on each write (Granite's ``x ← x + m·F(N(x))``) is a pre-norm block
-whose writes are added through a ``"multiplier"`` norm in the write roles (``norms``).
+whose writes are added through a ``"multiplier"`` norm in the write roles (``norms``); one on the
+whole stream as a block ends (Gemma 4's ``x ← c_L·x``) fills the role ``ln_block_out``.
 """
 
 from __future__ import annotations
@@ -87,12 +89,13 @@ Op = Embed | Read | Add | Norm | Scale | Mark
 # a Read through it becomes a raw read, a Norm or an Add's ``via`` through it disappears.
 # Pre-norm and sandwich blocks therefore share one template: the placement names which roles
 # a model fills (sandwich: both; pre: the reads, and the writes only for multipliers).
+_BLOCK_OUT = (("norm", "ln_block_out"),)  # a constant on the whole stream as the block ends (Gemma 4)
 _READ_THEN_ADD = (("read", "attn", "ln_attn_in"), ("add", "attn", "ln_attn_out"),
-                  ("read", "mlp", "ln_mlp_in"), ("add", "mlp", "ln_mlp_out"))
+                  ("read", "mlp", "ln_mlp_in"), ("add", "mlp", "ln_mlp_out"), *_BLOCK_OUT)
 BLOCK_TEMPLATES: dict[str, tuple[tuple, ...]] = {
     "pre": _READ_THEN_ADD,
     "parallel": (("read", "attn", "ln_attn_in"), ("read", "mlp", "ln_mlp_in"),
-                 ("add", "attn", "ln_attn_out"), ("add", "mlp", "ln_mlp_out")),
+                 ("add", "attn", "ln_attn_out"), ("add", "mlp", "ln_mlp_out"), *_BLOCK_OUT),
     "post": (("read", "attn", None), ("add", "attn", None), ("norm", "ln_resid_attn"),
              ("read", "mlp", None), ("add", "mlp", None), ("norm", "ln_resid_mlp")),
     "sandwich": _READ_THEN_ADD,

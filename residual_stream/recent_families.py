@@ -1,7 +1,8 @@
-"""Rows of recent mixture-of-experts families and the text models of their multimodal containers.
+"""Rows of recent families (mostly mixture-of-experts ones) and the text models of their containers.
 
 ``families.ARCHITECTURES`` merges them with the other decoders' rows, and ``families.CONTAINERS``
-the containers (Qwen3-VL-MoE, GLM-4.1V, GLM-4.5V, GLM-4.6V, Aria) whose text models these rows describe.
+the containers (Gemma 4, Qwen3-VL-MoE, GLM-4.1V, GLM-4.5V, GLM-4.6V, Aria) whose text models these
+rows describe.
 """
 
 from __future__ import annotations
@@ -33,7 +34,32 @@ def _shared_indexer(cfg) -> str | None:
         "not have, and those attentions have no indexer modules of their own")
 
 
+def _gemma4_variant(cfg) -> str | None:
+    """A ``refuse`` rule: Gemma 4's per-layer inputs, shared keys and values, and experts."""
+    if cfg.hidden_size_per_layer_input:
+        return ("per-layer inputs (hidden_size_per_layer_input; Gemma 4 E2B and E4B): a third, gated "
+                "sublayer in each block that multiplies what it reads by a per-layer embedding of each token")
+    if cfg.num_kv_shared_layers:
+        return ("blocks reusing an earlier block's keys and values (num_kv_shared_layers): one block's read "
+                "of the stream feeds another block's attention")
+    if cfg.enable_moe_block:
+        return ("mixture-of-experts blocks (enable_moe_block; Gemma 4 26B-A4B): a dense MLP and experts, "
+                "each with RMSNorms of its own, summed into one write")
+    return None
+
+
 RECENT: dict[str, ArchSpec] = {
+    # Gemma 4 (1B-31B dense): Gemma 3's sandwich with plain gains (γ, not 1 + γ); each head's values
+    # through a parameterless RMSNorm, and full attentions with attention_k_eq_v (wider heads, fewer
+    # key/value heads) take the key projection's output as values; every block ends by multiplying
+    # the stream by its layer_scalar
+    "gemma4_text": replace(
+        GEMMA, family="Gemma 4 decoder (sandwich RMSNorm, scaled embeddings, RMSNorm on q, k and v, keys "
+        "as values in full attentions, the stream scaled as each block ends)", weight_offset=0.0,
+        qk_norms=QK_NORMS, values_from="self_attn.k_proj", v_norm="self_attn.v_norm",
+        block_scale="layer_scalar", n_kv_heads=lambda cfg: cfg.per_layer_config[0].num_key_value_heads,
+        causal=lambda cfg: cfg.use_bidirectional_attention != "all",
+        refuse=_gemma4_variant),
     # the text models of the containers: on text alone their multimodal rotary gives each axis the
     # same position, so plain rotary (Qwen3-VL-MoE's visual features, added to early blocks' streams,
     # come only with images). Qwen3-VL-MoE's: Qwen3-MoE's blocks, dense where mlp_only_layers says
@@ -64,5 +90,5 @@ RECENT: dict[str, ArchSpec] = {
                            refuse=_shared_indexer),
 }
 # model_type → the text model's path under the base model (``families.CONTAINERS``)
-RECENT_CONTAINERS: dict[str, str] = dict.fromkeys(("qwen3_vl_moe", "glm4v", "glm4v_moe", "glm46v", "aria"),
-                                                  "language_model")
+RECENT_CONTAINERS: dict[str, str] = dict.fromkeys(
+    ("gemma4", "qwen3_vl_moe", "glm4v", "glm4v_moe", "glm46v", "aria"), "language_model")

@@ -87,7 +87,10 @@ class LayerWeights:
     scale is the model's, ``1 / √d_head`` in most (OPT multiplies its queries by it after
     the projection, GPT-2 divides the scores; GPT-Neo scales by 1, Gemma 2 and Granite by a
     config value), and rotary embeddings, ALiBi and soft-caps apply to the scores as the
-    model computes them; composition's scores are scale-free.
+    model computes them; composition's scores are scale-free. ``v_norm_eps`` is set where each
+    head's values pass a parameterless RMSNorm with that ε (Gemma 4): the values are
+    ``x W_V[h] / s`` with ``s`` frozen per token and head, which changes no share of a value and
+    no score of composition.
     """
 
     W_Q: Float[Tensor, "head d_model d_head"] | None  # None: latent attention (``LATENT``)
@@ -106,6 +109,7 @@ class LayerWeights:
     b_out: Float[Tensor, " d_model"] | None
     g_Q: Float[Tensor, "head d_head"] | None = None
     g_K: Float[Tensor, "head d_head"] | None = None
+    v_norm_eps: float | None = None
 
     def attention_reads(self) -> tuple[tuple[Tensor, Tensor | None], ...]:
         """``((W_Q, b_Q), (W_K, b_K), (W_V, b_V))`` as the attention scores and values use them.
@@ -137,8 +141,18 @@ class LayerWeights:
 
     def to(self, device: torch.device) -> LayerWeights:
         """The same maps on ``device`` (no copy for those already there)."""
-        return LayerWeights(**{f.name: None if getattr(self, f.name) is None
-                               else getattr(self, f.name).to(device) for f in fields(self)})
+        return LayerWeights(**{f.name: getattr(self, f.name).to(device)
+                               if isinstance(getattr(self, f.name), Tensor) else getattr(self, f.name)
+                               for f in fields(self)})
+
+
+def widened(W: Tensor, d_head: int) -> Tensor:
+    """``W [..., k]`` with zero columns up to ``d_head``, to stack blocks whose heads differ in width.
+
+    (Gemma 4's full attentions have wider heads than its sliding ones.) A zero column adds nothing
+    to a Gram matrix, a projection's energy or a product of maps, so stacked maps keep their values.
+    """
+    return torch.nn.functional.pad(W, (0, d_head - W.shape[-1])) if W.shape[-1] < d_head else W
 
 
 def _gained(W: Tensor, b: Tensor | None, g: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -179,16 +193,28 @@ def qkv_columns(layout: str, n_heads: int, n_kv: int, d_head: int) -> tuple[Tens
 
 
 def _split_qkv(block: nn.Module, paths: ModulePaths, n_heads: int, n_kv: int):
-    """``[(W, b)] * 3`` with W ``[d_model, n·d_head]`` for q, k, v, whatever the layout."""
+    """``[(W, b)] * 3`` with W ``[d_model, n·d_head]`` for q, k, v, whatever the layout.
+
+    A block without a value projection takes its values from ``paths.values_from`` (Gemma 4).
+    """
     if paths.qkv_layout == "latent":  # multi-head latent attention: no linear map to read through
         return [(None, None)] * 3
-    mods = [block.get_submodule(p) for p in paths.qkv]
+    mods = [module_or_none(block, p) for p in paths.qkv]
     if paths.qkv_layout == "separate":
+        if mods[-1] is None and paths.values_from:
+            mods[-1] = block.get_submodule(paths.values_from)
         return [(as_in_out(m), bias_of(m)) for m in mods]
     W, b = as_in_out(mods[0]), bias_of(mods[0])
     d_head = W.shape[-1] // (n_heads + 2 * n_kv)
     return [(W[:, cols.to(W.device)], None if b is None else b[cols.to(b.device)])
             for cols in qkv_columns(paths.qkv_layout, n_heads, n_kv, d_head)]
+
+
+def module_or_none(block: nn.Module, path: str) -> nn.Module | None:
+    """The module at ``path``, or None where the block sets that attribute to None (Gemma 4's ``v_proj``)."""
+    owner, _, name = path.rpartition(".")
+    parent = block.get_submodule(owner) if owner else block
+    return None if getattr(parent, name, None) is None else block.get_submodule(path)
 
 
 def _qk_gains(block: nn.Module, paths: ModulePaths, n_heads: int, n_kv: int, d_head: int):
@@ -225,21 +251,31 @@ def layer_weights(model: nn.Module, anatomy, layer: int) -> LayerWeights:
     """The read and write maps of block ``layer`` of ``model`` (described by ``anatomy``)."""
     paths, H = anatomy.modules, anatomy.n_heads
     block = model.get_submodule(paths.layers[layer])
-    (Wq, bq), (Wk, bk), (Wv, bv) = _split_qkv(block, paths, H, anatomy.n_kv_heads)
-    W_Q, b_Q = _per_head(Wq, bq, H, H)
-    W_K, b_K = _per_head(Wk, bk, H, anatomy.n_kv_heads)
-    W_V, b_V = _per_head(Wv, bv, H, anatomy.n_kv_heads)
     o = model.get_submodule(paths.attn_out[layer])
+    d_head, n_kv = anatomy.heads_at(layer)  # this block's (Gemma 4's blocks differ)
+    (Wq, bq), (Wk, bk), (Wv, bv) = _split_qkv(block, paths, H, n_kv)
+    W_Q, b_Q = _per_head(Wq, bq, H, H)
+    W_K, b_K = _per_head(Wk, bk, H, n_kv)
+    W_V, b_V = _per_head(Wv, bv, H, n_kv)
     dense = has_mlp_maps(block, anatomy)
     down = block.get_submodule(paths.mlp_down) if dense else None
-    g_Q, g_K = _qk_gains(block, paths, H, anatomy.n_kv_heads, anatomy.d_head)
+    g_Q, g_K = _qk_gains(block, paths, H, n_kv, d_head)
+    v_norm = block.get_submodule(paths.v_norm) if paths.v_norm and _has_path(block, paths.v_norm) else None
     (W_in, b_in), (W_gate, b_gate) = _mlp_reads(block, paths) if dense else ((None, None), (None, None))
     return LayerWeights(
         W_Q=W_Q, W_K=W_K, W_V=W_V, b_Q=b_Q, b_K=b_K, b_V=b_V,
         W_O=attn_W_O(o, H), b_O=bias_of(o), W_in=W_in, b_in=b_in, W_gate=W_gate, b_gate=b_gate,
         W_out=None if down is None else as_in_out(down), b_out=None if down is None else bias_of(down),
-        g_Q=g_Q, g_K=g_K,
+        g_Q=g_Q, g_K=g_K, v_norm_eps=None if v_norm is None else float(v_norm.eps),
     )
+
+
+def _has_path(block: nn.Module, path: str) -> bool:
+    try:
+        block.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
 
 
 def has_mlp_maps(block: nn.Module, anatomy) -> bool:
@@ -351,6 +387,7 @@ def unembedding(model: nn.Module, anatomy, *, native: bool = False) -> Unembed:
         steps = [ACT2FN[s[4:]] if s.startswith("act:") else model.get_submodule(s)
                  for s in anatomy.modules.lm_head]
         transform = steps[0] if len(steps) == 1 else nn.Sequential(*steps)
-    config = getattr(model, "config", None)
+    config = getattr(model, "config", None)  # a multimodal container's head caps as its text model says
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
     return Unembed(W_U, bias, transform,
                    getattr(config, "final_logit_softcapping", None), anatomy.logit_scale)

@@ -125,12 +125,14 @@ def test_one_norm_module_run_twice_gives_each_role_its_own_call():
     assert norm_calls(gptj, ["L1.ln_attn_in", "L1.ln_mlp_in"]) == [["L1.ln_attn_in", "L1.ln_mlp_in"]]
 
 
-def test_a_bidirectional_gemma_3_is_described_as_one():
+@pytest.mark.parametrize("gemma", ["gemma3_text", "gemma4_text"])
+def test_a_bidirectional_gemma_is_described_as_one(gemma):
     """EmbeddingGemma is Gemma 3 with ``use_bidirectional_attention``: it was described as causal
     (ablations and head scores then read next-token predictions it does not make). Its eager
-    patterns put weight on later keys, which the anatomy now says it may."""
-    model = hf_model("gemma3_text_bidirectional")
-    assert not model.anatomy.causal and hf_model("gemma3_text").anatomy.causal
+    patterns put weight on later keys, which the anatomy now says it may. Gemma 4's option says
+    ``"all"`` (bidirectional) or ``"vision"`` (only among image tokens: causal on text)."""
+    model = hf_model(f"{gemma}_bidirectional")
+    assert not model.anatomy.causal and hf_model(gemma).anatomy.causal
     patterns = rs.trace(model, TEXTS, patterns=True).patterns
     assert all(A.triu(1).sum() > 0.1 for A in patterns)
 
@@ -147,7 +149,7 @@ def test_every_supported_family_has_a_tiny_model_here():
                                   "qwen3_vl", "llava", "llava_next", "llava_onevision", "llava_next_video",
                                   "vipllava", "internvl", "smolvlm", "idefics3", "ovis2", "lighton_ocr",
                                   "exaone4_5", "kimi_k25", "apertus1p5", "qwen3_vl_moe", "glm4v", "glm46v",
-                                  "glm4v_moe", "aria"])
+                                  "glm4v_moe", "aria", "gemma4"])
 def test_a_multimodal_container_gives_its_text_models_stream(name):
     """A multimodal container (Gemma 3 4B, Mistral Small 3.1) on text alone is its text model:
     described by the text model's row at the text model's paths, it gives the stream, every
@@ -168,6 +170,8 @@ def test_a_multimodal_container_gives_its_text_models_stream(name):
             torch.testing.assert_close(a.get(label), b.get(label), rtol=0, atol=0)
     with torch.no_grad():
         logits = container.module.lm_head(one.stream("final"))
+    cap = container.module.config.get_text_config().final_logit_softcapping  # Gemma 4's, in its head
+    logits = logits if cap is None else cap * torch.tanh(logits / cap)
     unembedded = container.unembed().logits(both.stream("final"))
     assert max_rel_error(unembedded, logits, one.attention_mask) <= REL_F32
 

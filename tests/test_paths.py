@@ -22,7 +22,7 @@ ATOL = 2e-6  # float32 logits (~1e-7 apart): the library's hooks add a differenc
 # the output, and runs stacked in one pass round as their own batch
 HEADS, KV = 4, {"llama": 2, "gemma2": 2, "olmo2": 2, "phi3": 2, "gpt_bigcode": 1, "mixtral": 2,  # d_model 64
                 "gpt_oss": 2, "granite": 2, "granitemoe": 2, "falcon": 1, "falcon_new": 2, "glm4_moe": 2,
-                "dbrx": 2, "nanochat": 2, "minimax_m2": 2}
+                "dbrx": 2, "nanochat": 2, "minimax_m2": 2, "gemma4_text": 2}
 MINICPM3_M = MINICPM3["scale_depth"] / COMMON["num_hidden_layers"] ** 0.5  # MiniCPM3's write multiplier
 ALPHA = 6 ** 0.25  # DeepNorm's α = (2N)^¼ for the twin's 3 blocks
 EMBED_M, WRITE_M = GRANITE["embedding_multiplier"], GRANITE["residual_multiplier"]  # Granite's
@@ -78,6 +78,15 @@ FAMILIES = {
                        qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
                        qk_norm=("self_attn.q_norm", "self_attn.k_norm", None), mlp_in=("mlp",),
                        final="model.norm", layout="separate", embed="model.embed_tokens"),
+    # Gemma 4: sandwich RMSNorms (γ, not 1 + γ), the stream times each block's layer_scalar as the block
+    # ends; its last block's (full) attention has heads 32 wide, one key/value head, and keys as values
+    "gemma4_text": dict(blocks="model.layers", o="self_attn.o_proj", mlp="mlp", conv=False,
+                        read={"attn": "input_layernorm", "mlp": "pre_feedforward_layernorm"},
+                        qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                        heads_at={2: (32, 1)}, qkv_at={2: ("self_attn.q_proj", "self_attn.k_proj",
+                                                          "self_attn.k_proj")},
+                        mlp_in=("mlp.gate_proj", "mlp.up_proj"), final="model.norm", layout="separate",
+                        embed="model.embed_tokens"),
     # MiniCPM3: latent attention, writes times scale_depth / √layers, scaled embeddings and logits
     "minicpm3": dict(blocks="model.layers", o="self_attn.o_proj", mlp="mlp", conv=False,
                      read={"attn": "input_layernorm", "mlp": "post_attention_layernorm"},
@@ -205,6 +214,16 @@ CASES = [
     ("minimax_m2", ["L0.mlp"], "L1H2.q", []),          # one head's query, after the all-heads norm
     ("minimax_m2", ["L0H1"], ("L1H3.k", "L2.mlp"), []),
     ("minimax_m2", ["embed"], ("L0H0.v", "L1.attn"), []),
+    ("gemma4_text", ["L0H1"], "L1H2.q", [f"{L['gemma4_text']}.0.{n}" for n in ("post_attention_layernorm",
+                                                                                "layer_scalar")]),
+    ("gemma4_text", ["L0.mlp"], ("L1H3.v", "L1.mlp"), [f"{L['gemma4_text']}.0.{n}" for n in (
+        "post_feedforward_layernorm", "layer_scalar")]),
+    ("gemma4_text", ["L0.mlp"], "L2H1", [f"{L['gemma4_text']}.{n}" for n in (  # its key head is its value
+        "0.post_feedforward_layernorm", "0.layer_scalar", "1.layer_scalar")]),  # head (attention_k_eq_v)
+    ("gemma4_text", ["L1H0"], "L2.attn", [f"{L['gemma4_text']}.1.{n}" for n in (
+        "post_attention_layernorm", "layer_scalar")]),
+    ("gemma4_text", ["L2.mlp"], "logits", [f"{L['gemma4_text']}.2.{n}" for n in (
+        "post_feedforward_layernorm", "layer_scalar")]),  # through the final norm, soft-capped
     ("minicpm3", ["L0H1"], "L1.attn", [MINICPM3_M]),   # each write is added times the multiplier
     ("minicpm3", ["embed"], "L0.mlp", []),             # (scaled inside the embedding module)
     ("minicpm3", ["L0.mlp"], "logits", [MINICPM3_M]),  # (the model scales the final stream itself)
@@ -353,7 +372,8 @@ def _frozen(norm, x, delta):
         return w * (delta - delta.mean(-1, keepdim=True)) / s
     eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
     s = (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
-    return (1 + w if "Gemma" in type(norm).__name__ else w) * delta / s  # Gemma's RMSNorm: (1 + γ)
+    name = type(norm).__name__  # Gemma's RMSNorm (1 to 3): (1 + γ); Gemma 4's: γ
+    return (1 + w if "Gemma" in name and "Gemma4" not in name else w) * delta / s
 
 
 def _heads(f):
@@ -362,9 +382,10 @@ def _heads(f):
     return n, 64 // n
 
 
-def _columns(f, head, channel):
+def _columns(f, head, channel, layer):
     c, layout = "qkv".index(channel), FAMILIES[f]["layout"]
     (n, d), kv = _heads(f), KV.get(f, _heads(f)[0])
+    d, kv = FAMILIES[f].get("heads_at", {}).get(layer, (d, kv))  # (Gemma 4's wider full attention)
     group = head if c == 0 else head // (n // kv)
     if layout == "per_head":  # NeoX: [head, (q k v), d_head]
         start, module = (head * 3 + c) * d, 0
@@ -409,10 +430,12 @@ def _receiving(module, f, receiver, delta):
         lambda m, a, kw: seen.__setitem__("x", a[0] if a else kw["hidden_states"]), with_kwargs=True)]
     if rest.startswith("H"):
         head, channels = int(rest[1]), rest.split(".")[1:] or ["q", "k", "v"]
-        targets = [(fam["qkv"][i], cols, fam.get("qk_norm", (None, None, None))[i])
-                   for i, cols in (_columns(f, head, c) for c in channels)]
+        qkv = fam.get("qkv_at", {}).get(layer, fam["qkv"])
+        targets = [(qkv[i], cols, fam.get("qk_norm", (None, None, None))[i])
+                   for i, cols in (_columns(f, head, c, layer) for c in channels)]
     else:
-        targets = [(p, None, None) for p in (fam["qkv"] if kind == "attn" else fam["mlp_in"])]
+        qkv = dict.fromkeys(fam.get("qkv_at", {}).get(layer, fam["qkv"]))  # (each projection once)
+        targets = [(p, None, None) for p in (qkv if kind == "attn" else fam["mlp_in"])]
     for path, cols, after in targets:
         proj = module.get_submodule(f"{blocks}.{layer}.{path}")
         post = after and module.get_submodule(f"{blocks}.{layer}.{after}")
@@ -434,7 +457,7 @@ def _receiving(module, f, receiver, delta):
 def _by_hand(module, f, clean, other, senders, receivers, norms, metric):
     """The metric with ``receivers`` (one, or a tuple) alone reading the stream plus the senders'
     difference carried through ``norms``."""
-    record, makers = [(n, True) for n in norms if isinstance(n, str)], []
+    record, makers = [(n, True) for n in norms if isinstance(n, str) and not n.endswith("scalar")], []
     for s in senders:
         paths, make = _write_paths(f, s)
         record += paths
@@ -443,8 +466,9 @@ def _by_hand(module, f, clean, other, senders, receivers, norms, metric):
     seen_other = _record(module, record, other.tokens, other.attention_mask)
     shape = (*clean.tokens.shape, -1)  # (OPT's MLP writes [batch·pos, d])
     delta = sum((make(seen_other, module) - make(seen_clean, module)).reshape(shape) for make in makers)
-    for n in norms:
-        delta = delta * n if isinstance(n, float) else _frozen(module.get_submodule(n), seen_clean[n], delta)
+    for n in norms:  # a number (DeepNorm's α), a buffer multiplying the stream (Gemma 4's), a norm
+        delta = delta * n if isinstance(n, float) else delta * module.get_buffer(n).double() \
+            if n.endswith("scalar") else _frozen(module.get_submodule(n), seen_clean[n], delta)
     receivers = receivers if isinstance(receivers, tuple) else (receivers,)
     handles = [h for r in receivers for h in _receiving(module, f, r, delta)]
     try:
@@ -634,3 +658,17 @@ def test_path_patching_figure_shows_the_largest_senders_and_blanks_pairs_without
             path_patching_figure.__wrapped__(got, top=bad)
     with pytest.raises(InputError, match="measure must be one of"):
         path_patching_figure(got, "kl")
+
+
+def test_a_value_head_that_is_its_key_head_is_refused_alone():
+    """Gemma 4's full attentions (attention_k_eq_v) take the key projection's output as values:
+    one projection's columns are a key head and its value head, so neither can receive alone
+    (patching those columns changes both); the head as a whole (its ``L2H1`` case above) and
+    its query can, and a sliding block's value head still can."""
+    module, model, clean, other = _setup("gemma4_text")
+    metric = _diff(clean)
+    for channel in ("k", "v"):
+        with pytest.raises(NotAvailableError, match="attention_k_eq_v.*patch 'L2H1'"):
+            rs.path_patch(clean, other, metric, senders="L0.mlp", receivers=f"L2H1.{channel}")
+    got = rs.path_patch(clean, other, metric, senders="L0.mlp", receivers=["L1H1.v", "L2H1.q"])
+    assert got.run.all()

@@ -125,6 +125,8 @@ def _assert_attention(model, trace, pats, w, L):
     mask = trace.attention_mask
     u = trace.read_input(f"L{L}.attn")
     v = torch.einsum("bpd,hdk->bhpk", u, w.W_V) + (0 if w.b_V is None else w.b_V[:, None])
+    if w.v_norm_eps is not None:  # Gemma 4: each head's values through an RMSNorm without a gain
+        v = v / (v.pow(2).mean(-1, keepdim=True) + w.v_norm_eps).sqrt()
     q = torch.einsum("bpd,hdk->bhpk", u, w.W_Q) + (0 if w.b_Q is None else w.b_Q[:, None])
     k = torch.einsum("bpd,hdk->bhpk", u, w.W_K) + (0 if w.b_K is None else w.b_K[:, None])
     causal = model.anatomy.causal

@@ -35,6 +35,12 @@ CLIP = dict(model_type="clip_vision_model", hidden_size=16, intermediate_size=32
             num_attention_heads=2, image_size=28, patch_size=14)  # a tiny vision tower: 1 block, 2×2 patches
 SIGLIP = dict(CLIP, model_type="siglip_vision_model")
 VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+# Gemma 4 31B's attention in small: full attentions (the last block's) with wider heads, one key/value
+# head and keys as values (attention_k_eq_v); no per-layer inputs
+GEMMA4 = dict(TEXT, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+              sliding_window=4, global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
+              hidden_size_per_layer_input=0, final_logit_softcapping=30.0, pad_token_id=0, bos_token_id=1,
+              eos_token_id=2)
 COHERE2_MOE = dict(pad_token_id=None, bos_token_id=1, eos_token_id=2, logit_scale=0.25, sliding_window=4,
                    num_experts=4, num_experts_per_tok=2, num_shared_experts=1)
 
@@ -66,6 +72,15 @@ def _sinks(model):
         for name, p in model.named_parameters():
             if name.endswith("sinks"):
                 p.normal_()
+    return model
+
+
+def _layer_scalars(model):
+    """A Gemma 4 model with each block's layer_scalar drawn at random (a buffer of ones at init)."""
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.uniform_(0.5, 1.5)
     return model
 
 
@@ -256,12 +271,18 @@ BUILDERS = {
     "cohere2_moe_rms": _llama_like(
         tf.Cohere2MoeConfig, tf.Cohere2MoeForCausalLM, **COHERE2_MOE, rms_norm_eps=1e-6,
         expert_selection_fn="sigmoid", shared_expert_combination_strategy="sum"),
+    "gemma4_text": lambda: _layer_scalars(tf.Gemma4ForCausalLM(tf.Gemma4TextConfig(**GEMMA4))),
+    "gemma4_text_bidirectional": lambda: _layer_scalars(tf.Gemma4ForCausalLM(tf.Gemma4TextConfig(
+        **GEMMA4, use_bidirectional_attention="all"))),
     # multimodal containers, run on text alone: a tiny vision tower (one block, 2×2 patches) beside
     # the text model, which is described by its own row (Gemma 3 4B-27B; Mistral Small 3.1, Ministral 3)
     "gemma3": lambda: tf.Gemma3ForConditionalGeneration(tf.Gemma3Config(
         text_config=tf.Gemma3TextConfig(**TEXT), mm_tokens_per_image=4, vision_config=tf.SiglipVisionConfig(
             hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
             patch_size=14))),
+    "gemma4": lambda: _layer_scalars(tf.Gemma4ForConditionalGeneration(tf.Gemma4Config(
+        text_config=GEMMA4, vision_config=dict(VISION, num_key_value_heads=2, head_dim=8, patch_size=14,
+                                               pooling_kernel_size=1)))),
     "mistral3": lambda: _mistral3(model_type="mistral"),
     "mistral3_ministral3": lambda: _mistral3(
         model_type="ministral3", rope_parameters=dict(MINISTRAL3_ROPE, original_max_position_embeddings=8)),

@@ -55,6 +55,7 @@ from torch import Tensor
 
 from ..errors import InputError, UnknownNameError, check_choice, top_count
 from ..program import Add, Norm, Read
+from ..weights import widened
 from .flow import layer_label
 from .results import CompactRepr
 
@@ -305,10 +306,11 @@ def composition(model, through_norms: bool = True) -> Composition:
     model = getattr(model, "model", model)  # a Trace holds its Model as ``model``
     a = model.anatomy
     per_layer = [model.weights(L) for L in range(a.n_layers)]
-    W_Ot = torch.cat([a.as_added(f"L{L}.attn", w.W_O).transpose(-1, -2)  # W_OV = W_V (W_Oᵀ)ᵀ
+    # every block's heads as wide as the widest (zero columns: Gemma 4's narrower sliding heads)
+    W_Ot = torch.cat([widened(a.as_added(f"L{L}.attn", w.W_O).transpose(-1, -2), a.d_head)  # W_OV = W_V W_O
                       for L, w in enumerate(per_layer)])
-    q, k, v = (torch.cat(maps) for maps in zip(*(attention_read_maps(model, L, w)
-                                                  for L, w in enumerate(per_layer)), strict=True))
+    q, k, v = (torch.cat([widened(W, a.d_head) for W in maps]) for maps in zip(
+        *(attention_read_maps(model, L, w) for L, w in enumerate(per_layer)), strict=True))
     head_w = _gram(v, W_Ot)  # writes of heads: W_OV = C diag(γ) W_V W_O, as the head reads as a V reader
     readers = {"q": _gram_T(q, k), "k": _gram_T(k, q), "v": _gram_T(v, W_Ot)}
     d, mlp_layers = a.d_model, [L for L, w in enumerate(per_layer) if w.W_in is not None]

@@ -14,10 +14,10 @@ import torch
 from torch import Tensor
 
 from ..devices import parameter
-from ..errors import InputError, UnknownNameError
+from ..errors import InputError, NotAvailableError, UnknownNameError
 from ..program import Add, Embed, Mark, Read
 from ..walk import component_of
-from ..weights import has_mlp_maps, qkv_columns
+from ..weights import has_mlp_maps, module_or_none, qkv_columns
 
 LOGITS = "logits"  # the receiver that is the unembedding's read
 CHANNELS = ("q", "k", "v")
@@ -125,20 +125,39 @@ def receiver(trace, name: str) -> Receiver:
             f"and value) or one of them 'L5H3.q', and {LOGITS!r} (layers 0..{a.n_layers - 1})")
     layer, kind = component_of(component)
     block = a.modules.layers[layer]
+    qkv = _qkv_paths(trace, layer)
     if head is not None:
         channels = (head[2],) if head[2] else CHANNELS
-        readings = tuple(_head_reading(trace, block, head[1], c) for c in channels)
+        if head[2] in ("k", "v") and len(qkv) == 3 and qkv[1] == qkv[2]:
+            raise NotAvailableError(
+                f"{name!r}: block {layer}'s values are its key projection's output (Gemma 4's "
+                f"attention_k_eq_v), so a key head and its value head read the stream as one; patch "
+                f"'L{layer}H{head[1]}' (query, key and value) or 'L{layer}H{head[1]}.q'")
+        readings = tuple(_head_reading(trace, layer, head[1], c, qkv) for c in channels)
     elif kind == "mlp" and not has_mlp_maps(trace.model.module.get_submodule(block), a):
         # experts: the MLP itself, on what it reads
         readings = (Reading(a.modules.mlp_out[layer], (a.modules.mlp_out[layer],), None),)
     else:
         paths = (dict.fromkeys(p for p in (a.modules.mlp_in, a.modules.mlp_gate) if p) if kind == "mlp"
-                 else a.modules.qkv)  # one module for both where it is fused (Phi-3's gate_up)
+                 else qkv)  # one module for both where it is fused (Phi-3's gate_up; Gemma 4's k = v)
         readings = tuple(Reading(f"{block}.{p}", (f"{block}.{p}",), None) for p in paths)
-    return Receiver(name, reads[component], component, program[reads[component]].norm, readings)
+    return Receiver(name, reads[component], component, program[reads[component]].norm, _joined(readings))
 
 
-def _head_reading(trace, block: str, head: int, channel: str) -> Reading:
+def _qkv_paths(trace, layer: int) -> tuple[str, ...]:
+    """Block ``layer``'s modules reading the stream for attention, in the row's order.
+
+    A block without a value projection (Gemma 4's full attentions) names ``values_from``'s
+    module in its place: that projection's output is its keys and its values.
+    """
+    m = trace.anatomy.modules
+    if m.qkv_layout != "separate" or not m.values_from:
+        return m.qkv
+    block = trace.model.module.get_submodule(m.layers[layer])
+    return m.qkv if module_or_none(block, m.qkv[-1]) is not None else (*m.qkv[:-1], m.values_from)
+
+
+def _head_reading(trace, layer: int, head: int, channel: str, qkv: tuple[str, ...]) -> Reading:
     """The module computing ``channel`` of ``head`` and its output columns, for each qkv layout.
 
     The layout's columns (``weights.qkv_columns``): three modules (``separate``) or one fused
@@ -147,10 +166,11 @@ def _head_reading(trace, block: str, head: int, channel: str) -> Reading:
     it, so that only that head's changes.
     """
     a = trace.anatomy
-    c, d, layout = CHANNELS.index(channel), a.d_head, a.modules.qkv_layout
-    group = head if c == 0 else head // (a.n_heads // a.n_kv_heads)  # its key/value head
-    columns = qkv_columns(layout, a.n_heads, a.n_kv_heads, d)[c].view(-1, d)[group]
-    chain = (f"{block}.{a.modules.qkv[c if layout == 'separate' else 0]}",)
+    block, (d, n_kv) = a.modules.layers[layer], a.heads_at(layer)
+    c, layout = CHANNELS.index(channel), a.modules.qkv_layout
+    group = head if c == 0 else head // (a.n_heads // n_kv)  # its key/value head
+    columns = qkv_columns(layout, a.n_heads, n_kv, d)[c].view(-1, d)[group]
+    chain = (f"{block}.{qkv[c if layout == 'separate' else 0]}",)
     if a.modules.qk_norms is not None and c < 2:
         norm = f"{block}.{a.modules.qk_norms[c]}"
         if parameter(trace.model.module.get_submodule(norm), "weight").numel() != d:  # across heads
@@ -170,17 +190,26 @@ def merged(receivers: list[Receiver]) -> list[Receiver]:
         if r.component not in out:
             out[r.component] = r
             continue
-        readings = {g.hook: g for g in out[r.component].readings}
-        for g in r.readings:
-            if g.hook in readings:
-                old = readings[g.hook].columns
-                both = None if old is None or g.columns is None else torch.cat([old, g.columns]).unique()
-                g = Reading(g.hook, g.chain, both)
-            readings[g.hook] = g
-        whole = {g.chain[0] for g in readings.values() if g.columns is None and len(g.chain) == 1}
-        kept = tuple(g for g in readings.values() if len(g.chain) == 1 or g.chain[0] not in whole)
-        out[r.component] = Receiver(r.name, r.stop, r.component, r.norm, kept)
+        out[r.component] = Receiver(r.name, r.stop, r.component, r.norm,
+                                    _joined((*out[r.component].readings, *r.readings)))
     return list(out.values())
+
+
+def _joined(readings: tuple[Reading, ...]) -> tuple[Reading, ...]:
+    """Readings of one module joined: each module once, with the union of their columns.
+
+    (A key head and its value head in Gemma 4's full attentions: one projection's columns.) A
+    projection changed whole also covers a head's reading after its norm.
+    """
+    by_hook: dict[str, Reading] = {}
+    for g in readings:
+        if g.hook in by_hook:
+            old = by_hook[g.hook].columns
+            both = None if old is None or g.columns is None else torch.cat([old, g.columns]).unique()
+            g = Reading(g.hook, g.chain, both)
+        by_hook[g.hook] = g
+    whole = {g.chain[0] for g in by_hook.values() if g.columns is None and len(g.chain) == 1}
+    return tuple(g for g in by_hook.values() if len(g.chain) == 1 or g.chain[0] not in whole)
 
 
 def _parts(trace, name: str) -> set:

@@ -23,6 +23,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from ..weights import widened
+
 if TYPE_CHECKING:
     from .subspaces import Subspace
 
@@ -92,11 +94,13 @@ def head_write_bases(model) -> Tensor:
 
     One layer at a time: the float64 temporaries of ``ReadBasis.of`` stay one layer's size.
     Stored as ``[d, head, d_head]`` (the result is a permuted view), so ``write_sums`` reads
-    every head's basis as one ``[d, head × d_head]`` matrix without copying it.
+    every head's basis as one ``[d, head × d_head]`` matrix without copying it. Where blocks'
+    heads differ in width (Gemma 4), narrower heads' bases end in zero columns, which hold no
+    energy.
     """
     a = model.anatomy
-    bases = torch.cat([_bases(a.as_added(f"L{L}.attn", model.weights(L).W_O).transpose(-1, -2))[0]
-                       for L in range(a.n_layers)])
+    bases = torch.cat([widened(_bases(a.as_added(f"L{L}.attn", model.weights(L).W_O).transpose(-1, -2))[0],
+                               a.d_head) for L in range(a.n_layers)])
     return bases.permute(1, 0, 2).contiguous().permute(1, 0, 2)
 
 
@@ -110,7 +114,7 @@ def map_steps(model, comp, weights=None) -> tuple[int, ...]:
     if comp.kind != "attn":
         return ()
     a = model.anatomy
-    rep = a.n_heads // max(a.n_kv_heads, 1)
+    rep = a.n_heads // max(a.heads_at(comp.layer)[1], 1)
     w = weights or model.weights(comp.layer)
     return tuple(rep if rep > 1 and torch.equal(W, W[::rep].repeat_interleave(rep, 0)) else 1
                  for W, _ in w.attention_reads())

@@ -254,9 +254,9 @@ class FlowSums:
         u = x if spec is None else spec.apply_frozen(x, scale)
         tiny = torch.finfo(u.dtype).tiny
         anatomy = self.model.anatomy
-        channels = []
+        channels, n_kv = [], anatomy.heads_at(component_of(op.component)[0])[1]
         for readers, W, b in read_channels(self.model, op.component, self._weights(op.component)):
-            rep = anatomy.n_heads // anatomy.n_kv_heads if readers[0][-2:] in (".k", ".v") else 1
+            rep = anatomy.n_heads // n_kv if readers[0][-2:] in (".k", ".v") else 1
             W = W[::rep].to(u.device, u.dtype)                                # (map, d, k)
             b = None if b is None else b[::rep].to(u.device, u.dtype)
             channels.append((readers, rep, W, b))
