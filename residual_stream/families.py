@@ -366,14 +366,16 @@ ARCHITECTURES: dict[str, ArchSpec] = {
 }
 
 # Multimodal containers of a text model (Gemma 3 4B-27B, Mistral Small 3.1, Qwen2.5-VL, LLaVA, InternVL,
-# SmolVLM, Kimi K2.5, ...): model_type → the text model's path under the base model. On text-only inputs
-# the container runs that model on them alone (its embeddings, blocks and final norm; the container's LM
-# head), so it is described as that model, by the row of its own model_type (``config.get_text_config()``);
-# images are no part of the stream program
+# SmolVLM, Kimi K2.5, Aya Vision, ...): model_type → the text model's path under the base model. On
+# text-only inputs the container runs that model on them alone (its embeddings, blocks and final norm), so
+# it is described as that model, by the row of its own model_type (``config.get_text_config()``); images
+# are no part of the stream program. Its LM head is the container's own Linear, which multiplies the logits
+# by nothing: a text row's logit_scale (Cohere's, Granite's) is a step of that family's own head only
 CONTAINERS: dict[str, str] = {
     **dict.fromkeys(("gemma3", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "llava_next",
                      "llava_onevision", "llava_next_video", "vipllava", "internvl", "ovis2", "lighton_ocr",
-                     "exaone4_5", "kimi_k25", "apertus1p5"), "language_model"),
+                     "exaone4_5", "kimi_k25", "apertus1p5", "aya_vision", "cohere2_vision"),
+                    "language_model"),
     **dict.fromkeys(("smolvlm", "idefics3"), "text_model"), **RECENT_CONTAINERS}
 # Multimodal containers whose text model is a whole LM, head included (Llama 4's language_model, a
 # Llama4ForCausalLM): on text alone that LM is the model, so rs.load analyses it (the same weights;

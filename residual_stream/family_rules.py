@@ -11,10 +11,17 @@ from collections.abc import Callable
 
 
 def config_value(cfg, key: str, default=None):
-    """``cfg``'s value at ``key``, a dotted path into nested configs (DBRX's ``ffn_config.moe_top_k``)."""
+    """``cfg``'s value at ``key``, a dotted path into nested configs (DBRX's ``ffn_config.moe_top_k``).
+
+    An integer part indexes a list or tuple (ERNIE 4.5 VL's ``moe_intermediate_size.0``, its text
+    experts' width of [text, vision]); past its end the value is unset, as a missing key is.
+    """
     value = cfg
     for part in key.split("."):
-        value = getattr(value, part, None)
+        if part.isdigit() and isinstance(value, (list, tuple)):
+            value = value[int(part)] if int(part) < len(value) else None
+        else:
+            value = getattr(value, part, None)
         if value is None:
             return default
     return value

@@ -1,8 +1,8 @@
 """Rows of recent families (mostly mixture-of-experts ones) and the text models of their containers.
 
 ``families.ARCHITECTURES`` merges them with the other decoders' rows, and ``families.CONTAINERS``
-the containers (Gemma 4, Qwen3-VL-MoE, GLM-4.1V, GLM-4.5V, GLM-4.6V, Aria) whose text models these
-rows describe.
+the containers (Gemma 4, Qwen3-VL-MoE, GLM-4.1V, GLM-4.5V, GLM-4.6V, Aria, ERNIE 4.5 VL) whose text
+models these rows describe.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .arch_spec import ArchSpec
-from .family_rules import qwen_moe_widths, routing_of
+from .family_rules import dense_layer_types, qwen_moe_widths, routing_of, with_dense
 from .family_templates import (
     DEEPSEEK,
     DSA_QKV,
@@ -88,7 +88,16 @@ RECENT: dict[str, ArchSpec] = {
     "glm_moe_dsa": replace(MLA_MOE, family=f"GLM-5 decoder (DeepSeek-V3.2's: pre-RMSNorm, {MLA} with keys "
                            f"chosen by a sparse-attention indexer, {SHARED_AFTER_DENSE})", qkv=DSA_QKV,
                            refuse=_shared_indexer),
+    # ERNIE 4.5 VL's: ERNIE 4.5 MoE's blocks with text and vision experts apart (moe_intermediate_size
+    # [text, vision]); on text alone (no moe_mm_token_type_ids) every token goes to the text experts,
+    # and the shared experts, as wide as a text expert times moe_num_shared_experts, see every token
+    "ernie4_5_vl_moe_text": replace(
+        MOE, family="ERNIE 4.5 VL MoE text decoder (ERNIE 4.5 MoE's: pre-RMSNorm, mixture-of-experts MLPs "
+        "with shared experts after the first dense ones, text alone routed to the text experts; multimodal "
+        "rotary)", routing=routing_of("moe_k", "moe_num_experts"), d_mlp_keys=with_dense(
+            "intermediate_size", dense_layer_types, "moe_intermediate_size.0",
+            "moe_intermediate_size.0*moe_num_shared_experts")),
 }
 # model_type → the text model's path under the base model (``families.CONTAINERS``)
 RECENT_CONTAINERS: dict[str, str] = dict.fromkeys(
-    ("gemma4", "qwen3_vl_moe", "glm4v", "glm4v_moe", "glm46v", "aria"), "language_model")
+    ("gemma4", "qwen3_vl_moe", "glm4v", "glm4v_moe", "glm46v", "aria", "ernie4_5_vl_moe"), "language_model")

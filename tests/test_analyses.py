@@ -1258,11 +1258,12 @@ def test_dla_frames_sum_to_the_logit_difference_with_a_head_bias():
     assert "b_U" not in set(rs.direct_logit_attribution(plain).to_frame().label)
 
 
-@pytest.mark.parametrize("name", ["cohere", "granite"])
+@pytest.mark.parametrize("name", ["cohere", "granite", "aya_vision", "llava_next_granite"])
 def test_dla_of_a_model_that_scales_its_logits_sums_to_its_logit_difference(name):
     """Cohere multiplies its logits by ``logit_scale`` (0.25 here), Granite divides them by
     ``logits_scaling`` (2.5): each term is scaled with them, so the terms sum to the model's
-    own logit difference (reference: the trace's logits, the framework's), not to a multiple."""
+    own logit difference (reference: the trace's logits, the framework's), not to a multiple.
+    Aya Vision's and Granite Vision's heads over those text models scale nothing."""
     model = rs.load(build(name), tokenizer=ByteTokenizer())
     tr = rs.trace(model, TEXTS)
     dla = rs.direct_logit_attribution(tr, target="next", baseline=7)

@@ -149,11 +149,14 @@ def test_every_supported_family_has_a_tiny_model_here():
                                   "qwen3_vl", "llava", "llava_next", "llava_onevision", "llava_next_video",
                                   "vipllava", "internvl", "smolvlm", "idefics3", "ovis2", "lighton_ocr",
                                   "exaone4_5", "kimi_k25", "apertus1p5", "qwen3_vl_moe", "glm4v", "glm46v",
-                                  "glm4v_moe", "aria", "gemma4"])
+                                  "glm4v_moe", "aria", "gemma4", "aya_vision", "cohere2_vision",
+                                  "llava_next_granite", "ernie4_5_vl_moe"])
 def test_a_multimodal_container_gives_its_text_models_stream(name):
     """A multimodal container (Gemma 3 4B, Mistral Small 3.1) on text alone is its text model:
     described by the text model's row at the text model's paths, it gives the stream, every
-    contribution and the logits of that model wrapped on its own (the same weights)."""
+    contribution and the logits of that model wrapped on its own (the same weights), through the
+    container's head: Aya Vision's, Command A Vision's and Granite Vision's scale no logits, though the
+    heads of their text models' own families (Cohere 2's, Granite's) do."""
     container = hf_model(name)
     path = CONTAINERS[container.module.config.model_type]  # language_model, or text_model (SmolVLM)
     text = container.module.model.get_submodule(path)

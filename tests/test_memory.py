@@ -207,7 +207,8 @@ def test_every_width_key_names_a_field_of_its_config(model_type):
     """``config_width`` counts a factor the config leaves unset (``None``) as 0: a model without
     shared experts has none. A misspelt key would count 0 as well and lower ``d_mlp`` silently, so
     every factor of every row's width keys (dotted paths into nested configs included) must be a
-    field the model type's config class defines, checked on its default config."""
+    field the model type's config class defines, checked on its default config; an integer part an
+    index within the list or tuple it reads (ERNIE 4.5 VL's ``moe_intermediate_size.0``)."""
     import transformers as tf
 
     from residual_stream.architectures import _read
@@ -219,8 +220,40 @@ def test_every_width_key_names_a_field_of_its_config(model_type):
     for factor in (f for key in keys for f in key.split("*")):
         value = cfg
         for part in factor.split("."):
+            if part.isdigit():
+                assert isinstance(value, (list, tuple)) and int(part) < len(value), (
+                    f"{model_type}: {factor!r} indexes past a list of its config")
+                value = value[int(part)]
+                continue
             assert hasattr(value, part), f"{model_type}: {factor!r} is not a field of its config"
             value = getattr(value, part)
+
+
+def test_a_width_key_indexes_a_list_by_an_integer_part():
+    """ERNIE 4.5 VL gives its experts' widths as one list, [text, vision]: ``moe_intermediate_size.0``
+    reads the text experts' (in a product too); an index past the list's end counts as unset (0)."""
+    from types import SimpleNamespace
+
+    from residual_stream.family_rules import config_value, config_width
+
+    cfg = SimpleNamespace(moe_intermediate_size=[48, 32], moe_num_shared_experts=2,
+                          ffn=SimpleNamespace(widths=(7, 9)))
+    assert config_value(cfg, "moe_intermediate_size.0") == 48
+    assert config_value(cfg, "moe_intermediate_size.1") == 32
+    assert config_value(cfg, "ffn.widths.1") == 9
+    assert config_value(cfg, "moe_intermediate_size.2", "unset") == "unset"
+    assert config_value(cfg, "moe_num_shared_experts.0") is None  # an index into no list
+    assert config_width(cfg, "moe_intermediate_size.0*moe_num_shared_experts") == 96
+    assert config_width(cfg, "moe_intermediate_size.2") == 0
+    built = build("ernie4_5_vl_moe")  # every block of experts, none shared: the text experts' 48 wide
+    text = built.config.text_config
+    text.mlp_layer_types, text.moe_num_shared_experts = ["sparse"] * 3, 0
+    module = type(built)(built.config).eval()
+    blocks = [b.mlp for b in module.model.language_model.layers]
+    widths = {(m.text_moe.experts.down_proj.shape[-1], m.vision_moe.experts.down_proj.shape[-1])
+              for m in blocks}
+    assert widths == {(48, 32)} and all(b.shared_experts is None for b in blocks)
+    assert rs.load(module, tokenizer=ByteTokenizer()).anatomy.d_mlp == 48
 
 
 def test_experts_described_in_a_nested_config_are_read_from_it():

@@ -41,6 +41,8 @@ GEMMA4 = dict(TEXT, layer_types=["sliding_attention", "sliding_attention", "full
               sliding_window=4, global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
               hidden_size_per_layer_input=0, final_logit_softcapping=30.0, pad_token_id=0, bos_token_id=1,
               eos_token_id=2)
+COHERE2_TEXT = dict(pad_token_id=None, bos_token_id=1, eos_token_id=2, logit_scale=0.25,
+                    sliding_window=4)  # logits scaled by its own head only
 COHERE2_MOE = dict(pad_token_id=None, bos_token_id=1, eos_token_id=2, logit_scale=0.25, sliding_window=4,
                    num_experts=4, num_experts_per_tok=2, num_shared_experts=1)
 
@@ -84,10 +86,11 @@ def _layer_scalars(model):
     return model
 
 
-def _container(cls_model, cls_cfg, text_type, vision, **extra):
-    """A multimodal container with the usual tiny text model of ``text_type`` and a tiny vision tower."""
-    return lambda: cls_model(cls_cfg(text_config=dict(TEXT, model_type=text_type), vision_config=vision,
-                                     **extra))
+def _container(cls_model, cls_cfg, text_type, vision, text=(), **extra):
+    """A multimodal container with the usual tiny text model of ``text_type`` (and ``text``'s options)
+    and a tiny vision tower."""
+    return lambda: cls_model(cls_cfg(text_config=dict(TEXT, model_type=text_type, **dict(text)),
+                                     vision_config=vision, **extra))
 
 
 def _mistral3(**text):
@@ -308,6 +311,10 @@ BUILDERS = {
         image_grid_pinpoints=[[28, 28]])),
     "llava_next_video": _container(tf.LlavaNextVideoForConditionalGeneration, tf.LlavaNextVideoConfig,
                                    "llama", CLIP, image_grid_pinpoints=[[28, 28]]),
+    # Granite Vision's: a LLaVA-NeXT head (a plain Linear) over Granite's text model, whose own head divides
+    # the logits by logits_scaling and the container's by nothing
+    "llava_next_granite": _container(tf.LlavaNextForConditionalGeneration, tf.LlavaNextConfig, "granite",
+                                     CLIP, text=GRANITE, image_grid_pinpoints=[[28, 28]]),
     "vipllava": _container(tf.VipLlavaForConditionalGeneration, tf.VipLlavaConfig, "llama", CLIP,
                            vision_feature_layers=[-1]),
     "internvl": _random_biases(_container(tf.InternVLForConditionalGeneration, tf.InternVLConfig, "qwen2",
@@ -335,6 +342,20 @@ BUILDERS = {
             model_type="wavtokenizer_encoder", num_filters=4, upsampling_ratios=[2, 2], num_lstm_layers=1,
             hidden_size=8, codebook_size=16, codebook_dim=8, decoder_hidden_size=8,
             decoder_intermediate_size=16, decoder_num_layers=1, decoder_attention_num_groups=2))),
+    # Aya Vision and Command A Vision: Cohere 2's text model (logit_scale 0.25, which the containers'
+    # heads do not apply) beside a SigLIP tower, its 2×2 patches shuffled into one token
+    "aya_vision": _container(tf.AyaVisionForConditionalGeneration, tf.AyaVisionConfig, "cohere2", SIGLIP,
+                             text=COHERE2_TEXT),
+    "cohere2_vision": _container(tf.Cohere2VisionForConditionalGeneration, tf.Cohere2VisionConfig, "cohere2",
+                                 SIGLIP, text=COHERE2_TEXT, alignment_intermediate_size=32),
+    # ERNIE 4.5 VL: ERNIE 4.5 MoE's blocks (block 0 dense, biases everywhere) with text experts 48 wide and
+    # vision experts 32 wide (2 of 4 a token), a shared expert; multimodal rotary in sections of 3, 3, 2
+    "ernie4_5_vl_moe": _random_biases(lambda: tf.Ernie4_5_VLMoeForConditionalGeneration(
+        tf.Ernie4_5_VLMoeConfig(text_config=dict(
+            TEXT, use_bias=True, moe_intermediate_size=[48, 32], moe_num_experts=4, moe_k=2,
+            moe_num_shared_experts=1, rope_parameters=dict(rope_type="default", rope_theta=5e5,
+                                                           mrope_section=[3, 3, 2])),
+            vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2)))),
     # Qwen3-VL-MoE's (block 1 a dense MLP between two of experts); GLM-4.1V's (biases on q, k and v),
     # GLM-4.6V's (its classes) and GLM-4.5V's (block 0 dense, then experts with a shared one) text models
     # with their multimodal partial rotary, sections of 2, 1 and 1 frequencies
