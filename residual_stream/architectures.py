@@ -20,6 +20,7 @@ from .families import ARCHITECTURES, CONTAINERS, TEXT_LMS
 from .family_rules import config_width
 from .norms import NormSpec
 from .program import compile_program
+from .recent_families import SCALING_HEADS
 from .tl_compat import wrapped
 
 
@@ -209,8 +210,10 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
         has_lm_head=has_lm_head, lm_head_note=lm_head_note, alpha=alpha,
         has_attn_bias=getattr(attn0, "bias", None) is not None,
         causal=_read(spec.causal, config),
-        # the row's head scales the logits; a container's own head scales none (families.CONTAINERS)
-        logit_scale=spec.logit_scale(config) if config is model.config else None,
+        # the row's head scales the logits; a container's own head scales none (families.CONTAINERS),
+        # but for the few that say so (SCALING_HEADS)
+        logit_scale=spec.logit_scale(config) if config is model.config or
+        model.config.model_type in SCALING_HEADS else None,
         routing=spec.routing(config) if has_mlp else None, patterns_note=spec.patterns_refused(config),
         sinks_after_softmax=spec.sinks_after_softmax, layer_heads=layer_heads,
         family=spec.family if config is model.config else

@@ -370,7 +370,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
 # text-only inputs the container runs that model on them alone (its embeddings, blocks and final norm), so
 # it is described as that model, by the row of its own model_type (``config.get_text_config()``); images
 # are no part of the stream program. Its LM head is the container's own Linear, which multiplies the logits
-# by nothing: a text row's logit_scale (Cohere's, Granite's) is a step of that family's own head only
+# by nothing: a text row's logit_scale (Cohere's, Granite's) is a step of that family's own head only,
+# and of the heads of the containers in recent_families.SCALING_HEADS
 CONTAINERS: dict[str, str] = {
     **dict.fromkeys(("gemma3", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "llava_next",
                      "llava_onevision", "llava_next_video", "vipllava", "internvl", "ovis2", "lighton_ocr",

@@ -1,8 +1,8 @@
-"""Rows of recent families (mostly mixture-of-experts ones) and the text models of their containers.
+"""Rows of recent families (mixture-of-experts, Gemma 4, Mistral 4) and the text models of containers.
 
 ``families.ARCHITECTURES`` merges them with the other decoders' rows, and ``families.CONTAINERS``
-the containers (Gemma 4, Qwen3-VL-MoE, GLM-4.1V, GLM-4.5V, GLM-4.6V, Aria, ERNIE 4.5 VL) whose text
-models these rows describe.
+the containers (Gemma 4, Qwen3-VL-MoE, GLM-4.1V, GLM-4.5V, GLM-4.6V, Aria, ERNIE 4.5 VL, HunyuanOCR,
+Molmo2, Granite 4 Vision) whose text models these rows describe.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from .family_templates import (
     GEMMA,
     GLM4_MOE,
     GLM4_NORMS,
+    GRANITE,
+    HUNYUAN_QK,
+    LLAMA,
     MLA,
     MLA_MOE,
     MOE,
@@ -46,6 +49,12 @@ def _gemma4_variant(cfg) -> str | None:
         return ("mixture-of-experts blocks (enable_moe_block; Gemma 4 26B-A4B): a dense MLP and experts, "
                 "each with RMSNorms of its own, summed into one write")
     return None
+
+
+def _molmo2_norms(cfg) -> dict[str, str]:
+    """Molmo2's two RMSNorms: before each sublayer, or on each sublayer's write (``norm_after``, OLMo 2's)."""
+    roles = ("ln_attn_out", "ln_mlp_out") if cfg.norm_after else ("ln_attn_in", "ln_mlp_in")
+    return dict(zip(roles, ("input_layernorm", "post_attention_layernorm"), strict=True))
 
 
 RECENT: dict[str, ArchSpec] = {
@@ -97,7 +106,27 @@ RECENT: dict[str, ArchSpec] = {
         "rotary)", routing=routing_of("moe_k", "moe_num_experts"), d_mlp_keys=with_dense(
             "intermediate_size", dense_layer_types, "moe_intermediate_size.0",
             "moe_intermediate_size.0*moe_num_shared_experts")),
+    # Mistral Small 4: DeepSeek-V3's blocks (softmax routing in groups, dense first_k_dense_replace blocks);
+    # its queries multiplied inside the attention by 1 + β·log(1 + ⌊p / n⌋) (Ministral 3's), which the
+    # patterns include and no read map describes (latent attention has none)
+    "mistral4": replace(DEEPSEEK, family=f"Mistral 4 decoder (pre-RMSNorm, {MLA} with queries scaled by "
+                        f"position beyond the original context, {SHARED_AFTER_DENSE})"),
+    # the text models of HunyuanOCR (Hunyuan's dense blocks, multimodal rotary: one position on every axis
+    # on text alone), Molmo2 (its 2D embedding also holds additional_vocab_size image tokens' rows) and
+    # Granite 4 Vision (Granite's blocks; image features are added to some blocks' inputs only with images)
+    "hunyuan_vl_text": replace(LLAMA, family="HunyuanOCR text decoder (Hunyuan's: pre-RMSNorm, RMSNorm on q "
+                               "and k after the rotary embedding; multimodal rotary)", **HUNYUAN_QK),
+    "molmo2_text": replace(LLAMA, family="Molmo2 text decoder (pre-RMSNorm, or RMSNorm on each write "
+                           "(norm_after); RMSNorm on each head's, or all heads', q and k)", qk_norms=QK_NORMS,
+                           placement=lambda cfg: "sandwich" if cfg.norm_after else "pre",
+                           block_norms=_molmo2_norms),
+    "granite4_vision_text": replace(GRANITE, family="Granite 4 Vision text decoder (Granite's: pre-RMSNorm; "
+                                    "embedding, write and logit multipliers)"),
 }
 # model_type → the text model's path under the base model (``families.CONTAINERS``)
-RECENT_CONTAINERS: dict[str, str] = dict.fromkeys(
-    ("gemma4", "qwen3_vl_moe", "glm4v", "glm4v_moe", "glm46v", "aria", "ernie4_5_vl_moe"), "language_model")
+RECENT_CONTAINERS: dict[str, str] = dict.fromkeys((
+    "gemma4", "qwen3_vl_moe", "glm4v", "glm4v_moe", "glm46v", "aria", "ernie4_5_vl_moe", "hunyuan_vl",
+    "molmo2", "granite4_vision"), "language_model")
+# containers whose own head multiplies the logits as their text row says (``families.CONTAINERS``: most
+# multiply them by nothing); Granite 4 Vision's divides them by its text config's logits_scaling
+SCALING_HEADS: frozenset[str] = frozenset({"granite4_vision"})

@@ -313,7 +313,7 @@ def test_lean_scan_equals_the_single_trace(norm, placement, monkeypatch):
     _assert_subspaces_equal(result, subspaces)
 
 
-@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v32", "minicpm3"])
+@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v32", "minicpm3", "mistral4"])
 def test_a_scan_of_latent_attention_runs_what_needs_no_reads_and_refuses_the_rest(name, monkeypatch):
     """DeepSeek's multi-head latent attention has no linear reads: a scan of growth and the lens
     equals the concatenated trace's; one asking for read attribution refuses by name (V3.2's
@@ -342,7 +342,7 @@ def test_a_scan_of_latent_attention_runs_what_needs_no_reads_and_refuses_the_res
                                   "nanochat", "gemma3", "mistral3", "modernbert-decoder_causal",
                                   "esm_mlm", "esm_mlm_absolute", "llama4_text", "llava", "smolvlm",
                                   "minimax_m2", "qwen3_vl_moe", "gemma4_text", "gemma4", "aya_vision",
-                                  "ernie4_5_vl_moe"])
+                                  "ernie4_5_vl_moe", "hunyuan_vl", "molmo2_olmo"])
 def test_lean_scan_on_framework_models(name, monkeypatch):
     from tiny_hf import build
 

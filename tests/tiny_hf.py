@@ -14,6 +14,7 @@ DEEPSEEK = dict(intermediate_size=96, max_position_embeddings=128, num_key_value
                 n_group=1, topk_group=1, num_experts_per_tok=2, moe_intermediate_size=48, n_shared_experts=1,
                 first_k_dense_replace=1, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16,
                 v_head_dim=16, initializer_range=0.1)
+MISTRAL4_ROPE = dict(MINISTRAL3_ROPE, rope_theta=1e4, factor=16.0, original_max_position_embeddings=8)
 TEXT = dict(COMMON, intermediate_size=96, num_key_value_heads=2, max_position_embeddings=128, head_dim=16)
 MINICPM3 = dict(scale_emb=3.0, scale_depth=1.4, dim_model_base=16)  # embedding, write and logit multipliers
 LLAMA4 = dict(TEXT, intermediate_size=48, intermediate_size_mlp=128, num_local_experts=4,
@@ -34,6 +35,8 @@ MLA_MOE = dict(MLA, intermediate_size=96, n_routed_experts=4, n_group=1, topk_gr
 CLIP = dict(model_type="clip_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
             num_attention_heads=2, image_size=28, patch_size=14)  # a tiny vision tower: 1 block, 2×2 patches
 SIGLIP = dict(CLIP, model_type="siglip_vision_model")
+QFORMER = dict(model_type="blip_2_qformer", num_hidden_layers=1, intermediate_size=32,
+               max_position_embeddings=16)  # Granite 4 Vision's windowed Q-Former projectors
 VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
 # Gemma 4 31B's attention in small: full attentions (the last block's) with wider heads, one key/value
 # head and keys as values (attention_k_eq_v); no per-layer inputs
@@ -98,6 +101,13 @@ def _mistral3(**text):
         text_config=dict(TEXT, **text), vision_config=tf.PixtralVisionConfig(
             hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
             patch_size=14, head_dim=8)))
+
+
+def _molmo2(**text):
+    vit = dict(VISION, num_key_value_heads=2, head_dim=8)
+    return tf.Molmo2ForConditionalGeneration(tf.Molmo2Config(
+        text_config=dict(TEXT, additional_vocab_size=8, **text), vision_config=dict(vit, image_size=[28, 28]),
+        adapter_config=dict(vit, vision_feature_layer=[-1], text_hidden_size=64)))
 
 
 BUILDERS = {
@@ -255,6 +265,13 @@ BUILDERS = {
     "glm_moe_dsa": lambda: tf.GlmMoeDsaForCausalLM(tf.GlmMoeDsaConfig(
         **COMMON, **MLA_MOE, q_lora_rank=24, index_topk=4, index_head_dim=16, index_n_heads=8, bos_token_id=1,
         eos_token_id=2)),
+    # Mistral 4: V3's blocks, its queries scaled from position 8 on (1 + 0.1·log(1 + ⌊p / 8⌋)); interleaved
+    # rotary with low-rank queries, or half-split rotary with their own projection and no dense block
+    "mistral4": lambda: tf.Mistral4ForCausalLM(tf.Mistral4Config(
+        **COMMON, **DEEPSEEK, q_lora_rank=24, rope_parameters=MISTRAL4_ROPE)),
+    "mistral4_q": lambda: tf.Mistral4ForCausalLM(tf.Mistral4Config(
+        **COMMON, **dict(DEEPSEEK, first_k_dense_replace=0), q_lora_rank=None, rope_interleave=False,
+        rope_parameters=MISTRAL4_ROPE)),
     # MiniMax-M2: an RMSNorm over all heads' queries (keys), half of each head rotated, sigmoid routing
     "minimax_m2": _llama_like(tf.MiniMaxM2Config, tf.MiniMaxM2ForCausalLM, head_dim=16, num_local_experts=4,
                               num_experts_per_tok=2, rotary_dim=8, bos_token_id=1, eos_token_id=2),
@@ -378,6 +395,19 @@ BUILDERS = {
         text_config=dict(TEXT, **ARIA), projector_patch_to_query_dict={4: 4}, vision_config=dict(
             model_type="idefics3_vision", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
             num_attention_heads=2, image_size=28, patch_size=14)))),
+    # HunyuanOCR: Hunyuan's dense blocks (biases on q, k, v, o) with multimodal rotary in sections of 2, 3
+    # and 3; Molmo2: Qwen3's RMSNorms on each head's q and k before each sublayer, or OLMo 2's (over all
+    # heads, on each write); Granite 4 Vision: Granite's multipliers (its projectors 1/2 windowed Q-Formers)
+    "hunyuan_vl": _random_biases(lambda: tf.HunYuanVLForConditionalGeneration(tf.HunYuanVLConfig(
+        text_config=dict(TEXT, rope_parameters=dict(MROPE, mrope_section=[2, 3, 3]), attention_bias=True,
+                         pad_token_id=0, bos_token_id=1, eos_token_id=2),
+        vision_config=dict(VISION, out_hidden_size=64, patch_size=14)))),
+    "molmo2": lambda: _molmo2(),
+    "molmo2_olmo": lambda: _molmo2(qk_norm_type="olmo", norm_after=True),
+    "granite4_vision": lambda: tf.Granite4VisionForConditionalGeneration(tf.Granite4VisionConfig(
+        text_config=dict(TEXT, **GRANITE), vision_config=dict(CLIP, hidden_size=64), image_token_index=256,
+        image_grid_pinpoints=[[28, 28]], downsample_rate="1/2", deepstack_layer_map=[[-1, 1]],
+        spatial_target_layers=[0, 1, 2, 2], qformer_config=QFORMER)),
     # Llama 4: Maverick's interleaving (block 1 of experts between dense ones 128 wide), block 2 without
     # rotary, its queries scaled from position 3 on (floor_scale 4), the others chunked by 8 positions;
     # the container (Scout's: every block of experts, 2 a token) as it is saved, its text model a whole LM
