@@ -31,21 +31,27 @@ def framework_bars(shown: bool) -> Iterator[None]:
 
 @contextlib.contextmanager
 def quiet_load_report(quiet: bool) -> Iterator[None]:
-    """Hold back transformers' load report while ``quiet`` (its errors still show).
+    """Hold back transformers' load report while ``quiet``: this thread's warnings, not its errors.
 
     Loading a multimodal container's text LM alone (Llama 4's) leaves the vision tower's
-    weights unused on purpose: the report would list each of them as unexpected.
+    weights unused on purpose: the report would list each of them as unexpected. A filter on
+    the logger drops only records this thread makes below ERROR, so a load on another thread
+    at the same moment (the app's sessions) keeps its report, and no level is changed.
     """
     import logging
 
     log = logging.getLogger("transformers.modeling_utils")
-    level = log.level
+    this = threading.get_ident()
+
+    def others_or_errors(record: logging.LogRecord) -> bool:
+        return record.thread != this or record.levelno >= logging.ERROR
+
     if quiet:
-        log.setLevel(logging.ERROR)
+        log.addFilter(others_or_errors)
     try:
         yield
     finally:
-        log.setLevel(level)
+        log.removeFilter(others_or_errors)
 
 
 def terminal_bars() -> contextlib.AbstractContextManager[None]:

@@ -572,6 +572,37 @@ def test_progress_false_hides_the_frameworks_loading_bar(capsys):
     assert hf_logging.is_progress_bar_enabled()
 
 
+def test_a_held_back_load_report_is_this_threads_alone():
+    """``bars.quiet_load_report`` (Llama 4's text LM loaded alone) used to lower the level of
+    transformers' ``modeling_utils`` logger for everyone: a load on another thread at the same
+    moment (the app's sessions) lost its report, and two overlapping quiet loads could leave
+    the level lowered for good. Now this thread's warnings alone are held back, its errors
+    still show, and the logger's level and filters are as they were after."""
+    import logging
+    import threading
+
+    from residual_stream.bars import quiet_load_report
+
+    log = logging.getLogger("transformers.modeling_utils")
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    log.addHandler(handler)
+    level, filters = log.level, list(log.filters)
+    try:
+        with quiet_load_report(True):
+            log.warning("this thread's report")
+            other = threading.Thread(target=lambda: log.warning("another thread's report"))
+            other.start()
+            other.join()
+            log.error("this thread's error")
+        log.warning("after the load")
+    finally:
+        log.removeHandler(handler)
+    assert seen == ["another thread's report", "this thread's error", "after the load"]
+    assert log.level == level and log.filters == filters
+
+
 @pytest.mark.parametrize("build_clipped", [
     lambda clip: tf.OlmoForCausalLM(tf.OlmoConfig(vocab_size=257, hidden_size=32, num_hidden_layers=1,
                                                   num_attention_heads=4, intermediate_size=48,
