@@ -64,7 +64,8 @@ class ModulePaths:
     module paths from the root, applied in turn, ``"act:NAME"`` an activation of transformers'
     ``ACT2FN``. ``values_from`` and ``v_norm`` (relative to a block): the projection whose output
     are the values where a block has no value projection, and a parameterless RMSNorm on each
-    head's values (Gemma 4's; ``ArchSpec``).
+    head's values (Gemma 4's; ``ArchSpec``). ``mlp_out_input``: each MLP's write is the input of
+    its ``mlp_out`` module, not its output (Gemma 4's blocks of experts).
     """
 
     layers: tuple[str, ...]
@@ -84,6 +85,7 @@ class ModulePaths:
     mlp_out_in_place: bool = False
     values_from: str | None = None
     v_norm: str | None = None
+    mlp_out_input: bool = False
     unembed_in: str | None = None
     unembed_bias: str | None = None
 

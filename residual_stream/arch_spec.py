@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 class ArchSpec:
     """One model family as data. Paths are relative to ``model.base_model`` (block paths to a block).
 
-    ``embeds``, ``placement``, ``block_norms``, ``qkv_layout`` and ``causal`` may be functions
-    of the config, where a family's options change them (GPT-NeoX's parallel residual).
+    ``embeds``, ``placement``, ``block_norms``, ``qkv_layout``, ``causal``, ``mlp_out``,
+    ``mlp_out_input`` and ``mlp_in`` may be functions of the config, where a family's options
+    change them (GPT-NeoX's parallel residual, Gemma 4's experts).
     """
 
     family: str
@@ -19,7 +20,7 @@ class ArchSpec:
     embeds: Mapping[str, str] | Callable[[object], Mapping[str, str]]
     block_norms: Mapping[str, str] | Callable[[object], Mapping[str, str]]
     attn_out: str
-    mlp_out: str
+    mlp_out: str | Callable[[object], str]
     placement: str | Callable[[object], str] = "pre"
     embed_norm: str | None = None
     final_norm: str | None = None
@@ -36,7 +37,7 @@ class ArchSpec:
     qkv: tuple[str, ...] | Callable[[object], tuple[str, ...]] = (
         "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
     qkv_layout: str | Callable[[object], str] = "separate"
-    mlp_in: str = "mlp.up_proj"
+    mlp_in: str | Callable[[object], str] = "mlp.up_proj"
     mlp_gate: str | None = "mlp.gate_proj"
     mlp_down: str = "mlp.down_proj"
     # mixture-of-experts MLPs have no single read or write map (their blocks lack mlp_in and
@@ -89,6 +90,9 @@ class ArchSpec:
     n_kv_heads: Callable[[object], int] | None = None
     # the block adds to the MLP's output tensor in place once the module returns (Falcon)
     mlp_out_in_place: bool = False
+    # the MLP's write is the INPUT of the module at mlp_out, where no module outputs it alone (Gemma 4's
+    # blocks of experts: a dense MLP's and the experts' outputs, each normed, summed into the write's norm)
+    mlp_out_input: bool | Callable[[object], bool] = False
     # why the framework's attention patterns (its eager attention) are not the model's, if so
     patterns_refused: Callable[[object], str | None] = field(default=lambda cfg: None)
     # attention sinks applied after the softmax, as a scale sigmoid(logsumexp(scores) − sink)

@@ -168,7 +168,8 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
     embeds = tuple(k for k, p in embed_paths.items() if _has(base, p))
     alpha = float(spec.alpha(config))
     layer_paths = tuple(f"{spec.layers}.{L}" for L in range(n_layers))
-    has_mlp = _has(base, f"{layer_paths[0]}.{spec.mlp_out}")
+    mlp_out, mlp_in = _read(spec.mlp_out, config), _read(spec.mlp_in, config)
+    has_mlp = _has(base, f"{layer_paths[0]}.{mlp_out}")
     program = compile_program(placement=placement, n_layers=n_layers, embeds=embeds,
                               norms=set(norms), alpha=alpha,
                               sublayers=("attn", "mlp") if has_mlp else ("attn",))
@@ -185,24 +186,25 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
         n_layers=n_layers, d_model=d_model, n_heads=n_heads,
         n_kv_heads=n_kv, d_head=max(d for d, _ in layer_heads), d_mlp=0 if not has_mlp else max(
             config_width(config, k) for k in widths) if widths
-        else _mlp_width(base, layer_paths[0], spec),
+        else _mlp_width(base, layer_paths[0], mlp_out),
         d_vocab=int(config.vocab_size), n_ctx=_first_attr(config, spec.n_ctx_keys, 2048),
         embeds=embeds, norms=norms, program=program,
         modules=ModulePaths(
             layers=tuple(full(p) for p in layer_paths),
             embeds={k: full(embed_paths[k]) for k in embeds},
             attn_out=tuple(full(f"{p}.{spec.attn_out}") for p in layer_paths),
-            mlp_out=tuple(full(f"{p}.{spec.mlp_out}") for p in layer_paths) if has_mlp else (),
+            mlp_out=tuple(full(f"{p}.{mlp_out}") for p in layer_paths) if has_mlp else (),
             norms={k: v.module_path for k, v in norms.items() if not v.constant},
             lm_head=_head_transform(model, spec.head_transform) if has_lm_head else None,
             qkv=_read(spec.qkv, config), qkv_layout=_read(spec.qkv_layout, config),
-            mlp_in=spec.mlp_in if has_mlp else "", mlp_down=spec.mlp_down if has_mlp else "",
+            mlp_in=mlp_in if has_mlp else "", mlp_down=spec.mlp_down if has_mlp else "",
             mlp_gate=spec.mlp_gate if has_mlp and any(  # (a model of experts: in its dense blocks)
                 _has(base, f"{p}.{spec.mlp_gate}") for p in layer_paths) else None,
             mlp_layout=spec.mlp_layout,
             qk_norms=spec.qk_norms if spec.qk_norms and all(
                 _has(base, f"{layer_paths[0]}.{p}") for p in spec.qk_norms) else None,
             qk_norm_offset=spec.weight_offset, mlp_out_in_place=spec.mlp_out_in_place,
+            mlp_out_input=bool(_read(spec.mlp_out_input, config)),
             values_from=spec.values_from, v_norm=spec.v_norm,
             unembed_in=full(spec.unembed_in) if spec.unembed_in and _has(base, spec.unembed_in) else None,
             unembed_bias=spec.unembed_bias if has_lm_head and spec.unembed_bias else None,
@@ -278,8 +280,8 @@ def _heads(base: nn.Module, layer: str, spec: ArchSpec, config: object, n_heads:
     return d_head, width // d_head if width % d_head == 0 else n_kv
 
 
-def _mlp_width(base: nn.Module, layer: str, spec: ArchSpec) -> int:
+def _mlp_width(base: nn.Module, layer: str, mlp_out: str) -> int:
     """d_mlp: the input width of the last Linear/Conv1D inside the MLP write module."""
-    mlp = base.get_submodule(f"{layer}.{spec.mlp_out}")
+    mlp = base.get_submodule(f"{layer}.{mlp_out}")
     linears = [m for m in mlp.modules() if hasattr(m, "weight") and getattr(m.weight, "ndim", 0) == 2]
     return _in_out(linears[-1])[0] if linears else 0

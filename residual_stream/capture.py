@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 
@@ -117,7 +117,8 @@ def _hook_plan(anatomy: Anatomy, out: Captured, shape: torch.Size, verify: bool,
         plan += [(path, store_input(out.z, L), True) for L, path in enumerate(m.attn_out)]
     if verify or not heads:
         plan += [(path, store_output(out.attn_out, L), False) for L, path in enumerate(m.attn_out)]
-    plan += [(path, store_output(out.mlp_out, L, m.mlp_out_in_place), False)
+    plan += [(path, store_input(out.mlp_out, L), True) if m.mlp_out_input else  # (Gemma 4's experts)
+             (path, store_output(out.mlp_out, L, m.mlp_out_in_place), False)
              for L, path in enumerate(m.mlp_out)]
     by_path: dict[str, list[str]] = defaultdict(list)
     for name, path in m.norms.items():
@@ -181,7 +182,7 @@ def capture(
     *,
     verify: bool = False,
     patterns: bool = False,
-    edits: Sequence[tuple[str, Callable]] = (),
+    edits: Sequence[tuple] = (),
     heads: bool = True,
     logits: bool | str = True,
     out: Captured | None = None,
@@ -193,7 +194,8 @@ def capture(
     ``patterns=True`` also records attention patterns, running a Hugging Face model with eager
     attention for this one call (its implementation is restored afterwards). ``edits`` are
     ``(module path, forward hook)`` interventions (a hook returning a value replaces the
-    module's output); they are attached for this call only. ``heads=False`` keeps attention
+    module's output), or ``(module path, pre-hook, True)`` (one replacing its input, as
+    ``contexts.edited`` takes them); they are attached for this call only. ``heads=False`` keeps attention
     outputs whole instead of per-head ``z``; ``logits=False`` drops the logits and
     ``logits="native"`` keeps them in the model's dtype (no float32 copy of a ``[tokens,
     vocab]`` tensor, which in bf16 outweighs the forward pass's own peak); with

@@ -38,17 +38,27 @@ def _shared_indexer(cfg) -> str | None:
 
 
 def _gemma4_variant(cfg) -> str | None:
-    """A ``refuse`` rule: Gemma 4's per-layer inputs, shared keys and values, and experts."""
+    """A ``refuse`` rule: Gemma 4's per-layer inputs and keys and values shared across blocks."""
     if cfg.hidden_size_per_layer_input:
         return ("per-layer inputs (hidden_size_per_layer_input; Gemma 4 E2B and E4B): a third, gated "
                 "sublayer in each block that multiplies what it reads by a per-layer embedding of each token")
     if cfg.num_kv_shared_layers:
         return ("blocks reusing an earlier block's keys and values (num_kv_shared_layers): one block's read "
                 "of the stream feeds another block's attention")
-    if cfg.enable_moe_block:
-        return ("mixture-of-experts blocks (enable_moe_block; Gemma 4 26B-A4B): a dense MLP and experts, "
-                "each with RMSNorms of its own, summed into one write")
     return None
+
+
+def _gemma4_experts(cfg) -> bool:
+    """Gemma 4's blocks of experts (26B-A4B): a dense MLP and experts beside it, one write.
+
+    Each reads the stream through norms of its own (the router too), and their normed outputs'
+    sum is the write, the input of ``post_feedforward_layernorm``: the MLP reads the raw stream.
+    """
+    return bool(cfg.enable_moe_block)
+
+
+GEMMA4_NORMS = {"ln_attn_in": "input_layernorm", "ln_attn_out": "post_attention_layernorm",
+                "ln_mlp_out": "post_feedforward_layernorm"}
 
 
 def _molmo2_norms(cfg) -> dict[str, str]:
@@ -58,15 +68,21 @@ def _molmo2_norms(cfg) -> dict[str, str]:
 
 
 RECENT: dict[str, ArchSpec] = {
-    # Gemma 4 (1B-31B dense): Gemma 3's sandwich with plain gains (γ, not 1 + γ); each head's values
-    # through a parameterless RMSNorm, and full attentions with attention_k_eq_v (wider heads, fewer
-    # key/value heads) take the key projection's output as values; every block ends by multiplying
-    # the stream by its layer_scalar
+    # Gemma 4 (31B; 26B-A4B, with experts): Gemma 3's sandwich with plain gains (γ, not 1 + γ); each
+    # head's values through a parameterless RMSNorm, and full attentions with attention_k_eq_v (wider
+    # heads, fewer key/value heads) take the key projection's output as values; every block ends by
+    # multiplying the stream by its layer_scalar
     "gemma4_text": replace(
         GEMMA, family="Gemma 4 decoder (sandwich RMSNorm, scaled embeddings, RMSNorm on q, k and v, keys "
-        "as values in full attentions, the stream scaled as each block ends)", weight_offset=0.0,
+        "as values in full attentions, the stream scaled as each block ends; experts beside the MLP where "
+        "configured)", weight_offset=0.0,
         qk_norms=QK_NORMS, values_from="self_attn.k_proj", v_norm="self_attn.v_norm",
         block_scale="layer_scalar", n_kv_heads=lambda cfg: cfg.per_layer_config[0].num_key_value_heads,
+        block_norms=lambda cfg: GEMMA4_NORMS if _gemma4_experts(cfg) else GEMMA.block_norms,
+        mlp_out=lambda cfg: "post_feedforward_layernorm" if _gemma4_experts(cfg) else "mlp",
+        mlp_out_input=_gemma4_experts, mlp_in=lambda cfg: "" if _gemma4_experts(cfg) else "mlp.up_proj",
+        d_mlp_keys=("intermediate_size", "moe_intermediate_size"),  # (an expert's: unset in a dense one)
+        routing=lambda cfg: routing_of("top_k_experts", "num_experts")(cfg) if _gemma4_experts(cfg) else None,
         causal=lambda cfg: cfg.use_bidirectional_attention != "all",
         refuse=_gemma4_variant),
     # the text models of the containers: on text alone their multimodal rotary gives each axis the

@@ -38,11 +38,7 @@ def _hook_all(model, anatomy, cap, ablate: str):
                                                      with_kwargs=True))
         if ablate == f"L{L}.b_O":
             handles.append(mod.register_forward_hook(lambda m, a, y: y - m.bias))
-    for L, path in enumerate(anatomy.modules.mlp_out):
-        value = cap.mlp_out[L].double()
-        handles.append(model.get_submodule(path).register_forward_hook(  # gpt-oss: (write, router scores)
-            lambda m, a, y, v=value, on=(ablate == f"L{L}.mlp"):
-            _as_output(y, torch.zeros_like(v) if on else v)))
+    handles += _mlp_writes(model, anatomy, cap, ablate)
     calls: dict[str, list[list[str]]] = {}  # each norm module's calls in a pass, in order
     for name, spec in anatomy.norms.items():  # (a multiplier, Granite's, has no module: the model's
         if spec.constant:                     # own code applies it)
@@ -55,6 +51,21 @@ def _hook_all(model, anatomy, cap, ablate: str):
             groups.append([name])
     for path, groups in calls.items():  # (GPT-J's ln_1, read twice in one call)
         handles.append(model.get_submodule(path).register_forward_hook(_frozen(anatomy, cap, groups, ablate)))
+    return handles
+
+
+def _mlp_writes(model, anatomy, cap, ablate: str) -> list:
+    """Hooks putting each captured MLP write in place (zeros for the ablated one): the module's
+    output, or its input where the write is that (Gemma 4's blocks of experts)."""
+    handles = []
+    for L, path in enumerate(anatomy.modules.mlp_out):
+        v, on = cap.mlp_out[L].double(), ablate == f"L{L}.mlp"
+        if anatomy.modules.mlp_out_input:
+            handles.append(model.get_submodule(path).register_forward_pre_hook(
+                lambda m, a, v=v, on=on: ((torch.zeros_like(v) if on else v).reshape(a[0].shape), *a[1:])))
+        else:  # gpt-oss: (write, router scores)
+            handles.append(model.get_submodule(path).register_forward_hook(
+                lambda m, a, y, v=v, on=on: _as_output(y, torch.zeros_like(v) if on else v)))
     return handles
 
 

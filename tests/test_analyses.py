@@ -646,7 +646,8 @@ def _surgery(model, write, mode, trace):
                 base = module.model
                 block = base.decoder.layers[L] if hasattr(base, "decoder") else base.layers[L]
                 weights = (block.fc2.weight, block.fc2.bias) if hasattr(block, "fc2") else (
-                    block.mlp.down_proj.weight,)
+                    block.post_feedforward_layernorm_1.weight, block.post_feedforward_layernorm_2.weight) \
+                    if hasattr(block, "experts") else (block.mlp.down_proj.weight,)  # Gemma 4's: both gains
             for w in (weights if rest == "mlp" else (proj(module, L).weight, proj(module, L).bias)):
                 w.zero_()
             if mode == "mean":
@@ -674,7 +675,8 @@ def _surgery(model, write, mode, trace):
                                                      ("gpt2", "L0.attn", "zero"), ("gemma2", "L1H1", "zero"),
                                                      ("gpt2", "L1.attn", "reference"),
                                                      ("gpt_neox_parallel", "L0H1", "mean"),
-                                                     ("opt", "L1.mlp", "zero"), ("opt", "L0H1", "mean")])
+                                                     ("opt", "L1.mlp", "zero"), ("opt", "L0H1", "mean"),
+                                                     ("gemma4_moe", "L1.mlp", "zero")])
 def test_ablation_of_a_head_or_an_mlp_matches_weight_surgery(name, write, mode):
     """One head (or a whole MLP) ablated by the hook against the same ablation made in the
     weights of a copy of the model: the later reads' changes (the same block's MLP reading the

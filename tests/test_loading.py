@@ -256,13 +256,11 @@ def _one_block(model_cls, config_cls, **options):
         intermediate_size=48, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2,
         q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, index_topk=4,
         index_head_dim=16, index_n_heads=2, indexer_types=["full", "shared"])), "indexer_types 'shared'"),
-    # Gemma 4 E2B/E4B's per-layer inputs and shared keys and values, 26B-A4B's experts beside its MLP
+    # Gemma 4 E2B/E4B's per-layer inputs, and keys and values shared across blocks
     *((lambda kw=kw: tf.Gemma4ForCausalLM(tf.Gemma4TextConfig(**{**GEMMA4, **kw})), name) for kw, name in (
         (dict(hidden_size_per_layer_input=8), "per-layer inputs"),
         (dict(num_kv_shared_layers=2, num_hidden_layers=4,
-              layer_types=["sliding_attention", "full_attention"] * 2), "num_kv_shared_layers"),
-        (dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=16),
-         "enable_moe_block"))),
+              layer_types=["sliding_attention", "full_attention"] * 2), "num_kv_shared_layers"))),
 ])
 def test_a_variant_of_a_supported_family_that_no_row_describes_is_refused(build_variant, variant):
     """Phi's and StableLM's optional LayerNorms on each head's queries and keys, a BERT or GPT-2

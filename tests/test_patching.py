@@ -491,19 +491,26 @@ def test_attribution_patching_needs_a_differentiable_metric():
 
 WRITE_PATHS = {"gpt2": ("transformer.h.{}.attn.c_proj", "transformer.h.{}.mlp"),
                "llama": ("model.layers.{}.self_attn.o_proj", "model.layers.{}.mlp"),
-               "opt": ("model.decoder.layers.{}.self_attn.out_proj", "model.decoder.layers.{}.fc2")}
+               "opt": ("model.decoder.layers.{}.self_attn.out_proj", "model.decoder.layers.{}.fc2"),
+               # Gemma 4's blocks of experts: the MLP's write is its norm's input; heads 16 and 32 wide
+               "gemma4_moe": ("model.layers.{}.self_attn.o_proj", "model.layers.{}.post_feedforward_layernorm")}
+WRITE_IS_INPUT = {"gemma4_moe"}
+WRITE_STEPS = {"gemma4_moe": (1e-3, 2e-3)}  # (its RMSNorms compute in float32, even in a float64 model)
 
 
-def _nudged_write(module, name, write, tokens, mask, reference_tokens, where, metric, eps, d_head):
+def _nudged_write(module, name, write, tokens, mask, reference_tokens, where, metric, eps, n_heads):
     """The metric with one write moved by ``eps · (reference − clean)`` at ``where``: a head
-    through its slice of the output projection's input, an MLP through its output; both runs'
-    values recorded, then the nudge written, by the test's own hooks."""
+    through its slice of the output projection's input (its width from that projection's), an
+    MLP through its output (its write norm's input, Gemma 4's); both runs' values recorded, then
+    the nudge written, by the test's own hooks."""
     if write.endswith(".mlp"):
         target, head = module.get_submodule(WRITE_PATHS[name][1].format(int(write[1]))), None
     else:
         layer, h = (int(x) for x in write[1:].split("H"))
         target = module.get_submodule(WRITE_PATHS[name][0].format(layer))
+        d_head = (target.weight.shape[0] if name == "gpt2" else target.in_features) // n_heads  # (Conv1D)
         head = slice(h * d_head, (h + 1) * d_head)
+    head = head or (slice(None) if name in WRITE_IS_INPUT else None)  # a write taken at an input
     seen = {}
     with torch.no_grad():
         for key, inputs in (("ref", reference_tokens), ("clean", tokens)):
@@ -531,12 +538,14 @@ def test_attribution_patching_of_writes_is_the_derivative_along_each_write(name)
     is the sum of its heads' (linear in ``z``); the default writes are every head."""
     module, _, _, _ = _setup(name)
     module = module.double()
+    if getattr(module.config, "_experts_implementation", None) not in (None, "eager"):
+        module.set_experts_implementation("eager")  # (grouped matmuls of experts take no float64)
     model = rs.load(module, tokenizer=ByteTokenizer())
     clean, other = rs.trace(model, TEXTS), rs.trace(model, CORRUPT)
     metric = _diff(clean)
     writes = ["L0H1", "L1H3", "L2H0", "L0.mlp", "L1.mlp", "L1.attn"]
     got = rs.attribution_patching_writes(clean, other, metric, writes=writes, positions=[5, -1])
-    eps, rel = STEPS[name]
+    eps, rel = {**STEPS, **WRITE_STEPS}[name]
     lengths, real = clean.attention_mask.sum(1), clean.attention_mask.bool()
     last = torch.zeros_like(real)
     last[torch.arange(2), lengths - 1] = True
@@ -546,8 +555,8 @@ def test_attribution_patching_of_writes_is_the_derivative_along_each_write(name)
     for i, w in enumerate(writes[:-1]):
         for where, value in ((at5, got.metric[i, 0]), (last, got.metric[i, 1]), (real, got.total[i])):
             args = (module, name, w, clean.tokens, clean.attention_mask, other.tokens, where, metric)
-            slope = (_nudged_write(*args, eps, model.anatomy.d_head)
-                     - _nudged_write(*args, -eps, model.anatomy.d_head)) / (2 * eps)
+            slope = (_nudged_write(*args, eps, model.anatomy.n_heads)
+                     - _nudged_write(*args, -eps, model.anatomy.n_heads)) / (2 * eps)
             assert float(value) - got.metric_clean == pytest.approx(slope, rel=rel, abs=1e-9), w
             moved += abs(slope) > 1e-4
     assert moved >= 6

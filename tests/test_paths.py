@@ -22,7 +22,8 @@ ATOL = 2e-6  # float32 logits (~1e-7 apart): the library's hooks add a differenc
 # the output, and runs stacked in one pass round as their own batch
 HEADS, KV = 4, {"llama": 2, "gemma2": 2, "olmo2": 2, "phi3": 2, "gpt_bigcode": 1, "mixtral": 2,  # d_model 64
                 "gpt_oss": 2, "granite": 2, "granitemoe": 2, "falcon": 1, "falcon_new": 2, "glm4_moe": 2,
-                "dbrx": 2, "nanochat": 2, "minimax_m2": 2, "gemma4_text": 2}
+                "dbrx": 2, "nanochat": 2, "minimax_m2": 2, "gemma4_text": 2,
+                "gemma4_moe": 2}
 MINICPM3_M = MINICPM3["scale_depth"] / COMMON["num_hidden_layers"] ** 0.5  # MiniCPM3's write multiplier
 ALPHA = 6 ** 0.25  # DeepNorm's α = (2N)^¼ for the twin's 3 blocks
 EMBED_M, WRITE_M = GRANITE["embedding_multiplier"], GRANITE["residual_multiplier"]  # Granite's
@@ -87,6 +88,12 @@ FAMILIES = {
                                                           "self_attn.k_proj")},
                         mlp_in=("mlp.gate_proj", "mlp.up_proj"), final="model.norm", layout="separate",
                         embed="model.embed_tokens"),
+    # Gemma 4 26B-A4B's blocks: a dense MLP and experts, their normed outputs' sum the input of the
+    # write's norm (mlp_input: the write recorded there), read from the raw stream
+    "gemma4_moe": dict(blocks="model.layers", o="self_attn.o_proj", mlp="post_feedforward_layernorm",
+                       mlp_input=True, conv=False, read={"attn": "input_layernorm", "mlp": None},
+                       qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), mlp_in=(),
+                       final="model.norm", layout="separate", embed="model.embed_tokens"),
     # MiniCPM3: latent attention, writes times scale_depth / √layers, scaled embeddings and logits
     "minicpm3": dict(blocks="model.layers", o="self_attn.o_proj", mlp="mlp", conv=False,
                      read={"attn": "input_layernorm", "mlp": "post_attention_layernorm"},
@@ -224,6 +231,12 @@ CASES = [
         "post_attention_layernorm", "layer_scalar")]),
     ("gemma4_text", ["L2.mlp"], "logits", [f"{L['gemma4_text']}.2.{n}" for n in (
         "post_feedforward_layernorm", "layer_scalar")]),  # through the final norm, soft-capped
+    ("gemma4_moe", ["L0.mlp"], "L1H2.q", [f"{L['gemma4_moe']}.0.{n}" for n in ("post_feedforward_layernorm",
+                                                                              "layer_scalar")]),
+    ("gemma4_moe", ["L0H3"], ("L1.attn", "L1H0"), [f"{L['gemma4_moe']}.0.{n}" for n in (
+        "post_attention_layernorm", "layer_scalar")]),
+    ("gemma4_moe", ["L1.mlp"], "logits", [f"{L['gemma4_moe']}.{n}" for n in (
+        "1.post_feedforward_layernorm", "1.layer_scalar", "2.layer_scalar")]),
     ("minicpm3", ["L0H1"], "L1.attn", [MINICPM3_M]),   # each write is added times the multiplier
     ("minicpm3", ["embed"], "L0.mlp", []),             # (scaled inside the embedding module)
     ("minicpm3", ["L0.mlp"], "logits", [MINICPM3_M]),  # (the model scales the final stream itself)
@@ -349,9 +362,9 @@ def _write_paths(f, name):
         path = FAMILIES[f]["embed"]
         return [(path, False)], lambda seen, m: seen[path]
     layer, rest = int(name[1]), name[2:]
-    if rest == ".mlp":
+    if rest == ".mlp":  # the MLP's output, or the input of the write's norm (Gemma 4's experts)
         path = f"{blocks}.{layer}.{FAMILIES[f]['mlp']}"
-        return [(path, False)], lambda seen, m: seen[path]
+        return [(path, FAMILIES[f].get("mlp_input", False))], lambda seen, m: seen[path]
     path = f"{blocks}.{layer}.{FAMILIES[f]['o']}"
     n, d = _heads(f)
     heads = range(n) if rest == ".attn" else [int(rest[1:])]
@@ -658,6 +671,16 @@ def test_path_patching_figure_shows_the_largest_senders_and_blanks_pairs_without
             path_patching_figure.__wrapped__(got, top=bad)
     with pytest.raises(InputError, match="measure must be one of"):
         path_patching_figure(got, "kl")
+
+
+def test_an_mlp_with_experts_beside_it_receives_nothing_and_sends():
+    """Gemma 4's MLP sublayer with experts is a dense MLP, a router and experts reading the raw
+    stream through norms of their own: no one module computes it, so it cannot be rerun on a
+    patched read and is refused as a receiver, by name; as a sender (the cases above) its
+    write, the input of its write's norm, is sent."""
+    module, model, clean, other = _setup("gemma4_moe")
+    with pytest.raises(NotAvailableError, match="'L1.mlp'.*dense MLP and experts.*rs.patch_stream"):
+        rs.path_patch(clean, other, _diff(clean), senders="L0.mlp", receivers="L1.mlp")
 
 
 def test_a_value_head_that_is_its_key_head_is_refused_alone():

@@ -100,6 +100,10 @@ def test_weights_rebuild_attention_and_mlp(name):
         x = trace.read_input(f"L{L}.mlp")
         if w.W_in is None:  # experts: no single map; the framework's MLP, run on what it reads
             assert w.W_out is None and w.W_gate is None and model.anatomy.routing is not None
+            if model.anatomy.modules.mlp_out_input:  # Gemma 4: a dense MLP and experts, no one module
+                out = gemma4_experts_block(model.module.get_submodule(model.anatomy.modules.layers[L]), x)
+                assert max_rel_error(out, trace.mlp_write(L), mask) <= REL, f"mlp, layer {L}"
+                continue
             mlp = model.module.get_submodule(model.anatomy.modules.mlp_out[L])
             with torch.no_grad():
                 out = mlp(x)
@@ -116,6 +120,18 @@ def test_weights_rebuild_attention_and_mlp(name):
         h = f(gate) * pre if gate is not None else f(pre)
         out = h @ w.W_out + (0 if w.b_out is None else w.b_out)
         assert max_rel_error(out, trace.mlp_write(L), mask) <= REL, f"mlp, layer {L}"
+
+
+def gemma4_experts_block(block, x):
+    """Gemma 4's MLP sublayer of a block of experts, written out from its modules on the stream
+    ``x`` it reads: the dense MLP through its norms, the router and the experts through theirs,
+    summed; the write, before ``post_feedforward_layernorm``."""
+    with torch.no_grad():
+        dense = block.post_feedforward_layernorm_1(block.mlp(block.pre_feedforward_layernorm(x)))
+        flat = x.reshape(-1, x.shape[-1])
+        _, weights, chosen = block.router(flat)
+        experts = block.experts(block.pre_feedforward_layernorm_2(flat), chosen, weights)
+        return dense + block.post_feedforward_layernorm_2(experts.reshape(x.shape))
 
 
 def _assert_attention(model, trace, pats, w, L):

@@ -292,6 +292,9 @@ BUILDERS = {
         tf.Cohere2MoeConfig, tf.Cohere2MoeForCausalLM, **COHERE2_MOE, rms_norm_eps=1e-6,
         expert_selection_fn="sigmoid", shared_expert_combination_strategy="sum"),
     "gemma4_text": lambda: _layer_scalars(tf.Gemma4ForCausalLM(tf.Gemma4TextConfig(**GEMMA4))),
+    # Gemma 4 26B-A4B's blocks: a dense MLP and 4 experts (2 a token) beside it, one write
+    "gemma4_moe": lambda: _layer_scalars(tf.Gemma4ForCausalLM(tf.Gemma4TextConfig(
+        **GEMMA4, enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=48))),
     "gemma4_text_bidirectional": lambda: _layer_scalars(tf.Gemma4ForCausalLM(tf.Gemma4TextConfig(
         **GEMMA4, use_bidirectional_attention="all"))),
     # multimodal containers, run on text alone: a tiny vision tower (one block, 2×2 patches) beside

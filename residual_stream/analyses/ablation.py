@@ -40,7 +40,7 @@ from torch import Tensor
 
 from ..capture import capture
 from ..errors import InputError, NotAvailableError, check_choice, check_flag, need_trace
-from ..hookio import first_output
+from ..hookio import first_input, first_output, with_first_input
 from ..memory import trace_bytes
 from ..walk import component_of, head_of, read_inputs
 from ..weights import attn_W_O
@@ -159,6 +159,9 @@ def _replacement(clean: Tensor, mask: Tensor, mode: Mode) -> Tensor:
 def _ablated_output(trace, write: str, mode: Mode, source, where: Tensor | None, rows: slice = ALL):
     """``(module path, forward hook)`` replacing a whole attention's or MLP's output.
 
+    (A forward pre-hook, ``(path, hook, True)``, replacing its input where the MLP's write is
+    its module's input: ``ModulePaths.mlp_out_input``.)
+
     ``source``: the trace whose real tokens give the mean (``trace`` or a reference);
     ``where``: the ``[batch, pos]`` positions replaced (None: every one); ``rows``: the rows of
     the pass that are this ablation's (one copy of the batch among several stacked).
@@ -166,16 +169,21 @@ def _ablated_output(trace, write: str, mode: Mode, source, where: Tensor | None,
     layer, kind = component_of(write)
     clean = source.attn_write(layer) if kind == "attn" else source.mlp_write(layer)
     value = _replacement(clean, source.attention_mask, mode)
-    path = (trace.anatomy.modules.attn_out if kind == "attn" else trace.anatomy.modules.mlp_out)[layer]
+    m = trace.anatomy.modules
+    path = (m.attn_out if kind == "attn" else m.mlp_out)[layer]
+
+    def replaced(out: Tensor) -> Tensor:
+        new = value.to(out.device, out.dtype).expand_as(out)
+        return new if where is None else torch.where(where.to(out.device)[..., None], new, out)
 
     def hook(module, args, output):
-        out = first_output(output)[rows]
-        new = value.to(out.device, out.dtype).expand_as(out)
-        if where is not None:
-            new = torch.where(where.to(out.device)[..., None], new, out)
-        return in_rows(output, rows, new)
+        return in_rows(output, rows, replaced(first_output(output)[rows]))
 
-    return path, hook
+    def pre_hook(module, args, kwargs):  # the write is the module's input (Gemma 4's experts)
+        x = first_input(args, kwargs)
+        return with_first_input(args, kwargs, in_rows(x, rows, replaced(x[rows])))
+
+    return (path, pre_hook, True) if kind == "mlp" and m.mlp_out_input else (path, hook)
 
 
 def _ablated_head(trace, write: str, mode: Mode, source, where: Tensor | None, rows: slice = ALL):

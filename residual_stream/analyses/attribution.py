@@ -212,8 +212,8 @@ def attribution_patching_writes(trace, reference, metric: Callable[[Tensor], Ten
     wanted = {}
     for owner in owners:
         layer, kind = component_of(owner)
-        wanted[kind if kind == "mlp" else "z", layer] = (a.modules.mlp_out[layer], False) if kind == "mlp" \
-            else (a.modules.attn_out[layer], True)
+        wanted[kind if kind == "mlp" else "z", layer] = (a.modules.mlp_out[layer], a.modules.mlp_out_input) \
+            if kind == "mlp" else (a.modules.attn_out[layer], True)
     grads = _gradients(trace, metric, wanted)
     each = masks + [trace.attention_mask.bool()]  # every position's, then every real token's
     out = torch.stack([_per_text(clean, *_write_delta(trace, reference, w, owner, grads), each)

@@ -135,6 +135,12 @@ def receiver(trace, name: str) -> Receiver:
                 f"'L{layer}H{head[1]}' (query, key and value) or 'L{layer}H{head[1]}.q'")
         readings = tuple(_head_reading(trace, layer, head[1], c, qkv) for c in channels)
     elif kind == "mlp" and not has_mlp_maps(trace.model.module.get_submodule(block), a):
+        if a.modules.mlp_out_input:  # no one module is the MLP: a hook cannot run it on a patched read
+            raise NotAvailableError(
+                f"{name!r}: block {layer}'s MLP is a dense MLP and experts beside it, each reading the "
+                "stream through norms of its own and written through another (Gemma 4's), with no one "
+                "module computing it to run on the patched stream; receive at a later attention or head, "
+                "or patch the stream itself (rs.patch_stream)")
         # experts: the MLP itself, on what it reads
         readings = (Reading(a.modules.mlp_out[layer], (a.modules.mlp_out[layer],), None),)
     else:
