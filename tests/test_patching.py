@@ -493,7 +493,8 @@ WRITE_PATHS = {"gpt2": ("transformer.h.{}.attn.c_proj", "transformer.h.{}.mlp"),
                "llama": ("model.layers.{}.self_attn.o_proj", "model.layers.{}.mlp"),
                "opt": ("model.decoder.layers.{}.self_attn.out_proj", "model.decoder.layers.{}.fc2"),
                # Gemma 4's blocks of experts: the MLP's write is its norm's input; heads 16 and 32 wide
-               "gemma4_moe": ("model.layers.{}.self_attn.o_proj", "model.layers.{}.post_feedforward_layernorm")}
+               "gemma4_moe": ("model.layers.{}.self_attn.o_proj",
+                              "model.layers.{}.post_feedforward_layernorm")}
 WRITE_IS_INPUT = {"gemma4_moe"}
 WRITE_STEPS = {"gemma4_moe": (1e-3, 2e-3)}  # (its RMSNorms compute in float32, even in a float64 model)
 
