@@ -297,7 +297,8 @@ def test_a_float64_model_of_experts_runs_its_experts_one_by_one(tmp_path):
 @pytest.mark.parametrize(("name", "cls", "text"), [
     ("gemma3", "Gemma3ForConditionalGeneration", "gemma3_text"),
     ("llava", "LlavaForConditionalGeneration", "llama"),
-    ("smolvlm", "SmolVLMForConditionalGeneration", "llama")])
+    ("smolvlm", "SmolVLMForConditionalGeneration", "llama"),
+    ("gemma4", "Gemma4ForConditionalGeneration", "gemma4_text")])  # (soft-capped logits, layer scalars)
 def test_a_multimodal_checkpoint_loads_with_its_lm_head(tmp_path, name, cls, text):
     """A Gemma 3 4B-style checkpoint (``Gemma3ForConditionalGeneration``; LLaVA's, SmolVLM's) saved
     to a folder loads as its whole class, LM head included (it loaded as ``Gemma3Model``, headless),
