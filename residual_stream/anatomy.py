@@ -159,10 +159,11 @@ class Anatomy:
 
     def __repr__(self) -> str:
         """The sizes and the norm placement on one line (``program``, ``norms``: the fields)."""
-        heads = f"{self.n_heads} heads" + (f" ({self.n_kv_heads} kv)" if self.n_kv_heads != self.n_heads
-                                           else "")
+        shapes = self.layer_heads or ((self.d_head, self.n_kv_heads),)  # blocks may differ (Gemma 4)
+        widths, kv = ("/".join(map(str, sorted({s[i] for s in shapes}))) for i in (0, 1))
+        heads = f"{self.n_heads} heads" + (f" ({kv} kv)" if kv != str(self.n_heads) else "")
         return (f"Anatomy({self.architecture}, {self.placement}-{self.norm_kind}, {self.n_layers} "
-                f"layers, d_model {self.d_model}, {heads} of {self.d_head}, d_mlp {self.d_mlp}, "
+                f"layers, d_model {self.d_model}, {heads} of {widths}, d_mlp {self.d_mlp}, "
                 f"d_vocab {self.d_vocab}, n_ctx {self.n_ctx}, {len(self.norms)} norms, "
                 f"{len(self.program)} ops, {'an' if self.has_lm_head else 'no'} LM head)")
 

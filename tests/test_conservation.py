@@ -137,6 +137,24 @@ def test_a_bidirectional_gemma_is_described_as_one(gemma):
     assert all(A.triu(1).sum() > 0.1 for A in patterns)
 
 
+def test_gemma_4s_blocks_have_heads_of_their_own_widths():
+    """Gemma 4's full attentions have wider heads and fewer key/value heads than its sliding
+    ones: each block's, from its config's own per-layer view, is the anatomy's ``heads_at`` and the
+    shape of its weights' maps (values from the keys' projection in a full block), and the
+    anatomy's one-line summary names both."""
+    model = hf_model("gemma4_text")
+    config, a = model.module.config, model.anatomy
+    for L in range(a.n_layers):
+        view = config.per_layer_config[L]
+        assert a.heads_at(L) == (view.head_dim, view.num_key_value_heads)
+        w = model.weights(L)
+        assert w.W_Q.shape == w.W_K.shape == (a.n_heads, a.d_model, view.head_dim)
+        assert w.W_O.shape == (a.n_heads, view.head_dim, a.d_model) and w.v_norm_eps == config.rms_norm_eps
+        if config.layer_types[L] == "full_attention":
+            assert model.module.model.layers[L].self_attn.v_proj is None and torch.equal(w.W_V, w.W_K)
+    assert a.d_head == 32 and "4 heads (1/2 kv) of 16/32" in repr(a)
+
+
 def test_every_supported_family_has_a_tiny_model_here():
     """A row of the architecture table is verified only through a model of its family built
     here (and the twins, for ``rs-twin``): none is listed without one."""
