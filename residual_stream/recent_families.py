@@ -2,7 +2,8 @@
 
 ``families.ARCHITECTURES`` merges them with the other decoders' rows, and ``families.CONTAINERS``
 the containers (Gemma 4, Qwen3-VL-MoE, GLM-4.1V, GLM-4.5V, GLM-4.6V, Aria, ERNIE 4.5 VL, HunyuanOCR,
-Molmo2, Granite 4 Vision) whose text models these rows describe.
+Molmo2, Granite 4 Vision, Granite Docling, PaddleOCR-VL, GLM-OCR, Cosmos3 Edge, and those of text models
+of other families: Idefics2, Video-LLaVA, ...) whose text models these rows describe.
 """
 
 from __future__ import annotations
@@ -67,6 +68,11 @@ def _molmo2_norms(cfg) -> dict[str, str]:
     return dict(zip(roles, ("input_layernorm", "post_attention_layernorm"), strict=True))
 
 
+# GLM-4.1V's and GLM-4.6V's text model: GLM-4's blocks (each head's dims 2i and 2i + 1 rotated together)
+GLM4V_TEXT = replace(GEMMA, family="GLM-4V text decoder (GLM-4's: sandwich RMSNorm, biases on q, k and v, "
+                     "fused gate/up projection; multimodal partial rotary)", weight_offset=0.0, **GATE_UP,
+                     block_norms=GLM4_NORMS)
+
 RECENT: dict[str, ArchSpec] = {
     # Gemma 4 (31B; 26B-A4B, with experts): Gemma 3's sandwich with plain gains (γ, not 1 + γ); each
     # head's values through a parameterless RMSNorm, and full attentions with attention_k_eq_v (wider
@@ -92,10 +98,10 @@ RECENT: dict[str, ArchSpec] = {
         MOE, family="Qwen3-VL-MoE text decoder (Qwen3-MoE's: pre-RMSNorm, RMSNorm on q and k, "
         "mixture-of-experts MLPs; multimodal rotary)", qk_norms=QK_NORMS,
         d_mlp_keys=qwen_moe_widths("moe_intermediate_size"), routing=routing_of(experts="num_experts")),
-    # GLM-4.1V's and GLM-4.6V's: GLM-4's blocks (each head's dims 2i and 2i + 1 rotated together)
-    "glm4v_text": replace(GEMMA, family="GLM-4V text decoder (GLM-4's: sandwich RMSNorm, biases on q, k and "
-                          "v, fused gate/up projection; multimodal partial rotary)", weight_offset=0.0,
-                          **GATE_UP, block_norms=GLM4_NORMS),
+    "glm4v_text": GLM4V_TEXT,
+    # GLM-OCR's: GLM-4V's blocks without biases on q, k and v
+    "glm_ocr_text": replace(GLM4V_TEXT, family=GLM4V_TEXT.family.replace("GLM-4V", "GLM-OCR").replace(
+        "biases on q, k and v, ", "")),
     # GLM-4.5V's: GLM-4-MoE's blocks without RMSNorms on q and k
     "glm4v_moe_text": replace(GLM4_MOE, family=f"GLM-4.5V text decoder (GLM-4-MoE's: pre-RMSNorm, biases on "
                               f"q, k and v, {SHARED_AFTER_DENSE}; multimodal partial rotary)", qk_norms=None,
@@ -138,11 +144,25 @@ RECENT: dict[str, ArchSpec] = {
                            block_norms=_molmo2_norms),
     "granite4_vision_text": replace(GRANITE, family="Granite 4 Vision text decoder (Granite's: pre-RMSNorm; "
                                     "embedding, write and logit multipliers)"),
+    # Granite Docling's (its DeepStack image features are added to early blocks' outputs only with images);
+    # PaddleOCR-VL's (ERNIE 4.5's blocks, biases everywhere where use_bias; multimodal rotary, one position on
+    # every axis on text alone); Cosmos3 Edge's (Llama's attention, a relu² MLP fc1 → fc2 without a gate;
+    # Qwen3-VL's interleaved multimodal rotary, likewise plain on text alone)
+    "granite_docling_text": replace(GRANITE, family="Granite Docling text decoder (Granite's: pre-RMSNorm; "
+                                    "embedding, write and logit multipliers)"),
+    "paddleocr_vl_text": replace(LLAMA, family="PaddleOCR-VL text decoder (ERNIE 4.5's: pre-RMSNorm, biases "
+                                 "where use_bias; multimodal rotary)"),
+    "cosmos3_edge_text": replace(LLAMA, family="Cosmos3 Edge text decoder (pre-RMSNorm, relu² MLP without a "
+                                 "gate; multimodal rotary)", mlp_in="mlp.fc1", mlp_gate=None,
+                                 mlp_down="mlp.fc2"),
 }
 # model_type → the text model's path under the base model (``families.CONTAINERS``)
-RECENT_CONTAINERS: dict[str, str] = dict.fromkeys((
+RECENT_CONTAINERS: dict[str, str] = {**dict.fromkeys((
     "gemma4", "qwen3_vl_moe", "glm4v", "glm4v_moe", "glm46v", "aria", "ernie4_5_vl_moe", "hunyuan_vl",
-    "molmo2", "granite4_vision"), "language_model")
+    "molmo2", "granite4_vision", "paddleocr_vl", "glm_ocr", "video_llava", "qianfan_ocr",
+    "video_llama_3", "deepseek_vl", "hyperclovax_vision_v2", "janus", "cosmos3_edge"), "language_model"),
+    **dict.fromkeys(("idefics2", "granite_docling"), "text_model")}
 # containers whose own head multiplies the logits as their text row says (``families.CONTAINERS``: most
-# multiply them by nothing); Granite 4 Vision's divides them by its text config's logits_scaling
-SCALING_HEADS: frozenset[str] = frozenset({"granite4_vision"})
+# multiply them by nothing); Granite 4 Vision's and Granite Docling's divide them by their text config's
+# logits_scaling, HyperCLOVA X Vision V2's multiplies them by it (HyperCLOVA X's own head's)
+SCALING_HEADS: frozenset[str] = frozenset({"granite4_vision", "granite_docling", "hyperclovax_vision_v2"})

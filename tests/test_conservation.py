@@ -169,7 +169,10 @@ def test_every_supported_family_has_a_tiny_model_here():
                                   "exaone4_5", "kimi_k25", "apertus1p5", "qwen3_vl_moe", "glm4v", "glm46v",
                                   "glm4v_moe", "aria", "gemma4", "aya_vision", "cohere2_vision",
                                   "llava_next_granite", "ernie4_5_vl_moe", "hunyuan_vl", "molmo2",
-                                  "molmo2_olmo", "granite4_vision"])
+                                  "molmo2_olmo", "granite4_vision", "granite_docling",
+                                  "idefics2", "paddleocr_vl", "glm_ocr", "video_llava", "qianfan_ocr",
+                                  "video_llama_3", "deepseek_vl", "hyperclovax_vision_v2", "janus",
+                                  "cosmos3_edge"])
 def test_a_multimodal_container_gives_its_text_models_stream(name):
     """A multimodal container (Gemma 3 4B, Mistral Small 3.1) on text alone is its text model:
     described by the text model's row at the text model's paths, it gives the stream, every
@@ -193,8 +196,11 @@ def test_a_multimodal_container_gives_its_text_models_stream(name):
     with torch.no_grad():
         logits = container.module.lm_head(one.stream("final"))
     text_config = container.module.config.get_text_config()  # what the container's head does after it:
-    if container.module.config.model_type == "granite4_vision":  # Granite 4 Vision divides by its scaling
+    model_type = container.module.config.model_type
+    if model_type in ("granite4_vision", "granite_docling"):  # Granite 4 Vision divides by its scaling
         logits = logits / text_config.logits_scaling
+    if model_type == "hyperclovax_vision_v2":  # HyperCLOVA X Vision V2 multiplies by it
+        logits = logits * text_config.logits_scaling
     cap = getattr(text_config, "final_logit_softcapping", None)  # Gemma 4 soft-caps
     logits = logits if cap is None else cap * torch.tanh(logits / cap)
     unembedded = container.unembed().logits(both.stream("final"))

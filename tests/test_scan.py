@@ -342,7 +342,8 @@ def test_a_scan_of_latent_attention_runs_what_needs_no_reads_and_refuses_the_res
                                   "nanochat", "gemma3", "mistral3", "modernbert-decoder_causal",
                                   "esm_mlm", "esm_mlm_absolute", "llama4_text", "llava", "smolvlm",
                                   "minimax_m2", "qwen3_vl_moe", "gemma4_text", "gemma4", "gemma4_moe",
-                                  "aya_vision", "ernie4_5_vl_moe", "hunyuan_vl", "molmo2_olmo"])
+                                  "aya_vision", "ernie4_5_vl_moe", "hunyuan_vl", "molmo2_olmo",
+                                  "granite_docling", "cosmos3_edge"])
 def test_lean_scan_on_framework_models(name, monkeypatch):
     from tiny_hf import build
 

@@ -411,6 +411,42 @@ BUILDERS = {
         text_config=dict(TEXT, **GRANITE), vision_config=dict(CLIP, hidden_size=64), image_token_index=256,
         image_grid_pinpoints=[[28, 28]], downsample_rate="1/2", deepstack_layer_map=[[-1, 1]],
         spatial_target_layers=[0, 1, 2, 2], qformer_config=QFORMER)),
+    # Granite Docling: Granite's text model, DeepStack image features, a head dividing by logits_scaling
+    "granite_docling": lambda: tf.GraniteDoclingForConditionalGeneration(tf.GraniteDoclingConfig(
+        text_config=dict(TEXT, **GRANITE, pad_token_id=0), pad_token_id=0, vision_config=dict(
+            VISION, image_size=28, patch_size=14, out_hidden_size=64, scale_factor=2,
+            deepstack_visual_indexes=[0]))),
+    # Idefics2 (Mistral's text model, a perceiver resampler), PaddleOCR-VL (ERNIE 4.5's blocks with biases,
+    # multimodal rotary), GLM-OCR (GLM-4V's blocks without q/k/v biases), Video-LLaVA, Qianfan-OCR,
+    # VideoLLaMA3, DeepSeek-VL, HyperCLOVA X Vision V2 (its head multiplies by logits_scaling), Janus (a
+    # tiny VQ model beside), Cosmos3 Edge (relu² MLPs, interleaved multimodal rotary)
+    "idefics2": _container(tf.Idefics2ForConditionalGeneration, tf.Idefics2Config, "mistral",
+                           dict(VISION, image_size=28, patch_size=14), perceiver_config=dict(
+                               hidden_size=64, resampler_n_latents=4, resampler_depth=1, resampler_n_heads=2,
+                               resampler_head_dim=8, num_key_value_heads=1)),
+    "paddleocr_vl": _random_biases(lambda: tf.PaddleOCRVLForConditionalGeneration(tf.PaddleOCRVLConfig(
+        text_config=dict(TEXT, use_bias=True, rope_parameters=MROPE),
+        vision_config=dict(VISION, patch_size=14, image_size=28)))),
+    "glm_ocr": lambda: tf.GlmOcrForConditionalGeneration(tf.GlmOcrConfig(
+        text_config=dict(TEXT, rope_parameters=GLM_MROPE), vision_config=GLM_VISION)),
+    "video_llava": _container(tf.VideoLlavaForConditionalGeneration, tf.VideoLlavaConfig, "llama", CLIP),
+    "qianfan_ocr": _container(tf.QianfanOCRForConditionalGeneration, tf.QianfanOCRConfig, "qwen3",
+                              dict(VISION, image_size=28, patch_size=14)),
+    "video_llama_3": _random_biases(_container(tf.VideoLlama3ForConditionalGeneration, tf.VideoLlama3Config,
+                                               "qwen2", dict(VISION, patch_size=14))),
+    "deepseek_vl": _container(tf.DeepseekVLForConditionalGeneration, tf.DeepseekVLConfig, "llama", SIGLIP),
+    "hyperclovax_vision_v2": _container(
+        tf.HyperCLOVAXVisionV2ForConditionalGeneration, tf.HyperCLOVAXVisionV2Config, "hyperclovax",
+        dict(QWEN_VISION, fullatt_block_indexes=[0]), text=dict(
+            embedding_multiplier=3.0, attention_multiplier=0.3, logits_scaling=2.5, bos_token_id=1,
+            eos_token_id=2)),
+    "janus": _container(tf.JanusForConditionalGeneration, tf.JanusConfig, "llama", dict(
+        VISION, image_size=28, patch_size=14, projection_dim=64, depth=1), vq_config=dict(
+            embed_dim=8, num_embeddings=16, latent_channels=8, base_channels=32, channel_multiplier=[1],
+            num_res_blocks=1, projection_dim=64, image_token_embed_dim=64, num_patches=2)),
+    "cosmos3_edge": _container(tf.Cosmos3EdgeForConditionalGeneration, tf.Cosmos3EdgeConfig,
+                               "cosmos3_edge_text", dict(VISION, patch_size=14), projector_hidden_size=32,
+                               text=dict(rope_parameters=MROPE)),
     # Llama 4: Maverick's interleaving (block 1 of experts between dense ones 128 wide), block 2 without
     # rotary, its queries scaled from position 3 on (floor_scale 4), the others chunked by 8 positions;
     # the container (Scout's: every block of experts, 2 a token) as it is saved, its text model a whole LM
