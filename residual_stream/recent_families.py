@@ -1,9 +1,9 @@
 """Rows of recent families (mixture-of-experts, Gemma 4, Mistral 4) and the text models of containers.
 
 ``families.ARCHITECTURES`` merges them with the other decoders' rows, and ``families.CONTAINERS``
-the containers (Gemma 4, Qwen3-VL-MoE, GLM-4.1V, GLM-4.5V, GLM-4.6V, Aria, ERNIE 4.5 VL, HunyuanOCR,
-Molmo2, Granite 4 Vision, Granite Docling, PaddleOCR-VL, GLM-OCR, Cosmos3 Edge, and those of text models
-of other families: Idefics2, Video-LLaVA, ...) whose text models these rows describe.
+the containers (Gemma 4, Gemma 4 unified, Qwen3-VL-MoE, GLM-4.1V, GLM-4.5V, GLM-4.6V, Aria, ERNIE 4.5
+VL, HunyuanOCR, Molmo2, Granite 4 Vision, Granite Docling, PaddleOCR-VL, GLM-OCR, Cosmos3 Edge, and those
+of text models of other families: Idefics2, Video-LLaVA, ...) whose text models these rows describe.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .arch_spec import ArchSpec
-from .family_rules import dense_layer_types, qwen_moe_widths, routing_of, with_dense
+from .family_rules import dense_layer_types, flag, qwen_moe_widths, routing_of, with_dense
 from .family_templates import (
     DEEPSEEK,
     DSA_QKV,
@@ -43,10 +43,11 @@ def _gemma4_variant(cfg) -> str | None:
     if cfg.hidden_size_per_layer_input:
         return ("per-layer inputs (hidden_size_per_layer_input; Gemma 4 E2B and E4B): a third, gated "
                 "sublayer in each block that multiplies what it reads by a per-layer embedding of each token")
-    if cfg.num_kv_shared_layers:
-        return ("blocks reusing an earlier block's keys and values (num_kv_shared_layers): one block's read "
-                "of the stream feeds another block's attention")
-    return None
+    return KV_SHARED if cfg.num_kv_shared_layers else None
+
+
+KV_SHARED = ("blocks reusing an earlier block's keys and values (num_kv_shared_layers): one block's read "
+             "of the stream feeds another block's attention")
 
 
 def _gemma4_experts(cfg) -> bool:
@@ -156,10 +157,37 @@ RECENT: dict[str, ArchSpec] = {
                                  "gate; multimodal rotary)", mlp_in="mlp.fc1", mlp_gate=None,
                                  mlp_down="mlp.fc2"),
 }
+# Gemma 4 unified (12B): Gemma 4's dense blocks (no per-layer inputs, no experts: its config raises on their
+# keys); the MLPs twice as wide (use_double_wide_mlp) only in blocks sharing keys and values, refused
+RECENT["gemma4_unified_text"] = replace(
+    RECENT["gemma4_text"], family="Gemma 4 unified decoder (Gemma 4's dense blocks: sandwich RMSNorm, scaled "
+    "embeddings, RMSNorm on q, k and v, keys as values in full attentions, the stream scaled as each block "
+    "ends)", block_norms=GEMMA.block_norms, mlp_out="mlp", mlp_out_input=False, mlp_in="mlp.up_proj",
+    d_mlp_keys=("intermediate_size",), routing=lambda cfg: None,
+    refuse=flag("num_kv_shared_layers", KV_SHARED))
+
+
+def _persimmon_qk(cfg) -> str | None:
+    """A ``maps_caveat``: Persimmon's LayerNorms on each head's queries and keys (qk_layernorm)."""
+    return None if not cfg.qk_layernorm else (
+        "a LayerNorm on each head's queries and keys (qk_layernorm), which centres them, scales them by a "
+        "gain and adds a bias after the projection: the weights' read maps (W_Q, W_K, composition, read "
+        "attribution of queries and keys) describe them before that norm; the stream, its decomposition, "
+        "values and patching are exact")
+
+
+# Persimmon: GPT-NeoX's fused [h: q k v] projection in a sequential pre-LayerNorm block, partial rotary
+RECENT["persimmon"] = ArchSpec(
+    family="Persimmon decoder (pre-LayerNorm, partial rotary, LayerNorm on each head's q and k where "
+    "configured)",
+    layers="layers", embeds={"embed": "embed_tokens"}, final_norm="final_layernorm",
+    block_norms={"ln_attn_in": "input_layernorm", "ln_mlp_in": "post_attention_layernorm"},
+    attn_out="self_attn.dense", mlp_out="mlp", qkv=("self_attn.query_key_value",), qkv_layout="per_head",
+    mlp_in="mlp.dense_h_to_4h", mlp_gate=None, mlp_down="mlp.dense_4h_to_h", maps_caveat=_persimmon_qk)
 # model_type → the text model's path under the base model (``families.CONTAINERS``)
 RECENT_CONTAINERS: dict[str, str] = {**dict.fromkeys((
     "gemma4", "qwen3_vl_moe", "glm4v", "glm4v_moe", "glm46v", "aria", "ernie4_5_vl_moe", "hunyuan_vl",
-    "molmo2", "granite4_vision", "paddleocr_vl", "glm_ocr", "video_llava", "qianfan_ocr",
+    "molmo2", "granite4_vision", "gemma4_unified", "paddleocr_vl", "glm_ocr", "video_llava", "qianfan_ocr",
     "video_llama_3", "deepseek_vl", "hyperclovax_vision_v2", "janus", "cosmos3_edge"), "language_model"),
     **dict.fromkeys(("idefics2", "granite_docling"), "text_model")}
 # containers whose own head multiplies the logits as their text row says (``families.CONTAINERS``: most

@@ -172,7 +172,7 @@ def test_every_supported_family_has_a_tiny_model_here():
                                   "molmo2_olmo", "granite4_vision", "granite_docling",
                                   "idefics2", "paddleocr_vl", "glm_ocr", "video_llava", "qianfan_ocr",
                                   "video_llama_3", "deepseek_vl", "hyperclovax_vision_v2", "janus",
-                                  "cosmos3_edge"])
+                                  "cosmos3_edge", "gemma4_unified"])
 def test_a_multimodal_container_gives_its_text_models_stream(name):
     """A multimodal container (Gemma 3 4B, Mistral Small 3.1) on text alone is its text model:
     described by the text model's row at the text model's paths, it gives the stream, every

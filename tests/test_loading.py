@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers as tf
 from conftest import REL_F32, TEXTS, max_rel_error
-from tiny_hf import GEMMA4, build
+from tiny_hf import GEMMA4, GEMMA4_UNIFIED, build
 
 import residual_stream as rs
 from residual_stream import registry
@@ -261,6 +261,9 @@ def _one_block(model_cls, config_cls, **options):
         (dict(hidden_size_per_layer_input=8), "per-layer inputs"),
         (dict(num_kv_shared_layers=2, num_hidden_layers=4,
               layer_types=["sliding_attention", "full_attention"] * 2), "num_kv_shared_layers"))),
+    (lambda: tf.Gemma4UnifiedForCausalLM(tf.Gemma4UnifiedTextConfig(**{
+        **GEMMA4_UNIFIED, "num_kv_shared_layers": 2, "num_hidden_layers": 4,
+        "layer_types": ["sliding_attention", "full_attention"] * 2})), "num_kv_shared_layers"),
 ])
 def test_a_variant_of_a_supported_family_that_no_row_describes_is_refused(build_variant, variant):
     """Phi's and StableLM's optional LayerNorms on each head's queries and keys, a BERT or GPT-2
@@ -623,6 +626,26 @@ def test_queries_keys_and_values_clamped_after_their_projections_are_said_at_loa
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         rs.load(build_clipped(None), tokenizer=ByteTokenizer())
+
+
+def test_layernorms_on_each_heads_queries_and_keys_are_said_at_load():
+    """Persimmon's qk_layernorm centres each head's queries and keys, scales them by a gain and adds
+    a bias after W_Q / W_K: the stream stays exact (the tiny model's battery), so the checkpoint loads,
+    with a warning naming what the read maps leave out; without the option there is no warning."""
+    import warnings
+
+    def persimmon(qk_layernorm):
+        return tf.PersimmonForCausalLM(tf.PersimmonConfig(vocab_size=257, hidden_size=32, num_hidden_layers=1,
+                                                          num_attention_heads=4, intermediate_size=48,
+                                                          qk_layernorm=qk_layernorm))
+
+    torch.manual_seed(0)
+    with pytest.warns(UserWarning, match=r"LayerNorm on each head's queries and keys \(qk_layernorm\)"):
+        model = rs.load(persimmon(True), tokenizer=ByteTokenizer())
+    assert rs.trace(model, ["a normed query"]).check().ok
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rs.load(persimmon(False), tokenizer=ByteTokenizer())
 
 
 def test_disentangled_attention_is_said_at_load():

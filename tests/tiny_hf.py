@@ -44,6 +44,7 @@ GEMMA4 = dict(TEXT, layer_types=["sliding_attention", "sliding_attention", "full
               sliding_window=4, global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
               hidden_size_per_layer_input=0, final_logit_softcapping=30.0, pad_token_id=0, bos_token_id=1,
               eos_token_id=2)
+GEMMA4_UNIFIED = {k: v for k, v in GEMMA4.items() if k != "hidden_size_per_layer_input"}
 COHERE2_TEXT = dict(pad_token_id=None, bos_token_id=1, eos_token_id=2, logit_scale=0.25,
                     sliding_window=4)  # logits scaled by its own head only
 COHERE2_MOE = dict(pad_token_id=None, bos_token_id=1, eos_token_id=2, logit_scale=0.25, sliding_window=4,
@@ -303,6 +304,13 @@ BUILDERS = {
         text_config=tf.Gemma3TextConfig(**TEXT), mm_tokens_per_image=4, vision_config=tf.SiglipVisionConfig(
             hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
             patch_size=14))),
+    # Gemma 4 unified (12B): Gemma 4's dense blocks, no per-layer inputs (its config has no such key);
+    # its container embeds image patches without a vision tower (a tiny 2×2-patch embedder here)
+    "gemma4_unified_text": lambda: _layer_scalars(tf.Gemma4UnifiedForCausalLM(tf.Gemma4UnifiedTextConfig(
+        **GEMMA4_UNIFIED))),
+    "gemma4_unified": lambda: _layer_scalars(tf.Gemma4UnifiedForConditionalGeneration(tf.Gemma4UnifiedConfig(
+        text_config=tf.Gemma4UnifiedTextConfig(**GEMMA4_UNIFIED), vision_config=tf.Gemma4UnifiedVisionConfig(
+            patch_size=2, pooling_kernel_size=1, mm_embed_dim=16, mm_posemb_size=8, output_proj_dims=16)))),
     "gemma4": lambda: _layer_scalars(tf.Gemma4ForConditionalGeneration(tf.Gemma4Config(
         text_config=GEMMA4, vision_config=dict(VISION, num_key_value_heads=2, head_dim=8, patch_size=14,
                                                pooling_kernel_size=1)))),
@@ -496,6 +504,9 @@ BUILDERS = {
         max_position_embeddings=128, word_embed_proj_dim=48, do_layer_norm_before=False, init_std=0.1))),
     # a fairseq-style decoder: scaled embeddings, the MLP's projections in the block
     "biogpt": _random_biases(lambda: tf.BioGptForCausalLM(tf.BioGptConfig(
+        **COMMON, intermediate_size=96, max_position_embeddings=128, initializer_range=0.1))),
+    # Persimmon: NeoX's fused [h: q k v], partial rotary, a LayerNorm on each head's queries and keys
+    "persimmon": _random_biases(lambda: tf.PersimmonForCausalLM(tf.PersimmonConfig(
         **COMMON, intermediate_size=96, max_position_embeddings=128, initializer_range=0.1))),
     "gpt_bigcode": _random_biases(lambda: tf.GPTBigCodeForCausalLM(tf.GPTBigCodeConfig(
         vocab_size=257, n_embd=64, n_layer=3, n_head=4, n_positions=128, multi_query=True))),
