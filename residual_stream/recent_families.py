@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .arch_spec import ArchSpec
+from .encoder_families import CROSS
 from .family_rules import dense_layer_types, flag, qwen_moe_widths, routing_of, with_dense
 from .family_templates import (
     DEEPSEEK,
@@ -165,6 +166,14 @@ RECENT["gemma4_unified_text"] = replace(
     "ends)", block_norms=GEMMA.block_norms, mlp_out="mlp", mlp_out_input=False, mlp_in="mlp.up_proj",
     d_mlp_keys=("intermediate_size",), routing=lambda cfg: None,
     refuse=flag("num_kv_shared_layers", KV_SHARED))
+# XGLM: BioGPT's fairseq blocks (the MLP's projections in the block itself); its sinusoidal positions are
+# embed_positions' output, and embed_tokens scales the token embeddings itself (scale_embedding)
+RECENT["xglm"] = ArchSpec(
+    family="XGLM decoder (pre-LayerNorm, sinusoidal positions, scaled embeddings)", layers="layers",
+    embeds={"embed": "embed_tokens", "pos_embed": "embed_positions"}, final_norm="layer_norm",
+    block_norms={"ln_attn_in": "self_attn_layer_norm", "ln_mlp_in": "final_layer_norm"},
+    attn_out="self_attn.out_proj", mlp_out="fc2", mlp_in="fc1", mlp_gate=None, mlp_down="fc2",
+    refuse=flag("add_cross_attention", CROSS))
 
 
 def _persimmon_qk(cfg) -> str | None:

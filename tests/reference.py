@@ -110,10 +110,13 @@ def ablation_contributions(trace, labels: list[str]) -> dict[str, torch.Tensor]:
 
     def run(ablate: str) -> torch.Tensor:
         handles = _hook_all(model, anatomy, cap, ablate)
+        default = torch.get_default_dtype()  # float64 while the float64 copy runs: XGLM's attention
+        torch.set_default_dtype(torch.float64)  # makes torch.full((), finfo(float64).min) without a dtype
         try:
             with torch.no_grad():
                 out = model(input_ids=tokens, attention_mask=mask, output_hidden_states=True)
         finally:
+            torch.set_default_dtype(default)
             for h in handles:
                 h.remove()
         return out.hidden_states

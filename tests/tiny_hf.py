@@ -505,6 +505,10 @@ BUILDERS = {
     # a fairseq-style decoder: scaled embeddings, the MLP's projections in the block
     "biogpt": _random_biases(lambda: tf.BioGptForCausalLM(tf.BioGptConfig(
         **COMMON, intermediate_size=96, max_position_embeddings=128, initializer_range=0.1))),
+    # XGLM: BioGPT's fairseq blocks with sinusoidal positions (a module's output) and scaled embeddings
+    "xglm": _random_biases(lambda: tf.XGLMForCausalLM(tf.XGLMConfig(
+        vocab_size=257, d_model=64, num_layers=3, attention_heads=4, ffn_dim=96, max_position_embeddings=128,
+        init_std=0.1))),
     # Persimmon: NeoX's fused [h: q k v], partial rotary, a LayerNorm on each head's queries and keys
     "persimmon": _random_biases(lambda: tf.PersimmonForCausalLM(tf.PersimmonConfig(
         **COMMON, intermediate_size=96, max_position_embeddings=128, initializer_range=0.1))),
