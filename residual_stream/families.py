@@ -24,6 +24,7 @@ from .family_rules import (
     llama4_queries,
     llama4_temperature,
     opt_norms,
+    qk_layernorms,
     qwen_moe_widths,
     routing_of,
     with_dense,
@@ -50,7 +51,6 @@ from .family_templates import (
     PARALLEL_ONE_NORM,
     PERI,
     PERI_SCALED,
-    QK_LAYERNORMS,
     QK_NORMS,
     SHARED_AFTER_DENSE,
     SHARED_EXPERTS,
@@ -319,11 +319,12 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "starcoder2": replace(LLAMA, family="StarCoder2 decoder (pre-LayerNorm, rotary)",
                           mlp_in="mlp.c_fc", mlp_gate=None, mlp_down="mlp.c_proj"),
     "stablelm": replace(
-        LLAMA, family="StableLM decoder (pre-LayerNorm, rotary; parallel where configured)",
+        LLAMA, family="StableLM decoder (pre-LayerNorm, rotary; parallel where configured; LayerNorms on "
+        "each head's q and k where configured)",
         placement=lambda cfg: "parallel" if cfg.use_parallel_residual else "pre",
         block_norms=lambda cfg: {"ln_attn_in": "input_layernorm", "ln_mlp_in": (
             "input_layernorm" if cfg.use_parallel_residual else "post_attention_layernorm")},
-        refuse=flag("qk_layernorm", QK_LAYERNORMS),
+        maps_caveat=qk_layernorms,
     ),
     "gpt_neox": ArchSpec(
         family="GPT-NeoX / Pythia decoder (parallel attention and MLP, LayerNorm)",
@@ -338,11 +339,12 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "codegen": replace(GPTJ, family=f"CodeGen decoder ({PARALLEL_ONE_NORM}, partial rotary, fused q/v/k "
                        "projection in 4 shards)", qkv=("attn.qkv_proj",), qkv_layout="shards4"),
     "phi": ArchSpec(
-        family=f"Phi-1/2 decoder ({PARALLEL_ONE_NORM}, partial rotary)",
+        family=f"Phi-1/2 decoder ({PARALLEL_ONE_NORM}, partial rotary; LayerNorms on q and k where "
+        "configured)",
         layers="layers", embeds={"embed": "embed_tokens"}, final_norm="final_layernorm",
         placement="parallel", block_norms={"ln_attn_in": "input_layernorm", "ln_mlp_in": "input_layernorm"},
         attn_out="self_attn.dense", mlp_out="mlp", mlp_in="mlp.fc1", mlp_gate=None, mlp_down="mlp.fc2",
-        refuse=flag("qk_layernorm", QK_LAYERNORMS),
+        maps_caveat=qk_layernorms,
     ),
     "cohere": COHERE, "cohere2": replace(COHERE, family=COHERE.family.replace("Cohere", "Cohere 2")),
     "cohere2_moe": replace(

@@ -57,6 +57,18 @@ def clipped(cfg) -> str | None:
         "are exact")
 
 
+def qk_layernorms(cfg) -> str | None:
+    """A ``maps_caveat``: LayerNorms on each head's queries and keys (StableLM 2, Phi, Persimmon).
+
+    ``qk_layernorm`` centres them, scales them by a gain and adds a bias after the projection.
+    """
+    return None if not getattr(cfg, "qk_layernorm", False) else (
+        "a LayerNorm on each head's queries and keys (qk_layernorm), which centres them, scales them by a "
+        "gain and adds a bias after the projection: the weights' read maps (W_Q, W_K, composition, read "
+        "attribution of queries and keys) describe them before that norm; the stream, its decomposition, "
+        "values and patching are exact")
+
+
 def llama4_queries(cfg) -> str | None:
     """A ``maps_caveat``: queries scaled by position after the rotary embedding (Ministral 3's).
 

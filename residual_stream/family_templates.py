@@ -31,7 +31,6 @@ APERTUS = replace(
     qk_norms=QK_NORMS)
 
 
-QK_LAYERNORMS = "LayerNorms on each head's queries and keys (qk_layernorm)"
 OLMO2 = ArchSpec(
     family="OLMo 2 decoder (RMSNorm on each write, none on the read)",
     layers="layers", embeds={"embed": "embed_tokens"}, final_norm="norm", placement="sandwich",

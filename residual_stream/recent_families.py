@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from .arch_spec import ArchSpec
 from .encoder_families import CROSS
-from .family_rules import dense_layer_types, flag, qwen_moe_widths, routing_of, with_dense
+from .family_rules import dense_layer_types, flag, qk_layernorms, qwen_moe_widths, routing_of, with_dense
 from .family_templates import (
     DEEPSEEK,
     DSA_QKV,
@@ -176,15 +176,6 @@ RECENT["xglm"] = ArchSpec(
     refuse=flag("add_cross_attention", CROSS))
 
 
-def _persimmon_qk(cfg) -> str | None:
-    """A ``maps_caveat``: Persimmon's LayerNorms on each head's queries and keys (qk_layernorm)."""
-    return None if not cfg.qk_layernorm else (
-        "a LayerNorm on each head's queries and keys (qk_layernorm), which centres them, scales them by a "
-        "gain and adds a bias after the projection: the weights' read maps (W_Q, W_K, composition, read "
-        "attribution of queries and keys) describe them before that norm; the stream, its decomposition, "
-        "values and patching are exact")
-
-
 # Persimmon: GPT-NeoX's fused [h: q k v] projection in a sequential pre-LayerNorm block, partial rotary
 RECENT["persimmon"] = ArchSpec(
     family="Persimmon decoder (pre-LayerNorm, partial rotary, LayerNorm on each head's q and k where "
@@ -192,7 +183,7 @@ RECENT["persimmon"] = ArchSpec(
     layers="layers", embeds={"embed": "embed_tokens"}, final_norm="final_layernorm",
     block_norms={"ln_attn_in": "input_layernorm", "ln_mlp_in": "post_attention_layernorm"},
     attn_out="self_attn.dense", mlp_out="mlp", qkv=("self_attn.query_key_value",), qkv_layout="per_head",
-    mlp_in="mlp.dense_h_to_4h", mlp_gate=None, mlp_down="mlp.dense_4h_to_h", maps_caveat=_persimmon_qk)
+    mlp_in="mlp.dense_h_to_4h", mlp_gate=None, mlp_down="mlp.dense_4h_to_h", maps_caveat=qk_layernorms)
 # model_type → the text model's path under the base model (``families.CONTAINERS``)
 RECENT_CONTAINERS: dict[str, str] = {**dict.fromkeys((
     "gemma4", "qwen3_vl_moe", "glm4v", "glm4v_moe", "glm46v", "aria", "ernie4_5_vl_moe", "hunyuan_vl",

@@ -215,11 +215,6 @@ def _one_block(model_cls, config_cls, **options):
 
 
 @pytest.mark.parametrize("build_variant, variant", [
-    (lambda: tf.PhiForCausalLM(tf.PhiConfig(vocab_size=257, hidden_size=32, num_hidden_layers=1,
-                                            num_attention_heads=4, qk_layernorm=True)), "qk_layernorm"),
-    (lambda: tf.StableLmForCausalLM(tf.StableLmConfig(vocab_size=257, hidden_size=32, num_hidden_layers=1,
-                                                      num_attention_heads=4, qk_layernorm=True)),
-     "qk_layernorm"),
     (lambda: tf.BertModel(tf.BertConfig(vocab_size=257, hidden_size=32, num_hidden_layers=1,
                                         num_attention_heads=4, is_decoder=True, add_cross_attention=True)),
      "cross-attention"),
@@ -266,14 +261,13 @@ def _one_block(model_cls, config_cls, **options):
         "layer_types": ["sliding_attention", "full_attention"] * 2})), "num_kv_shared_layers"),
 ])
 def test_a_variant_of_a_supported_family_that_no_row_describes_is_refused(build_variant, variant):
-    """Phi's and StableLM's optional LayerNorms on each head's queries and keys, a BERT or GPT-2
-    decoder's cross-attention (a third sublayer with its own LayerNorm), a Granite MoE block's
-    shared MLP beside its experts (two modules' outputs summed into one write), ELECTRA's and
-    RoFormer's embeddings projected into a wider stream, BigBird's block-sparse attention and its
-    embeddings scaled outside their module, and HyperCLOVA X's multiplier after the norm on a
-    write change the stream program or the read maps; such a model is refused by what it has,
-    not analysed as its family's plain form. Reference: the same family without the option
-    loads (conservation)."""
+    """A BERT or GPT-2 decoder's cross-attention (a third sublayer with its own LayerNorm), a
+    Granite MoE block's shared MLP beside its experts (two modules' outputs summed into one
+    write), ELECTRA's and RoFormer's embeddings projected into a wider stream, BigBird's
+    block-sparse attention and its embeddings scaled outside their module, and HyperCLOVA X's
+    multiplier after the norm on a write change the stream program; such a model is refused by
+    what it has, not analysed as its family's plain form. Reference: the same family without
+    the option loads (conservation)."""
     torch.manual_seed(0)
     module = build_variant()
     with pytest.raises(UnsupportedArchitectureError, match=f"model has .*{variant}.*a checkpoint without it"):
@@ -628,24 +622,29 @@ def test_queries_keys_and_values_clamped_after_their_projections_are_said_at_loa
         rs.load(build_clipped(None), tokenizer=ByteTokenizer())
 
 
-def test_layernorms_on_each_heads_queries_and_keys_are_said_at_load():
-    """Persimmon's qk_layernorm centres each head's queries and keys, scales them by a gain and adds
-    a bias after W_Q / W_K: the stream stays exact (the tiny model's battery), so the checkpoint loads,
-    with a warning naming what the read maps leave out; without the option there is no warning."""
+@pytest.mark.parametrize("model_cls, config_cls, extra", [
+    (tf.PersimmonForCausalLM, tf.PersimmonConfig, {}), (tf.PhiForCausalLM, tf.PhiConfig, {}),
+    (tf.StableLmForCausalLM, tf.StableLmConfig, {"num_key_value_heads": 4})])  # (its default: 32)
+def test_layernorms_on_each_heads_queries_and_keys_are_said_at_load(model_cls, config_cls, extra):
+    """Persimmon's, StableLM 2's and Phi's qk_layernorm centres each head's queries and keys,
+    scales them by a gain and adds a bias after W_Q / W_K: the stream stays exact (the tiny
+    models' batteries: ``persimmon``, ``stablelm_qk_layernorm``, ``phi_qk_layernorm``), so the
+    checkpoint loads (StableLM and Phi were refused), with a warning naming what the read maps
+    leave out; without the option there is no warning."""
     import warnings
 
-    def persimmon(qk_layernorm):
-        return tf.PersimmonForCausalLM(tf.PersimmonConfig(vocab_size=257, hidden_size=32, num_hidden_layers=1,
-                                                          num_attention_heads=4, intermediate_size=48,
-                                                          qk_layernorm=qk_layernorm))
+    def built(qk_layernorm):
+        return model_cls(config_cls(vocab_size=257, hidden_size=32, num_hidden_layers=1,
+                                    num_attention_heads=4, intermediate_size=48, qk_layernorm=qk_layernorm,
+                                    **extra))
 
     torch.manual_seed(0)
     with pytest.warns(UserWarning, match=r"LayerNorm on each head's queries and keys \(qk_layernorm\)"):
-        model = rs.load(persimmon(True), tokenizer=ByteTokenizer())
+        model = rs.load(built(True), tokenizer=ByteTokenizer())
     assert rs.trace(model, ["a normed query"]).check().ok
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        rs.load(persimmon(False), tokenizer=ByteTokenizer())
+        rs.load(built(False), tokenizer=ByteTokenizer())
 
 
 def test_disentangled_attention_is_said_at_load():

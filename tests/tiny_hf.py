@@ -174,6 +174,9 @@ BUILDERS = {
     "stablelm": _random_biases(_llama_like(tf.StableLmConfig, tf.StableLmForCausalLM)),
     "stablelm_parallel": _random_biases(_llama_like(tf.StableLmConfig, tf.StableLmForCausalLM,
                                                     use_parallel_residual=True)),
+    # StableLM 2 12B's: a LayerNorm of its own on each head's queries and keys (qk_layernorm)
+    "stablelm_qk_layernorm": _random_biases(_llama_like(tf.StableLmConfig, tf.StableLmForCausalLM,
+                                                        qk_layernorm=True)),
     "cohere": _llama_like(tf.CohereConfig, tf.CohereForCausalLM, pad_token_id=None, logit_scale=0.25),
     "cohere2": _llama_like(tf.Cohere2Config, tf.Cohere2ForCausalLM, pad_token_id=None, logit_scale=0.25,
                            sliding_window=4),
@@ -523,6 +526,8 @@ BUILDERS = {
         initializer_range=0.1))),
     "phi": _random_biases(lambda: tf.PhiForCausalLM(tf.PhiConfig(
         **COMMON, intermediate_size=96, max_position_embeddings=128))),
+    "phi_qk_layernorm": _random_biases(lambda: tf.PhiForCausalLM(tf.PhiConfig(  # one LayerNorm, every head
+        **COMMON, intermediate_size=96, max_position_embeddings=128, qk_layernorm=True))),
     "roberta_mlm": _random_biases(lambda: tf.RobertaForMaskedLM(tf.RobertaConfig(
         **COMMON, intermediate_size=128, max_position_embeddings=130))),
     "roberta_causal": lambda: tf.RobertaForCausalLM(tf.RobertaConfig(
