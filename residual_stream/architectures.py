@@ -40,11 +40,32 @@ def text_lm(model: nn.Module) -> nn.Module:
     return model if path is None else model.get_submodule(path)
 
 
+def check_config(config: object) -> None:
+    """Refuse a model from its config alone, before any weight is read (a folder's load).
+
+    An unsupported ``model_type``, or a variant its row refuses (a container's: its text model's),
+    raises ``UnsupportedArchitectureError`` as ``describe`` would after the load.
+    """
+    model_type = getattr(config, "model_type", None)
+    if model_type in CONTAINERS or model_type in TEXT_LMS:
+        config = config.get_text_config()
+    _row(config)
+
+
 def _spec_for(config: object) -> ArchSpec:
     """The row of ``config``'s family: refused if there is none or it refuses this variant.
 
     A variant whose weights' read maps leave something out (``maps_caveat``) is warned of.
     """
+    spec = _row(config)
+    caveat = spec.maps_caveat(config)
+    if caveat:
+        warnings.warn(f"{config.model_type}: {caveat}", stacklevel=4)
+    return spec
+
+
+def _row(config: object) -> ArchSpec:
+    """The row of ``config``'s family; ``UnsupportedArchitectureError`` if none or it refuses this variant."""
     model_type = getattr(config, "model_type", None)
     if model_type not in ARCHITECTURES:
         raise UnsupportedArchitectureError(
@@ -60,9 +81,6 @@ def _spec_for(config: object) -> ArchSpec:
             f"this {model_type} model has {variant}, a variant of the family whose stream program "
             "has not been written down and verified; load a checkpoint without it, or describe "
             "it in residual_stream/families.py and add a conservation test")
-    caveat = spec.maps_caveat(config)
-    if caveat:
-        warnings.warn(f"{model_type}: {caveat}", stacklevel=4)
     return spec
 
 

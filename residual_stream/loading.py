@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from .anatomy import Anatomy
-from .architectures import describe, has_lm_head, text_lm
+from .architectures import check_config, describe, has_lm_head, text_lm
 from .bars import framework_bars, quiet_load_report
 from .devices import check_device_map, home_device, resolve_device, resolve_dtype
 from .errors import (
@@ -291,6 +291,7 @@ def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, placement: di
 
     try:
         config = AutoConfig.from_pretrained(folder, local_files_only=True, **kw)
+        check_config(config)  # an unsupported model is refused before its weights are read
         with quiet_load_report(config.model_type in TEXT_LMS):  # a container's vision tower: unused
             model, info = _auto_class(config).from_pretrained(
                 folder, config=config, dtype=dt, local_files_only=True, use_safetensors=True,

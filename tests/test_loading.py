@@ -198,6 +198,28 @@ def test_truncated_gguf_leaves_no_cache(tmp_path, cache):
     assert cut.stat().st_size == 3_000_000
 
 
+def test_a_folder_of_an_unsupported_model_is_refused_before_its_weights_are_read(tmp_path, monkeypatch):
+    """A saved Mamba (no stream program of ours) and a Gemma 4 with per-layer inputs (a variant
+    its row refuses, E2B's) are refused by name from their configs: no class is picked and no
+    weight read (a 30B model was loaded whole before being refused). Before, a type transformers'
+    AutoModel does not map either (ShieldGemma 2's) was reported as a corrupt file to download
+    again. Reference: the same folders' configs, and a loader that fails if reached."""
+    from tiny_hf import GEMMA4
+
+    from residual_stream import loading
+
+    torch.manual_seed(0)
+    tf.MambaForCausalLM(tf.MambaConfig(vocab_size=257, hidden_size=32, num_hidden_layers=2, state_size=4,
+                                       expand=2)).save_pretrained(tmp_path / "mamba")
+    tf.Gemma4ForCausalLM(tf.Gemma4TextConfig(**{**GEMMA4, "hidden_size_per_layer_input": 8})).save_pretrained(
+        tmp_path / "e2b")
+    monkeypatch.setattr(loading, "_auto_class", lambda config: pytest.fail("weights read"))
+    with pytest.raises(UnsupportedArchitectureError, match="'mamba' is not supported"):
+        rs.load(tmp_path / "mamba", tokenizer=ByteTokenizer(), progress=False)
+    with pytest.raises(UnsupportedArchitectureError, match="gemma4_text model has per-layer inputs"):
+        rs.load(tmp_path / "e2b", tokenizer=ByteTokenizer(), progress=False)
+
+
 def test_unsupported_architecture_is_named():
     torch.manual_seed(0)  # a state-space model: no attention, no stream program of ours
     mamba = tf.MambaForCausalLM(tf.MambaConfig(vocab_size=257, hidden_size=32, num_hidden_layers=2,
@@ -584,7 +606,8 @@ def test_a_held_back_load_report_is_this_threads_alone():
     handler = logging.Handler()
     handler.emit = lambda record: seen.append(record.getMessage())
     log.addHandler(handler)
-    level, filters = log.level, list(log.filters)
+    before, filters = log.level, list(log.filters)
+    log.setLevel(logging.WARNING)  # (whatever an earlier test left: warnings must reach the filter)
     try:
         with quiet_load_report(True):
             log.warning("this thread's report")
@@ -593,10 +616,12 @@ def test_a_held_back_load_report_is_this_threads_alone():
             other.join()
             log.error("this thread's error")
         log.warning("after the load")
+        level = log.level
     finally:
         log.removeHandler(handler)
+        log.setLevel(before)
     assert seen == ["another thread's report", "this thread's error", "after the load"]
-    assert log.level == level and log.filters == filters
+    assert level == logging.WARNING and log.filters == filters
 
 
 @pytest.mark.parametrize("build_clipped", [
