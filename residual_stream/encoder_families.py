@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from .arch_spec import ArchSpec
@@ -77,6 +78,11 @@ _DEBERTA_MAPS = lambda cfg: None if not (cfg.relative_attention and cfg.pos_att_
     "weights' W_Q and W_K are how queries and keys read the stream, but their bilinear form (QK circuits, "
     "Q/K-composition) is the content-to-content term alone; the stream, its decomposition, patching and "
     "attention patterns are exact")
+# ESM C's (ESM3's block) LayerNorms on all heads' queries together and on all keys, before the rotary
+_ESMC_QK = ("a LayerNorm without bias on all heads' queries together and one on all keys (q_norm, "
+            "k_norm, over hidden_size), which centres them and scales them by a gain after the projection: "
+            "the weights' read maps (W_Q, W_K, composition, read attribution of queries and keys) describe "
+            "them before those norms; the stream, its decomposition, values and patching are exact")
 
 ENCODERS: dict[str, ArchSpec] = {
     "bert": _BERT,
@@ -154,4 +160,18 @@ ENCODERS: dict[str, ArchSpec] = {
         attn_out="attention.attn.o", qkv=("attention.attn.q", "attention.attn.k", "attention.attn.v"),
         block_norms={"ln_resid_attn": "attention.LayerNorm", "ln_resid_mlp": "output.LayerNorm"},
         head_transform=_ROBERTA.head_transform, causal=False, refuse=lambda cfg: None),
+    "esmc": replace(  # its writes divided by √(layers / 36) as the block adds them: multipliers
+        _BIDI_LLAMA, family="ESM C encoder (pre-LayerNorm, rotary, LayerNorms on queries and keys, scaled "
+        "writes)",
+        multipliers=lambda cfg: dict.fromkeys(("ln_attn_out", "ln_mlp_out"),
+                                              1 / math.sqrt(cfg.num_hidden_layers / 36)),
+        head_transform=_ROBERTA.head_transform, maps_caveat=lambda cfg: _ESMC_QK),
+    "ultrabert": replace(  # EuroBERT's block, sliding windows in some blocks; a two-layer MLM head
+        _BIDI_LLAMA, family="UltraBERT encoder (pre-RMSNorm, rotary, bidirectional, sliding windows)",
+        head_transform=("head.linear1", "act:gelu_pytorch_tanh", "head.linear2", "act:gelu_pytorch_tanh")),
+    "rembert": replace(  # embeddings summed, LayerNormed in input_embedding_size, then projected: one write
+        _BERT, family="RemBERT encoder (post-LayerNorm; embeddings LayerNormed, then projected into the "
+        "stream)",
+        embeds={"embed": "encoder.embedding_hidden_mapping_in"}, embed_norm=None,
+        head_transform=("cls.predictions.dense", "cls.predictions.activation", "cls.predictions.LayerNorm")),
 }

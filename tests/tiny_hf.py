@@ -596,6 +596,14 @@ BUILDERS = {
         **COMMON, intermediate_size=128, max_position_embeddings=128, pad_token_id=0))),
     "mpnet_mlm": _random_biases(lambda: tf.MPNetForMaskedLM(tf.MPNetConfig(  # relative position bias
         **COMMON, intermediate_size=128, max_position_embeddings=130, initializer_range=0.1))),
+    # ESM C: LayerNorms on all heads' queries and keys, writes divided by √(3 / 36)
+    "esmc_mlm": _random_biases(lambda: tf.EsmcForMaskedLM(tf.EsmcConfig(
+        **COMMON, intermediate_size=96, max_position_embeddings=128, attention_bias=True, mlp_bias=True))),
+    "ultrabert_mlm": _random_biases(lambda: tf.UltrabertForMaskedLM(tf.UltrabertConfig(  # windows of ±4
+        **TEXT, sliding_window=4, prediction_head_size=48, attention_bias=True, mlp_bias=True))),
+    "rembert_mlm": _random_biases(lambda: tf.RemBertForMaskedLM(tf.RemBertConfig(  # embeddings 32 wide
+        **COMMON, intermediate_size=128, max_position_embeddings=128, input_embedding_size=32,
+        output_embedding_size=48, bos_token_id=1, eos_token_id=2))),
 }
 
 
