@@ -229,16 +229,29 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
         ),
         has_lm_head=has_lm_head, lm_head_note=lm_head_note, alpha=alpha,
         has_attn_bias=getattr(attn0, "bias", None) is not None,
-        causal=_read(spec.causal, config),
-        # the row's head scales the logits; a container's own head scales none (families.CONTAINERS),
-        # but for the few that say so (SCALING_HEADS)
-        logit_scale=spec.logit_scale(config) if config is model.config or
-        model.config.model_type in SCALING_HEADS else None,
+        causal=_read(spec.causal, config), logit_scale=_logit_scale(spec, config, model.config),
         routing=spec.routing(config) if has_mlp else None, patterns_note=spec.patterns_refused(config),
         sinks_after_softmax=spec.sinks_after_softmax, layer_heads=layer_heads,
-        family=spec.family if config is model.config else
-        f"{spec.family}; the text model of a {model.config.model_type} model",
+        family=_family(spec, config, model.config),
     )
+
+
+def _logit_scale(spec: ArchSpec, config: object, top: object) -> float | None:
+    """What the logits are multiplied by: the row's, by its family's own head (``config is top``).
+
+    A container's own head scales none (``families.CONTAINERS``), but for the few that say so
+    (``recent_families.SCALING_HEADS``).
+    """
+    return spec.logit_scale(config) if config is top or top.model_type in SCALING_HEADS else None
+
+
+def _family(spec: ArchSpec, config: object, top: object) -> str:
+    """The row's description, and for a container's text model the container, and a scale its head drops."""
+    if config is top:
+        return spec.family
+    dropped = spec.logit_scale(config) is not None and _logit_scale(spec, config, top) is None
+    return (f"{spec.family}; the text model of the multimodal model {top.model_type!r}"
+            + ("; its head scales no logits" if dropped else ""))
 
 
 def _text_model(model: nn.Module) -> tuple[object, nn.Module]:

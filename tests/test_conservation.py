@@ -207,6 +207,19 @@ def test_a_multimodal_container_gives_its_text_models_stream(name):
     assert max_rel_error(unembedded, logits, one.attention_mask) <= REL_F32
 
 
+def test_a_containers_head_scales_its_logits_only_where_it_does():
+    """Cohere 2's own head multiplies its logits by ``logit_scale``; Aya Vision's, a plain Linear
+    over the same text model, does not, and its anatomy says so (the scale and the family line);
+    Granite 4 Vision's head divides them as Granite's does (``SCALING_HEADS``). Reference: each
+    container's own logits against its unembedding (the battery), and here the configs."""
+    alone, aya, granite = hf_model("cohere2"), hf_model("aya_vision"), hf_model("granite4_vision")
+    assert alone.anatomy.logit_scale == alone.module.config.logit_scale
+    assert aya.anatomy.logit_scale is None and "'aya_vision'; its head scales no logits" in aya.anatomy.family
+    text = granite.module.config.get_text_config()
+    assert granite.anatomy.logit_scale == pytest.approx(1 / text.logits_scaling)
+    assert "scales no logits" not in granite.anatomy.family
+
+
 def test_labels_cover_every_writer():
     model = perturbed_twin("layernorm", "post")
     parts = rs.trace(model, TEXTS).decompose(2)
