@@ -70,6 +70,12 @@ def _molmo2_norms(cfg) -> dict[str, str]:
     return dict(zip(roles, ("input_layernorm", "post_attention_layernorm"), strict=True))
 
 
+def _granite_text(name: str) -> ArchSpec:
+    """The row of a multimodal model's Granite text model (Granite 4 Vision's, Granite Docling's)."""
+    return replace(GRANITE, family=f"{name} text decoder (Granite's: pre-RMSNorm; embedding, write and logit "
+                   "multipliers)")
+
+
 # GLM-4.1V's and GLM-4.6V's text model: GLM-4's blocks (each head's dims 2i and 2i + 1 rotated together)
 GLM4V_TEXT = replace(GEMMA, family="GLM-4V text decoder (GLM-4's: sandwich RMSNorm, biases on q, k and v, "
                      "fused gate/up projection; multimodal partial rotary)", weight_offset=0.0, **GATE_UP,
@@ -144,14 +150,12 @@ RECENT: dict[str, ArchSpec] = {
                            "(norm_after); RMSNorm on each head's, or all heads', q and k)", qk_norms=QK_NORMS,
                            placement=lambda cfg: "sandwich" if cfg.norm_after else "pre",
                            block_norms=_molmo2_norms),
-    "granite4_vision_text": replace(GRANITE, family="Granite 4 Vision text decoder (Granite's: pre-RMSNorm; "
-                                    "embedding, write and logit multipliers)"),
+    "granite4_vision_text": _granite_text("Granite 4 Vision"),
     # Granite Docling's (its DeepStack image features are added to early blocks' outputs only with images);
     # PaddleOCR-VL's (ERNIE 4.5's blocks, biases everywhere where use_bias; multimodal rotary, one position on
     # every axis on text alone); Cosmos3 Edge's (Llama's attention, a relu² MLP fc1 → fc2 without a gate;
     # Qwen3-VL's interleaved multimodal rotary, likewise plain on text alone)
-    "granite_docling_text": replace(GRANITE, family="Granite Docling text decoder (Granite's: pre-RMSNorm; "
-                                    "embedding, write and logit multipliers)"),
+    "granite_docling_text": _granite_text("Granite Docling"),
     "paddleocr_vl_text": replace(LLAMA, family="PaddleOCR-VL text decoder (ERNIE 4.5's: pre-RMSNorm, biases "
                                  "where use_bias; multimodal rotary)"),
     "cosmos3_edge_text": replace(LLAMA, family="Cosmos3 Edge text decoder (pre-RMSNorm, relu² MLP without a "
