@@ -133,8 +133,11 @@ def _first_attr(config: object, keys: tuple[str, ...], default: int) -> int:
     return next((int(getattr(config, k)) for k in keys if getattr(config, k, None)), default)
 
 
-def _norms(spec: ArchSpec, config: object, base: nn.Module, full, n_layers: int) -> dict[str, NormSpec]:
+def _norms(spec: ArchSpec, config: object, base: nn.Module, full, n_layers: int,
+           embed: str) -> dict[str, NormSpec]:
     """Every norm of the stream program by role name: modules, and constant multipliers.
+
+    ``embed``: the token embedding's path, whose module owns an embedding multiplier.
 
     A block's ``block_scale`` buffer (Gemma 4's ``layer_scalar``, one value) is a multiplier whose
     gain is a view of it, as the norms' gains are views of their modules' weights.
@@ -152,7 +155,6 @@ def _norms(spec: ArchSpec, config: object, base: nn.Module, full, n_layers: int)
             if _has(base, path):
                 norms[f"L{L}.{role}"] = _norm_spec(
                     f"L{L}.{role}", base.get_submodule(path), full(path), spec.weight_offset, spec.norm_eps)
-    embed = _read(spec.embeds, config)["embed"]
     d_model = int(config.hidden_size)
     for role, c in spec.multipliers(config).items():
         for name, owner in ([(role, embed)] if role == "ln_embed" else
@@ -181,7 +183,7 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
     placement = _read(spec.placement, config)
 
     embed_paths = _read(spec.embeds, config)
-    norms = _norms(spec, config, base, full, n_layers)
+    norms = _norms(spec, config, base, full, n_layers, embed_paths["embed"])
 
     embeds = tuple(k for k, p in embed_paths.items() if _has(base, p))
     alpha = float(spec.alpha(config))

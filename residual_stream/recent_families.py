@@ -40,15 +40,16 @@ def _shared_indexer(cfg) -> str | None:
 
 
 def _gemma4_variant(cfg) -> str | None:
-    """A ``refuse`` rule: Gemma 4's per-layer inputs and keys and values shared across blocks."""
-    if cfg.hidden_size_per_layer_input:
+    """A ``refuse`` rule: Gemma 4's per-layer inputs and keys and values shared across blocks.
+
+    (Gemma 4 unified's config has no per-layer inputs or experts at all: an unset key is none.)
+    """
+    if getattr(cfg, "hidden_size_per_layer_input", None):
         return ("per-layer inputs (hidden_size_per_layer_input; Gemma 4 E2B and E4B): a third, gated "
                 "sublayer in each block that multiplies what it reads by a per-layer embedding of each token")
-    return KV_SHARED if cfg.num_kv_shared_layers else None
-
-
-KV_SHARED = ("blocks reusing an earlier block's keys and values (num_kv_shared_layers): one block's read "
-             "of the stream feeds another block's attention")
+    return None if not cfg.num_kv_shared_layers else (
+        "blocks reusing an earlier block's keys and values (num_kv_shared_layers): one block's read of the "
+        "stream feeds another block's attention")
 
 
 def _gemma4_experts(cfg) -> bool:
@@ -57,11 +58,32 @@ def _gemma4_experts(cfg) -> bool:
     Each reads the stream through norms of its own (the router too), and their normed outputs'
     sum is the write, the input of ``post_feedforward_layernorm``: the MLP reads the raw stream.
     """
-    return bool(cfg.enable_moe_block)
+    return bool(getattr(cfg, "enable_moe_block", False))
+
+
+def _experts_or(experts, dense):
+    """A field of Gemma 4's row: ``experts`` for its blocks of experts, else ``dense``."""
+    return lambda cfg: experts if _gemma4_experts(cfg) else dense
 
 
 GEMMA4_NORMS = {"ln_attn_in": "input_layernorm", "ln_attn_out": "post_attention_layernorm",
                 "ln_mlp_out": "post_feedforward_layernorm"}
+# Gemma 4 (31B; 26B-A4B, with experts): Gemma 3's sandwich with plain gains (γ, not 1 + γ); each head's
+# values through a parameterless RMSNorm, and full attentions with attention_k_eq_v (wider heads, fewer
+# key/value heads) take the key projection's output as values; every block ends by multiplying the
+# stream by its layer_scalar
+GEMMA4 = replace(
+    GEMMA, family="Gemma 4 decoder (sandwich RMSNorm, scaled embeddings, RMSNorm on q, k and v, keys as "
+    "values in full attentions, the stream scaled as each block ends; experts beside the MLP where "
+    "configured)",
+    weight_offset=0.0, qk_norms=QK_NORMS, values_from="self_attn.k_proj", v_norm="self_attn.v_norm",
+    block_scale="layer_scalar", n_kv_heads=lambda cfg: cfg.per_layer_config[0].num_key_value_heads,
+    block_norms=_experts_or(GEMMA4_NORMS, GEMMA.block_norms),
+    mlp_out=_experts_or("post_feedforward_layernorm", "mlp"), mlp_out_input=_gemma4_experts,
+    mlp_in=_experts_or("", "mlp.up_proj"),
+    d_mlp_keys=("intermediate_size", "moe_intermediate_size"),  # (an expert's: unset in a dense one)
+    routing=lambda cfg: routing_of("top_k_experts", "num_experts")(cfg) if _gemma4_experts(cfg) else None,
+    causal=lambda cfg: cfg.use_bidirectional_attention != "all", refuse=_gemma4_variant)
 
 
 def _molmo2_norms(cfg) -> dict[str, str]:
@@ -82,23 +104,14 @@ GLM4V_TEXT = replace(GEMMA, family="GLM-4V text decoder (GLM-4's: sandwich RMSNo
                      block_norms=GLM4_NORMS)
 
 RECENT: dict[str, ArchSpec] = {
-    # Gemma 4 (31B; 26B-A4B, with experts): Gemma 3's sandwich with plain gains (γ, not 1 + γ); each
-    # head's values through a parameterless RMSNorm, and full attentions with attention_k_eq_v (wider
-    # heads, fewer key/value heads) take the key projection's output as values; every block ends by
-    # multiplying the stream by its layer_scalar
-    "gemma4_text": replace(
-        GEMMA, family="Gemma 4 decoder (sandwich RMSNorm, scaled embeddings, RMSNorm on q, k and v, keys "
-        "as values in full attentions, the stream scaled as each block ends; experts beside the MLP where "
-        "configured)", weight_offset=0.0,
-        qk_norms=QK_NORMS, values_from="self_attn.k_proj", v_norm="self_attn.v_norm",
-        block_scale="layer_scalar", n_kv_heads=lambda cfg: cfg.per_layer_config[0].num_key_value_heads,
-        block_norms=lambda cfg: GEMMA4_NORMS if _gemma4_experts(cfg) else GEMMA.block_norms,
-        mlp_out=lambda cfg: "post_feedforward_layernorm" if _gemma4_experts(cfg) else "mlp",
-        mlp_out_input=_gemma4_experts, mlp_in=lambda cfg: "" if _gemma4_experts(cfg) else "mlp.up_proj",
-        d_mlp_keys=("intermediate_size", "moe_intermediate_size"),  # (an expert's: unset in a dense one)
-        routing=lambda cfg: routing_of("top_k_experts", "num_experts")(cfg) if _gemma4_experts(cfg) else None,
-        causal=lambda cfg: cfg.use_bidirectional_attention != "all",
-        refuse=_gemma4_variant),
+    "gemma4_text": GEMMA4,
+    # Gemma 4 unified: Gemma 4's dense blocks (its config has no per-layer inputs or experts); the MLPs
+    # twice as wide (use_double_wide_mlp) only in blocks sharing keys and values, refused
+    "gemma4_unified_text": replace(
+        GEMMA4, family="Gemma 4 unified decoder (Gemma 4's dense blocks: sandwich RMSNorm, scaled "
+        "embeddings, RMSNorm on q, k and v, keys as values in full attentions, the stream scaled as each "
+        "block ends)",
+        d_mlp_keys=("intermediate_size",)),
     # the text models of the containers: on text alone their multimodal rotary gives each axis the
     # same position, so plain rotary (Qwen3-VL-MoE's visual features, added to early blocks' streams,
     # come only with images). Qwen3-VL-MoE's: Qwen3-MoE's blocks, dense where mlp_only_layers says
@@ -161,33 +174,23 @@ RECENT: dict[str, ArchSpec] = {
     "cosmos3_edge_text": replace(LLAMA, family="Cosmos3 Edge text decoder (pre-RMSNorm, relu² MLP without a "
                                  "gate; multimodal rotary)", mlp_in="mlp.fc1", mlp_gate=None,
                                  mlp_down="mlp.fc2"),
+    # XGLM: BioGPT's fairseq blocks (the MLP's projections in the block itself); its sinusoidal positions
+    # are embed_positions' output, and embed_tokens scales the token embeddings itself (scale_embedding)
+    "xglm": ArchSpec(
+        family="XGLM decoder (pre-LayerNorm, sinusoidal positions, scaled embeddings)", layers="layers",
+        embeds={"embed": "embed_tokens", "pos_embed": "embed_positions"}, final_norm="layer_norm",
+        block_norms={"ln_attn_in": "self_attn_layer_norm", "ln_mlp_in": "final_layer_norm"},
+        attn_out="self_attn.out_proj", mlp_out="fc2", mlp_in="fc1", mlp_gate=None, mlp_down="fc2",
+        refuse=flag("add_cross_attention", CROSS)),
+    # Persimmon: GPT-NeoX's fused [h: q k v] projection in a sequential pre-LayerNorm block, partial rotary
+    "persimmon": ArchSpec(
+        family="Persimmon decoder (pre-LayerNorm, partial rotary, LayerNorm on each head's q and k where "
+        "configured)",
+        layers="layers", embeds={"embed": "embed_tokens"}, final_norm="final_layernorm",
+        block_norms={"ln_attn_in": "input_layernorm", "ln_mlp_in": "post_attention_layernorm"},
+        attn_out="self_attn.dense", mlp_out="mlp", qkv=("self_attn.query_key_value",), qkv_layout="per_head",
+        mlp_in="mlp.dense_h_to_4h", mlp_gate=None, mlp_down="mlp.dense_4h_to_h", maps_caveat=qk_layernorms),
 }
-# Gemma 4 unified (12B): Gemma 4's dense blocks (no per-layer inputs, no experts: its config raises on their
-# keys); the MLPs twice as wide (use_double_wide_mlp) only in blocks sharing keys and values, refused
-RECENT["gemma4_unified_text"] = replace(
-    RECENT["gemma4_text"], family="Gemma 4 unified decoder (Gemma 4's dense blocks: sandwich RMSNorm, scaled "
-    "embeddings, RMSNorm on q, k and v, keys as values in full attentions, the stream scaled as each block "
-    "ends)", block_norms=GEMMA.block_norms, mlp_out="mlp", mlp_out_input=False, mlp_in="mlp.up_proj",
-    d_mlp_keys=("intermediate_size",), routing=lambda cfg: None,
-    refuse=flag("num_kv_shared_layers", KV_SHARED))
-# XGLM: BioGPT's fairseq blocks (the MLP's projections in the block itself); its sinusoidal positions are
-# embed_positions' output, and embed_tokens scales the token embeddings itself (scale_embedding)
-RECENT["xglm"] = ArchSpec(
-    family="XGLM decoder (pre-LayerNorm, sinusoidal positions, scaled embeddings)", layers="layers",
-    embeds={"embed": "embed_tokens", "pos_embed": "embed_positions"}, final_norm="layer_norm",
-    block_norms={"ln_attn_in": "self_attn_layer_norm", "ln_mlp_in": "final_layer_norm"},
-    attn_out="self_attn.out_proj", mlp_out="fc2", mlp_in="fc1", mlp_gate=None, mlp_down="fc2",
-    refuse=flag("add_cross_attention", CROSS))
-
-
-# Persimmon: GPT-NeoX's fused [h: q k v] projection in a sequential pre-LayerNorm block, partial rotary
-RECENT["persimmon"] = ArchSpec(
-    family="Persimmon decoder (pre-LayerNorm, partial rotary, LayerNorm on each head's q and k where "
-    "configured)",
-    layers="layers", embeds={"embed": "embed_tokens"}, final_norm="final_layernorm",
-    block_norms={"ln_attn_in": "input_layernorm", "ln_mlp_in": "post_attention_layernorm"},
-    attn_out="self_attn.dense", mlp_out="mlp", qkv=("self_attn.query_key_value",), qkv_layout="per_head",
-    mlp_in="mlp.dense_h_to_4h", mlp_gate=None, mlp_down="mlp.dense_4h_to_h", maps_caveat=qk_layernorms)
 # model_type → the text model's path under the base model (``families.CONTAINERS``)
 RECENT_CONTAINERS: dict[str, str] = {**dict.fromkeys((
     "gemma4", "qwen3_vl_moe", "glm4v", "glm4v_moe", "glm46v", "aria", "ernie4_5_vl_moe", "hunyuan_vl",

@@ -211,7 +211,10 @@ def _split_qkv(block: nn.Module, paths: ModulePaths, n_heads: int, n_kv: int):
 
 
 def module_or_none(block: nn.Module, path: str) -> nn.Module | None:
-    """The module at ``path``, or None where the block sets that attribute to None (Gemma 4's ``v_proj``)."""
+    """The module at ``path``, or None where the block lacks it or sets it to None (Gemma 4's ``v_proj``).
+
+    The module owning it must exist: a misspelt path still fails loudly.
+    """
     owner, _, name = path.rpartition(".")
     parent = block.get_submodule(owner) if owner else block
     return None if getattr(parent, name, None) is None else block.get_submodule(path)
@@ -260,7 +263,7 @@ def layer_weights(model: nn.Module, anatomy, layer: int) -> LayerWeights:
     dense = has_mlp_maps(block, anatomy)
     down = block.get_submodule(paths.mlp_down) if dense else None
     g_Q, g_K = _qk_gains(block, paths, H, n_kv, d_head)
-    v_norm = block.get_submodule(paths.v_norm) if paths.v_norm and _has_path(block, paths.v_norm) else None
+    v_norm = module_or_none(block, paths.v_norm) if paths.v_norm else None
     (W_in, b_in), (W_gate, b_gate) = _mlp_reads(block, paths) if dense else ((None, None), (None, None))
     return LayerWeights(
         W_Q=W_Q, W_K=W_K, W_V=W_V, b_Q=b_Q, b_K=b_K, b_V=b_V,
@@ -268,14 +271,6 @@ def layer_weights(model: nn.Module, anatomy, layer: int) -> LayerWeights:
         W_out=None if down is None else as_in_out(down), b_out=None if down is None else bias_of(down),
         g_Q=g_Q, g_K=g_K, v_norm_eps=None if v_norm is None else float(v_norm.eps),
     )
-
-
-def _has_path(block: nn.Module, path: str) -> bool:
-    try:
-        block.get_submodule(path)
-    except AttributeError:
-        return False
-    return True
 
 
 def has_mlp_maps(block: nn.Module, anatomy) -> bool:
