@@ -86,6 +86,8 @@ class ArchSpec:
     logit_scale: Callable[[object], float | None] = field(default=lambda cfg: None)
     # the norms' ε where their class keeps none (OLMo's LayerNorm without parameters: 1e-5)
     norm_eps: float | None = None
+    # what the norms compute where their class name says otherwise (T5's ``T5LayerNorm``: "rmsnorm")
+    norm_kind: str | None = None
     # key/value heads where the config's num_key_value_heads does not say (Falcon's)
     n_kv_heads: Callable[[object], int] | None = None
     # the block adds to the MLP's output tensor in place once the module returns (Falcon)

@@ -21,6 +21,7 @@ from .family_rules import config_width
 from .norms import NormSpec
 from .program import compile_program
 from .recent_families import SCALING_HEADS
+from .seq2seq_families import ENCODER_DECODERS
 from .tl_compat import wrapped
 
 
@@ -34,9 +35,16 @@ def has_lm_head(module: nn.Module) -> bool:
     return getattr(module, "get_output_embeddings", lambda: None)() is not None
 
 
-def text_lm(model: nn.Module) -> nn.Module:
-    """``model``, or the whole text LM of a multimodal container that holds one (``families.TEXT_LMS``)."""
-    path = TEXT_LMS.get(getattr(getattr(model, "config", None), "model_type", None))
+def stream_model(model: nn.Module) -> nn.Module:
+    """The part of ``model`` whose stream is analysed.
+
+    ``model`` itself, the whole text LM of a multimodal container that holds one (``families.TEXT_LMS``),
+    or an encoder-decoder model's encoder stack (``seq2seq_families.ENCODER_DECODERS``; a stack is its own).
+    """
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type in ENCODER_DECODERS:
+        return model.get_encoder()
+    path = TEXT_LMS.get(model_type)
     return model if path is None else model.get_submodule(path)
 
 
@@ -84,8 +92,8 @@ def _row(config: object) -> ArchSpec:
     return spec
 
 
-def _norm_spec(name: str, module: nn.Module, path: str, offset: float, eps: float | None = None) -> NormSpec:
-    """What the norm at ``path`` computes, read from its class.
+def _norm_spec(name: str, module: nn.Module, path: str, spec: ArchSpec) -> NormSpec:
+    """What the norm at ``path`` computes, read from its class, unless the row says (``norm_kind``).
 
     A TransformerLens bridge's wrapper (``NormalizationBridge``) by the module it wraps; the
     hooks stay on the wrapper, which is what the model runs. A ``*LayerNorm`` class may lack a
@@ -93,13 +101,15 @@ def _norm_spec(name: str, module: nn.Module, path: str, offset: float, eps: floa
     """
     inner = wrapped(module)
     cls = type(inner).__name__
-    if isinstance(inner, nn.LayerNorm) or cls.endswith("LayerNorm"):
+    if spec.norm_kind is not None:
+        kind = spec.norm_kind
+    elif isinstance(inner, nn.LayerNorm) or cls.endswith("LayerNorm"):
         kind = "layernorm"
     elif "RMSNorm" in cls or isinstance(inner, nn.RMSNorm):
         kind = "rmsnorm"
     else:
         raise UnsupportedArchitectureError(f"norm module {path!r} of type {cls} is not recognised")
-    eps = next((getattr(inner, a) for a in ("eps", "variance_epsilon") if hasattr(inner, a)), eps)
+    eps = next((getattr(inner, a) for a in ("eps", "variance_epsilon") if hasattr(inner, a)), spec.norm_eps)
     if eps is None:
         raise UnsupportedArchitectureError(f"norm module {path!r} ({cls}) exposes no epsilon")
 
@@ -108,7 +118,7 @@ def _norm_spec(name: str, module: nn.Module, path: str, offset: float, eps: floa
         return None if t is None else t.detach()
 
     return NormSpec(name, kind, float(eps), view(parameter(module, "weight")),
-                    view(parameter(module, "bias")), offset, path)
+                    view(parameter(module, "bias")), spec.weight_offset, path)
 
 
 def _multiplier(name: str, c: float, d_model: int, owner: nn.Module) -> NormSpec:
@@ -146,15 +156,13 @@ def _norms(spec: ArchSpec, config: object, base: nn.Module, full, n_layers: int,
     global_norms = {"ln_embed": spec.embed_norm, "ln_final": spec.final_norm}
     for role, path in global_norms.items():
         if path is not None and _has(base, path):
-            norms[role] = _norm_spec(role, base.get_submodule(path), full(path), spec.weight_offset,
-                                     spec.norm_eps)
+            norms[role] = _norm_spec(role, base.get_submodule(path), full(path), spec)
     block_norms = _read(spec.block_norms, config)
     for L in range(n_layers):
         for role, rel in block_norms.items():
             path = f"{spec.layers}.{L}.{rel}"
             if _has(base, path):
-                norms[f"L{L}.{role}"] = _norm_spec(
-                    f"L{L}.{role}", base.get_submodule(path), full(path), spec.weight_offset, spec.norm_eps)
+                norms[f"L{L}.{role}"] = _norm_spec(f"L{L}.{role}", base.get_submodule(path), full(path), spec)
     d_model = int(config.hidden_size)
     for role, c in spec.multipliers(config).items():
         for name, owner in ([(role, embed)] if role == "ln_embed" else

@@ -56,6 +56,7 @@ from .family_templates import (
     SHARED_EXPERTS,
 )
 from .recent_families import RECENT, RECENT_CONTAINERS
+from .seq2seq_families import SEQ2SEQ
 
 ARCHITECTURES: dict[str, ArchSpec] = {
     "llama": LLAMA, "mistral": LLAMA, "qwen2": LLAMA,
@@ -365,6 +366,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     ),
     **ENCODERS,
     **RECENT,
+    **SEQ2SEQ,
 }
 
 # Multimodal containers of a text model (Gemma 3 4B-27B, Mistral Small 3.1, Qwen2.5-VL, LLaVA, InternVL,

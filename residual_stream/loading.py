@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from .anatomy import Anatomy
-from .architectures import check_config, describe, has_lm_head, text_lm
+from .architectures import check_config, describe, has_lm_head, stream_model
 from .bars import framework_bars, quiet_load_report
 from .devices import check_device_map, home_device, resolve_device, resolve_dtype
 from .errors import (
@@ -47,6 +47,7 @@ from .integrity import (
     validate_safetensors,
 )
 from .registry import REGISTRY
+from .seq2seq_families import ENCODER_DECODERS
 from .tl_compat import is_bridge, unwrap_bridge
 from .weights import LayerWeights, Unembed, layer_weights, unembedding
 
@@ -112,13 +113,17 @@ def wrap(module: nn.Module, tokenizer: object, *, name: str, source: str = "obje
         raise UnsupportedArchitectureError(
             f"a {type(module).__name__} is not a transformers model: load a Hugging Face model "
             "(PreTrainedModel), a TransformerLens bridge, a twin, a path or a registry name")
-    module = text_lm(module)  # Llama 4's container: its language_model, a whole LM
     arch = getattr(module.config, "architectures", None) or [type(module).__name__]
+    module = stream_model(module)  # Llama 4's container: its language_model; T5's: its encoder
     has_head = has_lm_head(module)
     entry = REGISTRY.get(name)
-    note = entry.lm_head_note if entry and entry.lm_head_note else (
-        "" if has_head else f"{arch[0]} has no LM head, so logits and the logit lens are not "
-        "available; load a *ForCausalLM / *ForMaskedLM checkpoint for them")
+    note = entry.lm_head_note if entry and entry.lm_head_note else "" if has_head else (
+        f"{arch[0]} is analysed through its encoder, which has no LM head, so logits and the logit lens are "
+        "not available (an encoder-decoder model's decoder, reading the encoder by cross-attention, is not "
+        "supported)"
+        if module.config.model_type in ENCODER_DECODERS else
+        f"{arch[0]} has no LM head, so logits and the logit lens are not available; load a "
+        "*ForCausalLM / *ForMaskedLM checkpoint for them")
     return Model(module, tokenizer, describe(module, has_lm_head=has_head, lm_head_note=note),
                  name, source)
 
@@ -278,6 +283,10 @@ def _auto_class(config):
 
     if config.model_type in TEXT_LMS:  # a container holding a whole text LM: that LM alone
         return transformers.AutoModelForCausalLM
+    if config.model_type in ENCODER_DECODERS:  # its encoder: alone where transformers has its class
+        from transformers.models.auto.modeling_auto import MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES as alone
+
+        return transformers.AutoModelForTextEncoding if config.model_type in alone else transformers.AutoModel
     archs = getattr(config, "architectures", None) or []
     for arch in archs:
         if arch.endswith(LM_HEAD_SUFFIXES) and hasattr(transformers, arch):
@@ -296,9 +305,10 @@ def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, placement: di
             model, info = _auto_class(config).from_pretrained(
                 folder, config=config, dtype=dt, local_files_only=True, use_safetensors=True,
                 output_loading_info=True, **(placement or {}), **kw)
+        model, keys = _analysed_part(model, info)
         anatomy = describe(model, has_lm_head=has_lm_head(model))
-        refuse_missing(model, anatomy, info.get("missing_keys", ()), str(folder))
-        refuse_extra_layers(anatomy, info.get("unexpected_keys", ()), str(folder))
+        refuse_missing(model, anatomy, keys["missing_keys"], str(folder))
+        refuse_extra_layers(anatomy, keys["unexpected_keys"], str(folder))
         tok = tokenizer  # the caller's (``load(..., tokenizer=)``), else the folder's, checked
         if tok is None:
             tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kw)
@@ -310,6 +320,19 @@ def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, placement: di
             f"could not load the model in {str(folder)!r}: {type(e).__name__}: "
             f"{str(e).splitlines()[0][:300]}. Re-download or reinstall it.") from e
     return (model if placement else model.to(dev)), tok
+
+
+def _analysed_part(model: nn.Module, info: dict) -> tuple[nn.Module, dict[str, list[str]]]:
+    """The part of a loaded model whose stream is analysed, and the load's keys inside it.
+
+    An encoder-decoder's encoder (the rest is dropped); ``from_pretrained``'s missing and unexpected keys
+    of that part, named from it.
+    """
+    part = stream_model(model)
+    prefix = next(n for n, m in model.named_modules() if m is part)
+    start = f"{prefix}." if prefix else ""
+    return part, {k: [key[len(start):] for key in info.get(k, ()) if key.startswith(start)]
+                  for k in ("missing_keys", "unexpected_keys")}
 
 
 def _load_hub_cache(hub_id: str, dev: torch.device, dt: torch.dtype, placement: dict,

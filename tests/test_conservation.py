@@ -13,6 +13,8 @@ from reference import ablation_contributions
 from tiny_hf import BUILDERS, build
 
 import residual_stream as rs
+from residual_stream.architectures import has_lm_head
+from residual_stream.errors import NotAvailableError
 from residual_stream.families import CONTAINERS
 from residual_stream.inputs import ByteTokenizer
 from residual_stream.program import PLACEMENTS
@@ -83,9 +85,16 @@ def test_decomposition_matches_frozen_forward_ablation(case):
 def test_the_unembedding_of_the_final_stream_gives_the_frameworks_logits(name):
     """``model.unembed()`` (``W_U``, ``b_U``, a masked-LM head's transform: BERT's module,
     RoBERTa's and DistilBERT's dense, activation and LayerNorm) applied to ``stream("final")``
-    gives the logits the framework's own forward pass returned, on real tokens."""
+    gives the logits the framework's own forward pass returned, on real tokens. A model without an
+    LM head (an encoder-decoder's encoder) has no logits, and its unembedding is refused, saying why."""
     model = hf_model(name)
     trace = rs.trace(model, TEXTS)
+    if not has_lm_head(model.module):
+        assert not model.anatomy.has_lm_head
+        for unavailable in (lambda: trace.logits, model.unembed):
+            with pytest.raises(NotAvailableError, match="no LM head"):
+                unavailable()
+        return
     logits = model.unembed().logits(trace.stream("final"))
     assert max_rel_error(logits, trace.logits, trace.attention_mask) <= REL_F32
 

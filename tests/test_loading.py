@@ -702,3 +702,43 @@ def test_query_key_gains_after_the_rotary_embedding_are_said_at_load(name):
     with pytest.warns(UserWarning, match=r"after the rotary embedding.*at position 0 only"):
         model = rs.load(build(name), tokenizer=ByteTokenizer())
     assert model.anatomy.modules.qk_norms is not None
+
+
+def test_an_encoder_decoder_checkpoint_loads_its_encoder_alone(tmp_path):
+    """A T5 checkpoint (``T5ForConditionalGeneration``) saved to a folder loads its encoder stack
+    alone (``T5EncoderModel``: none of the decoder's weights), and the whole model passed in is
+    analysed through the same stack: both give the encoder's own last hidden state, pass the check
+    and say why there are no logits. The load's integrity checks name weights from the encoder: one
+    of its weights missing is refused, a missing decoder weight is not its concern, and blocks past
+    its config's count are refused. The decoder stack passed alone is refused by name."""
+    import json
+
+    whole = build("t5")
+    whole.save_pretrained(tmp_path / "t5")
+    loaded = rs.load(tmp_path / "t5", tokenizer=ByteTokenizer())
+    passed = rs.load(whole, tokenizer=ByteTokenizer())
+    assert type(loaded.module).__name__ == "T5Stack" and passed.module is whole.encoder
+    assert not any("decoder" in n or "EncDec" in n for n, _ in loaded.module.named_parameters())
+    assert sum(p.numel() for p in loaded.module.parameters()) == sum(
+        p.numel() for p in whole.encoder.parameters())
+    for model in (loaded, passed):
+        assert model.anatomy.architecture == "t5" and not model.anatomy.causal
+        assert "T5ForConditionalGeneration is analysed through its encoder" in model.anatomy.lm_head_note
+        trace = rs.trace(model, TEXTS)
+        assert trace.check().ok
+        with torch.no_grad():
+            own = whole.encoder(input_ids=trace.tokens, attention_mask=trace.attention_mask).last_hidden_state
+        assert max_rel_error(trace.stream("final"), own, trace.attention_mask) <= REL_F32
+    _drop_tensors(tmp_path / "t5", lambda k: not k.startswith("decoder.block.1."))
+    assert rs.load(tmp_path / "t5", tokenizer=ByteTokenizer()).anatomy.n_layers == 3
+    _drop_tensors(tmp_path / "t5", lambda k: k != "encoder.block.1.layer.1.DenseReluDense.wo.weight")
+    with pytest.raises(CorruptModelFileError, match=r"lacks 1 weight\(s\) the model uses "
+                                                    r"\(block\.1\.layer\.1\.DenseReluDense\.wo\.weight\)"):
+        rs.load(tmp_path / "t5", tokenizer=ByteTokenizer())
+    build("t5").save_pretrained(tmp_path / "fewer")
+    config = json.loads((tmp_path / "fewer" / "config.json").read_text())
+    (tmp_path / "fewer" / "config.json").write_text(json.dumps({**config, "num_layers": 2}))
+    with pytest.raises(CorruptModelFileError, match="holds blocks 2 past the 2 its config.json lists"):
+        rs.load(tmp_path / "fewer", tokenizer=ByteTokenizer())
+    with pytest.raises(UnsupportedArchitectureError, match="decoder stack.*cross-attention"):
+        rs.load(whole.decoder, tokenizer=ByteTokenizer())

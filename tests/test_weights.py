@@ -62,7 +62,7 @@ def act(model, name):
     cfg = model.module.config.get_text_config()  # (a multimodal container: its text model's)
     if model.anatomy.architecture in ACTIVATIONS:
         return ACT2FN[ACTIVATIONS[model.anatomy.architecture]]
-    keys = ("activation_function", "hidden_activation", "hidden_act", "activation")
+    keys = ("activation_function", "hidden_activation", "hidden_act", "activation", "dense_act_fn")
     return ACT2FN[next(getattr(cfg, k) for k in keys if getattr(cfg, k, None))]
 
 

@@ -45,6 +45,8 @@ GEMMA4 = dict(TEXT, layer_types=["sliding_attention", "sliding_attention", "full
               hidden_size_per_layer_input=0, final_logit_softcapping=30.0, pad_token_id=0, bos_token_id=1,
               eos_token_id=2)
 GEMMA4_UNIFIED = {k: v for k, v in GEMMA4.items() if k != "hidden_size_per_layer_input"}
+T5 = dict(vocab_size=257, d_model=64, d_kv=16, d_ff=96, num_layers=3, num_decoder_layers=2, num_heads=4,
+          relative_attention_num_buckets=8, relative_attention_max_distance=16)
 COHERE2_TEXT = dict(pad_token_id=None, bos_token_id=1, eos_token_id=2, logit_scale=0.25,
                     sliding_window=4)  # logits scaled by its own head only
 COHERE2_MOE = dict(pad_token_id=None, bos_token_id=1, eos_token_id=2, logit_scale=0.25, sliding_window=4,
@@ -604,6 +606,12 @@ BUILDERS = {
     "rembert_mlm": _random_biases(lambda: tf.RemBertForMaskedLM(tf.RemBertConfig(  # embeddings 32 wide
         **COMMON, intermediate_size=128, max_position_embeddings=128, input_embedding_size=32,
         output_embedding_size=48, bos_token_id=1, eos_token_id=2))),
+    # encoder-decoder models, analysed through their encoder: T5 v1.0's (ReLU MLP) in a whole model,
+    # T5 v1.1's (gated GELU) encoder alone, mT5's and UMT5's (a position bias in every block)
+    "t5": lambda: tf.T5ForConditionalGeneration(tf.T5Config(**T5)),
+    "t5_encoder": lambda: tf.T5EncoderModel(tf.T5Config(**T5, feed_forward_proj="gated-gelu")),
+    "mt5": lambda: tf.MT5ForConditionalGeneration(tf.MT5Config(**T5)),
+    "umt5": lambda: tf.UMT5EncoderModel(tf.UMT5Config(**T5)),
 }
 
 
