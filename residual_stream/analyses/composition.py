@@ -39,7 +39,10 @@ matrix product of flattened Grams. The stream norms act on a writer's Gram as ``
 the writers are carried forward norm by norm (``O(d_model²)`` each, no product of ``d × d``
 matrices) and scored against the readers between each norm and the next. A random
 baseline, the same score for Gaussian matrices of the same shapes, is reported next to them
-(Monte Carlo, fixed seed): scores are only interesting relative to it.
+(Monte Carlo, fixed seed): scores are only interesting relative to it. For isotropic random maps
+``E‖AB‖²_F = ‖A‖²_F ‖B‖²_F / d_model``, so it is close to ``1/√d_model`` whatever the heads' width:
+blocks whose heads differ in width (Gemma 4's) share one (measured at d_model 64: 0.1252 for heads of
+16 and 16, 0.1263 for 16 and 32, 0.1267 for 32 and 32).
 """
 
 from __future__ import annotations
