@@ -103,6 +103,8 @@ class Anatomy:
     ``patterns_note``: why the framework cannot give this model's attention patterns (None: it can).
     ``sinks_after_softmax``: its attention sinks scale each head's output after the softmax
     (Granite SWA), a scale the framework's patterns leave out and ``rs.trace`` puts in.
+    ``states_before_final_norm``: the framework's ``hidden_states`` end with the stream before the
+    final norm, and its ``last_hidden_state`` is after it (CLIP's text model).
     ``family``: the family's description in the table of architectures. ``d_head`` and
     ``n_kv_heads`` are the widest block's head width and block 0's key/value heads where blocks
     differ (Gemma 4's full attentions: wider heads, fewer key/value heads; ``model.weights(L)``
@@ -134,6 +136,7 @@ class Anatomy:
     patterns_note: str | None = None
     sinks_after_softmax: bool = False
     family: str = ""
+    states_before_final_norm: bool = False
     layer_heads: tuple[tuple[int, int], ...] = ()
     components: tuple[Component, ...] = field(init=False)
 

@@ -88,6 +88,9 @@ class ArchSpec:
     norm_eps: float | None = None
     # what the norms compute where their class name says otherwise (T5's ``T5LayerNorm``: "rmsnorm")
     norm_kind: str | None = None
+    # the framework's hidden_states end with the stream BEFORE the final norm, its last_hidden_state
+    # after it (CLIP's and SigLIP's text models)
+    states_before_final_norm: bool = False
     # key/value heads where the config's num_key_value_heads does not say (Falcon's)
     n_kv_heads: Callable[[object], int] | None = None
     # the block adds to the MLP's output tensor in place once the module returns (Falcon)

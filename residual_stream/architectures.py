@@ -242,6 +242,7 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
         causal=_read(spec.causal, config), logit_scale=_logit_scale(spec, config, model.config),
         routing=spec.routing(config) if has_mlp else None, patterns_note=spec.patterns_refused(config),
         sinks_after_softmax=spec.sinks_after_softmax, layer_heads=layer_heads,
+        states_before_final_norm=spec.states_before_final_norm,
         family=_family(spec, config, model.config),
     )
 

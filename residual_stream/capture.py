@@ -295,15 +295,16 @@ def _unembedding_at(model: nn.Module, columns: Tensor | None, pos: int) -> list[
 
 def hidden_states_reference(
     model: nn.Module, tokens: Int[Tensor, "batch pos"], attention_mask: Int[Tensor, "batch pos"],
-    n_blocks: int,
+    n_blocks: int, *, last: bool = False,
 ) -> tuple[Float[Tensor, "batch pos d_model"], ...]:
     """The framework's own ``output_hidden_states`` for the same inputs (float32), one per block.
 
-    ``n_blocks + 1`` states. ``transformers`` records them by hooks on each block module,
-    installed once per path to it; a TransformerLens bridge that reaches a block by two paths
-    (BERT's: the block wrapper and its MLP wrapper both hold the ``BertLayer``) has every
-    block's output recorded twice, as one tensor: ``2 n + 1`` states, each odd one the very
-    object after it. Those are read once each.
+    ``n_blocks + 1`` states, and with ``last`` its ``last_hidden_state`` after them (where the
+    states end before the final norm: ``Anatomy.states_before_final_norm``). ``transformers``
+    records them by hooks on each block module, installed once per path to it; a TransformerLens
+    bridge that reaches a block by two paths (BERT's: the block wrapper and its MLP wrapper both
+    hold the ``BertLayer``) has every block's output recorded twice, as one tensor: ``2 n + 1``
+    states, each odd one the very object after it. Those are read once each.
     """
     with torch.inference_mode(), untouched(model):
         result = model(input_ids=tokens, attention_mask=attention_mask, output_hidden_states=True)
@@ -311,4 +312,5 @@ def hidden_states_reference(
     if len(states) == 2 * n_blocks + 1 and all(states[i] is states[i + 1]
                                                for i in range(1, len(states), 2)):
         states = states[:1] + states[1::2]
+    states += (result.last_hidden_state,) if last else ()
     return tuple(h.detach().to(tokens.device, torch.float32) for h in states)

@@ -3,7 +3,8 @@
 Hook names are not trusted (DESIGN §3): ``check_conservation`` tests, on real tokens only,
 
 1. ``hidden_states``: the captured stream against the framework's own
-   ``output_hidden_states`` at every block (and the final-norm output at the end);
+   ``output_hidden_states`` at every block (and the final-norm output at the end: its
+   ``last_hidden_state`` where the states end before that norm, CLIP's text model's);
 2. ``hook``: a replay of the stream program over the captured writes: each norm's
    captured input must equal the replayed stream (or write) at that point, and each block's
    output the replayed sum, so a hook on the wrong tensor is caught where it sits;
@@ -155,15 +156,16 @@ def check_conservation(trace: Trace, *, tolerance: float | None = None) -> Conse
     cap = trace.captured if verified else capture(model.module, anatomy, tokens, mask, verify=True)
     rec = _Recorder(trace.attention_mask, measure)
     n = anatomy.n_layers
-    refs = hidden_states_reference(model.module, tokens, mask, n)
-    for L in range(n):
+    before = anatomy.states_before_final_norm  # (CLIP's text model: its last state is not normed)
+    refs = hidden_states_reference(model.module, tokens, mask, n, last=before)
+    for L in range(n + before):
         rec.compare("hidden_states", f"resid_pre {L}", cap.resid[L], refs[L])
     wide = model.dtype in (torch.float32, torch.float64)
     final = trace.decompose("final").total()
     last = "final" if "ln_final" in anatomy.norms else f"resid_pre {n}"
     out = anatomy.modules.unembed_in  # OPT-350m returns it through project_out: the row says so
     rec.compare("hidden_states", last if out is None else f"{last} @ {out.rsplit('.', 1)[-1]}", _as_returned(
-        trace, final if wide else final_stream(walk_stream(trace, cap))), refs[n])
+        trace, final if wide else final_stream(walk_stream(trace, cap))), refs[-1])
     _replay_hooks(trace, cap, rec)
     for name, spec in anatomy.norms.items():
         if spec.constant:  # a multiplier has no module; the hidden states check it

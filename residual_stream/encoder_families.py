@@ -169,6 +169,12 @@ ENCODERS: dict[str, ArchSpec] = {
     "ultrabert": replace(  # EuroBERT's block, sliding windows in some blocks; a two-layer MLM head
         _BIDI_LLAMA, family="UltraBERT encoder (pre-RMSNorm, rotary, bidirectional, sliding windows)",
         head_transform=("head.linear1", "act:gelu_pytorch_tanh", "head.linear2", "act:gelu_pytorch_tanh")),
+    # AltCLIP's text encoder: XLM-RoBERTa's blocks (base model roberta); its pre_LN and transformation map
+    # the last hidden state outside the stream, and it has no LM head
+    "altclip_text_model": replace(
+        _ROBERTA, family="AltCLIP text encoder (XLM-RoBERTa's: post-LayerNorm, LayerNorm on the embeddings; "
+        "pre_LN and projection outside the stream, no LM head)", layers="encoder.layers", head_transform=None,
+        causal=False),
     "rembert": replace(  # embeddings summed, LayerNormed in input_embedding_size, then projected: one write
         _BERT, family="RemBERT encoder (post-LayerNorm; embeddings LayerNormed, then projected into the "
         "stream)",

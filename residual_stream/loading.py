@@ -122,8 +122,8 @@ def wrap(module: nn.Module, tokenizer: object, *, name: str, source: str = "obje
         "not available (an encoder-decoder model's decoder, reading the encoder by cross-attention, is not "
         "supported)"
         if module.config.model_type in ENCODER_DECODERS else
-        f"{arch[0]} has no LM head, so logits and the logit lens are not available; load a "
-        "*ForCausalLM / *ForMaskedLM checkpoint for them")
+        f"{arch[0]} has no LM head, so logits and the logit lens are not available; where its family "
+        "has one, load a *ForCausalLM / *ForMaskedLM checkpoint for them")
     return Model(module, tokenizer, describe(module, has_lm_head=has_head, lm_head_note=note),
                  name, source)
 

@@ -1,4 +1,4 @@
-"""Rows of recent families (mixture-of-experts, Gemma 4, Mistral 4) and the text models of containers.
+"""Rows of recent families (mixture-of-experts, Gemma 4, Mistral 4, contrastive text encoders), containers.
 
 ``families.ARCHITECTURES`` merges them with the other decoders' rows, and ``families.CONTAINERS``
 the containers (Gemma 4, Gemma 4 unified, Qwen3-VL-MoE, GLM-4.1V, GLM-4.5V, GLM-4.6V, Aria, ERNIE 4.5
@@ -103,6 +103,21 @@ GLM4V_TEXT = replace(GEMMA, family="GLM-4V text decoder (GLM-4's: sandwich RMSNo
                      "fused gate/up projection; multimodal partial rotary)", weight_offset=0.0, **GATE_UP,
                      block_norms=GLM4_NORMS)
 
+# the text encoders of contrastive image-text models (CLIP, SigLIP): pre-LayerNorm blocks over token and
+# learned position embeddings, a GELU MLP fc1 → fc2 (CLIP's quick_gelu); CLIP's attend causally, SigLIP's
+# bidirectionally. Their final_layer_norm gives last_hidden_state, but their hidden states end before it (as
+# SDXL's penultimate-layer reads do): states_before_final_norm. The pooling (the EOS or last token) and the
+# projections (text_projection, SigLIP's head) read the final stream from outside. No LM head
+CLIP_TEXT = ArchSpec(
+    family="CLIP text encoder (pre-LayerNorm, learned positions, causal, no LM head)",
+    layers="encoder.layers",
+    embeds={"embed": "embeddings.token_embedding", "pos_embed": "embeddings.position_embedding"},
+    block_norms={"ln_attn_in": "layer_norm1", "ln_mlp_in": "layer_norm2"}, final_norm="final_layer_norm",
+    attn_out="self_attn.out_proj", mlp_out="mlp", mlp_in="mlp.fc1", mlp_gate=None, mlp_down="mlp.fc2",
+    states_before_final_norm=True)  # its hidden_states end before final_layer_norm (SDXL reads them)
+SIGLIP_TEXT = replace(CLIP_TEXT, family=CLIP_TEXT.family.replace("CLIP", "SigLIP").replace(
+    "causal", "bidirectional"), causal=False)
+
 RECENT: dict[str, ArchSpec] = {
     "gemma4_text": GEMMA4,
     # Gemma 4 unified: Gemma 4's dense blocks (its config has no per-layer inputs or experts); the MLPs
@@ -190,6 +205,10 @@ RECENT: dict[str, ArchSpec] = {
         block_norms={"ln_attn_in": "input_layernorm", "ln_mlp_in": "post_attention_layernorm"},
         attn_out="self_attn.dense", mlp_out="mlp", qkv=("self_attn.query_key_value",), qkv_layout="per_head",
         mlp_in="mlp.dense_h_to_4h", mlp_gate=None, mlp_down="mlp.dense_4h_to_h", maps_caveat=qk_layernorms),
+    # (MetaCLIP 2's, CLIPSeg's and X-CLIP's text encoders are CLIP's; SigLIP 2's is SigLIP's)
+    **dict.fromkeys(("clip_text_model", "metaclip_2_text_model", "clipseg_text_model", "xclip_text_model"),
+                    CLIP_TEXT),
+    **dict.fromkeys(("siglip_text_model", "siglip2_text_model"), SIGLIP_TEXT),
 }
 # model_type → the text model's path under the base model (``families.CONTAINERS``)
 RECENT_CONTAINERS: dict[str, str] = {**dict.fromkeys((

@@ -119,7 +119,8 @@ def ablation_contributions(trace, labels: list[str]) -> dict[str, torch.Tensor]:
             torch.set_default_dtype(default)
             for h in handles:
                 h.remove()
-        return out.hidden_states
+        states = out.hidden_states  # (CLIP's text model's end before the final norm; last_hidden_state after)
+        return (*states[:-1], out.last_hidden_state) if anatomy.states_before_final_norm else states
 
     full = run("")
     return {label: [f - r for f, r in zip(full, run(label), strict=True)] for label in labels}

@@ -57,7 +57,7 @@ def test_conservation_report(case):
     frame = report.to_frame()
     n = model.anatomy.n_layers
     # every point was compared against the framework and against the decomposition
-    assert (frame.check == "hidden_states").sum() == n + 1
+    assert (frame.check == "hidden_states").sum() == n + 1 + model.anatomy.states_before_final_norm
     assert (frame.check == "decomposition").sum() == n + 1
     # every norm module against its description (a constant multiplier has no module)
     assert (frame.check == "norm").sum() == sum(not s.constant for s in model.anatomy.norms.values())

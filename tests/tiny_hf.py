@@ -113,6 +113,13 @@ def _molmo2(**text):
         adapter_config=dict(vit, vision_feature_layer=[-1], text_hidden_size=64)))
 
 
+def _contrastive_text(cls_cfg, cls_model, **extra):
+    """A contrastive image-text model's tiny text encoder, every bias drawn at random."""
+    return _random_biases(lambda: cls_model(cls_cfg(
+        **COMMON, intermediate_size=128, max_position_embeddings=128, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2, **extra)))
+
+
 BUILDERS = {
     "llama": _llama_like(tf.LlamaConfig, tf.LlamaForCausalLM),
     "llama_mlp_bias": _llama_like(tf.LlamaConfig, tf.LlamaForCausalLM, mlp_bias=True),
@@ -612,6 +619,19 @@ BUILDERS = {
     "t5_encoder": lambda: tf.T5EncoderModel(tf.T5Config(**T5, feed_forward_proj="gated-gelu")),
     "mt5": lambda: tf.MT5ForConditionalGeneration(tf.MT5Config(**T5)),
     "umt5": lambda: tf.UMT5EncoderModel(tf.UMT5Config(**T5)),
+    # the text encoders of contrastive image-text models, without LM heads: CLIP's (causal, quick_gelu; with
+    # its projection: the encoder under text_model), MetaCLIP 2's, CLIPSeg's, X-CLIP's; SigLIP's and SigLIP
+    # 2's (bidirectional, a pooling head on the last token's final stream)
+    "clip_text_model": _contrastive_text(tf.CLIPTextConfig, tf.CLIPTextModel),
+    "clip_text_model_projection": _contrastive_text(tf.CLIPTextConfig, tf.CLIPTextModelWithProjection,
+                                                    projection_dim=48),
+    "metaclip_2_text_model": _contrastive_text(tf.MetaClip2TextConfig, tf.MetaClip2TextModel),
+    "clipseg_text_model": _contrastive_text(tf.CLIPSegTextConfig, tf.CLIPSegTextModel),
+    "xclip_text_model": _contrastive_text(tf.XCLIPTextConfig, tf.XCLIPTextModel),
+    "siglip_text_model": _contrastive_text(tf.SiglipTextConfig, tf.SiglipTextModel),
+    "siglip2_text_model": _contrastive_text(tf.Siglip2TextConfig, tf.Siglip2TextModel),
+    "altclip_text_model": _random_biases(lambda: tf.AltCLIPTextModel(tf.AltCLIPTextConfig(  # XLM-R's blocks
+        **COMMON, intermediate_size=128, max_position_embeddings=130, project_dim=48))),
 }
 
 
