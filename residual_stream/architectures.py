@@ -16,7 +16,7 @@ from .anatomy import Anatomy, ModulePaths
 from .arch_spec import ArchSpec
 from .devices import parameter
 from .errors import UnsupportedArchitectureError
-from .families import ARCHITECTURES, CONTAINERS, TEXT_LMS
+from .families import ARCHITECTURES, CONTAINERS, WHOLE_TEXT_MODELS
 from .family_rules import config_width
 from .norms import NormSpec
 from .program import compile_program
@@ -27,7 +27,7 @@ from .tl_compat import wrapped
 
 def supported_architectures() -> list[str]:
     """The ``config.model_type`` values this version can describe (multimodal containers included)."""
-    return sorted({*ARCHITECTURES, *CONTAINERS, *TEXT_LMS})
+    return sorted({*ARCHITECTURES, *CONTAINERS, *WHOLE_TEXT_MODELS})
 
 
 def has_lm_head(module: nn.Module) -> bool:
@@ -38,13 +38,14 @@ def has_lm_head(module: nn.Module) -> bool:
 def stream_model(model: nn.Module) -> nn.Module:
     """The part of ``model`` whose stream is analysed.
 
-    ``model`` itself, the whole text LM of a multimodal container that holds one (``families.TEXT_LMS``),
-    or an encoder-decoder model's encoder stack (``seq2seq_families.ENCODER_DECODERS``; a stack is its own).
+    ``model`` itself, the whole text model of a multimodal model that holds one (``families.TEXT_LMS``:
+    Llama 4's LM; ``TEXT_TOWERS``: CLIP's text model), or an encoder-decoder model's encoder stack
+    (``seq2seq_families.ENCODER_DECODERS``; a stack is its own).
     """
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type in ENCODER_DECODERS:
         return model.get_encoder()
-    path = TEXT_LMS.get(model_type)
+    path = WHOLE_TEXT_MODELS.get(model_type)
     return model if path is None else model.get_submodule(path)
 
 
@@ -55,7 +56,7 @@ def check_config(config: object) -> None:
     raises ``UnsupportedArchitectureError`` as ``describe`` would after the load.
     """
     model_type = getattr(config, "model_type", None)
-    if model_type in CONTAINERS or model_type in TEXT_LMS:
+    if model_type in CONTAINERS or model_type in WHOLE_TEXT_MODELS:
         config = config.get_text_config()
     _row(config)
 

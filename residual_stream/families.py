@@ -387,3 +387,9 @@ CONTAINERS: dict[str, str] = {
 # transformers 5.24's Llama4ForConditionalGeneration.forward fails on text alone), and a saved folder
 # loads only it (AutoModelForCausalLM: the vision tower stays on disk)
 TEXT_LMS: dict[str, str] = {"llama4": "language_model"}
+# Contrastive image-text models whose text_model is a whole text model without a head (CLIP's CLIPTextModel):
+# analysed alone (its forward runs on text alone; the whole model's needs images), a folder loading it alone
+# as this class, by its text config (the vision tower stays on disk)
+TEXT_TOWERS: dict[str, str] = {"clip": "CLIPTextModel", "siglip": "SiglipTextModel",
+                               "siglip2": "Siglip2TextModel", "metaclip_2": "MetaClip2TextModel"}
+WHOLE_TEXT_MODELS: dict[str, str] = {**TEXT_LMS, **dict.fromkeys(TEXT_TOWERS, "text_model")}  # analysed alone

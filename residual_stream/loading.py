@@ -36,7 +36,7 @@ from .errors import (
     UnsupportedArchitectureError,
     layer_index,
 )
-from .families import TEXT_LMS
+from .families import TEXT_LMS, TEXT_TOWERS, WHOLE_TEXT_MODELS
 from .files import look_up
 from .gguf_cache import gguf_cache
 from .integrity import (
@@ -278,20 +278,29 @@ def _load_twin(folder: Path, dev: torch.device, dt: torch.dtype):
     return module.to(dev, dt), ByteTokenizer()
 
 
-def _auto_class(config):
+def _auto_class(config) -> tuple[type, object]:
+    """The class a folder of ``config`` loads as, and the config it loads with.
+
+    A multimodal model's whole text LM (Llama 4's) or text tower (CLIP's, by its text config) alone; an
+    encoder-decoder model's encoder alone where transformers has its class; else the class the config
+    names where it has an LM head, or the headless ``AutoModel``.
+    """
     import transformers
 
-    if config.model_type in TEXT_LMS:  # a container holding a whole text LM: that LM alone
-        return transformers.AutoModelForCausalLM
-    if config.model_type in ENCODER_DECODERS:  # its encoder: alone where transformers has its class
+    if config.model_type in TEXT_LMS:
+        return transformers.AutoModelForCausalLM, config
+    if config.model_type in TEXT_TOWERS:
+        return getattr(transformers, TEXT_TOWERS[config.model_type]), config.get_text_config()
+    if config.model_type in ENCODER_DECODERS:
         from transformers.models.auto.modeling_auto import MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES as alone
 
-        return transformers.AutoModelForTextEncoding if config.model_type in alone else transformers.AutoModel
+        return (transformers.AutoModelForTextEncoding if config.model_type in alone
+                else transformers.AutoModel), config
     archs = getattr(config, "architectures", None) or []
     for arch in archs:
         if arch.endswith(LM_HEAD_SUFFIXES) and hasattr(transformers, arch):
-            return getattr(transformers, arch)
-    return transformers.AutoModel
+            return getattr(transformers, arch), config
+    return transformers.AutoModel, config
 
 
 def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, placement: dict | None = None,
@@ -301,9 +310,10 @@ def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, placement: di
     try:
         config = AutoConfig.from_pretrained(folder, local_files_only=True, **kw)
         check_config(config)  # an unsupported model is refused before its weights are read
-        with quiet_load_report(config.model_type in TEXT_LMS):  # a container's vision tower: unused
-            model, info = _auto_class(config).from_pretrained(
-                folder, config=config, dtype=dt, local_files_only=True, use_safetensors=True,
+        cls, loaded = _auto_class(config)
+        with quiet_load_report(config.model_type in WHOLE_TEXT_MODELS):  # a container's vision tower: unused
+            model, info = cls.from_pretrained(
+                folder, config=loaded, dtype=dt, local_files_only=True, use_safetensors=True,
                 output_loading_info=True, **(placement or {}), **kw)
         model, keys = _analysed_part(model, info)
         anatomy = describe(model, has_lm_head=has_lm_head(model))
@@ -312,7 +322,7 @@ def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, placement: di
         tok = tokenizer  # the caller's (``load(..., tokenizer=)``), else the folder's, checked
         if tok is None:
             tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kw)
-            check_tokenizer(tok, getattr(config, "vocab_size", None), str(folder))
+            check_tokenizer(tok, getattr(loaded, "vocab_size", None), str(folder))
     except Exception as e:  # noqa: BLE001 - a config's own validation errors are plain Exceptions
         if isinstance(e, ResidualStreamError):
             raise

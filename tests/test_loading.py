@@ -742,3 +742,28 @@ def test_an_encoder_decoder_checkpoint_loads_its_encoder_alone(tmp_path):
         rs.load(tmp_path / "fewer", tokenizer=ByteTokenizer())
     with pytest.raises(UnsupportedArchitectureError, match="decoder stack.*cross-attention"):
         rs.load(whole.decoder, tokenizer=ByteTokenizer())
+
+
+@pytest.mark.parametrize(("name", "text"), [("clip", "CLIPTextModel"), ("siglip", "SiglipTextModel")])
+def test_a_contrastive_checkpoint_loads_its_text_tower_alone(tmp_path, name, text, caplog):
+    """A whole CLIP or SigLIP checkpoint (``CLIPModel``, whose forward needs images) saved to a folder
+    loads its text model alone (none of the vision tower's weights, and no report listing them as
+    unused), and the whole model passed in is analysed through its ``text_model``: both give the text
+    model's own final hidden state, after its final LayerNorm, and pass the check."""
+    whole = build(name)
+    whole.save_pretrained(tmp_path / name)
+    with caplog.at_level("WARNING"):
+        loaded = rs.load(tmp_path / name, tokenizer=ByteTokenizer())
+    assert not [r for r in caplog.records if "LOAD REPORT" in r.getMessage()]
+    passed = rs.load(whole, tokenizer=ByteTokenizer())
+    assert type(loaded.module).__name__ == text and passed.module is whole.text_model
+    assert not any(n.startswith("vision") for n, _ in loaded.module.named_parameters())
+    assert sum(p.numel() for p in loaded.module.parameters()) == sum(
+        p.numel() for p in whole.text_model.parameters())
+    for model in (loaded, passed):
+        assert model.anatomy.architecture == f"{name}_text_model" and not model.anatomy.has_lm_head
+        trace = rs.trace(model, TEXTS)
+        assert trace.check().ok
+        with torch.no_grad():
+            own = whole.text_model(input_ids=trace.tokens, attention_mask=trace.attention_mask)
+        assert max_rel_error(trace.stream("final"), own.last_hidden_state, trace.attention_mask) <= REL_F32

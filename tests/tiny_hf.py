@@ -113,11 +113,19 @@ def _molmo2(**text):
         adapter_config=dict(vit, vision_feature_layer=[-1], text_hidden_size=64)))
 
 
+CONTRASTIVE_TEXT = dict(COMMON, intermediate_size=128, max_position_embeddings=128, pad_token_id=0,
+                        bos_token_id=1, eos_token_id=2)
+
+
 def _contrastive_text(cls_cfg, cls_model, **extra):
     """A contrastive image-text model's tiny text encoder, every bias drawn at random."""
-    return _random_biases(lambda: cls_model(cls_cfg(
-        **COMMON, intermediate_size=128, max_position_embeddings=128, pad_token_id=0, bos_token_id=1,
-        eos_token_id=2, **extra)))
+    return _random_biases(lambda: cls_model(cls_cfg(**CONTRASTIVE_TEXT, **extra)))
+
+
+def _contrastive(cls_cfg, cls_model):
+    """A whole contrastive image-text model: that text encoder and a one-block vision tower."""
+    return _random_biases(lambda: cls_model(cls_cfg(text_config=CONTRASTIVE_TEXT, vision_config=dict(
+        VISION, image_size=28, patch_size=14), projection_dim=48)))
 
 
 BUILDERS = {
@@ -630,6 +638,11 @@ BUILDERS = {
     "xclip_text_model": _contrastive_text(tf.XCLIPTextConfig, tf.XCLIPTextModel),
     "siglip_text_model": _contrastive_text(tf.SiglipTextConfig, tf.SiglipTextModel),
     "siglip2_text_model": _contrastive_text(tf.Siglip2TextConfig, tf.Siglip2TextModel),
+    # the whole models, analysed through their text towers (their forward needs images)
+    "clip": _contrastive(tf.CLIPConfig, tf.CLIPModel),
+    "siglip": _contrastive(tf.SiglipConfig, tf.SiglipModel),
+    "siglip2": _contrastive(tf.Siglip2Config, tf.Siglip2Model),
+    "metaclip_2": _contrastive(tf.MetaClip2Config, tf.MetaClip2Model),
     "altclip_text_model": _random_biases(lambda: tf.AltCLIPTextModel(tf.AltCLIPTextConfig(  # XLM-R's blocks
         **COMMON, intermediate_size=128, max_position_embeddings=130, project_dim=48))),
 }
