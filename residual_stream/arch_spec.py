@@ -79,8 +79,12 @@ class ArchSpec:
     causal: bool | Callable[[object], bool] = True
     # why a config's variant of the family is not described by this row (None: it is)
     refuse: Callable[[object], str | None] = field(default=lambda cfg: None)
+    # a decoder block's cross-attention, relative to a block (BART's encoder_attn): a stack whose blocks
+    # have it is an encoder-decoder model's decoder, refused (its config may not say so: BART's is shared)
+    cross_attention: str | None = None
     # constant multipliers by norm role (Granite's): each is a norm of kind "multiplier",
-    # "ln_embed" on the embeddings' sum, "ln_attn_out" / "ln_mlp_out" on every block's writes
+    # "ln_embed" on the embeddings' sum, "ln_embed_token" on the token embedding before the others are
+    # added (Marian's), "ln_attn_out" / "ln_mlp_out" on every block's writes
     multipliers: Callable[[object], Mapping[str, float]] = field(default=lambda cfg: {})
     # what the model multiplies its logits by (Cohere's logit_scale, Granite's 1 / logits_scaling)
     logit_scale: Callable[[object], float | None] = field(default=lambda cfg: None)

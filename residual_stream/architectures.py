@@ -166,7 +166,7 @@ def _norms(spec: ArchSpec, config: object, base: nn.Module, full, n_layers: int,
                 norms[f"L{L}.{role}"] = _norm_spec(f"L{L}.{role}", base.get_submodule(path), full(path), spec)
     d_model = int(config.hidden_size)
     for role, c in spec.multipliers(config).items():
-        for name, owner in ([(role, embed)] if role == "ln_embed" else
+        for name, owner in ([(role, embed)] if role in ("ln_embed", "ln_embed_token") else
                             [(f"L{L}.{role}", f"{spec.layers}.{L}") for L in range(n_layers)]):
             norms[name] = _multiplier(name, c, d_model, base.get_submodule(owner))
     for L in range(n_layers) if spec.block_scale else ():  # a view: later edits to it stay visible
@@ -189,6 +189,11 @@ def describe(model: nn.Module, *, has_lm_head: bool, lm_head_note: str = "") -> 
     if n_layers == 0:
         raise UnsupportedArchitectureError(f"{config.model_type} model with no layers: the stream "
                                            "has no reads or writes to study; load one with 1 or more")
+    if spec.cross_attention and _has(base, f"{spec.layers}.0.{spec.cross_attention}"):
+        raise UnsupportedArchitectureError(
+            f"this {config.model_type} model is a decoder stack: its blocks have cross-attention "
+            f"({spec.cross_attention}), a third sublayer reading the encoder's output, which no row "
+            "describes; pass the whole model or its encoder (model.get_encoder()) to analyse the encoder")
     placement = _read(spec.placement, config)
 
     embed_paths = _read(spec.embeds, config)

@@ -47,7 +47,7 @@ from .integrity import (
     validate_safetensors,
 )
 from .registry import REGISTRY
-from .seq2seq_families import ENCODER_DECODERS
+from .seq2seq_families import ENCODER_DECODERS, ENCODERS_ALONE
 from .tl_compat import is_bridge, unwrap_bridge
 from .weights import LayerWeights, Unembed, layer_weights, unembedding
 
@@ -281,9 +281,9 @@ def _load_twin(folder: Path, dev: torch.device, dt: torch.dtype):
 def _auto_class(config) -> tuple[type, object]:
     """The class a folder of ``config`` loads as, and the config it loads with.
 
-    A multimodal model's whole text LM (Llama 4's) or text tower (CLIP's, by its text config) alone; an
-    encoder-decoder model's encoder alone where transformers has its class; else the class the config
-    names where it has an LM head, or the headless ``AutoModel``.
+    A multimodal model's whole text LM (Llama 4's) or text tower (CLIP's, by its text config) alone; T5's
+    encoder alone (``seq2seq_families.ENCODERS_ALONE``); else the class the config names where it has an
+    LM head (an encoder-decoder model's: ``_analysed_part`` keeps its encoder), or the headless ``AutoModel``.
     """
     import transformers
 
@@ -291,14 +291,12 @@ def _auto_class(config) -> tuple[type, object]:
         return transformers.AutoModelForCausalLM, config
     if config.model_type in TEXT_TOWERS:
         return getattr(transformers, TEXT_TOWERS[config.model_type]), config.get_text_config()
-    if config.model_type in ENCODER_DECODERS:
-        from transformers.models.auto.modeling_auto import MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES as alone
-
-        return (transformers.AutoModelForTextEncoding if config.model_type in alone
-                else transformers.AutoModel), config
+    if config.model_type in ENCODERS_ALONE:
+        return transformers.AutoModelForTextEncoding, config
     archs = getattr(config, "architectures", None) or []
+    whole = config.model_type in ENCODER_DECODERS  # its named class whatever the suffix (MarianMTModel)
     for arch in archs:
-        if arch.endswith(LM_HEAD_SUFFIXES) and hasattr(transformers, arch):
+        if (arch.endswith(LM_HEAD_SUFFIXES) or whole) and hasattr(transformers, arch):
             return getattr(transformers, arch), config
     return transformers.AutoModel, config
 

@@ -23,7 +23,8 @@ Placements differ only in their block template (data below), so one replay engin
 
 A constant multiplier on each write (Granite's ``x ← x + m·F(N(x))``) is a pre-norm block
 whose writes are added through a ``"multiplier"`` norm in the write roles (``norms``); one on the
-whole stream as a block ends (Gemma 4's ``x ← c_L·x``) fills the role ``ln_block_out``.
+whole stream as a block ends (Gemma 4's ``x ← c_L·x``) fills the role ``ln_block_out``; one on the
+token embedding before the other embeddings are added (Marian's), ``ln_embed_token``.
 """
 
 from __future__ import annotations
@@ -142,8 +143,16 @@ def compile_program(
     alpha: float = 1.0,
     sublayers: tuple[str, ...] = ("attn", "mlp"),
 ) -> tuple[Op, ...]:
-    """The whole model's stream program: embeddings, every block, the final norm."""
-    ops: list[Op] = [Embed(label) for label in embeds]
+    """The whole model's stream program: embeddings, every block, the final norm.
+
+    A constant on the token embedding alone (``"ln_embed_token"``: Marian's √d_model, multiplied in the
+    encoder's forward before the positions are added) follows it, before the other embeddings.
+    """
+    ops: list[Op] = []
+    for label in embeds:
+        ops.append(Embed(label))
+        if label == "embed" and "ln_embed_token" in norms:
+            ops.append(Norm("ln_embed_token"))
     if "ln_embed" in norms:
         ops.append(Norm("ln_embed"))
     for layer in range(n_layers):

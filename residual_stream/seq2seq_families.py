@@ -1,11 +1,12 @@
-"""The rows of encoder-decoder models, whose ENCODER's stream is analysed (T5 and its descendants).
+"""The rows of encoder-decoder models, whose ENCODER's stream is analysed (T5's and BART's descendants).
 
 An encoder-decoder model (``T5ForConditionalGeneration``, ``T5Model``, ``T5EncoderModel``) is analysed
-through its encoder stack alone (``architectures.text_lm``: ``model.get_encoder()``), which runs on
+through its encoder stack alone (``architectures.stream_model``: ``model.get_encoder()``), which runs on
 text by itself: a bidirectional encoder without an LM head, as T5's encoder conditions Flux and
 Stable Diffusion 3. The decoder's stream has a third writer, cross-attention reading the encoder's
 output, which no row describes; a decoder stack passed in alone is refused by name. A folder of such a
-checkpoint loads its encoder only (``AutoModelForTextEncoding``'s class where it has one).
+checkpoint loads its encoder only (``AutoModelForTextEncoding``'s class: ``ENCODERS_ALONE``), or the
+model, of which the encoder is kept.
 
 ``families.ARCHITECTURES`` merges these rows with the others.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .arch_spec import ArchSpec
+from .family_templates import GEMMA
 
 DECODER = "a decoder stack (its cross-attention, a third sublayer reading the encoder's output)"
 _FF = "layer.1.DenseReluDense"  # T5LayerFF's MLP: wi (or wi_0 gating wi_1), then wo
@@ -29,8 +31,54 @@ _T5 = ArchSpec(
     mlp_gate=f"{_FF}.wi_0", mlp_down=f"{_FF}.wo",
     norm_kind="rmsnorm",  # T5LayerNorm: x / rms(x) · γ, no mean subtracted, no bias
     causal=False, n_ctx_keys=("n_positions",),
-    refuse=lambda cfg: DECODER if cfg.is_decoder else None,
+    refuse=lambda cfg: DECODER if cfg.is_decoder else None, cross_attention="layer.1.EncDecAttention",
 )
+
+# BART's encoder and its descendants' (fairseq's): token embeddings (scaled by √d_model inside their module
+# where scale_embedding) and positions (learned, looked up at position + 2, or sinusoidal; their module's
+# output) summed, under layernorm_embedding where the model has one; blocks whose MLP is fc1, activation, fc2
+# in the block itself
+_ENC = "bidirectional; the encoder of an encoder-decoder model"
+_BART = ArchSpec(
+    family=f"BART encoder (post-LayerNorm, LayerNorm on the embeddings, learned positions, {_ENC})",
+    layers="layers", embeds={"embed": "embed_tokens", "pos_embed": "embed_positions"},
+    embed_norm="layernorm_embedding", placement="post",
+    block_norms={"ln_resid_attn": "self_attn_layer_norm", "ln_resid_mlp": "final_layer_norm"},
+    attn_out="self_attn.out_proj", mlp_out="fc2", mlp_in="fc1", mlp_gate=None, mlp_down="fc2",
+    qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), causal=False,
+    refuse=lambda cfg: DECODER if getattr(cfg, "is_decoder", False) else None,  # (*ForCausalLM's)
+    cross_attention="encoder_attn",
+)
+_PRE_BART = replace(  # pre-LayerNorm blocks, a LayerNorm on the final stream (mBART's, M2M-100's)
+    _BART, placement="pre", final_norm="layer_norm",
+    block_norms={"ln_attn_in": "self_attn_layer_norm", "ln_mlp_in": "final_layer_norm"})
+# Marian's, Pegasus's and Blenderbot Small's encoders multiply the token embeddings by √d_model in their own
+# forward, outside the embedding module, before the positions are added: a multiplier on that embedding
+_SCALED_OUTSIDE = {"multipliers": lambda cfg: {"ln_embed_token": cfg.d_model ** 0.5} if cfg.scale_embedding
+                   else {}}
+
+
+def _row(row: ArchSpec, name: str, what: str, **fields) -> ArchSpec:
+    return replace(row, family=f"{name} encoder ({what}, {_ENC})", **fields)
+
+
+# T5Gemma's encoder: Gemma 2's sandwich blocks, bidirectional (sliding windows both ways in some blocks); its
+# forward multiplies the token embeddings by √hidden_size outside their module, the one embedding: a
+# multiplier
+_T5GEMMA = replace(
+    GEMMA, family=f"T5Gemma encoder (sandwich RMSNorm with (1+γ), scaled embeddings, rotary, {_ENC})",
+    block_norms={"ln_attn_in": "pre_self_attn_layernorm", "ln_attn_out": "post_self_attn_layernorm",
+                 "ln_mlp_in": "pre_feedforward_layernorm", "ln_mlp_out": "post_feedforward_layernorm"},
+    multipliers=lambda cfg: {"ln_embed": cfg.hidden_size ** 0.5}, causal=False, refuse=_BART.refuse,
+    cross_attention="cross_attn")
+
+# Switch Transformers' encoder: T5's blocks, every encoder_sparse_step-th MLP a mixture of experts (top-1,
+# its output times the router's probability; a token past an expert's capacity gets no MLP write)
+_SWITCH = replace(
+    _T5, family="Switch Transformers encoder (pre-RMSNorm, relative position bias, top-1 mixture-of-experts "
+    "MLPs in some blocks, bidirectional; the encoder of an encoder-decoder model)",
+    mlp_out="layer.1.mlp", mlp_in="layer.1.mlp.wi", mlp_gate=None, mlp_down="layer.1.mlp.wo",
+    d_mlp_keys=("d_ff",), routing=lambda cfg: (1, cfg.num_experts))
 
 SEQ2SEQ: dict[str, ArchSpec] = {
     "t5": _T5,
@@ -38,6 +86,27 @@ SEQ2SEQ: dict[str, ArchSpec] = {
     # UMT5: a relative position bias of each block's own, not block 0's shared
     "umt5": replace(_T5, family=_T5.family.replace("T5 encoder", "UMT5 encoder").replace(
         "relative position bias", "relative position bias in every block")),
+    "switch_transformers": _SWITCH,
+    "bart": _BART,
+    "plbart": _row(_BART, "PLBart", "post-LayerNorm, LayerNorm on the embeddings, learned positions"),
+    "mbart": _row(_PRE_BART, "mBART", "pre-LayerNorm, LayerNorm on the embeddings and the final stream, "
+                  "learned positions"),
+    "m2m_100": _row(_PRE_BART, "M2M-100 / NLLB", "pre-LayerNorm, LayerNorm on the final stream, sinusoidal "
+                    "positions counted past the padding", embed_norm=None),
+    "blenderbot": _row(_PRE_BART, "Blenderbot", "pre-LayerNorm, LayerNorm on the final stream, learned "
+                       "positions", embed_norm=None),
+    "pegasus": _row(_PRE_BART, "Pegasus", "pre-LayerNorm, LayerNorm on the final stream, sinusoidal "
+                    "positions", embed_norm=None, **_SCALED_OUTSIDE),
+    "marian": _row(_BART, "Marian", "post-LayerNorm, sinusoidal positions, scaled token embeddings: the "
+                   "original Transformer's", embed_norm=None, **_SCALED_OUTSIDE),
+    "blenderbot-small": _row(_BART, "Blenderbot Small", "post-LayerNorm, LayerNorm on the embeddings, "
+                             "learned positions", **_SCALED_OUTSIDE),
+    # T5Gemma: the whole model's type routes it to its encoder, whose config (a module config) is its row's
+    "t5gemma": _T5GEMMA, "t5_gemma_module": _T5GEMMA,
 }
 # model types analysed through their encoder (``model.get_encoder()``)
 ENCODER_DECODERS: frozenset[str] = frozenset(SEQ2SEQ)
+# those whose folder loads the encoder alone (``AutoModelForTextEncoding``: T5EncoderModel); the others load
+# as the class their config names and keep its encoder (T5Gemma's encoder class refuses an encoder-decoder
+# config, and Marian's checkpoints leave out the sinusoid that only its whole class knows to rebuild)
+ENCODERS_ALONE: frozenset[str] = frozenset({"t5", "mt5", "umt5"})

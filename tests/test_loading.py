@@ -767,3 +767,38 @@ def test_a_contrastive_checkpoint_loads_its_text_tower_alone(tmp_path, name, tex
         with torch.no_grad():
             own = whole.text_model(input_ids=trace.tokens, attention_mask=trace.attention_mask)
         assert max_rel_error(trace.stream("final"), own.last_hidden_state, trace.attention_mask) <= REL_F32
+
+
+@pytest.mark.parametrize("name", ["t5", "switch_transformers", "bart", "marian", "m2m_100", "mbart",
+                                  "t5gemma"])
+def test_an_encoder_decoder_models_decoder_stack_alone_is_refused(name):
+    """The decoder stack of an encoder-decoder model has a third writer, cross-attention reading the
+    encoder's output, which no row describes: passed alone it is refused, naming it, though BART's
+    (whose config it shares with the encoder) and M2M-100's configs do not say it is a decoder. The
+    whole model passed in is analysed through its encoder."""
+    whole = build(name)
+    with pytest.raises(UnsupportedArchitectureError, match="cross-attention"):
+        rs.load(whole.get_decoder(), tokenizer=ByteTokenizer())
+    assert rs.load(whole, tokenizer=ByteTokenizer()).module is whole.get_encoder()
+
+
+@pytest.mark.parametrize(("name", "encoder"), [("marian", "MarianEncoder"), ("t5gemma", "T5GemmaEncoder"),
+                                               ("bart", "BartEncoder"), ("switch_transformers",
+                                                                         "SwitchTransformersStack")])
+def test_an_encoder_decoder_folder_keeps_the_encoder_of_its_whole_class(tmp_path, name, encoder, caplog):
+    """Where transformers has no class of the encoder alone that takes the checkpoint, a folder loads
+    as the class its config names and keeps the encoder: Marian's checkpoints leave out their
+    sinusoidal positions, which only MarianMTModel knows to rebuild (as ``MarianModel`` the load was
+    refused as missing a weight), and T5Gemma's encoder class refuses an encoder-decoder config. No
+    report of unused weights is printed, and the encoder gives its own last hidden state."""
+    whole = build(name)
+    whole.save_pretrained(tmp_path / name)
+    with caplog.at_level("WARNING"):
+        model = rs.load(tmp_path / name, tokenizer=ByteTokenizer())
+    assert not [r for r in caplog.records if "LOAD REPORT" in r.getMessage()]
+    assert type(model.module).__name__ == encoder
+    trace = rs.trace(model, TEXTS)
+    assert trace.check().ok
+    with torch.no_grad():
+        own = whole.get_encoder()(input_ids=trace.tokens, attention_mask=trace.attention_mask)
+    assert max_rel_error(trace.stream("final"), own.last_hidden_state, trace.attention_mask) <= REL_F32

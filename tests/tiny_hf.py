@@ -47,6 +47,9 @@ GEMMA4 = dict(TEXT, layer_types=["sliding_attention", "sliding_attention", "full
 GEMMA4_UNIFIED = {k: v for k, v in GEMMA4.items() if k != "hidden_size_per_layer_input"}
 T5 = dict(vocab_size=257, d_model=64, d_kv=16, d_ff=96, num_layers=3, num_decoder_layers=2, num_heads=4,
           relative_attention_num_buckets=8, relative_attention_max_distance=16)
+BART = dict(vocab_size=257, d_model=64, encoder_layers=3, decoder_layers=2, encoder_attention_heads=4,
+            decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=96, max_position_embeddings=128)
+T5GEMMA = dict(TEXT, sliding_window=4, query_pre_attn_scalar=16, hidden_activation="gelu_pytorch_tanh")
 COHERE2_TEXT = dict(pad_token_id=None, bos_token_id=1, eos_token_id=2, logit_scale=0.25,
                     sliding_window=4)  # logits scaled by its own head only
 COHERE2_MOE = dict(pad_token_id=None, bos_token_id=1, eos_token_id=2, logit_scale=0.25, sliding_window=4,
@@ -645,6 +648,29 @@ BUILDERS = {
     "metaclip_2": _contrastive(tf.MetaClip2Config, tf.MetaClip2Model),
     "altclip_text_model": _random_biases(lambda: tf.AltCLIPTextModel(tf.AltCLIPTextConfig(  # XLM-R's blocks
         **COMMON, intermediate_size=128, max_position_embeddings=130, project_dim=48))),
+    # Switch Transformers: experts in block 1 (capacity 3 a sequence, so some tokens get no MLP write)
+    "switch_transformers": lambda: tf.SwitchTransformersForConditionalGeneration(tf.SwitchTransformersConfig(
+        **T5, num_sparse_encoder_layers=1, num_sparse_decoder_layers=1, num_experts=4, expert_capacity=3)),
+    # BART's post-LayerNorm encoder (embeddings scaled by √d_model in their module), mBART's pre-LN one,
+    # PLBart's, M2M-100's (sinusoidal positions) and Blenderbot's, two as *Model (get_encoder from the base)
+    "bart": _random_biases(lambda: tf.BartForConditionalGeneration(tf.BartConfig(
+        **BART, scale_embedding=True))),
+    "mbart": _random_biases(lambda: tf.MBartForConditionalGeneration(tf.MBartConfig(**BART))),
+    "plbart": _random_biases(lambda: tf.PLBartModel(tf.PLBartConfig(**BART))),
+    "m2m_100": _random_biases(lambda: tf.M2M100ForConditionalGeneration(tf.M2M100Config(**BART))),  # (NLLB's)
+    "blenderbot": _random_biases(lambda: tf.BlenderbotModel(tf.BlenderbotConfig(
+        **BART, scale_embedding=True))),
+    # Marian's (the original Transformer's), Pegasus's and Blenderbot Small's, their token embeddings scaled
+    # by √d_model outside the module, before the positions are added (as in their checkpoints)
+    "pegasus": _random_biases(lambda: tf.PegasusForConditionalGeneration(tf.PegasusConfig(
+        **BART, scale_embedding=True))),
+    "marian": _random_biases(lambda: tf.MarianMTModel(tf.MarianConfig(
+        **BART, pad_token_id=0, decoder_start_token_id=0, scale_embedding=True))),
+    "blenderbot_small": _random_biases(lambda: tf.BlenderbotSmallForConditionalGeneration(
+        tf.BlenderbotSmallConfig(**BART, scale_embedding=True))),
+    # T5Gemma's Gemma 2-style encoder (sliding windows both ways, soft-capped scores) in a whole model
+    "t5gemma": lambda: tf.T5GemmaForConditionalGeneration(tf.T5GemmaConfig(
+        encoder=T5GEMMA, decoder=dict(T5GEMMA, num_hidden_layers=2), vocab_size=257)),
 }
 
 
