@@ -84,6 +84,26 @@ _ESMC_QK = ("a LayerNorm without bias on all heads' queries together and one on 
             "the weights' read maps (W_Q, W_K, composition, read attribution of queries and keys) describe "
             "them before those norms; the stream, its decomposition, values and patching are exact")
 
+# BERT's block in families whose embeddings module sums more writes, each a module's output: TAPAS's
+# token types (segment, column, row, ... one embedding each), MarkupLM's XPath embedding (one MLP's output,
+# of padding XPaths on text alone); RoC-BERT's shape and pronunciation embeddings are added to its
+# embeddings (after their LayerNorm) only where their ids are given, never on text alone
+_TAPAS_EMBEDS = lambda cfg: {  # noqa: E731
+    "embed": "embeddings.word_embeddings", "pos_embed": "embeddings.position_embeddings",
+    **{f"type_embed_{i}": f"embeddings.token_type_embeddings_{i}" for i in range(len(cfg.type_vocab_sizes))}}
+# RoC-BERT's map_inputs_layer (concat_input) would be its token's write, but the embeddings module adds the
+# token types and positions to that module's output in place, over what a hook on it keeps
+_ROC_REFUSE = any_of(_BERT.refuse, flag(
+    "concat_input", "its token, shape and pronunciation embeddings concatenated and mapped into the stream "
+    "(concat_input), the types and positions then added to that map's output in place"))
+_NO_HEAD = "no LM head"
+# LiLT's text blocks' scores add a layout stream's (its own blocks beside the text's, from the boxes)
+_LILT_MAPS = (
+    "its attention scores add to each q·k/√d_head the layout stream's (bounding boxes and positions, through "
+    "blocks of its own beside the text's, which read the text's scores): the weights' W_Q and W_K are how "
+    "queries and keys read the stream, but their bilinear form (QK circuits, Q/K-composition) is the text "
+    "term alone; the stream, its decomposition, patching and attention patterns are exact")
+
 ENCODERS: dict[str, ArchSpec] = {
     "bert": _BERT,
     "roberta": _ROBERTA, "xlm-roberta": _ROBERTA, "camembert": _ROBERTA, "data2vec-text": _ROBERTA,
@@ -180,4 +200,24 @@ ENCODERS: dict[str, ArchSpec] = {
         "stream)",
         embeds={"embed": "encoder.embedding_hidden_mapping_in"}, embed_norm=None,
         head_transform=("cls.predictions.dense", "cls.predictions.activation", "cls.predictions.LayerNorm")),
+    "splinter": replace(
+        _BERT, family=f"Splinter encoder (BERT's: post-LayerNorm, LayerNorm on the embeddings; {_NO_HEAD})",
+        head_transform=None, causal=False),
+    "tapas": replace(
+        _BERT, family="TAPAS encoder (post-LayerNorm, LayerNorm on the embeddings, an embedding per kind of "
+        "token type)", embeds=_TAPAS_EMBEDS, causal=False),
+    "markuplm": replace(
+        _BERT, family=f"MarkupLM encoder (post-LayerNorm, LayerNorm on the embeddings, XPath embeddings; "
+        f"{_NO_HEAD})", embeds={**_BERT.embeds, "xpath_embed": "embeddings.xpath_embeddings"},
+        head_transform=None, causal=False),
+    "roc_bert": replace(
+        _BERT, family="RoC-BERT encoder on text alone (BERT's: post-LayerNorm, LayerNorm on the embeddings; "
+        "no shape or pronunciation embeddings)", refuse=_ROC_REFUSE),
+    "luke": replace(
+        _ROBERTA, family="LUKE encoder on text alone (RoBERTa's: post-LayerNorm, LayerNorm on the "
+        "embeddings)", causal=False, refuse=lambda cfg: None),
+    "lilt": replace(
+        _BERT, family=f"LiLT text encoder (post-LayerNorm, LayerNorm on the embeddings, scores with a layout "
+        f"stream's; {_NO_HEAD})", head_transform=None, causal=False, refuse=lambda cfg: None,
+        maps_caveat=lambda cfg: _LILT_MAPS),
 }

@@ -264,6 +264,8 @@ def _one_block(model_cls, config_cls, **options):
                 rescale_embeddings=True), "rescale_embeddings"),
     (_one_block(tf.DebertaV2ForMaskedLM, tf.DebertaV2Config, conv_kernel_size=3), "conv_kernel_size"),
     (_one_block(tf.DebertaV2ForMaskedLM, tf.DebertaV2Config, embedding_size=16), "embed_proj"),
+    (_one_block(tf.RoCBertForMaskedLM, tf.RoCBertConfig, pronunciation_embed_dim=8,  # (RoC-BERT's default)
+                pronunciation_vocab_size=12, shape_embed_dim=8, shape_vocab_size=12), "concat_input"),
     (_one_block(tf.EsmForMaskedLM, tf.EsmConfig, intermediate_size=64, mask_token_id=101, pad_token_id=0,
                 position_embedding_type="absolute", token_dropout=True), "token_dropout"),
     (_one_block(tf.HyperCLOVAXForCausalLM, tf.HyperCLOVAXConfig, residual_multiplier=0.5),

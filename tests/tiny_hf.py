@@ -624,6 +624,25 @@ BUILDERS = {
     "rembert_mlm": _random_biases(lambda: tf.RemBertForMaskedLM(tf.RemBertConfig(  # embeddings 32 wide
         **COMMON, intermediate_size=128, max_position_embeddings=128, input_embedding_size=32,
         output_embedding_size=48, bos_token_id=1, eos_token_id=2))),
+    # BERT's block: Splinter's (no MLM head), TAPAS's 7 token-type embeddings, MarkupLM's XPath embedding (no
+    # MLM head), RoC-BERT's embeddings summed as BERT's (concat_input off; text alone: no shape or
+    # pronunciation ids)
+    "splinter": _random_biases(lambda: tf.SplinterModel(tf.SplinterConfig(
+        **COMMON, intermediate_size=128, max_position_embeddings=128))),
+    "tapas_mlm": _random_biases(lambda: tf.TapasForMaskedLM(tf.TapasConfig(
+        **COMMON, intermediate_size=128, max_position_embeddings=128))),
+    "markuplm": _random_biases(lambda: tf.MarkupLMModel(tf.MarkupLMConfig(
+        **COMMON, intermediate_size=128, max_position_embeddings=130, max_depth=4,
+        xpath_unit_hidden_size=8))),
+    "roc_bert_mlm": _random_biases(lambda: tf.RoCBertForMaskedLM(tf.RoCBertConfig(
+        **COMMON, intermediate_size=128, max_position_embeddings=128, pronunciation_embed_dim=64,
+        pronunciation_vocab_size=12, shape_embed_dim=64, shape_vocab_size=12, concat_input=False))),
+    # LUKE on text alone (no entities), LiLT's text blocks beside its layout stream
+    "luke_mlm": _random_biases(lambda: tf.LukeForMaskedLM(tf.LukeConfig(
+        **COMMON, intermediate_size=128, max_position_embeddings=130, entity_vocab_size=16,
+        entity_emb_size=32))),
+    "lilt": _random_biases(lambda: tf.LiltModel(tf.LiltConfig(  # 48 wide: 6 box embeddings of 8
+        **dict(COMMON, hidden_size=48), intermediate_size=128, max_position_embeddings=130))),
     # encoder-decoder models, analysed through their encoder: T5 v1.0's (ReLU MLP) in a whole model,
     # T5 v1.1's (gated GELU) encoder alone, mT5's and UMT5's (a position bias in every block)
     "t5": lambda: tf.T5ForConditionalGeneration(tf.T5Config(**T5)),
