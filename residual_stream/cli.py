@@ -141,11 +141,12 @@ def _models(args: argparse.Namespace) -> int:
 
 def _families(args: argparse.Namespace) -> int:
     from .architectures import supported_architectures
-    from .families import ARCHITECTURES, CONTAINERS, WHOLE_TEXT_MODELS
+    from .families import ARCHITECTURES, CONTAINERS, TEXT_LMS, TEXT_TOWERS, WHOLE_TEXT_MODELS
 
     for model_type in supported_architectures():
         path = CONTAINERS.get(model_type) or WHOLE_TEXT_MODELS.get(model_type)
-        alone = ", loaded alone" if model_type in WHOLE_TEXT_MODELS else ""
+        alone = ", loaded alone" if model_type in {*TEXT_LMS, *TEXT_TOWERS} else (
+            ", analysed alone" if model_type in WHOLE_TEXT_MODELS else "")
         print(f"{model_type:<16} " + (ARCHITECTURES[model_type].family if model_type in ARCHITECTURES else
                                       f"the text model ({path}) of a multimodal model, described by its "
                                       f"text config's row{alone}"))

@@ -57,6 +57,7 @@ from .family_templates import (
 )
 from .recent_families import RECENT, RECENT_CONTAINERS
 from .seq2seq_families import SEQ2SEQ
+from .tower_families import TOWER_MODELS, TOWERS, WHOLE_TOWERS
 
 ARCHITECTURES: dict[str, ArchSpec] = {
     "llama": LLAMA, "mistral": LLAMA, "qwen2": LLAMA,
@@ -367,6 +368,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     **ENCODERS,
     **RECENT,
     **SEQ2SEQ,
+    **TOWERS,
 }
 
 # Multimodal containers of a text model (Gemma 3 4B-27B, Mistral Small 3.1, Qwen2.5-VL, LLaVA, InternVL,
@@ -390,6 +392,7 @@ TEXT_LMS: dict[str, str] = {"llama4": "language_model"}
 # Contrastive image-text models whose text_model is a whole text model without a head (CLIP's CLIPTextModel):
 # analysed alone (its forward runs on text alone; the whole model's needs images), a folder loading it alone
 # as this class, by its text config (the vision tower stays on disk)
-TEXT_TOWERS: dict[str, str] = {"clip": "CLIPTextModel", "siglip": "SiglipTextModel",
+TEXT_TOWERS: dict[str, str] = {"clip": "CLIPTextModel", "siglip": "SiglipTextModel", **TOWER_MODELS,
                                "siglip2": "Siglip2TextModel", "metaclip_2": "MetaClip2TextModel"}
-WHOLE_TEXT_MODELS: dict[str, str] = {**TEXT_LMS, **dict.fromkeys(TEXT_TOWERS, "text_model")}  # analysed alone
+WHOLE_TEXT_MODELS: dict[str, str] = {  # analysed alone
+    **TEXT_LMS, **dict.fromkeys((*TEXT_TOWERS, *WHOLE_TOWERS), "text_model")}

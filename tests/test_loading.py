@@ -746,12 +746,16 @@ def test_an_encoder_decoder_checkpoint_loads_its_encoder_alone(tmp_path):
         rs.load(whole.decoder, tokenizer=ByteTokenizer())
 
 
-@pytest.mark.parametrize(("name", "text"), [("clip", "CLIPTextModel"), ("siglip", "SiglipTextModel")])
+@pytest.mark.parametrize(("name", "text"), [("clip", "CLIPTextModel"), ("siglip", "SiglipTextModel"),
+                                          ("tipsv2", "Tipsv2TextModel"),
+                                          ("chinese_clip", "ChineseCLIPTextModel")])
 def test_a_contrastive_checkpoint_loads_its_text_tower_alone(tmp_path, name, text, caplog):
     """A whole CLIP or SigLIP checkpoint (``CLIPModel``, whose forward needs images) saved to a folder
     loads its text model alone (none of the vision tower's weights, and no report listing them as
     unused), and the whole model passed in is analysed through its ``text_model``: both give the text
-    model's own final hidden state, after its final LayerNorm, and pass the check."""
+    model's own final hidden state, after its final LayerNorm, and pass the check. TIPSv2's loads it alone
+    by its class; Chinese-CLIP's, whose checkpoint names the text weights as the whole model's, loads the
+    whole model and keeps the text model."""
     whole = build(name)
     whole.save_pretrained(tmp_path / name)
     with caplog.at_level("WARNING"):

@@ -131,6 +131,10 @@ def _contrastive(cls_cfg, cls_model):
         VISION, image_size=28, patch_size=14), projection_dim=48)))
 
 
+TOWER = dict(COMMON, intermediate_size=128, max_position_embeddings=128)  # a text tower's encoder
+TOWER_VISION = dict(VISION, image_size=28, patch_size=14)
+
+
 BUILDERS = {
     "llama": _llama_like(tf.LlamaConfig, tf.LlamaForCausalLM),
     "llama_mlp_bias": _llama_like(tf.LlamaConfig, tf.LlamaForCausalLM, mlp_bias=True),
@@ -667,6 +671,31 @@ BUILDERS = {
     "metaclip_2": _contrastive(tf.MetaClip2Config, tf.MetaClip2Model),
     "altclip_text_model": _random_biases(lambda: tf.AltCLIPTextModel(tf.AltCLIPTextConfig(  # XLM-R's blocks
         **COMMON, intermediate_size=128, max_position_embeddings=130, project_dim=48))),
+    # text towers of contrastive and retrieval models (tower_families): BERT's (Chinese-CLIP's, its pooler
+    # outside the stream; ALIGN's), RoBERTa's (CLAP's; BridgeTower's, whose cross-modal layers read it),
+    # FLAVA's pre-LN, TIPSv2's (scaled token embeddings over sinusoidal positions); the whole models, analysed
+    # through their text_model
+    "chinese_clip_text_model": _random_biases(lambda: tf.ChineseCLIPTextModel(tf.ChineseCLIPTextConfig(
+        **TOWER))),
+    "chinese_clip": _random_biases(lambda: tf.ChineseCLIPModel(tf.ChineseCLIPConfig(
+        text_config=TOWER, vision_config=TOWER_VISION, projection_dim=48))),
+    "align": _random_biases(lambda: tf.AlignModel(tf.AlignConfig(text_config=TOWER, vision_config=dict(
+        image_size=28, width_coefficient=0.1, depth_coefficient=0.1, hidden_dim=64), projection_dim=64))),
+    "clap": _random_biases(lambda: tf.ClapModel(tf.ClapConfig(text_config=TOWER, audio_config=dict(
+        depths=[1, 1], num_attention_heads=[2, 2], hidden_size=16, patch_embeds_hidden_size=16, spec_size=64,
+        num_mel_bins=64, window_size=4, patch_stride=(4, 4)), projection_dim=48))),
+    "flava": _random_biases(lambda: tf.FlavaModel(tf.FlavaConfig(
+        text_config=TOWER, image_config=TOWER_VISION, multimodal_config=VISION, projection_dim=48,
+        hidden_size=64))),
+    "x_clip": _random_biases(lambda: tf.XCLIPModel(tf.XCLIPConfig(
+        text_config=CONTRASTIVE_TEXT, projection_dim=48, prompt_layers=1, prompt_num_attention_heads=2,
+        vision_config=dict(TOWER_VISION, mit_hidden_size=16, mit_intermediate_size=32,
+                           mit_num_hidden_layers=1, mit_num_attention_heads=2, num_frames=2)))),
+    "bridgetower": _random_biases(lambda: tf.BridgeTowerModel(tf.BridgeTowerConfig(  # 1 cross-modal layer
+        text_config=TOWER, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+        vision_config=dict(hidden_size=64, num_hidden_layers=3, image_size=28, patch_size=14)))),
+    "tipsv2": _random_biases(lambda: tf.Tipsv2Model(tf.Tipsv2Config(text_config=TOWER, vision_config=dict(
+        TOWER, image_size=28, patch_size=14)))),
     # Switch Transformers: experts in block 1 (capacity 3 a sequence, so some tokens get no MLP write)
     "switch_transformers": lambda: tf.SwitchTransformersForConditionalGeneration(tf.SwitchTransformersConfig(
         **T5, num_sparse_encoder_layers=1, num_sparse_decoder_layers=1, num_experts=4, expert_capacity=3)),
