@@ -14,7 +14,7 @@ from torch import nn
 
 from .anatomy import Anatomy, ModulePaths
 from .arch_spec import ArchSpec
-from .devices import parameter
+from .devices import embeddings, parameter
 from .errors import UnsupportedArchitectureError
 from .families import ARCHITECTURES, CONTAINERS, WHOLE_TEXT_MODELS
 from .family_rules import config_width
@@ -32,7 +32,7 @@ def supported_architectures() -> list[str]:
 
 def has_lm_head(module: nn.Module) -> bool:
     """Whether ``module`` has output embeddings (an LM head), so logits."""
-    return getattr(module, "get_output_embeddings", lambda: None)() is not None
+    return embeddings(module, "output") is not None
 
 
 def stream_model(model: nn.Module) -> nn.Module:
@@ -283,13 +283,19 @@ def _text_model(model: nn.Module) -> tuple[object, nn.Module]:
 
 
 def _base_model(model: nn.Module) -> nn.Module:
-    """``model.base_model``, or the conventional ``model`` child of a head model whose body it misses.
+    """``model.base_model``, or the conventional child holding the body of a model whose prefix misses it.
 
     ``Llama4ForCausalLM``'s ``base_model_prefix`` (``"language_model"``) names no attribute of
-    it, so ``base_model`` is the head model itself; its body is ``model``.
+    it, so ``base_model`` is the head model itself; its body is ``model``. ``OwlViTTextModel``'s
+    (``"owlvit"``) neither: its body is ``text_model``, a model of the same config.
     """
     base = model.base_model
-    return model.model if base is model and isinstance(getattr(model, "model", None), nn.Module) else base
+    if base is not model:
+        return base
+    if isinstance(getattr(model, "model", None), nn.Module):
+        return model.model
+    body = getattr(model, "text_model", None)
+    return body if isinstance(body, nn.Module) and getattr(body, "config", None) is model.config else base
 
 
 def _read(field, config: object):

@@ -35,9 +35,21 @@ def parameter(module: nn.Module, name: str = "weight") -> Tensor | None:
     return weights_map[name]
 
 
+def embeddings(module: nn.Module, end: str) -> nn.Module | None:
+    """The model's ``"input"`` or ``"output"`` embeddings, or None where it has none or cannot say.
+
+    transformers raises ``NotImplementedError`` where a class neither overrides the getter nor names its
+    embeddings conventionally (OWL-ViT's text transformer).
+    """
+    try:
+        return getattr(module, f"get_{end}_embeddings", lambda: None)()
+    except NotImplementedError:
+        return None
+
+
 def home_device(module: nn.Module) -> torch.device:
     """Where the model's inputs go: its input embedding's device (or execution device)."""
-    embed = module.get_input_embeddings() if hasattr(module, "get_input_embeddings") else None
+    embed = embeddings(module, "input")
     if embed is not None:
         w = getattr(embed, "weight", None)
         if isinstance(w, Tensor) and w.device.type != "meta":

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from .anatomy import Anatomy
+from .devices import embeddings
 from .errors import CorruptModelFileError
 
 TOKENIZER_PROBE = "The residual stream is read and written by every layer."
@@ -90,7 +91,7 @@ def refuse_missing(module: nn.Module, anatomy: Anatomy, missing: Iterable[str], 
     used = [*p.layers, *p.embeds.values(), *p.norms.values(),
             *(s for s in p.lm_head or () if not s.startswith("act:")),
             *filter(None, [p.unembed_in, p.unembed_bias])]
-    ends = [getattr(module, f"get_{e}_embeddings", lambda: None)() for e in ("input", "output")]
+    ends = [embeddings(module, e) for e in ("input", "output")]
     used += [name for name, m in module.named_modules() if any(m is e for e in ends if e is not None)]
     bad = sorted(k for k in missing if any(k == u or k.startswith(u + ".") for u in used))
     if bad:

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from .arch_spec import ArchSpec
 from .encoder_families import _BERT, _ROBERTA
-from .recent_families import SIGLIP_TEXT
+from .recent_families import CLIP_TEXT, SIGLIP_TEXT
 
 _NO_HEAD = "pooler and projection outside the stream, no LM head"
 # BERT's and RoBERTa's blocks, always bidirectional (their forward builds a bidirectional mask whatever the
@@ -23,6 +23,11 @@ _BERT_TOWER = replace(_BERT, head_transform=None, causal=False, refuse=lambda cf
 _ROBERTA_TOWER = replace(_BERT_TOWER, family=_BERT_TOWER.family.replace("BERT", "RoBERTa"))
 
 TOWERS: dict[str, ArchSpec] = {
+    # OWL-ViT's, OWLv2's and GroupViT's text encoders: CLIP's (the public text class holds its body at
+    # text_model, ``architectures._base_model``; the whole model's text_model is that body)
+    **{t: replace(CLIP_TEXT, family=CLIP_TEXT.family.replace("CLIP", name)) for t, name in (
+        ("owlvit_text_model", "OWL-ViT"), ("owlv2_text_model", "OWLv2"),
+        ("groupvit_text_model", "GroupViT"))},
     # Chinese-CLIP's and ALIGN's text encoders: BERT's (token types, learned positions)
     "chinese_clip_text_model": replace(_BERT_TOWER,
                                        family=_BERT_TOWER.family.replace("BERT", "Chinese-CLIP")),
@@ -56,7 +61,8 @@ TOWERS: dict[str, ArchSpec] = {
 }
 # model_type of a whole contrastive model → the class of its text_model, which a folder loads alone by the
 # text config (``families.TEXT_TOWERS``: its weights are named as that class's own)
-TOWER_MODELS: dict[str, str] = {"tipsv2": "Tipsv2TextModel"}
+TOWER_MODELS: dict[str, str] = {"tipsv2": "Tipsv2TextModel", "owlvit": "OwlViTTextModel",
+                                "owlv2": "Owlv2TextModel", "groupvit": "GroupViTTextModel"}
 # whole models analysed through their text_model whose checkpoints name its weights as the whole model's
 # (text_model.…, which the text class alone does not strip): a folder loads the whole model (AutoModel),
 # and the text model is kept (``families.WHOLE_TEXT_MODELS``)

@@ -748,14 +748,16 @@ def test_an_encoder_decoder_checkpoint_loads_its_encoder_alone(tmp_path):
 
 @pytest.mark.parametrize(("name", "text"), [("clip", "CLIPTextModel"), ("siglip", "SiglipTextModel"),
                                           ("tipsv2", "Tipsv2TextModel"),
-                                          ("chinese_clip", "ChineseCLIPTextModel")])
+                                          ("chinese_clip", "ChineseCLIPTextModel"),
+                                          ("owlvit", "OwlViTTextModel")])
 def test_a_contrastive_checkpoint_loads_its_text_tower_alone(tmp_path, name, text, caplog):
     """A whole CLIP or SigLIP checkpoint (``CLIPModel``, whose forward needs images) saved to a folder
     loads its text model alone (none of the vision tower's weights, and no report listing them as
     unused), and the whole model passed in is analysed through its ``text_model``: both give the text
     model's own final hidden state, after its final LayerNorm, and pass the check. TIPSv2's loads it alone
-    by its class; Chinese-CLIP's, whose checkpoint names the text weights as the whole model's, loads the
-    whole model and keeps the text model."""
+    by its class, and OWL-ViT's as ``OwlViTTextModel``, whose body is at its ``text_model``; Chinese-CLIP's,
+    whose checkpoint names the text weights as the whole model's, loads the whole model and keeps the text
+    model."""
     whole = build(name)
     whole.save_pretrained(tmp_path / name)
     with caplog.at_level("WARNING"):

@@ -669,6 +669,12 @@ BUILDERS = {
     "siglip": _contrastive(tf.SiglipConfig, tf.SiglipModel),
     "siglip2": _contrastive(tf.Siglip2Config, tf.Siglip2Model),
     "metaclip_2": _contrastive(tf.MetaClip2Config, tf.MetaClip2Model),
+    # OWL-ViT's text class (its body under text_model), and whole OWL-ViT, OWLv2 and GroupViT models
+    "owlvit_text_model": _contrastive_text(tf.OwlViTTextConfig, tf.OwlViTTextModel),
+    "owlvit": _contrastive(tf.OwlViTConfig, tf.OwlViTModel),
+    "owlv2": _contrastive(tf.Owlv2Config, tf.Owlv2Model),
+    "groupvit_text_model": _contrastive_text(tf.GroupViTTextConfig, tf.GroupViTTextModel),
+    "groupvit": _contrastive(tf.GroupViTConfig, tf.GroupViTModel),
     "altclip_text_model": _random_biases(lambda: tf.AltCLIPTextModel(tf.AltCLIPTextConfig(  # XLM-R's blocks
         **COMMON, intermediate_size=128, max_position_embeddings=130, project_dim=48))),
     # text towers of contrastive and retrieval models (tower_families): BERT's (Chinese-CLIP's, its pooler
