@@ -39,14 +39,23 @@ def stream_model(model: nn.Module) -> nn.Module:
     """The part of ``model`` whose stream is analysed.
 
     ``model`` itself, the whole text model of a multimodal model that holds one (``families.TEXT_LMS``:
-    Llama 4's LM; ``TEXT_TOWERS``: CLIP's text model), or an encoder-decoder model's encoder stack
-    (``seq2seq_families.ENCODER_DECODERS``; a stack is its own).
+    Llama 4's LM; ``TEXT_TOWERS``: CLIP's text model; in a head class, under its base model:
+    ``OwlViTForObjectDetection``'s ``owlvit.text_model``), or an encoder-decoder model's encoder stack
+    (``seq2seq_families.ENCODER_DECODERS``; a stack is its own). ``UnsupportedArchitectureError`` for a
+    model of such a type that holds no text model (``CLIPForImageClassification``).
     """
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type in ENCODER_DECODERS:
         return model.get_encoder()
     path = WHOLE_TEXT_MODELS.get(model_type)
-    return model if path is None else model.get_submodule(path)
+    if path is None:
+        return model
+    for root in (model, getattr(model, "base_model", model)):
+        if _has(root, path):
+            return root.get_submodule(path)
+    raise UnsupportedArchitectureError(
+        f"a {type(model).__name__} holds no text model ({path}) to analyse: load the {model_type} model or "
+        "its text model")
 
 
 def check_config(config: object) -> None:

@@ -810,3 +810,21 @@ def test_an_encoder_decoder_folder_keeps_the_encoder_of_its_whole_class(tmp_path
     with torch.no_grad():
         own = whole.get_encoder()(input_ids=trace.tokens, attention_mask=trace.attention_mask)
     assert max_rel_error(trace.stream("final"), own.last_hidden_state, trace.attention_mask) <= REL_F32
+
+
+def test_a_head_class_is_analysed_through_the_text_model_under_its_base():
+    """OWL-ViT's detector (``OwlViTForObjectDetection``) holds its text model under its base model
+    (``owlvit.text_model``): it is analysed through it, as the whole ``OwlViTModel`` is through its own.
+    A CLIP image classifier holds no text model at all: refused, saying so (it was an AttributeError)."""
+    whole = build("owlvit")
+    detector = tf.OwlViTForObjectDetection(whole.config)
+    detector.owlvit.load_state_dict(whole.state_dict())
+    model = rs.load(detector, tokenizer=ByteTokenizer())
+    assert model.module is detector.owlvit.text_model
+    trace = rs.trace(model, TEXTS)
+    assert trace.check().ok
+    alone = rs.trace(rs.load(whole, tokenizer=ByteTokenizer()), TEXTS)
+    assert torch.equal(trace.stream("final"), alone.stream("final"))
+    classifier = tf.CLIPForImageClassification(build("clip").config)
+    with pytest.raises(UnsupportedArchitectureError, match="CLIPForImageClassification holds no text model"):
+        rs.load(classifier, tokenizer=ByteTokenizer())
