@@ -21,7 +21,7 @@ from .family_rules import config_width
 from .norms import NormSpec
 from .program import compile_program
 from .recent_families import SCALING_HEADS
-from .seq2seq_families import ENCODER_DECODERS
+from .seq2seq_families import DECODER_TYPES, ENCODER_DECODERS
 from .tl_compat import wrapped
 
 
@@ -85,6 +85,10 @@ def _spec_for(config: object) -> ArchSpec:
 def _row(config: object) -> ArchSpec:
     """The row of ``config``'s family; ``UnsupportedArchitectureError`` if none or it refuses this variant."""
     model_type = getattr(config, "model_type", None)
+    if model_type in DECODER_TYPES:
+        raise UnsupportedArchitectureError(
+            f"this {model_type} model is {DECODER_TYPES[model_type]}, which no row describes; pass the whole "
+            "model or its encoder (model.get_encoder()) to analyse the encoder")
     if model_type not in ARCHITECTURES:
         raise UnsupportedArchitectureError(
             f"architecture {model_type!r} is not supported: its stream program has not been "

@@ -56,7 +56,7 @@ from .family_templates import (
     SHARED_EXPERTS,
 )
 from .recent_families import RECENT, RECENT_CONTAINERS
-from .seq2seq_families import SEQ2SEQ
+from .seq2seq_families import SEQ2SEQ, T5GEMMA2_CONTAINERS
 from .tower_families import TOWER_MODELS, TOWERS, WHOLE_TOWERS
 
 ARCHITECTURES: dict[str, ArchSpec] = {
@@ -383,7 +383,7 @@ CONTAINERS: dict[str, str] = {
                      "llava_onevision", "llava_next_video", "vipllava", "internvl", "ovis2", "lighton_ocr",
                      "exaone4_5", "kimi_k25", "apertus1p5", "aya_vision", "cohere2_vision"),
                     "language_model"),
-    **dict.fromkeys(("smolvlm", "idefics3"), "text_model"), **RECENT_CONTAINERS}
+    **dict.fromkeys(("smolvlm", "idefics3"), "text_model"), **RECENT_CONTAINERS, **T5GEMMA2_CONTAINERS}
 # Multimodal containers whose text model is a whole LM, head included (Llama 4's language_model, a
 # Llama4ForCausalLM): on text alone that LM is the model, so rs.load analyses it (the same weights;
 # transformers 5.24's Llama4ForConditionalGeneration.forward fails on text alone), and a saved folder

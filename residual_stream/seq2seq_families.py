@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .arch_spec import ArchSpec
-from .family_templates import GEMMA
+from .family_rules import any_of
+from .family_templates import GEMMA, QK_NORMS
 
 DECODER = "a decoder stack (its cross-attention, a third sublayer reading the encoder's output)"
 _FF = "layer.1.DenseReluDense"  # T5LayerFF's MLP: wi (or wi_0 gating wi_1), then wo
@@ -80,6 +81,33 @@ _SWITCH = replace(
     mlp_out="layer.1.mlp", mlp_in="layer.1.mlp.wi", mlp_gate=None, mlp_down="layer.1.mlp.wo",
     d_mlp_keys=("d_ff",), routing=lambda cfg: (1, cfg.num_experts))
 
+# T5Gemma 2's encoder (T5Gemma2Encoder) holds a text model (text_model: Gemma 3's blocks, bidirectional, with
+# sliding windows both ways in some, embeddings scaled in their module) beside a vision tower, which images
+# alone reach: on text it runs that text model alone (``T5GEMMA2_CONTAINERS``). Its decoder's one attention
+# reads its own stream and the encoder's output in one softmax: refused
+_T5GEMMA2 = replace(
+    _T5GEMMA, family=f"T5Gemma 2 encoder (Gemma 3's blocks: sandwich RMSNorm with (1+γ), scaled embeddings, "
+    f"RMSNorm on q and k, rotary; {_ENC})", multipliers=lambda cfg: {}, qk_norms=QK_NORMS,
+    refuse=lambda cfg: None, cross_attention=None)
+
+# NLLB-MoE's encoder: M2M-100's, every encoder_sparse_step-th MLP a mixture of experts (top-2, each expert's
+# output times its router probability; a token past an expert's capacity gets none of its write)
+_NLLB_MOE = _row(
+    _PRE_BART, "NLLB-MoE", "pre-LayerNorm, LayerNorm on the final stream, sinusoidal positions counted past "
+    "the padding, mixture-of-experts MLPs in some blocks", embed_norm=None,
+    block_norms={"ln_attn_in": "self_attn_layer_norm", "ln_mlp_in": "ff_layer_norm"}, mlp_out="ffn",
+    mlp_in="ffn.fc1", mlp_down="ffn.fc2", d_mlp_keys=("encoder_ffn_dim",),
+    routing=lambda cfg: (2, cfg.num_experts), cross_attention="cross_attention")
+# BigBird-Pegasus's encoder with full attention (its final LayerNorm is named layernorm_embedding); its
+# block-sparse attention (global, sliding and random blocks, the input padded to whole blocks) is refused
+_BIGBIRD_PEGASUS = _row(
+    _PRE_BART, "BigBird-Pegasus", "pre-LayerNorm, LayerNorm on the final stream, learned positions, full "
+    "attention", embed_norm=None, final_norm="layernorm_embedding", attn_out="self_attn.output",
+    qkv=("self_attn.self.query", "self_attn.self.key", "self_attn.self.value"),
+    refuse=any_of(lambda cfg: "block-sparse attention (attention_type='block_sparse'; load it with "
+                  "attention_type='original_full')" if cfg.attention_type != "original_full" else None,
+                  _BART.refuse))
+
 SEQ2SEQ: dict[str, ArchSpec] = {
     "t5": _T5,
     "mt5": replace(_T5, family=_T5.family.replace("T5 encoder", "mT5 encoder")),
@@ -103,9 +131,25 @@ SEQ2SEQ: dict[str, ArchSpec] = {
                              "learned positions", **_SCALED_OUTSIDE),
     # T5Gemma: the whole model's type routes it to its encoder, whose config (a module config) is its row's
     "t5gemma": _T5GEMMA, "t5_gemma_module": _T5GEMMA,
+    # T5Gemma 2: the whole model's type routes it to its encoder, whose text model is its text config's row
+    "t5gemma2": _T5GEMMA2, "t5gemma2_text": _T5GEMMA2,
+    "nllb-moe": _NLLB_MOE,
+    # MVP's encoder: BART's, with layer-wise prompts (use_prompt: keys and values of each self-attention
+    # that no token's stream gives) refused
+    "mvp": _row(_BART, "MVP", "post-LayerNorm, LayerNorm on the embeddings, learned positions",
+                **_SCALED_OUTSIDE, refuse=any_of(lambda cfg: "layer-wise prompts (use_prompt: keys and "
+                                                 "values in each self-attention that no token's stream "
+                                                 "gives)" if cfg.use_prompt else None, _BART.refuse)),
+    "bigbird_pegasus": _BIGBIRD_PEGASUS,
 }
+# T5Gemma 2's encoder (the whole model routes to it): its text model's path (``families.CONTAINERS``)
+T5GEMMA2_CONTAINERS: dict[str, str] = {"t5gemma2_encoder": "text_model"}
+# decoder stacks with a config type of their own, refused by name (no row: they are not supported)
+DECODER_TYPES: dict[str, str] = {
+    "t5gemma2_decoder": "a decoder stack (its merged self- and cross-attention, whose keys and values "
+    "include the encoder's output)"}
 # model types analysed through their encoder (``model.get_encoder()``)
-ENCODER_DECODERS: frozenset[str] = frozenset(SEQ2SEQ)
+ENCODER_DECODERS: frozenset[str] = frozenset({*SEQ2SEQ, *T5GEMMA2_CONTAINERS})
 # those whose folder loads the encoder alone (``AutoModelForTextEncoding``: T5EncoderModel); the others load
 # as the class their config names and keep its encoder (T5Gemma's encoder class refuses an encoder-decoder
 # config, and Marian's checkpoints leave out the sinusoid that only its whole class knows to rebuild)

@@ -778,7 +778,7 @@ def test_a_contrastive_checkpoint_loads_its_text_tower_alone(tmp_path, name, tex
 
 
 @pytest.mark.parametrize("name", ["t5", "switch_transformers", "bart", "marian", "m2m_100", "mbart",
-                                  "t5gemma"])
+                                  "t5gemma", "t5gemma2", "nllb_moe", "mvp", "bigbird_pegasus"])
 def test_an_encoder_decoder_models_decoder_stack_alone_is_refused(name):
     """The decoder stack of an encoder-decoder model has a third writer, cross-attention reading the
     encoder's output, which no row describes: passed alone it is refused, naming it, though BART's
@@ -792,7 +792,10 @@ def test_an_encoder_decoder_models_decoder_stack_alone_is_refused(name):
 
 @pytest.mark.parametrize(("name", "encoder"), [("marian", "MarianEncoder"), ("t5gemma", "T5GemmaEncoder"),
                                                ("bart", "BartEncoder"), ("switch_transformers",
-                                                                         "SwitchTransformersStack")])
+                                                                         "SwitchTransformersStack"),
+                                               ("t5gemma2", "T5Gemma2Encoder"),
+                                               ("nllb_moe", "NllbMoeEncoder"), ("mvp", "MvpEncoder"),
+                                               ("bigbird_pegasus", "BigBirdPegasusEncoder")])
 def test_an_encoder_decoder_folder_keeps_the_encoder_of_its_whole_class(tmp_path, name, encoder, caplog):
     """Where transformers has no class of the encoder alone that takes the checkpoint, a folder loads
     as the class its config names and keeps the encoder: Marian's checkpoints leave out their

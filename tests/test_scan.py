@@ -346,7 +346,7 @@ def test_a_scan_of_latent_attention_runs_what_needs_no_reads_and_refuses_the_res
                                   "granite_docling", "cosmos3_edge", "gemma4_unified", "persimmon",
                                   "esmc_mlm", "rembert_mlm", "t5", "umt5",
                                   "clip_text_model", "siglip_text_model", "bart", "t5gemma", "tapas_mlm",
-                                  "lilt", "flava", "tipsv2"])
+                                  "lilt", "flava", "tipsv2", "t5gemma2", "nllb_moe"])
 def test_lean_scan_on_framework_models(name, monkeypatch):
     from tiny_hf import build
 

@@ -50,6 +50,11 @@ T5 = dict(vocab_size=257, d_model=64, d_kv=16, d_ff=96, num_layers=3, num_decode
 BART = dict(vocab_size=257, d_model=64, encoder_layers=3, decoder_layers=2, encoder_attention_heads=4,
             decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=96, max_position_embeddings=128)
 T5GEMMA = dict(TEXT, sliding_window=4, query_pre_attn_scalar=16, hidden_activation="gelu_pytorch_tanh")
+T5GEMMA2 = dict(TEXT, sliding_window=4, query_pre_attn_scalar=16,
+                layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+# T5Gemma 2's encoder: that text model, a one-block vision tower, an end-of-image token in the vocabulary
+T5GEMMA2_ENCODER = dict(text_config=T5GEMMA2, vision_config=SIGLIP, mm_tokens_per_image=4,
+                        boi_token_index=249, eoi_token_index=250, image_token_index=251)
 COHERE2_TEXT = dict(pad_token_id=None, bos_token_id=1, eos_token_id=2, logit_scale=0.25,
                     sliding_window=4)  # logits scaled by its own head only
 COHERE2_MOE = dict(pad_token_id=None, bos_token_id=1, eos_token_id=2, logit_scale=0.25, sliding_window=4,
@@ -725,6 +730,19 @@ BUILDERS = {
     # T5Gemma's Gemma 2-style encoder (sliding windows both ways, soft-capped scores) in a whole model
     "t5gemma": lambda: tf.T5GemmaForConditionalGeneration(tf.T5GemmaConfig(
         encoder=T5GEMMA, decoder=dict(T5GEMMA, num_hidden_layers=2), vocab_size=257)),
+    # T5Gemma 2's whole model (its encoder: a text model of Gemma 3's blocks beside a vision tower) and its
+    # encoder alone
+    "t5gemma2": lambda: tf.T5Gemma2ForConditionalGeneration(tf.T5Gemma2Config(
+        encoder=T5GEMMA2_ENCODER, decoder=dict(T5GEMMA2, num_hidden_layers=2, layer_types=[
+            "sliding_attention", "full_attention"]), image_token_index=251)),
+    "t5gemma2_encoder": lambda: tf.T5Gemma2Encoder(tf.T5Gemma2EncoderConfig(**dict(
+        T5GEMMA2_ENCODER, text_config=dict(T5GEMMA2, dropout_rate=0.0)))),  # (dropout: the whole's to set)
+    # NLLB-MoE's encoder: M2M-100's with experts in block 1 (top-2, capacity 3, so some tokens get no write)
+    "nllb_moe": _random_biases(lambda: tf.NllbMoeForConditionalGeneration(tf.NllbMoeConfig(
+        **BART, encoder_sparse_step=2, decoder_sparse_step=2, num_experts=4, expert_capacity=3))),
+    "mvp": _random_biases(lambda: tf.MvpForConditionalGeneration(tf.MvpConfig(**BART, scale_embedding=True))),
+    "bigbird_pegasus": _random_biases(lambda: tf.BigBirdPegasusForConditionalGeneration(
+        tf.BigBirdPegasusConfig(**BART, attention_type="original_full", use_bias=True))),
 }
 
 
