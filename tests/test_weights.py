@@ -154,8 +154,10 @@ def _assert_attention(model, trace, pats, w, L):
             alibi = build_alibi_tensor(mask, model.anatomy.n_heads, torch.float32)
             scores = scores + alibi.view(*q.shape[:2], 1, -1) / math.sqrt(q.shape[-1])
         P = scores.shape[-1]
-        scores = scores.masked_fill(torch.ones(P, P).triu(1).bool(), float("-inf"))
-        A = scores.softmax(-1)
+        blocked = ~mask.bool()[:, None, None, :]  # padding keys, and later keys where the model is causal
+        if causal:
+            blocked = blocked | torch.ones(P, P).triu(1).bool()
+        A = scores.masked_fill(blocked, float("-inf")).softmax(-1)
     if model.anatomy.architecture in NO_ROTARY and pats is not None:
         arch = model.anatomy.architecture
         scores = q @ k.transpose(-1, -2) * SCORE_SCALE.get(arch, 1 / math.sqrt(q.shape[-1]))
