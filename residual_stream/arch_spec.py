@@ -82,6 +82,9 @@ class ArchSpec:
     # a decoder block's cross-attention, relative to a block (BART's encoder_attn): a stack whose blocks
     # have it is an encoder-decoder model's decoder, refused (its config may not say so: BART's is shared)
     cross_attention: str | None = None
+    # the model multiplies by its multipliers as tensors of its own dtype (T5Gemma's normalizer), not as
+    # Python numbers: each is rounded to the weights' dtype (√3584 = 59.87 is 60.0 in bfloat16)
+    multipliers_in_model_dtype: bool = False
     # constant multipliers by norm role (Granite's): each is a norm of kind "multiplier",
     # "ln_embed" on the embeddings' sum, "ln_embed_token" on the token embedding before the others are
     # added (Marian's), "ln_attn_out" / "ln_mlp_out" on every block's writes

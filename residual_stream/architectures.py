@@ -135,13 +135,16 @@ def _norm_spec(name: str, module: nn.Module, path: str, spec: ArchSpec) -> NormS
                     view(parameter(module, "bias")), spec.weight_offset, path)
 
 
-def _multiplier(name: str, c: float, d_model: int, owner: nn.Module) -> NormSpec:
+def _multiplier(name: str, c: float, d_model: int, owner: nn.Module, rounded: bool = False) -> NormSpec:
     """A constant multiplier ``c`` as a norm (kind ``"multiplier"``) on ``owner``'s device.
 
     Held in float64 (float32 on MPS, which has none): cast to a tensor's dtype, it is the value
-    the model's ``x * c`` multiplies by.
+    the model's ``x * c`` multiplies by. ``rounded``: the model multiplies by ``c`` as a tensor of its
+    weights' dtype (``ArchSpec.multipliers_in_model_dtype``), so ``c`` is that dtype's value.
     """
     device = next((p.device for p in owner.parameters() if p.device.type != "meta"), torch.device("cpu"))
+    if rounded:
+        c = float(torch.tensor(c, dtype=next(owner.parameters()).dtype))
     dtype = torch.float32 if device.type == "mps" else torch.float64
     gain = torch.full((d_model,), float(c), dtype=dtype, device=device)
     return NormSpec(name, "multiplier", 0.0, gain, None)
@@ -181,7 +184,8 @@ def _norms(spec: ArchSpec, config: object, base: nn.Module, full, n_layers: int,
     for role, c in spec.multipliers(config).items():
         for name, owner in ([(role, embed)] if role in ("ln_embed", "ln_embed_token") else
                             [(f"L{L}.{role}", f"{spec.layers}.{L}") for L in range(n_layers)]):
-            norms[name] = _multiplier(name, c, d_model, base.get_submodule(owner))
+            norms[name] = _multiplier(name, c, d_model, base.get_submodule(owner),
+                                      spec.multipliers_in_model_dtype)
     for L in range(n_layers) if spec.block_scale else ():  # a view: later edits to it stay visible
         scalar = base.get_submodule(f"{spec.layers}.{L}").get_buffer(spec.block_scale).detach()
         norms[f"L{L}.ln_block_out"] = NormSpec(f"L{L}.ln_block_out", "multiplier", 0.0,

@@ -70,7 +70,8 @@ _T5GEMMA = replace(
     GEMMA, family=f"T5Gemma encoder (sandwich RMSNorm with (1+γ), scaled embeddings, rotary, {_ENC})",
     block_norms={"ln_attn_in": "pre_self_attn_layernorm", "ln_attn_out": "post_self_attn_layernorm",
                  "ln_mlp_in": "pre_feedforward_layernorm", "ln_mlp_out": "post_feedforward_layernorm"},
-    multipliers=lambda cfg: {"ln_embed": cfg.hidden_size ** 0.5}, causal=False, refuse=_BART.refuse,
+    multipliers=lambda cfg: {"ln_embed": cfg.hidden_size ** 0.5}, multipliers_in_model_dtype=True,
+    causal=False, refuse=_BART.refuse,
     cross_attention="cross_attn")
 
 # Switch Transformers' encoder: T5's blocks, every encoder_sparse_step-th MLP a mixture of experts (top-1,

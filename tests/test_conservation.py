@@ -360,3 +360,28 @@ def test_the_norm_checks_wait_for_another_threads_hooked_pass(monkeypatch):
     report = tr.check()
     done.set()
     assert fired == [] and report.ok
+
+
+def test_a_multiplier_the_model_applies_in_its_dtype_is_rounded_to_it():
+    """T5Gemma multiplies its embeddings by √hidden_size as a tensor of the model's dtype: in bfloat16
+    √48 = 6.928 is 6.9375. The multiplier is that value, so the stream entering block 0, replayed from the
+    captured embedding, is the framework's up to the rounding of the product, without bias (at √48 itself
+    every element was 0.13% low); in float32 it is √48."""
+    import copy
+
+    import transformers as tf
+    from tiny_hf import T5GEMMA
+
+    cfg = dict(T5GEMMA, hidden_size=48)
+    torch.manual_seed(0)
+    whole = tf.T5GemmaForConditionalGeneration(tf.T5GemmaConfig(
+        encoder=cfg, decoder=dict(cfg, num_hidden_layers=2), vocab_size=257)).eval()
+    m32 = rs.load(whole, tokenizer=ByteTokenizer())
+    assert m32.anatomy.norms["ln_embed"].weight[0].item() == float(torch.tensor(48 ** 0.5))
+    m16 = rs.load(copy.deepcopy(whole).to(torch.bfloat16), tokenizer=ByteTokenizer())
+    assert m16.anatomy.norms["ln_embed"].weight[0].item() == 6.9375
+    trace = rs.trace(m16, TEXTS)
+    own, ours = trace.captured.resid[0], trace.decompose(0).total()
+    real = trace.attention_mask.bool()[..., None].expand_as(own) & (own != 0)
+    bias = ((ours - own) / own)[real].mean()
+    assert abs(float(bias)) < 2e-4, float(bias)
