@@ -51,6 +51,9 @@ from .seq2seq_families import ENCODER_DECODERS, ENCODERS_ALONE
 from .tl_compat import is_bridge, unwrap_bridge
 from .weights import LayerWeights, Unembed, layer_weights, unembedding
 
+# files one of which a folder holding a tokenizer has
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "spiece.model", "vocab.json",
+                   "vocab.txt", "sentencepiece.bpe.model")
 LM_HEAD_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForMaskedLM", "ForConditionalGeneration")
 
 
@@ -319,8 +322,9 @@ def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, placement: di
         refuse_extra_layers(anatomy, keys["unexpected_keys"], str(folder))
         tok = tokenizer  # the caller's (``load(..., tokenizer=)``), else the folder's, checked
         if tok is None:
-            tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kw)
-            check_tokenizer(tok, getattr(loaded, "vocab_size", None), str(folder))
+            source = _tokenizer_folder(folder)
+            tok = AutoTokenizer.from_pretrained(source, local_files_only=True, **kw)
+            check_tokenizer(tok, getattr(loaded, "vocab_size", None), str(source))
     except Exception as e:  # noqa: BLE001 - a config's own validation errors are plain Exceptions
         if isinstance(e, ResidualStreamError):
             raise
@@ -328,6 +332,18 @@ def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, placement: di
             f"could not load the model in {str(folder)!r}: {type(e).__name__}: "
             f"{str(e).splitlines()[0][:300]}. Re-download or reinstall it.") from e
     return (model if placement else model.to(dev)), tok
+
+
+def _tokenizer_folder(folder: Path) -> Path:
+    """Where a model folder's tokenizer is: the folder, or its diffusers pipeline's matching one.
+
+    A pipeline (``model_index.json`` beside its components) keeps each text encoder's tokenizer in a
+    sibling folder (``text_encoder_2`` → ``tokenizer_2``), used where the encoder's own folder has none.
+    """
+    own = any((folder / f).is_file() for f in TOKENIZER_FILES)
+    sibling = folder.parent / folder.name.replace("text_encoder", "tokenizer", 1)
+    pipeline = (folder.parent / "model_index.json").is_file() and sibling != folder and sibling.is_dir()
+    return sibling if pipeline and not own else folder
 
 
 def _analysed_part(model: nn.Module, info: dict) -> tuple[nn.Module, dict[str, list[str]]]:

@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers as tf
 from conftest import REL_F32, TEXTS, max_rel_error
-from tiny_hf import GEMMA4, GEMMA4_UNIFIED, build
+from tiny_hf import GEMMA4, GEMMA4_UNIFIED, T5, build
 
 import residual_stream as rs
 from residual_stream import registry
@@ -831,3 +831,26 @@ def test_a_head_class_is_analysed_through_the_text_model_under_its_base():
     classifier = tf.CLIPForImageClassification(build("clip").config)
     with pytest.raises(UnsupportedArchitectureError, match="CLIPForImageClassification holds no text model"):
         rs.load(classifier, tokenizer=ByteTokenizer())
+
+
+def test_a_diffusion_pipelines_text_encoder_finds_its_tokenizer_folder(tmp_path):
+    """A diffusers pipeline keeps each text encoder's tokenizer in a sibling folder (``text_encoder_2``'s
+    in ``tokenizer_2``): loading the encoder's folder takes it from there (it was refused as a broken
+    tokenizer to download again). Outside a pipeline, a folder without a tokenizer is still refused."""
+    import json
+
+    pipeline = tmp_path / "pipeline"
+    pipeline.mkdir()
+    (pipeline / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
+    tf.T5EncoderModel(tf.T5Config(**{**T5, "vocab_size": 30522})).save_pretrained(pipeline / "text_encoder_2")
+    (pipeline / "tokenizer_2").mkdir()
+    minilm_tokenizer_files(pipeline / "tokenizer_2")
+    model = rs.load(pipeline / "text_encoder_2")
+    assert model.anatomy.architecture == "t5" and len(model.tokenizer) == 30522
+    assert model.tokenizer("hello world")["input_ids"] == tf.AutoTokenizer.from_pretrained(
+        pipeline / "tokenizer_2")("hello world")["input_ids"]
+    assert rs.trace(model, ["a photo of an astronaut riding a horse"]).check().ok
+    alone = tmp_path / "alone"
+    shutil.copytree(pipeline / "text_encoder_2", alone)
+    with pytest.raises(CorruptModelFileError, match="tokenizer of .* is broken or its files are missing"):
+        rs.load(alone)
