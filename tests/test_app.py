@@ -552,3 +552,31 @@ def test_flow_page_patches_each_heads_path_into_the_typed_receivers():
     assert early.sum() == 18  # blocks 0 and 1 reach block 2; the 20 rows are all 18 and 2 blank ones
     at.text_input(key="paths_receivers").input("L99.attn").run()
     assert not at.exception and "no receiver 'L99.attn'" in unescaped(at.error[0].value)
+
+
+def test_a_text_encoder_from_a_pipeline_folder_runs_every_page_that_reads_text(tmp_path, monkeypatch):
+    """A diffusion pipeline's T5 text encoder (``text_encoder_2``, its tokenizer in ``tokenizer_2``),
+    typed as a local path: Overview, Writes and Flow each draw their figures for a model without an LM
+    head, with no error and nothing raised."""
+    import transformers as tf
+    from test_loading import minilm_tokenizer_files
+    from tiny_hf import T5
+
+    allowed = tmp_path / "allowed"
+    pipeline = allowed / "pipeline"
+    pipeline.mkdir(parents=True)
+    (pipeline / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
+    tf.T5EncoderModel(tf.T5Config(**{**T5, "vocab_size": 30522})).save_pretrained(pipeline / "text_encoder_2")
+    (pipeline / "tokenizer_2").mkdir()
+    minilm_tokenizer_files(pipeline / "tokenizer_2")
+    monkeypatch.setenv("RESIDUAL_STREAM_ALLOWED_DIRS", str(allowed))
+    at = app()
+    at.sidebar.selectbox(key="model").select("local path…").run()
+    at.sidebar.text_input(key="path").set_value(str(pipeline / "text_encoder_2")).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    for page in ("overview", "writes", "flow"):
+        at.switch_page(f"views/{page}.py").run()
+        assert not at.exception, (page, at.exception)
+        assert not at.error, (page, [e.value for e in at.error])
+        assert at.get("plotly_chart"), page
+    assert any("LM head" in i.value for i in at.info), [i.value for i in at.info]  # (Flow: what needs logits)
