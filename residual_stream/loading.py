@@ -15,6 +15,7 @@ device, dtype and hooks are left alone (a Llama 4 container is analysed through 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass, replace
@@ -315,7 +316,7 @@ def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, placement: di
         with quiet_load_report(config.model_type in WHOLE_TEXT_MODELS):  # a container's vision tower: unused
             model, info = cls.from_pretrained(
                 folder, config=loaded, dtype=dt, local_files_only=True, use_safetensors=True,
-                output_loading_info=True, **(placement or {}), **kw)
+                output_loading_info=True, variant=_weights_variant(folder), **(placement or {}), **kw)
         model, keys = _analysed_part(model, info)
         anatomy = describe(model, has_lm_head=has_lm_head(model))
         refuse_missing(model, anatomy, keys["missing_keys"], str(folder))
@@ -332,6 +333,19 @@ def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, placement: di
             f"could not load the model in {str(folder)!r}: {type(e).__name__}: "
             f"{str(e).splitlines()[0][:300]}. Re-download or reinstall it.") from e
     return (model if placement else model.to(dev)), tok
+
+
+def _weights_variant(folder: Path) -> str | None:
+    """The variant a folder's weights are saved as where it holds only one (``model.fp16.safetensors``).
+
+    diffusers pipelines fetched with ``variant="fp16"`` keep only those files, which transformers loads
+    only when told the variant; None where plain weights (or several variants) are there.
+    """
+    if (folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file():
+        return None
+    found = {m.group(1) or m.group(2) for f in folder.iterdir() if (m := re.fullmatch(
+        r"model\.safetensors\.index\.(\w+)\.json|model\.(\w+)(?:-\d+-of-\d+)?\.safetensors", f.name))}
+    return found.pop() if len(found) == 1 else None
 
 
 def _tokenizer_folder(folder: Path) -> Path:

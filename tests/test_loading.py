@@ -854,3 +854,19 @@ def test_a_diffusion_pipelines_text_encoder_finds_its_tokenizer_folder(tmp_path)
     shutil.copytree(pipeline / "text_encoder_2", alone)
     with pytest.raises(CorruptModelFileError, match="tokenizer of .* is broken or its files are missing"):
         rs.load(alone)
+
+
+def test_a_folder_holding_only_a_variant_of_its_weights_loads_it(tmp_path):
+    """A diffusers pipeline fetched with ``variant="fp16"`` keeps only ``model.fp16.safetensors`` in each
+    folder, which transformers loads only when told the variant (it was refused as a model to download
+    again); a sharded variant too. Its weights are the saved model's."""
+    saved = tf.T5EncoderModel(tf.T5Config(**T5)).eval()
+    saved.save_pretrained(tmp_path / "one", variant="fp16")
+    saved.save_pretrained(tmp_path / "shards", variant="fp16", max_shard_size="100KB")
+    assert not (tmp_path / "one" / "model.safetensors").exists()
+    assert (tmp_path / "shards" / "model.safetensors.index.fp16.json").exists()
+    for folder in ("one", "shards"):
+        model = rs.load(tmp_path / folder, tokenizer=ByteTokenizer())
+        assert torch.equal(model.module.block[2].layer[1].DenseReluDense.wo.weight,
+                           saved.encoder.block[2].layer[1].DenseReluDense.wo.weight)
+        assert rs.trace(model, TEXTS).check().ok
