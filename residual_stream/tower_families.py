@@ -66,4 +66,5 @@ TOWER_MODELS: dict[str, str] = {"tipsv2": "Tipsv2TextModel", "owlvit": "OwlViTTe
 # whole models analysed through their text_model whose checkpoints name its weights as the whole model's
 # (text_model.…, which the text class alone does not strip): a folder loads the whole model (AutoModel),
 # and the text model is kept (``families.WHOLE_TEXT_MODELS``)
-WHOLE_TOWERS: tuple[str, ...] = ("chinese_clip", "align", "clap", "flava", "xclip", "bridgetower")
+WHOLE_TOWERS: tuple[str, ...] = ("chinese_clip", "align", "clap", "flava", "xclip", "bridgetower",
+                                  "vision-text-dual-encoder")  # (its text_model: any supported text model)

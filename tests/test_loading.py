@@ -749,15 +749,16 @@ def test_an_encoder_decoder_checkpoint_loads_its_encoder_alone(tmp_path):
 @pytest.mark.parametrize(("name", "text"), [("clip", "CLIPTextModel"), ("siglip", "SiglipTextModel"),
                                           ("tipsv2", "Tipsv2TextModel"),
                                           ("chinese_clip", "ChineseCLIPTextModel"),
-                                          ("owlvit", "OwlViTTextModel")])
+                                          ("owlvit", "OwlViTTextModel"),
+                                          ("vision-text-dual-encoder", "BertModel")])
 def test_a_contrastive_checkpoint_loads_its_text_tower_alone(tmp_path, name, text, caplog):
     """A whole CLIP or SigLIP checkpoint (``CLIPModel``, whose forward needs images) saved to a folder
     loads its text model alone (none of the vision tower's weights, and no report listing them as
     unused), and the whole model passed in is analysed through its ``text_model``: both give the text
     model's own final hidden state, after its final LayerNorm, and pass the check. TIPSv2's loads it alone
-    by its class, and OWL-ViT's as ``OwlViTTextModel``, whose body is at its ``text_model``; Chinese-CLIP's,
-    whose checkpoint names the text weights as the whole model's, loads the whole model and keeps the text
-    model."""
+    by its class, and OWL-ViT's as ``OwlViTTextModel``, whose body is at its ``text_model``; Chinese-CLIP's
+    and a vision-text dual encoder's (here over BERT), whose checkpoints name the text weights as the whole
+    model's, load the whole model and keep the text model."""
     whole = build(name)
     whole.save_pretrained(tmp_path / name)
     with caplog.at_level("WARNING"):
@@ -769,7 +770,9 @@ def test_a_contrastive_checkpoint_loads_its_text_tower_alone(tmp_path, name, tex
     assert sum(p.numel() for p in loaded.module.parameters()) == sum(
         p.numel() for p in whole.text_model.parameters())
     for model in (loaded, passed):
-        assert model.anatomy.architecture == f"{name}_text_model" and not model.anatomy.has_lm_head
+        # described by its text model's own row (the dual encoder's: bert's), without an LM head
+        assert model.anatomy.architecture == whole.config.get_text_config().model_type
+        assert not model.anatomy.has_lm_head
         trace = rs.trace(model, TEXTS)
         assert trace.check().ok
         with torch.no_grad():

@@ -705,6 +705,10 @@ BUILDERS = {
     "bridgetower": _random_biases(lambda: tf.BridgeTowerModel(tf.BridgeTowerConfig(  # 1 cross-modal layer
         text_config=TOWER, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
         vision_config=dict(hidden_size=64, num_hidden_layers=3, image_size=28, patch_size=14)))),
+    # a dual encoder built from any text model and any vision model (here BERT's and ViT's)
+    "vision-text-dual-encoder": _random_biases(lambda: tf.VisionTextDualEncoderModel(
+        tf.VisionTextDualEncoderConfig.from_vision_text_configs(tf.ViTConfig(**TOWER_VISION),
+                                                                tf.BertConfig(**TOWER), projection_dim=48))),
     "tipsv2": _random_biases(lambda: tf.Tipsv2Model(tf.Tipsv2Config(text_config=TOWER, vision_config=dict(
         TOWER, image_size=28, patch_size=14)))),
     # Switch Transformers: experts in block 1 (capacity 3 a sequence, so some tokens get no MLP write)
