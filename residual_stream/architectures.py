@@ -39,7 +39,7 @@ def stream_model(model: nn.Module) -> nn.Module:
     """The part of ``model`` whose stream is analysed.
 
     ``model`` itself, the whole text model of a multimodal model that holds one (``families.TEXT_LMS``:
-    Llama 4's LM; ``TEXT_TOWERS``: CLIP's text model; in a head class, under its base model:
+    Llama 4's LM; ``tower_families.TEXT_TOWERS``: CLIP's text model; in a head class, under its base model:
     ``OwlViTForObjectDetection``'s ``owlvit.text_model``), or an encoder-decoder model's encoder stack
     (``seq2seq_families.ENCODER_DECODERS``; a stack is its own). ``UnsupportedArchitectureError`` for a
     model of such a type that holds no text model (``CLIPForImageClassification``).

@@ -141,7 +141,8 @@ def _models(args: argparse.Namespace) -> int:
 
 def _families(args: argparse.Namespace) -> int:
     from .architectures import supported_architectures
-    from .families import ARCHITECTURES, CONTAINERS, TEXT_LMS, TEXT_TOWERS, WHOLE_TEXT_MODELS
+    from .families import ARCHITECTURES, CONTAINERS, TEXT_LMS, WHOLE_TEXT_MODELS
+    from .tower_families import TEXT_TOWERS
 
     for model_type in supported_architectures():
         path = CONTAINERS.get(model_type) or WHOLE_TEXT_MODELS.get(model_type)

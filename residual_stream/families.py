@@ -57,7 +57,7 @@ from .family_templates import (
 )
 from .recent_families import RECENT, RECENT_CONTAINERS
 from .seq2seq_families import SEQ2SEQ, T5GEMMA2_CONTAINERS
-from .tower_families import TOWER_MODELS, TOWERS, WHOLE_TOWERS
+from .tower_families import TEXT_TOWERS, TOWERS, WHOLE_TOWERS
 
 ARCHITECTURES: dict[str, ArchSpec] = {
     "llama": LLAMA, "mistral": LLAMA, "qwen2": LLAMA,
@@ -389,10 +389,6 @@ CONTAINERS: dict[str, str] = {
 # transformers 5.24's Llama4ForConditionalGeneration.forward fails on text alone), and a saved folder
 # loads only it (AutoModelForCausalLM: the vision tower stays on disk)
 TEXT_LMS: dict[str, str] = {"llama4": "language_model"}
-# Contrastive image-text models whose text_model is a whole text model without a head (CLIP's CLIPTextModel):
-# analysed alone (its forward runs on text alone; the whole model's needs images), a folder loading it alone
-# as this class, by its text config (the vision tower stays on disk)
-TEXT_TOWERS: dict[str, str] = {"clip": "CLIPTextModel", "siglip": "SiglipTextModel", **TOWER_MODELS,
-                               "siglip2": "Siglip2TextModel", "metaclip_2": "MetaClip2TextModel"}
-WHOLE_TEXT_MODELS: dict[str, str] = {  # analysed alone
-    **TEXT_LMS, **dict.fromkeys((*TEXT_TOWERS, *WHOLE_TOWERS), "text_model")}
+# model_type → the whole text model analysed alone: a container's LM, a contrastive model's text tower
+# (``tower_families``)
+WHOLE_TEXT_MODELS: dict[str, str] = {**TEXT_LMS, **dict.fromkeys((*TEXT_TOWERS, *WHOLE_TOWERS), "text_model")}

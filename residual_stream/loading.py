@@ -37,7 +37,7 @@ from .errors import (
     UnsupportedArchitectureError,
     layer_index,
 )
-from .families import TEXT_LMS, TEXT_TOWERS, WHOLE_TEXT_MODELS
+from .families import TEXT_LMS, WHOLE_TEXT_MODELS
 from .files import look_up
 from .gguf_cache import gguf_cache
 from .integrity import (
@@ -50,6 +50,7 @@ from .integrity import (
 from .registry import REGISTRY
 from .seq2seq_families import ENCODER_DECODERS, ENCODERS_ALONE
 from .tl_compat import is_bridge, unwrap_bridge
+from .tower_families import TEXT_TOWERS
 from .weights import LayerWeights, Unembed, layer_weights, unembedding
 
 # files one of which a folder holding a tokenizer has

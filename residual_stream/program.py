@@ -148,6 +148,8 @@ def compile_program(
     A constant on the token embedding alone (``"ln_embed_token"``: Marian's √d_model, multiplied in the
     encoder's forward before the positions are added) follows it, before the other embeddings.
     """
+    if "ln_embed_token" in norms and tuple(embeds[:1]) != ("embed",):  # (it scales all that is added before)
+        raise ValueError(f"a multiplier on the token embedding needs it first of the embeddings: {embeds}")
     ops: list[Op] = []
     for label in embeds:
         ops.append(Embed(label))

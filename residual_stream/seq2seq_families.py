@@ -20,10 +20,17 @@ from .family_rules import any_of
 from .family_templates import GEMMA, QK_NORMS
 
 DECODER = "a decoder stack (its cross-attention, a third sublayer reading the encoder's output)"
+_ENC = "bidirectional; the encoder of an encoder-decoder model"
+
+
+def _decoder(cfg) -> str | None:
+    """A ``refuse`` rule: a config that says it is a decoder's (``is_decoder``; M2M-100's has no such key)."""
+    return DECODER if getattr(cfg, "is_decoder", False) else None
+
+
 _FF = "layer.1.DenseReluDense"  # T5LayerFF's MLP: wi (or wi_0 gating wi_1), then wo
 _T5 = ArchSpec(
-    family="T5 encoder (pre-RMSNorm, relative position bias, bidirectional; the encoder of an "
-    "encoder-decoder model)",
+    family=f"T5 encoder (pre-RMSNorm, relative position bias, {_ENC})",
     layers="block", embeds={"embed": "embed_tokens"}, final_norm="final_layer_norm",
     block_norms={"ln_attn_in": "layer.0.layer_norm", "ln_mlp_in": "layer.1.layer_norm"},
     attn_out="layer.0.SelfAttention.o", mlp_out=_FF,
@@ -32,14 +39,13 @@ _T5 = ArchSpec(
     mlp_gate=f"{_FF}.wi_0", mlp_down=f"{_FF}.wo",
     norm_kind="rmsnorm",  # T5LayerNorm: x / rms(x) · γ, no mean subtracted, no bias
     causal=False, n_ctx_keys=("n_positions",),
-    refuse=lambda cfg: DECODER if cfg.is_decoder else None, cross_attention="layer.1.EncDecAttention",
+    refuse=_decoder, cross_attention="layer.1.EncDecAttention",
 )
 
 # BART's encoder and its descendants' (fairseq's): token embeddings (scaled by √d_model inside their module
 # where scale_embedding) and positions (learned, looked up at position + 2, or sinusoidal; their module's
 # output) summed, under layernorm_embedding where the model has one; blocks whose MLP is fc1, activation, fc2
 # in the block itself
-_ENC = "bidirectional; the encoder of an encoder-decoder model"
 _BART = ArchSpec(
     family=f"BART encoder (post-LayerNorm, LayerNorm on the embeddings, learned positions, {_ENC})",
     layers="layers", embeds={"embed": "embed_tokens", "pos_embed": "embed_positions"},
@@ -47,7 +53,7 @@ _BART = ArchSpec(
     block_norms={"ln_resid_attn": "self_attn_layer_norm", "ln_resid_mlp": "final_layer_norm"},
     attn_out="self_attn.out_proj", mlp_out="fc2", mlp_in="fc1", mlp_gate=None, mlp_down="fc2",
     qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), causal=False,
-    refuse=lambda cfg: DECODER if getattr(cfg, "is_decoder", False) else None,  # (*ForCausalLM's)
+    refuse=_decoder,  # (*ForCausalLM's)
     cross_attention="encoder_attn",
 )
 _PRE_BART = replace(  # pre-LayerNorm blocks, a LayerNorm on the final stream (mBART's, M2M-100's)
@@ -78,7 +84,7 @@ _T5GEMMA = replace(
 # its output times the router's probability; a token past an expert's capacity gets no MLP write)
 _SWITCH = replace(
     _T5, family="Switch Transformers encoder (pre-RMSNorm, relative position bias, top-1 mixture-of-experts "
-    "MLPs in some blocks, bidirectional; the encoder of an encoder-decoder model)",
+    f"MLPs in some blocks, {_ENC})",
     mlp_out="layer.1.mlp", mlp_in="layer.1.mlp.wi", mlp_gate=None, mlp_down="layer.1.mlp.wo",
     d_mlp_keys=("d_ff",), routing=lambda cfg: (1, cfg.num_experts))
 

@@ -1,9 +1,9 @@
 """Rows of the text towers of contrastive and retrieval models (Chinese-CLIP, ALIGN, CLAP, FLAVA, TIPSv2).
 
-Each is the text model's own ``model_type``; ``families.ARCHITECTURES`` merges them with the other rows, and
-``families.TEXT_TOWERS`` the whole models (``TOWER_MODELS``) whose ``text_model`` is such a whole text model,
-analysed through it. Their pooling heads and projections read the final stream from outside; none has an
-LM head.
+Each is the text model's own ``model_type``; ``families.ARCHITECTURES`` merges them with the other rows.
+``TEXT_TOWERS`` and ``WHOLE_TOWERS`` are the whole models (CLIP's, SigLIP's, these) whose ``text_model`` is
+such a whole text model, analysed through it (``families.WHOLE_TEXT_MODELS``): the whole model's forward
+needs images. Their pooling heads and projections read the final stream from outside; none has an LM head.
 """
 
 from __future__ import annotations
@@ -60,9 +60,11 @@ TOWERS: dict[str, ArchSpec] = {
             cfg.scale_sqrt_depth) else {}),
 }
 # model_type of a whole contrastive model → the class of its text_model, which a folder loads alone by the
-# text config (``families.TEXT_TOWERS``: its weights are named as that class's own)
-TOWER_MODELS: dict[str, str] = {"tipsv2": "Tipsv2TextModel", "owlvit": "OwlViTTextModel",
-                                "owlv2": "Owlv2TextModel", "groupvit": "GroupViTTextModel"}
+# text config (the vision tower stays on disk): its weights are named as that class's own
+TEXT_TOWERS: dict[str, str] = {
+    "clip": "CLIPTextModel", "siglip": "SiglipTextModel", "siglip2": "Siglip2TextModel",
+    "metaclip_2": "MetaClip2TextModel", "tipsv2": "Tipsv2TextModel", "owlvit": "OwlViTTextModel",
+    "owlv2": "Owlv2TextModel", "groupvit": "GroupViTTextModel"}
 # whole models analysed through their text_model whose checkpoints name its weights as the whole model's
 # (text_model.…, which the text class alone does not strip): a folder loads the whole model (AutoModel),
 # and the text model is kept (``families.WHOLE_TEXT_MODELS``)

@@ -558,17 +558,10 @@ def test_a_text_encoder_from_a_pipeline_folder_runs_every_page_that_reads_text(t
     """A diffusion pipeline's T5 text encoder (``text_encoder_2``, its tokenizer in ``tokenizer_2``),
     typed as a local path: Overview, Writes and Flow each draw their figures for a model without an LM
     head, with no error and nothing raised."""
-    import transformers as tf
-    from test_loading import minilm_tokenizer_files
-    from tiny_hf import T5
+    from test_loading import save_t5_pipeline
 
     allowed = tmp_path / "allowed"
-    pipeline = allowed / "pipeline"
-    pipeline.mkdir(parents=True)
-    (pipeline / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
-    tf.T5EncoderModel(tf.T5Config(**{**T5, "vocab_size": 30522})).save_pretrained(pipeline / "text_encoder_2")
-    (pipeline / "tokenizer_2").mkdir()
-    minilm_tokenizer_files(pipeline / "tokenizer_2")
+    pipeline = save_t5_pipeline(allowed / "pipeline")
     monkeypatch.setenv("RESIDUAL_STREAM_ALLOWED_DIRS", str(allowed))
     at = app()
     at.sidebar.selectbox(key="model").select("local path…").run()

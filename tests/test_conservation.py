@@ -6,11 +6,14 @@ each within ``REL_F32`` × the stream's RMS. The decomposition is then checked c
 contribution against the independent frozen-forward ablation in float64 (``reference.py``).
 """
 
+import copy
+
 import pytest
 import torch
+import transformers as tf
 from conftest import REL_F32, TEXTS, max_rel_error
 from reference import ablation_contributions
-from tiny_hf import BUILDERS, build
+from tiny_hf import BUILDERS, T5GEMMA, build
 
 import residual_stream as rs
 from residual_stream.architectures import has_lm_head
@@ -367,11 +370,6 @@ def test_a_multiplier_the_model_applies_in_its_dtype_is_rounded_to_it():
     √48 = 6.928 is 6.9375. The multiplier is that value, so the stream entering block 0, replayed from the
     captured embedding, is the framework's up to the rounding of the product, without bias (at √48 itself
     every element was 0.13% low); in float32 it is √48."""
-    import copy
-
-    import transformers as tf
-    from tiny_hf import T5GEMMA
-
     cfg = dict(T5GEMMA, hidden_size=48)
     torch.manual_seed(0)
     whole = tf.T5GemmaForConditionalGeneration(tf.T5GemmaConfig(

@@ -836,18 +836,24 @@ def test_a_head_class_is_analysed_through_the_text_model_under_its_base():
         rs.load(classifier, tokenizer=ByteTokenizer())
 
 
-def test_a_diffusion_pipelines_text_encoder_finds_its_tokenizer_folder(tmp_path):
-    """A diffusers pipeline keeps each text encoder's tokenizer in a sibling folder (``text_encoder_2``'s
-    in ``tokenizer_2``): loading the encoder's folder takes it from there (it was refused as a broken
-    tokenizer to download again). Outside a pipeline, a folder without a tokenizer is still refused."""
+def save_t5_pipeline(pipeline):
+    """A diffusers pipeline's folder (Flux's layout) holding a tiny T5 text encoder, ``text_encoder_2``,
+    and its tokenizer in ``tokenizer_2`` (MiniLM's files)."""
     import json
 
-    pipeline = tmp_path / "pipeline"
-    pipeline.mkdir()
+    pipeline.mkdir(parents=True)
     (pipeline / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
     tf.T5EncoderModel(tf.T5Config(**{**T5, "vocab_size": 30522})).save_pretrained(pipeline / "text_encoder_2")
     (pipeline / "tokenizer_2").mkdir()
     minilm_tokenizer_files(pipeline / "tokenizer_2")
+    return pipeline
+
+
+def test_a_diffusion_pipelines_text_encoder_finds_its_tokenizer_folder(tmp_path):
+    """A diffusers pipeline keeps each text encoder's tokenizer in a sibling folder (``text_encoder_2``'s
+    in ``tokenizer_2``): loading the encoder's folder takes it from there (it was refused as a broken
+    tokenizer to download again). Outside a pipeline, a folder without a tokenizer is still refused."""
+    pipeline = save_t5_pipeline(tmp_path / "pipeline")
     model = rs.load(pipeline / "text_encoder_2")
     assert model.anatomy.architecture == "t5" and len(model.tokenizer) == 30522
     assert model.tokenizer("hello world")["input_ids"] == tf.AutoTokenizer.from_pretrained(

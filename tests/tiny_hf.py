@@ -121,8 +121,9 @@ def _molmo2(**text):
         adapter_config=dict(vit, vision_feature_layer=[-1], text_hidden_size=64)))
 
 
-CONTRASTIVE_TEXT = dict(COMMON, intermediate_size=128, max_position_embeddings=128, pad_token_id=0,
-                        bos_token_id=1, eos_token_id=2)
+TOWER = dict(COMMON, intermediate_size=128, max_position_embeddings=128)  # a text tower's encoder
+TOWER_VISION = dict(VISION, image_size=28, patch_size=14)
+CONTRASTIVE_TEXT = dict(TOWER, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
 
 def _contrastive_text(cls_cfg, cls_model, **extra):
@@ -132,12 +133,8 @@ def _contrastive_text(cls_cfg, cls_model, **extra):
 
 def _contrastive(cls_cfg, cls_model):
     """A whole contrastive image-text model: that text encoder and a one-block vision tower."""
-    return _random_biases(lambda: cls_model(cls_cfg(text_config=CONTRASTIVE_TEXT, vision_config=dict(
-        VISION, image_size=28, patch_size=14), projection_dim=48)))
-
-
-TOWER = dict(COMMON, intermediate_size=128, max_position_embeddings=128)  # a text tower's encoder
-TOWER_VISION = dict(VISION, image_size=28, patch_size=14)
+    return _random_biases(lambda: cls_model(cls_cfg(text_config=CONTRASTIVE_TEXT, vision_config=TOWER_VISION,
+                                                    projection_dim=48)))
 
 
 BUILDERS = {
