@@ -71,3 +71,15 @@ def test_whole_program_marks_every_point():
 def test_unknown_placement():
     with pytest.raises(ValueError, match="unknown placement"):
         compile_block("middle", 0, set())
+
+
+def test_a_token_embedding_multiplier_scales_only_what_comes_before_the_positions():
+    """Marian's √d_model multiplies the token embedding alone, before the positions are added: its norm
+    follows ``Embed("embed")`` and precedes the others. Where the token embedding would not come first,
+    the multiplier would scale an earlier embedding too: refused."""
+    prog = compile_program(placement="post", n_layers=1, embeds=("embed", "pos_embed"),
+                           norms={"ln_embed_token", "L0.ln_resid_attn", "L0.ln_resid_mlp"})
+    assert prog[:3] == (Embed("embed"), Norm("ln_embed_token"), Embed("pos_embed"))
+    with pytest.raises(ValueError, match="token embedding needs it first"):
+        compile_program(placement="post", n_layers=1, embeds=("pos_embed", "embed"),
+                        norms={"ln_embed_token"})
