@@ -38,30 +38,37 @@
 # Session 17: tests/test_benchmarks.py runs every script of these steps on the CPU (a tiny
 #     SmolLM2-shaped model, float32, this file's variant lists), so a script broken by a change
 #     in the library fails CI rather than the device call.
+# Session 33 (the first device since session 6): the steps run in the order STEPS names them
+#     (most important first, so a call cut short has run those); the device tool returns at
+#     most 8 files, which all four steps exceed, so the call packs $OUT into one archive:
+#     timeout -k 5 555 env STEPS="big check small reader" bash benchmarks/gpu_rerun.sh 2>&1 \
+#       | tee $OUT/log.txt; cd $OUT && tar czf results.tgz --exclude results.tgz * \
+#       && find . -type f ! -name results.tgz -delete
+#     In 555 s it ran big (~5 min with the setup) and check (~2 min); small did not finish.
 set -uo pipefail
 STEPS=${STEPS:-check big small reader}
 source benchmarks/gpu_setup.sh || exit 1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv | tee "$OUT/gpu.txt"
 quiet() { grep -v "Loading weights\|USDT\|_warn_once\|acc_events"; }
 M="--model /tmp/smollm2-random --device cuda --dtype bfloat16"
-if [[ " $STEPS " == *" check "* ]]; then
+check() {
   python3 benchmarks/gpu_flow_check.py --model /tmp/smollm2-random 2>&1 | quiet | tee "$OUT/flow_check8.txt"
   python3 benchmarks/gpu_probe.py --model /tmp/smollm2-random --json "$OUT/probe8.json" 2>&1 | quiet \
     | tee "$OUT/probe8.md"
   [ "${NCCL:-0}" = 1 ] && python3 benchmarks/gpu_nccl.py --model /tmp/smollm2-random 2>&1 | quiet \
     | tee "$OUT/nccl.txt"
-fi
-if [[ " $STEPS " == *" big "* ]]; then
+}
+big() {
   python3 benchmarks/scan_speed.py $M --batches 4 --batch-size 32 --seq-len 512 --rounds 3 --memory \
     --variants hf_forward,hf_headless,rs_stats,rs_survival,rs_survival_every16,rs_stats_flow,rs_decompose,rs_lens,rs_lens_every16 \
     --json "$OUT/speed8_32x512.json" 2>&1 | quiet | tee "$OUT/speed8_32x512.md"
-fi
-if [[ " $STEPS " == *" small "* ]]; then
+}
+small() {
   python3 benchmarks/scan_speed.py $M --batches 8 --batch-size 8 --seq-len 128 --rounds 5 --memory \
     --variants hf_forward,hf_headless,rs_stats,rs_survival,rs_read,rs_read_every16,rs_flow_every16,rs_stats_flow,rs_lens,rs_lens_every16,rs_lens_tf32,rs_subspaces,rs_subspaces_every16,rs_read16_sub64 \
     --json "$OUT/speed8_8x128.json" 2>&1 | quiet | tee "$OUT/speed8_8x128.md"
-fi
-if [[ " $STEPS " == *" reader "* ]]; then
+}
+reader() {
   TOKENIZERS_PARALLELISM=true python3 benchmarks/corpus_speed.py --model /tmp/smollm2-random --scan \
     --device cuda --dtype bfloat16 --texts 16000 --rounds 3 --out "$OUT/corpus9" 2>&1 | quiet
   TOKENIZERS_PARALLELISM=false python3 benchmarks/corpus_speed.py --model /tmp/smollm2-random \
@@ -70,5 +77,8 @@ if [[ " $STEPS " == *" reader "* ]]; then
     --batch-size 32 --seq-len 512 --copies 8 --rounds 3 --out "$OUT/order13" 2>&1 | quiet
   python3 benchmarks/state_save.py --model /tmp/smollm2-random --device cuda --dtype bfloat16 \
     --batch-size 32 --seq-len 512 --batches 2 --rounds 3 --out "$OUT/state14" 2>&1 | quiet
-fi
+}
+for step in $STEPS; do  # in the order given, so a call cut short has run the first ones
+  case $step in check|big|small|reader) $step ;; *) echo "unknown step $step" >&2; exit 1 ;; esac
+done
 exit 0

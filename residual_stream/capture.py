@@ -178,7 +178,7 @@ def capture(
     model: nn.Module,
     anatomy: Anatomy,
     tokens: Int[Tensor, "batch pos"],
-    attention_mask: Int[Tensor, "batch pos"],
+    attention_mask: Int[Tensor, "batch pos"] | None,
     *,
     verify: bool = False,
     patterns: bool = False,
@@ -234,15 +234,20 @@ def _logits_of(result) -> Tensor | None:
     return raw.detach() if isinstance(raw, Tensor) else None
 
 
-def _forward_kwargs(model: nn.Module, tokens: Tensor, attention_mask: Tensor, *, headless: bool) -> dict:
+def _forward_kwargs(model: nn.Module, tokens: Tensor, attention_mask: Tensor | None, *,
+                    headless: bool) -> dict:
     """The keyword arguments of a forward pass; ``headless``: the last position's logits only.
 
     ``logits_to_keep=1`` where the forward takes it (Hugging Face causal LMs, the twins):
     no ``[tokens, d_model] @ [d_model, vocab]`` product that nothing reads. No router logits
     (mixture-of-experts models), whatever the config says: their auxiliary loss reads every
     call of a router, and a patched pass calls one again on a copy's rows.
+    ``attention_mask=None``: every position is real, and the model is given no mask (what a
+    replayed pass of a batch without padding passes, ``StaticBatch.dense``).
     """
-    kwargs: dict[str, object] = {"input_ids": tokens, "attention_mask": attention_mask}
+    kwargs: dict[str, object] = {"input_ids": tokens}
+    if attention_mask is not None:
+        kwargs["attention_mask"] = attention_mask
     accepts = inspect.signature(model.forward).parameters
     if "use_cache" in accepts:
         kwargs["use_cache"] = False
@@ -254,7 +259,7 @@ def _forward_kwargs(model: nn.Module, tokens: Tensor, attention_mask: Tensor, *,
 
 
 def model_logits(model: nn.Module, anatomy: Anatomy, tokens: Int[Tensor, "batch pos"],
-                 attention_mask: Int[Tensor, "batch pos"], edits: Sequence[tuple] = (),
+                 attention_mask: Int[Tensor, "batch pos"] | None, edits: Sequence[tuple] = (),
                  columns: Tensor | None = None) -> Tensor:
     """The model's own logits ``[batch, pos, d_vocab]`` in its dtype: one forward pass.
 

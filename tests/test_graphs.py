@@ -76,8 +76,10 @@ def _assert_same(eager: dict, replayed: dict, rel: float = 0.0) -> None:
 def test_replayed_growth_equals_the_eager_scan(model):
     eager, replayed, replay = _both(model, TEXTS, batch_size=3, seq_len=16)
     assert int(eager["growth"].sums["massive_found"]) > 0
-    assert replay.replays == 4 and replay.fallbacks == 0  # shapes 3×16, 3×15, 3×16, 2×16
-    assert len(replay.entries) == 3  # unpadded: one capture per shape
+    assert replay.replays == 4 and replay.fallbacks == 0
+    # not padded to a scan width: one capture per shape, and per shape one with padding and one
+    # without (the first 3×16 batch is all real tokens, the second is not)
+    assert sorted(replay.entries) == [(2, 3, False), (3, 14, False), (3, 16, False), (3, 16, True)]
     _assert_same(eager, replayed)
 
 
@@ -85,7 +87,8 @@ def test_padding_to_the_scan_width_leaves_every_statistic_as_it_was(model):
     """A scan width of 40 pads to 16, 24 or 40 positions: batches 3×38, 3×15 and 1×2 (length
     order) take 3×40, 3×16 and 1×16; per-position sums are cut back."""
     eager, replayed, replay = _both(model, TEXTS, width=40, batch_size=3, seq_len=40)
-    assert set(replay.entries) == {(3, 40), (3, 16), (1, 16)} and replay.replays == 3
+    assert set(replay.entries) == {(3, 40, False), (3, 16, False), (1, 16, False)}
+    assert replay.replays == 3
     _assert_same(eager, replayed, rel=REL_PADDED)
 
 
@@ -126,8 +129,38 @@ def test_replayed_growth_on_framework_models(name):
     m = rs.load(build(name), tokenizer=ByteTokenizer())
     n = len(list(corpus_batches(m, Corpus(TEXTS), batch_size=4, seq_len=24)))
     eager, replayed, replay = _both(m, TEXTS, width=24, batch_size=4, seq_len=24)
-    assert replay.replays == n == 3 and set(replay.entries) == {(4, 24), (4, 16), (2, 16)}
+    assert replay.replays == n == 3
+    assert set(replay.entries) == {(4, 24, False), (4, 16, False), (2, 16, False)}
     _assert_same(eager, replayed, rel=REL_PADDED)
+
+
+def test_a_batch_without_padding_is_replayed_giving_the_model_no_mask(monkeypatch):
+    """Its own graph, captured with no mask (Hugging Face cannot check one while a graph is
+    captured, and would lose SDPA's causal kernel); the sums are the eager scan's, which gives
+    the mask. The lens's second forward pass (the final logits) takes none either."""
+    from tiny_hf import build
+
+    from residual_stream import capture
+    from residual_stream.inputs import ByteTokenizer
+
+    m = rs.load(build("llama"), tokenizer=ByteTokenizer())
+    given, plain = [], capture._forward_kwargs
+
+    def spy(model, tokens, mask, **kw):
+        given.append(mask is not None)
+        return plain(model, tokens, mask, **kw)
+
+    monkeypatch.setattr(capture, "_forward_kwargs", spy)
+    eager, replayed, replay = _both(m, TEXTS[:2], batch_size=2, seq_len=8, stats=("growth", "lens"))
+    dense = [key for key in replay.entries if key[-1]]
+    assert dense and all(bool(replay.entries[k].batch.attention_mask.all()) for k in dense)
+    assert any(not key[-1] for key in replay.entries)  # the last batch is padded
+    batches = list(corpus_batches(m, Corpus(TEXTS[:2]), batch_size=2, seq_len=8))
+    unpadded = sum(bool(b.attention_mask.all()) for b in batches)
+    # emulated: a capture's warm-up and each replay run the pass; growth's and the lens's logits
+    assert given.count(False) == 2 * (len(dense) + unpadded) and True in given
+    _assert_same(eager, replayed, rel=REL_PADDED)
+    _assert_sums_close({"lens": eager["lens"]}, {"lens": replayed["lens"]}, REL_PADDED)
 
 
 FLOW = ("survival", "read_attribution")
@@ -337,7 +370,7 @@ def test_a_shape_that_cannot_be_captured_is_warned_about_and_added_eagerly(model
         for batch in corpus_batches(model, Corpus(TEXTS), batch_size=3, seq_len=16):
             _add_batch(model, batch, eager)
             replay.add(batch)
-    assert len(warned) == 2 and replay.replays == 0  # once per shape: 3×16 and 2×16
+    assert len(warned) == 3 and replay.replays == 0  # once per shape: 3×16 padded or not, 2×16
     _assert_same(eager, replayed)
 
 
@@ -368,17 +401,22 @@ def test_first_candidates_in_token_order_without_a_sync():
     x = torch.zeros(1, 5, 8)
     x[0, [1, 2, 4], 3] = 500.0  # three tokens each with one massive coordinate
     mask = torch.ones(1, 5, dtype=torch.bool)
-    _, _, score, count = _point_sums(x, mask, (5 - torch.arange(5)).view(1, 5))
-    assert int(count) == 3
-    idx, valid = _first(score.flatten(), 2)
+    _, _, flags, count = _point_sums(x, mask)
+    assert int(count) == 3 and flags.tolist() == [[False, True, True, False, True]]
+    idx, valid = _first(flags.flatten(), count, 2)
     assert idx.tolist() == [1, 2] and valid.tolist() == [True, True]
-    idx, valid = _first(score.flatten(), 4)
+    idx, valid = _first(flags.flatten(), count, 4)
     assert idx[:3].tolist() == [1, 2, 4] and valid.tolist() == [True, True, True, False]
     assert idx[3] not in (1, 2, 4)
     mask[0, 2] = False  # padding is never a candidate
-    _, _, score, count = _point_sums(x, mask, (5 - torch.arange(5)).view(1, 5))
-    idx, valid = _first(score.flatten(), 3)
+    _, _, flags, count = _point_sums(x, mask)
+    idx, valid = _first(flags.flatten(), count, 3)
     assert int(count) == 2 and idx[:2].tolist() == [1, 4] and valid.tolist() == [True, True, False]
+    # against a Python loop: the first k true entries, in order
+    many = torch.rand(1000, generator=torch.Generator().manual_seed(0)) < 0.3
+    expected = [i for i, f in enumerate(many.tolist()) if f]
+    idx, valid = _first(many, many.sum(), 50)
+    assert idx.tolist() == expected[:50] and bool(valid.all())
 
 
 def test_fused_compiles_on_cuda_only_and_falls_back_once_if_compiling_fails(monkeypatch):

@@ -484,6 +484,36 @@ def test_histogram_quantiles_read_zero_norms_as_zero():
     assert int(tiny[0, 0]) == 0 and int(tiny[0, 1]) == 2
 
 
+def test_histogram_counts_match_numpy_and_weights_select_values():
+    """Against ``numpy.histogram`` on the same edges; 0/1 weights count only the selected values
+    (as growth's ``hist`` leaves out each row's first token), and counts are exact integers."""
+    from residual_stream.streaming.base import _EDGES, LOG_BINS
+
+    g = torch.Generator().manual_seed(2)
+    values = torch.exp(torch.randn(2, 3000, generator=g, dtype=torch.float64) * 3.0)
+    values[0, :7] = 0.0
+    keep = torch.rand(3000, generator=g) < 0.6
+    counts = log_histogram(values, weights=keep)
+    assert counts.dtype == torch.int64 and counts.shape == (2, LOG_BINS + 1)
+    for row in range(2):
+        v = values[row][keep].numpy()
+        pos = np.clip(v[v > 0], float(_EDGES[0]), float(_EDGES[-1]))  # the end bins take the rest
+        ref, _ = np.histogram(pos, bins=_EDGES.numpy())
+        assert int(counts[row, 0]) == int((v <= 0).sum())
+        assert counts[row, 1:].tolist() == ref.tolist()
+
+
+def test_host_lists_read_every_tensor_back_at_once_exactly():
+    from residual_stream.streaming.base import host_lists
+
+    tensors = [torch.tensor([3, 0]), torch.tensor([[7, 2**40], [5, 1]]),
+               torch.tensor([[1.5e30, -2.0**-20], [0.1, 3.0]], dtype=torch.float32),
+               torch.zeros(2, 0, dtype=torch.long)]                    # top_k=0: no rows kept
+    got = host_lists(tensors)
+    assert got == [t.tolist() for t in tensors]
+    assert all(type(v) is int for v in got[1][0]) and got[3] == [[], []]
+
+
 def test_memory_does_not_grow_with_the_corpus(model):
     kw = dict(batch_size=4, seq_len=16, progress=False)
     small = rs.scan(model, TEXTS * 2, ["growth", "survival", "lens"], max_tokens=300, **kw)

@@ -24,6 +24,7 @@ Composition is a function of the weights alone: computed once, not accumulated.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import math
 from typing import ClassVar
@@ -180,13 +181,47 @@ def log_histogram(values: Tensor, weights: Tensor | None = None) -> Tensor:
     lies outside it. ``weights [n]`` (0 or 1) selects which of the ``n`` values count, without
     indexing.
     """
-    log_bin = (torch.bucketize(values.double(), _EDGES.to(values.device)) - 1).clamp(0, LOG_BINS - 1)
-    idx = torch.where(values > 0, log_bin + 1, 0)
+    log_bin = (torch.bucketize(values.double(), _edges(values.device)) - 1).clamp(0, LOG_BINS - 1)
     width = LOG_BINS + 1
-    offset = torch.arange(values.shape[0], device=values.device)[:, None] * width
-    w = None if weights is None else weights.to(torch.float64).expand_as(idx).flatten()
-    counts = torch.bincount((idx + offset).flatten(), weights=w, minlength=values.shape[0] * width)
-    return counts.round().to(torch.int64).view(values.shape[0], width)
+    idx = torch.where(values > 0, log_bin + 1, 0)
+    idx = idx + torch.arange(values.shape[0], device=values.device)[:, None] * width
+    ones = torch.ones_like(idx) if weights is None else weights.to(torch.int64).expand_as(idx)
+    counts = torch.zeros(values.shape[0] * width, dtype=torch.int64, device=values.device)
+    counts.index_add_(0, idx.flatten(), ones.flatten())  # not bincount: it reads a maximum back
+    return counts.view(values.shape[0], width)
+
+
+@functools.cache
+def _edges(device: torch.device) -> Tensor:
+    """``_EDGES`` on ``device``, copied there once (a copy per call waits for the device)."""
+    return _EDGES.to(device)
+
+
+@functools.cache
+def device_constant(values: tuple, device: torch.device, dtype: torch.dtype | None = None) -> Tensor:
+    """``torch.tensor(values)`` on ``device``, made once: a copy per batch waits for the device.
+
+    Read-only (shared by every caller with the same ``values``).
+    """
+    return torch.tensor(values, device=device, dtype=dtype)
+
+
+def host_lists(tensors: list[Tensor]) -> list[list]:
+    """Each tensor (1-D or 2-D) as a list, or a list of rows, in one read back from the device.
+
+    Float64 holds every value exactly (float32 values, indices and counts below 2**53);
+    integer tensors come back as ints.
+    """
+    flat = torch.cat([t.double().flatten() for t in tensors]).tolist()
+    out, at = [], 0
+    for t in tensors:
+        part = flat[at:at + t.numel()]
+        at += t.numel()
+        if not t.is_floating_point():
+            part = [int(v) for v in part]
+        out.append([part[i * t.shape[1]:(i + 1) * t.shape[1]] for i in range(t.shape[0])]
+                   if t.dim() == 2 else part)
+    return out
 
 
 def _order_statistic(row: Tensor, cum: Tensor, k: int) -> float:

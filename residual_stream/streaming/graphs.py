@@ -25,7 +25,11 @@ A scan's batches are right-padded (masked positions, which change no statistic) 
 narrowest of ``seq_len``, its half, quarter ... (``WIDTH_HALVINGS`` of them, each rounded up
 to a multiple of 8 and at least ``MIN_WIDTH``) that holds them (``padded_width``), so
 length-sorted batches (``batching.ORDERS``) of short texts run at about their own width while
-a scan captures a few widths. Capturing costs three eager passes of the first batch of each
+a scan captures a few widths. A batch with no padding at all has a graph of its own, captured
+with no mask given to the model (``StaticBatch.dense``): inside a capture Hugging Face cannot
+look at a mask, so it builds the whole causal mask and its SDPA loses the causal kernel
+(cuDNN attention 2.9 against 1.2 ms a 32×512 batch of SmolLM2 on an H200).
+Capturing costs three eager passes of the first batch of each
 shape (two warm-ups and the capture); at most ``MAX_SHAPES`` shapes are kept: full batches
 at every width and the first short ones. Past that, a shape (a later segment's short last
 batch: one batch in ~60 at 32×512 with the default segments) takes the eager pass. Each
@@ -45,7 +49,7 @@ from collections.abc import Callable
 import torch
 
 from .lean import check_finite, lean_forward
-from .sampling import StaticBatch
+from .sampling import StaticBatch, unpadded
 
 MAX_SHAPES = 8
 WIDTH_HALVINGS = 5  # replayed widths: seq_len and up to 5 halvings of it ...
@@ -124,7 +128,7 @@ class Replayed:
     def add(self, batch) -> None:
         """Add one batch to the accumulators, replaying (or first capturing) its shape's graph."""
         padded = _padded(batch, self.width)
-        shape = tuple(padded.tokens.shape)
+        shape = (*padded.tokens.shape, unpadded(padded))  # with or without padding: two graphs
         if shape not in self.entries and len(self.entries) < MAX_SHAPES:
             self.entries[shape] = self._capture(padded)
         entry = self.entries.get(shape)

@@ -229,6 +229,16 @@ def row_texts(batch, device) -> Tensor:
     return torch.tensor(batch.text_index, dtype=torch.long, device=device)
 
 
+def unpadded(batch: Batch) -> bool:
+    """Whether every position of ``batch`` is real, read where it costs no device sync.
+
+    A mask on the host (a scan's batches, before they are copied) is read; one already on a
+    device counts as padded (the model is then given it, which is always right).
+    """
+    mask = batch.attention_mask
+    return mask.device.type == "cpu" and bool(mask.all())
+
+
 @dataclasses.dataclass(frozen=True)
 class StaticBatch(Batch):
     """A batch whose device tensors a replayed CUDA graph reads (``streaming.graphs``).
@@ -237,17 +247,22 @@ class StaticBatch(Batch):
     ``TokenChoice`` per ``every`` or ``(every, among)``, made when a reducer first asks:
     ``TokenChoice.of``) are refilled in place for
     every batch of its shape (``refill``), so a graph captured on them reads that batch.
+    ``dense``: every position of every batch it holds is real (``unpadded``), so the forward
+    pass is given no mask (``lean.lean_forward``); the replay keeps the graphs of such
+    batches apart from those of padded ones.
     """
 
     text_ids: Tensor | None = None
     samples: dict = dataclasses.field(default_factory=dict)
+    dense: bool = False
 
     @classmethod
     def on(cls, batch: Batch, device) -> StaticBatch:
         """``batch``'s static copy on ``device``."""
         return cls(batch.tokens.to(device).clone(), batch.attention_mask.to(device).clone(),
                    batch.str_tokens, batch.text_index, batch.text_start, batch.text_char,
-                   text_ids=torch.tensor(batch.text_index, dtype=torch.long, device=device))
+                   text_ids=torch.tensor(batch.text_index, dtype=torch.long, device=device),
+                   dense=unpadded(batch))
 
     def refill(self, batch: Batch) -> bool:
         """Load ``batch`` (this shape) in place; False if a sample outgrew its capacity."""
