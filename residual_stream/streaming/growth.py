@@ -192,7 +192,7 @@ class GrowthSums:
         else:
             k = min(self.max_candidates, flags.numel())
             self.qualifying.append(count)
-        flat, valid = _first(flags.flatten(), count, k)                        # (k,): candidate tokens
+        flat, valid = _first(flags.flatten(), count, k)                 # (k,): candidate tokens
         self.candidates.append((point, x.flatten(0, -2)[flat], valid, flat))
         if self.max_candidates is None or point == self.n_layers:
             self._search()
@@ -268,8 +268,8 @@ class GrowthSums:
         if self.adds:
             ratio = (torch.stack([a for _, _, a, _ in self.adds])
                      / torch.stack([x for _, _, _, x in self.adds]).clamp_min(1e-30))
-            where = device_constant(tuple((kinds.index(kind), layer) for kind, layer, _, _ in self.adds),
-                               dev)
+            slots = tuple((kinds.index(kind), layer) for kind, layer, _, _ in self.adds)
+            where = device_constant(slots, dev)                       # [update, 2], made once
             updates[where[:, 0], where[:, 1]] = _token_sums(ratio, self.mask)  # one scatter
         for kind, values in zip(kinds, updates, strict=True):
             acc.add(f"update_{kind}", values)
