@@ -45,6 +45,8 @@
 #       | tee $OUT/log.txt; cd $OUT && tar czf results.tgz --exclude results.tgz * \
 #       && find . -type f ! -name results.tgz -delete
 #     In 555 s it ran big (~5 min with the setup) and check (~2 min); small did not finish.
+#     Added after it, to check: replay_host.py, the host's part of a replayed 32×512 batch
+#     (refill, checks, into) against the plain forward, for growth, survival and the lens.
 set -uo pipefail
 STEPS=${STEPS:-check big small reader}
 source benchmarks/gpu_setup.sh || exit 1
@@ -55,6 +57,9 @@ check() {
   python3 benchmarks/gpu_flow_check.py --model /tmp/smollm2-random 2>&1 | quiet | tee "$OUT/flow_check8.txt"
   python3 benchmarks/gpu_probe.py --model /tmp/smollm2-random --json "$OUT/probe8.json" 2>&1 | quiet \
     | tee "$OUT/probe8.md"
+  python3 benchmarks/replay_host.py --model /tmp/smollm2-random --device cuda --dtype bfloat16 \
+    --batch-size 32 --seq-len 512 --rounds 10 --stats "growth;survival;lens" --json "$OUT/host33.json" \
+    2>&1 | quiet | tee "$OUT/host33.md"
   [ "${NCCL:-0}" = 1 ] && python3 benchmarks/gpu_nccl.py --model /tmp/smollm2-random 2>&1 | quiet \
     | tee "$OUT/nccl.txt"
 }

@@ -242,6 +242,11 @@ def measure_memory(args, names: list[str]) -> list[dict]:
     return memory
 
 
+def _progress(line: str) -> None:
+    """A line on stderr at once: a device call cut short still shows what was measured."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def main() -> None:
     """Time every variant (and optionally measure memory); print Markdown tables and JSON."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -267,10 +272,13 @@ def main() -> None:
     fns = variants(model, not args.no_tl and (not args.variants or "tl_" in args.variants))
     if args.variants:
         fns = {n: fns[n] for n in args.variants.split(",")}
-    for fn in fns.values():  # warm up every path once
+    for name, fn in fns.items():  # warm up every path once (captures, compiles)
+        t = time.perf_counter()
         fn(batches[0])
+        _sync(model.device)
+        _progress(f"warm-up {name}: {time.perf_counter() - t:.3g} s")
     times: dict[str, list[float]] = {n: [] for n in fns}
-    for _ in range(args.rounds):
+    for r in range(args.rounds):
         for name, fn in fns.items():
             _sync(model.device)
             t = time.perf_counter()
@@ -278,6 +286,7 @@ def main() -> None:
                 fn(b)
             _sync(model.device)
             times[name].append((time.perf_counter() - t) / len(batches))
+        _progress(f"round {r + 1}: " + ", ".join(f"{n} {ts[-1]:.4g} s" for n, ts in times.items()))
     base = statistics.median(times["hf_forward"])
     headless = statistics.median(times["hf_headless"]) if "hf_headless" in times else float("nan")
     print(f"model {model.name}, {model.device}, {model.dtype}, {torch.get_num_threads()} threads, "

@@ -125,3 +125,12 @@ def test_the_one_rank_merge_over_gloo_equals_the_scan(tiny_smollm2):
     got = json.loads(out.strip().splitlines()[-1])
     assert got["backend"] == "gloo" and got["max_abs_diff"] == 0.0 and got["sums"] > 0
     assert got["tokens"][0] == got["tokens"][1] > 0 and got["batches"][0] == got["batches"][1]
+
+
+def test_the_replay_host_script_times_each_statistic_beside_the_forward(tiny_smollm2, tmp_path):
+    out = tmp_path / "host.json"
+    _run("benchmarks/replay_host.py", "--model", tiny_smollm2, "--batch-size", "2", "--seq-len", "16",
+         "--rounds", "2", "--stats", "growth;survival,lens", "--json", str(out))
+    rows = json.loads(out.read_text())
+    assert [r["what"] for r in rows] == ["hf_forward", "host of growth", "host of survival,lens"]
+    assert all(r["ms"] > 0 and math.isfinite(r["ratio"]) for r in rows) and rows[0]["ratio"] == 1.0
