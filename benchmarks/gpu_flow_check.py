@@ -36,8 +36,8 @@ from scan_speed import _batches  # noqa: E402
 import residual_stream as rs  # noqa: E402
 from residual_stream import fusion  # noqa: E402
 from residual_stream.streaming import make_accumulators  # noqa: E402
+from residual_stream.streaming.adding import batch_adder  # noqa: E402
 from residual_stream.streaming.lean import points  # noqa: E402
-from residual_stream.streaming.runner import batch_adder  # noqa: E402
 
 STATS = ["growth", "survival", "read_attribution", "subspaces", "lens"]
 SAMPLED = ["growth", "survival:every=16", "read_attribution:every=16", "lens:every=16",
@@ -55,7 +55,8 @@ def _scan(model, batches, graphs: bool, fused: bool, stats=STATS) -> tuple[dict,
         add = batch_adder(model, accs, graphs, batches[0].tokens.shape[1])
         for b in batches:
             add(b)
-        return accs, getattr(getattr(add, "__self__", None), "replays", 0)
+        add.flush()  # a replayed batch may wait for the next one
+        return accs, add.replays
     finally:
         fusion.ENABLED = True
 

@@ -40,7 +40,8 @@ from scan_speed import _batches, variants  # noqa: E402
 import residual_stream as rs  # noqa: E402
 from residual_stream import fusion  # noqa: E402
 from residual_stream.streaming import make_accumulators  # noqa: E402
-from residual_stream.streaming.runner import _add_batch, batch_adder  # noqa: E402
+from residual_stream.streaming.adding import add_batch as _add_batch  # noqa: E402
+from residual_stream.streaming.adding import batch_adder
 
 
 def replayed_forward(model, **extra):
@@ -137,6 +138,7 @@ def _compare(model, batches) -> dict:
     add = batch_adder(model, replayed, True, batches[0].tokens.shape[1])
     for b in batches:
         add(b)
+    add.flush()  # the last replayed batch waits for a next one
     a, r = eager["growth"], replayed["growth"]
     out = {}
     for key, x in a.sums.items():
@@ -146,7 +148,7 @@ def _compare(model, batches) -> dict:
             out[key] = float((x - y).abs().nan_to_num(0).max()) / scale
         else:
             out[key] = int((x != y).sum())
-    out["replays"] = add.__self__.replays
+    out["replays"] = add.replays
     return out
 
 

@@ -27,20 +27,20 @@ from scan_speed import _batches, _sync
 import residual_stream as rs
 from residual_stream.streaming import make_accumulators
 from residual_stream.streaming.graphs import Replayed, _padded
-from residual_stream.streaming.lean import check_finite
 from residual_stream.streaming.sampling import unpadded
 
 
 def _host_part(replay: Replayed, batch, width: int) -> None:
-    """What ``Replayed.add`` does for ``batch`` besides replaying the graph."""
+    """What ``Replayed.add`` does for ``batch`` besides replaying the graph.
+
+    The refill, the sums' copies where they are kept for the next batch (``snapshot``), the
+    checks and reads (``fetch``) and ``into``.
+    """
     padded = _padded(batch, width)
     entry = replay.entries[(*padded.tokens.shape, unpadded(padded))]
     entry.batch.refill(padded)
-    any(s.overflowed() for s in entry.sums.values())
-    check_finite(entry.finite, entry.batch.attention_mask)
-    for name, s in entry.sums.items():
-        s.rebind(batch, batch.tokens.shape[1])
-        s.into(replay.accs[name])
+    replay.pending = replay._pending(entry, batch)
+    replay.flush()
 
 
 def main() -> None:

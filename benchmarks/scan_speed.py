@@ -69,8 +69,8 @@ import torch
 
 import residual_stream as rs
 from residual_stream.streaming import Corpus, corpus_batches, make_accumulators
+from residual_stream.streaming.adding import batch_adder
 from residual_stream.streaming.lean import points
-from residual_stream.streaming.runner import batch_adder
 from residual_stream.trace import trace_batch
 
 

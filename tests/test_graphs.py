@@ -16,8 +16,9 @@ import torch
 import residual_stream as rs
 from residual_stream.errors import InputError, NonFiniteError
 from residual_stream.streaming import Corpus, corpus_batches, make_accumulators
+from residual_stream.streaming.adding import add_batch as _add_batch
+from residual_stream.streaming.adding import batch_adder
 from residual_stream.streaming.graphs import Replayed, padded_width, widths
-from residual_stream.streaming.runner import _add_batch, batch_adder
 
 REL_PADDED = 1e-6  # float32: a wider matmul may round differently (~1e-7 relative)
 KL_ATOL = 1e-6  # nats per token: a float32 log-softmax over the vocabulary rounds ~1e-7
@@ -50,6 +51,7 @@ def _both(model, texts, width=None, stats=("growth",), **kw) -> tuple[dict, dict
     for batch in batches:
         _add_batch(model, batch, eager)
         replay.add(batch)
+    replay.flush()  # the last replayed batch waits for a next one
     return eager, replayed, replay
 
 
@@ -338,6 +340,65 @@ def test_scan_uses_the_replay_when_it_can(model, monkeypatch):
     _assert_same(ref.accumulators, got.accumulators, rel=REL_PADDED)
 
 
+def test_a_replayed_batch_is_added_while_the_next_one_replays(model):
+    """Growth's ``into`` for batch i runs after batch i+1's replay is queued, on copies of its
+    sums: what the next replay writes into the graph's tensors does not reach them."""
+    from residual_stream.streaming.growth import GrowthSums
+
+    accs = make_accumulators(["growth"])
+    replay = Replayed(model, accs, width=16, emulate=True)
+    batches = list(corpus_batches(model, Corpus(TEXTS), batch_size=3, seq_len=16))
+    replay.add(batches[0])
+    assert replay.pending is not None and "n" not in accs["growth"].sums  # waits for batch 2
+    entry = next(iter(replay.entries.values()))
+    live = entry.sums["growth"]
+    kept = replay.pending.sums["growth"]
+    assert isinstance(kept, GrowthSums) and kept is not live
+
+    def tensors(obj):
+        for v in vars(obj).values():
+            yield from (v,) if isinstance(v, torch.Tensor) else _nested(v)
+
+    def _nested(v):
+        if isinstance(v, (list, tuple)):
+            for x in v:
+                yield from (x,) if isinstance(x, torch.Tensor) else _nested(x)
+        elif isinstance(v, dict):
+            yield from _nested(list(v.values()))
+
+    shared = {t.untyped_storage().data_ptr() for t in tensors(live)} \
+        & {t.untyped_storage().data_ptr() for t in tensors(kept)}
+    assert not shared  # a replay overwriting the graph's tensors leaves the kept sums alone
+    with torch.inference_mode():  # as the next replay would: in place, same storage
+        for t in tensors(live):
+            t.zero_() if t.dtype == torch.bool else t.fill_(float("nan") if t.is_floating_point() else 7)
+    for b in batches[1:]:
+        replay.add(b)
+    replay.flush()
+    eager = make_accumulators(["growth"])
+    for b in batches:
+        _add_batch(model, b, eager)
+    _assert_same(eager, accs, rel=REL_PADDED)
+    assert replay.replays == len(batches) and replay.pending is None
+
+
+def test_a_scan_adds_every_replayed_batch_before_it_saves(model, monkeypatch, tmp_path):
+    from residual_stream.streaming import runner
+
+    seen = []
+    save = runner.save_state
+
+    def spy(path, config, done, tokens, added, accs, ledger):
+        seen.append((tokens, int(accs["growth"].sums["n"])))
+        return save(path, config, done, tokens, added, accs, ledger)
+
+    monkeypatch.setattr(Replayed, "usable", staticmethod(lambda m, accs: True))  # CPU: emulated
+    monkeypatch.setattr(runner, "save_state", spy)
+    rs.scan(model, TEXTS, ["growth"], batch_size=3, seq_len=16, progress=False,
+            state=tmp_path / "state.pt", save_every=1)
+    assert len(seen) >= 4 and all(tokens == n for tokens, n in seen)  # every token counted
+
+
 def test_graphs_argument_is_checked(model):
     accs = make_accumulators(["growth", "survival"])
     with pytest.raises(InputError, match="CUDA device"):
@@ -345,7 +406,7 @@ def test_graphs_argument_is_checked(model):
     with pytest.raises(InputError, match="'auto', True or False"):
         batch_adder(model, accs, "yes")
     add = batch_adder(model, make_accumulators(["growth"]), "auto")  # CPU: the eager pass
-    assert not isinstance(getattr(add, "__self__", None), Replayed)
+    assert not isinstance(add, Replayed) and add.replays == 0
 
 
 def test_a_replayed_pass_still_refuses_nan(model):
@@ -354,9 +415,12 @@ def test_a_replayed_pass_still_refuses_nan(model):
     m = rs.twin(norm="rmsnorm", placement="pre", n_layers=2, d_model=16, seed=2, n_ctx=32)
     with torch.no_grad():
         m.module.blocks[1].mlp.fc_out.weight[0, 0] = float("nan")
-    replay = Replayed(m, make_accumulators(["growth"]), emulate=True)
+    accs = make_accumulators(["growth"])
+    replay = Replayed(m, accs, emulate=True)
+    replay.add(pack(m, [[1, 2, 3]]))  # replayed; checked before the next batch's replay
     with pytest.raises(NonFiniteError, match="block 2"):
-        replay.add(pack(m, [[1, 2, 3]]))
+        replay.flush()
+    assert int(accs["growth"].sums.get("n", torch.tensor(0))) == 0  # never added
 
 
 def test_a_shape_that_cannot_be_captured_is_warned_about_and_added_eagerly(model, monkeypatch):
@@ -396,26 +460,26 @@ def test_cli_scan_passes_graphs_to_the_scan(tmp_path, monkeypatch, flag, graphs)
 
 
 def test_first_candidates_in_token_order_without_a_sync():
-    from residual_stream.streaming.growth import _first, _point_sums
+    from residual_stream.streaming.massive import first_k, point_sums
 
     x = torch.zeros(1, 5, 8)
     x[0, [1, 2, 4], 3] = 500.0  # three tokens each with one massive coordinate
     mask = torch.ones(1, 5, dtype=torch.bool)
-    _, _, flags, count = _point_sums(x, mask)
+    _, _, flags, count = point_sums(x, mask)
     assert int(count) == 3 and flags.tolist() == [[False, True, True, False, True]]
-    idx, valid = _first(flags.flatten(), count, 2)
+    idx, valid = first_k(flags.flatten(), count, 2)
     assert idx.tolist() == [1, 2] and valid.tolist() == [True, True]
-    idx, valid = _first(flags.flatten(), count, 4)
+    idx, valid = first_k(flags.flatten(), count, 4)
     assert idx[:3].tolist() == [1, 2, 4] and valid.tolist() == [True, True, True, False]
     assert idx[3] not in (1, 2, 4)
     mask[0, 2] = False  # padding is never a candidate
-    _, _, flags, count = _point_sums(x, mask)
-    idx, valid = _first(flags.flatten(), count, 3)
+    _, _, flags, count = point_sums(x, mask)
+    idx, valid = first_k(flags.flatten(), count, 3)
     assert int(count) == 2 and idx[:2].tolist() == [1, 4] and valid.tolist() == [True, True, False]
     # against a Python loop: the first k true entries, in order
     many = torch.rand(1000, generator=torch.Generator().manual_seed(0)) < 0.3
     expected = [i for i, f in enumerate(many.tolist()) if f]
-    idx, valid = _first(many, many.sum(), 50)
+    idx, valid = first_k(many, many.sum(), 50)
     assert idx.tolist() == expected[:50] and bool(valid.all())
 
 

@@ -299,7 +299,7 @@ def test_lean_scan_equals_the_single_trace(norm, placement, monkeypatch):
     kw = dict(batch_size=3, seq_len=24)
     whole = _whole(m, TEXTS, **kw)
     subspaces = _subspaces_reference(m, whole, **kw)
-    monkeypatch.setattr("residual_stream.streaming.runner.trace_batch", None)  # no full trace
+    monkeypatch.setattr("residual_stream.streaming.adding.trace_batch", None)  # no full trace
     monkeypatch.setattr("residual_stream.streaming.lens.MIN_CHUNK", 16)  # 72 tokens: 5 chunks
     # read measures over 7-token chunks of a batch's 72 (padding inside chunks, a partial one)
     monkeypatch.setattr("residual_stream.analyses.subspace_measures.CHUNK_ELEMENTS", 7 * 6 * 12 * 8)
@@ -325,7 +325,7 @@ def test_a_scan_of_latent_attention_runs_what_needs_no_reads_and_refuses_the_res
     m = rs.load(build(name), tokenizer=ByteTokenizer())
     kw = dict(batch_size=4, seq_len=32)
     whole = _whole(m, TEXTS, **kw)
-    monkeypatch.setattr("residual_stream.streaming.runner.trace_batch", None)
+    monkeypatch.setattr("residual_stream.streaming.adding.trace_batch", None)
     result = rs.scan(m, TEXTS, ["growth", "lens"], progress=False, **kw)
     _assert_growth_equal(result, whole)
     _assert_lens_equal(result, whole)
@@ -356,7 +356,7 @@ def test_lean_scan_on_framework_models(name, monkeypatch):
     kw = dict(batch_size=4, seq_len=32)
     whole = _whole(m, TEXTS, **kw)
     subspaces = _subspaces_reference(m, whole, **kw)
-    monkeypatch.setattr("residual_stream.streaming.runner.trace_batch", None)
+    monkeypatch.setattr("residual_stream.streaming.adding.trace_batch", None)
     if not m.anatomy.has_lm_head:  # the tiny BERT is a BertModel: no logits, no lens
         with pytest.raises(rs.errors.NotAvailableError, match="no LM head"):
             rs.scan(m, TEXTS, LEAN, progress=False, **kw)
@@ -416,7 +416,7 @@ def test_a_statistic_without_a_reducer_feeds_the_others_from_the_batch_trace(mod
     """With per-head flow in the mix the batch is traced once; the lean statistics' reducers
     are fed from that trace's walk and give what the lean pass gives."""
     from residual_stream.streaming.accumulators import SurvivalStats, make_accumulators
-    from residual_stream.streaming.runner import _add_batch
+    from residual_stream.streaming.adding import add_batch as _add_batch
 
     kw = dict(batch_size=3, seq_len=24)
     whole = _whole(model, TEXTS, **kw)
@@ -426,7 +426,7 @@ def test_a_statistic_without_a_reducer_feeds_the_others_from_the_batch_trace(mod
     calibration = trace_batch(model, batches[0])
     for acc in accs.values():
         acc.prepare(model, calibration)
-    monkeypatch.setattr("residual_stream.streaming.runner.lean_pass", None)  # never lean
+    monkeypatch.setattr("residual_stream.streaming.adding.lean_pass", None)  # never lean
     for batch in batches:
         _add_batch(model, batch, accs)
     result = ScanResult({n: a.result() for n, a in accs.items()}, 0, 0, 0.0, model.name, accs)
@@ -1148,7 +1148,7 @@ def test_flow_statistics_on_sampled_tokens_equal_the_trace_on_them(case, layout,
     everything = int(whole.attention_mask.sum())
     assert all(0 < n < everything for spec, n in measured.items() if _every(spec) > 1)
     g = math.gcd(*map(_every, stats))
-    monkeypatch.setattr("residual_stream.streaming.runner.trace_batch", None)  # lean
+    monkeypatch.setattr("residual_stream.streaming.adding.trace_batch", None)  # lean
     carried = []
     watch(monkeypatch, flow.FlowSums, "_start", lambda self, v: carried.append(
         (self.buf.shape[0], v.shape[0] * v.shape[1])), after=True)
@@ -1252,7 +1252,7 @@ def test_the_sampled_lens_chooses_tokens_by_their_place_in_the_corpus_in_one_pas
         raise AssertionError("a plain forward pass for the logits")
 
     monkeypatch.setattr("residual_stream.streaming.lean.model_logits", no_second_pass)
-    monkeypatch.setattr("residual_stream.streaming.runner.trace_batch", None)  # lean
+    monkeypatch.setattr("residual_stream.streaming.adding.trace_batch", None)  # lean
     kept: list[tuple[int, int]] = []  # per point given: (its kept tokens, the batch's tokens)
     watch(monkeypatch, LensSums, "point", lambda self, p, x: kept.append(
         (len(self.early[p]), x.shape[0] * x.shape[1])), after=True)

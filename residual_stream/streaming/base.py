@@ -206,6 +206,38 @@ def device_constant(values: tuple, device: torch.device, dtype: torch.dtype | No
     return torch.tensor(values, device=device, dtype=dtype)
 
 
+def cloned(obj: object) -> object:
+    """A shallow copy of ``obj`` whose tensors, also in its lists, tuples and dicts, are copies.
+
+    The copies are made by one ``torch.stack`` per shape and dtype (each tensor a view of its
+    stack): on a GPU a few kernels, not one per tensor (growth's sums hold ~200). Other
+    attributes (a batch, say) are shared.
+    """
+    found: list[Tensor] = []
+
+    def walk(v, rebuild: list | None = None):
+        if isinstance(v, Tensor):
+            if rebuild is None:
+                found.append(v)
+                return v
+            return rebuild.pop()
+        if isinstance(v, (list, tuple)):
+            return type(v)(walk(x, rebuild) for x in v)
+        return {k: walk(x, rebuild) for k, x in v.items()} if isinstance(v, dict) else v
+
+    walk(vars(obj))
+    groups: dict[tuple, list[int]] = {}
+    for i, t in enumerate(found):
+        groups.setdefault((tuple(t.shape), t.dtype, t.device), []).append(i)
+    copies: list = [None] * len(found)
+    for members in groups.values():
+        for i, view in zip(members, torch.stack([found[i] for i in members]).unbind(), strict=True):
+            copies[i] = view
+    out = copy.copy(obj)
+    out.__dict__.update(walk(vars(obj), copies[::-1]))
+    return out
+
+
 def host_lists(tensors: list[Tensor]) -> list[list]:
     """Each tensor (1-D or 2-D) as a list, or a list of rows, in one read back from the device.
 

@@ -13,14 +13,15 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..analyses.growth import MASSIVE_ABS, MASSIVE_REL, NormGrowth, _fit
+from ..analyses.growth import NormGrowth, _fit
 from ..errors import InputError
-from ..fusion import acc_dtype, fused, wide
+from ..fusion import acc_dtype, fused
 from ..inputs import Batch
 from ..program import Add, Norm
 from ..walk import component_of, summed
-from .base import Accumulator, device_constant, histogram_quantile, host_lists, log_histogram
+from .base import Accumulator, cloned, device_constant, histogram_quantile, host_lists, log_histogram
 from .lean import reduce_trace
+from .massive import first_k, hits, point_sums, stacked
 
 MIN_CANDIDATES = 256  # tokens per point searched for massive activations on a replayed pass
 
@@ -31,67 +32,6 @@ def _token_sums(values: Tensor, mask: Tensor) -> Tensor:
     Padding is excluded even where it holds NaN (``where``, not a product), with no sync.
     """
     return torch.where(mask, values, 0).double().sum((1, 2))
-
-
-@fused
-def _point_sums(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Per token of ``x [batch, pos, d]``: norm, coordinate sum, candidacy; the candidates' count.
-
-    A candidate is a real token that can hold a massive activation: a coordinate over
-    ``MASSIVE_ABS`` and a median |x| under its largest over ``MASSIVE_REL``, which a count
-    decides without sorting (the lower median is below ``t`` iff more than ``(d − 1) // 2``
-    coordinates are; ``t`` is nudged up by 1e-6 relative, so this is a superset of the tokens
-    that hit). A bf16 ``x`` is reduced in float32 (``acc_dtype``).
-    """
-    acc = acc_dtype(x)
-    top = torch.linalg.vector_norm(x, ord=float("inf"), dim=-1, dtype=acc)
-    below = (x.abs() < (top * ((1 + 1e-6) / MASSIVE_REL)).unsqueeze(-1)).sum(-1)
-    tok = (top > MASSIVE_ABS) & (below > (x.shape[-1] - 1) // 2) & mask
-    return torch.linalg.vector_norm(x, dim=-1, dtype=acc), x.sum(-1, dtype=acc), tok, tok.sum()
-
-
-def _first(flags: Tensor, count: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """Indices of the first ``k`` true entries of the 1-D ``flags`` (``count`` of them), in order.
-
-    And which of the ``k`` slots hold one; slots past ``count`` hold index 0. A prefix sum
-    ranks the true entries and one scatter puts the first ``k`` in their slots (the rest go to
-    a spare slot, dropped): no device sync, fixed shapes. Not a top-k over every token: on a
-    GPU that is one single-block kernel over them all (``gatherTopK``, then a sort of the
-    ``k``), 4.6 + 0.8 ms of a 32×512 batch on an H200 (session 33), the largest thing growth
-    added to the forward pass.
-    """
-    rank = flags.cumsum(0) - 1                                   # rank among the true entries
-    slot = torch.where(flags & (rank < k), rank, k)              # the rest go to a spare slot
-    out = torch.zeros(k + 1, dtype=torch.long, device=flags.device)
-    out.scatter_(0, slot, torch.arange(flags.numel(), device=flags.device))
-    return out[:k], torch.arange(k, device=flags.device) < count
-
-
-def _hits(rows: Tensor, valid: Tensor, top_k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Massive activations among candidate tokens, for several points at once.
-
-    ``rows [point, k, d]`` (any float dtype, reduced in float32 at least) and ``valid [point,
-    k]``. A hit is a coordinate over ``MASSIVE_ABS`` and ``MASSIVE_REL`` × its token's
-    (lower) median |x|. Returns per point: the number of hits ``[point]``, and for its top
-    ``top_k`` coordinates by |x| (the hits first): their flat index into ``k × d``, value and
-    token median, each ``[point, top_k]``. One sort for the medians and one top-k, whatever
-    the number of points.
-    """
-    rows = wide(rows)
-    sel = rows.abs()
-    med = sel.median(-1, keepdim=True).values
-    hit = (sel > MASSIVE_ABS) & (sel > MASSIVE_REL * med) & valid[..., None]
-    _, idx = torch.where(hit, sel, 0).flatten(1).topk(min(top_k, hit[0].numel()))
-    return (hit.sum((1, 2)), idx, rows.flatten(1).gather(1, idx),
-            med.flatten(1).gather(1, idx // rows.shape[-1]))
-
-
-def _stacked(tensors: tuple[Tensor, ...]) -> Tensor:
-    """``torch.stack``, but a view of a single tensor instead of a copy.
-
-    The eager search stacks one point, whose candidate rows may be every token.
-    """
-    return tensors[0].unsqueeze(0) if len(tensors) == 1 else torch.stack(tensors)
 
 
 @fused
@@ -133,6 +73,7 @@ class GrowthSums:
         self.candidates: list[tuple] = []  # (point, rows, valid, flat token index): not searched yet
         self.massive: list[tuple] = []  # per search: (points, count, dim, value, median, batch, pos)
         self.qualifying: list[Tensor] = []  # per point, with max_candidates: tokens that qualify
+        self.fetched: tuple[int, list[dict]] | None = None  # ``massive_rows``, read ahead (``fetch``)
 
     def rebind(self, batch: Batch, width: int) -> None:
         """Name the batch whose values a replay left in these sums.
@@ -147,6 +88,22 @@ class GrowthSums:
         if not self.qualifying:
             return False
         return bool((torch.stack(self.qualifying) > self.max_candidates).any())
+
+    def snapshot(self) -> GrowthSums:
+        """These sums with their tensors copied, which the graph's next replay leaves alone.
+
+        A few MB (two numbers per token and point or update, and the massive search's top-k),
+        so a replayed scan can run ``into`` on the host while the device replays the next batch.
+        """
+        return cloned(self)
+
+    def fetch(self) -> None:
+        """Read the massive activations back now (``into`` then reads nothing from the device).
+
+        A replayed scan calls it before it queues the next batch's replay, so that ``into``'s
+        reads do not wait for that replay; after ``rebind``, which names the rows' tokens.
+        """
+        self.fetched = self.massive_rows()
 
     def _rest(self) -> Tensor:
         """The tokens the mean counts: each row's first token left out.
@@ -164,10 +121,10 @@ class GrowthSums:
 
         Keeps two numbers per token (its norm and its coordinate sum); every sum over tokens
         is taken once per batch in ``into``, for all points together. The per-token
-        reductions are one fused function (``_point_sums``: one kernel on a GPU), then the
+        reductions are one fused function (``point_sums``: one kernel on a GPU), then the
         massive-activation search over the few tokens that can hold one.
         """
-        norm, rowsum, flags, count = _point_sums(x, self.mask)
+        norm, rowsum, flags, count = point_sums(x, self.mask)
         self.points[point] = (norm, rowsum)
         self._massive_candidates(point, x, flags, count)
 
@@ -178,7 +135,7 @@ class GrowthSums:
     def _massive_candidates(self, point: int, x: Tensor, flags: Tensor, count: Tensor) -> None:
         """Keep the rows of the ``count`` tokens that can hold a massive activation.
 
-        ``flags`` marks them (``_point_sums``). Exactly as many as qualify (one device sync
+        ``flags`` marks them (``point_sums``). Exactly as many as qualify (one device sync
         to count them), each point searched at once (``_search``), so the stream itself can
         be dropped; or, replayed (``max_candidates``), the first ``max_candidates`` in token
         order with no sync (``overflowed`` tells if any were left out), kept until the last
@@ -192,7 +149,7 @@ class GrowthSums:
         else:
             k = min(self.max_candidates, flags.numel())
             self.qualifying.append(count)
-        flat, valid = _first(flags.flatten(), count, k)                 # (k,): candidate tokens
+        flat, valid = first_k(flags.flatten(), count, k)                 # (k,): candidate tokens
         self.candidates.append((point, x.flatten(0, -2)[flat], valid, flat))
         if self.max_candidates is None or point == self.n_layers:
             self._search()
@@ -203,8 +160,8 @@ class GrowthSums:
             return
         points, rows, valid, flat = zip(*self.candidates, strict=True)
         self.candidates = []
-        count, idx, value, med = _hits(_stacked(rows), _stacked(valid), self.top_k)
-        token = _stacked(flat).gather(1, idx // self.d_model)              # (point, top_k)
+        count, idx, value, med = hits(stacked(rows), stacked(valid), self.top_k)
+        token = stacked(flat).gather(1, idx // self.d_model)              # (point, top_k)
         width = self.mask.shape[1]
         self.massive.append((list(points), count, idx % self.d_model, value, med,
                              token // width, token % width))
@@ -289,7 +246,8 @@ class GrowthSums:
             acc.add("norm_input", torch.zeros(0))
             acc.add("norm_scale", torch.zeros(0))
         acc.meta["norms"] = [name for name, _, _ in self.norms]
-        found, rows = self.massive_rows()
+        found, rows = self.fetched or self.massive_rows()
+        self.fetched = None
         acc.add("massive_found", found)
         acc.keep_massive(rows)
 

@@ -53,12 +53,11 @@ import numpy as np
 import pandas as pd
 
 from ..errors import EmptyTextError, InputError, need_model
-from ..trace import trace_batch
 from .accumulators import Accumulator, make_accumulators
+from .adding import batch_adder
 from .batching import check_sizes, row_batches
 from .corpus import Corpus
-from .graphs import Replayed
-from .lean import feed_trace, lean_pass, points
+from .lean import points
 from .ledger import Ledger, Share, agreed, check_processes, dist_exchange
 from .progress import ReadProgress, ScanBar
 from .reader import prefetched
@@ -220,48 +219,6 @@ def _prepare(model, corpus: Corpus, accs: dict[str, Accumulator], batch_size: in
         acc.prepare(model, calibration)
 
 
-def _add_batch(model, batch, accs: dict[str, Accumulator]) -> None:
-    """Add one batch: a lean pass when every statistic can take one, else a full trace.
-
-    Lean-capable statistics give a reducer (``sums_for``; survival and read attribution share
-    one); on the trace path those reducers are fed from the trace's walk.
-    """
-    shared: dict = {}
-    sums = {n: a.sums_for(model, batch, shared) for n, a in accs.items() if a.lean}
-    reducers = list(dict.fromkeys(sums.values()))
-    if len(sums) == len(accs):
-        lean_pass(model, batch, reducers)
-    else:
-        t = trace_batch(model, batch)
-        feed_trace(t, reducers)
-        for name, acc in accs.items():
-            if name not in sums:
-                acc.update(t)
-    for name, s in sums.items():
-        s.into(accs[name])
-
-
-def batch_adder(model, accs: dict[str, Accumulator], graphs: bool | str = "auto",
-                seq_len: int | None = None) -> Callable[[object], None]:
-    """``add(batch)`` for ``accs``: replayed CUDA graphs where they can be, else eager.
-
-    ``graphs``: ``"auto"`` replays when the model is on a CUDA device and every statistic is
-    replayable (``streaming.graphs``); ``True`` insists (``InputError`` otherwise); ``False``
-    never replays. Replayed batches are padded to ``seq_len`` positions or one of its halvings
-    (``graphs.padded_width``).
-    """
-    if graphs not in ("auto", True, False):
-        raise InputError(f"graphs must be 'auto', True or False, not {graphs!r}")
-    usable = bool(graphs) and Replayed.usable(model, accs)
-    if graphs is True and not usable:
-        raise InputError("graphs=True needs the model whole on one CUDA device and only "
-                         f"replayable statistics ({[n for n, a in accs.items() if a.replayable]} "
-                         f"of {list(accs)}); use graphs='auto'")
-    if usable:
-        return Replayed(model, accs, width=seq_len).add
-    return lambda batch: _add_batch(model, batch, accs)
-
-
 def _check_state_and_callback(state: object, on_batch: object) -> None:
     """``InputError`` for a state that is not a path or an ``on_batch`` that cannot be called."""
     if state is not None and not isinstance(state, (str, os.PathLike)):
@@ -349,7 +306,8 @@ def scan(
                                            share, bar.reading, ledger), stop=stop)
         start, run, segment = time.perf_counter(), 0, done[0]
 
-        def save() -> None:  # the state as it stands when called
+        def save() -> None:  # the state as it stands when called, every batch added
+            add.flush()
             save_state(path, config, done, tokens, added, accs, ledger)
 
         # Ctrl-C, SIGTERM: the batch ends, is saved; leaving stops the reader, its exchange too
@@ -357,6 +315,7 @@ def scan(
             for key, batch in batches:
                 if key[0] != segment:  # the segment before ended, and its texts (or part of one)
                     segment = key[0]
+                    add.flush()
                     for acc in accs.values():
                         acc.segment_done()
                 add(batch)
@@ -366,9 +325,11 @@ def scan(
                 if path is not None and save_due(run):
                     save()
                 if on_batch is not None:
+                    add.flush()
                     on_batch(key, tokens)
                 signals.stop_if_asked(save)
             signals.stop_if_asked(save)  # one that came while the reader had no batch left
+        add.flush()
         bar.close()
     finally:
         close()  # after the reader has left
