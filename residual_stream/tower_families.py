@@ -12,13 +12,13 @@ import math
 from dataclasses import replace
 
 from .arch_spec import ArchSpec
-from .encoder_families import _BERT, _ROBERTA
+from .encoder_families import BERT, ROBERTA
 from .recent_families import CLIP_TEXT, SIGLIP_TEXT
 
 _NO_HEAD = "pooler and projection outside the stream, no LM head"
 # BERT's and RoBERTa's blocks, always bidirectional (their forward builds a bidirectional mask whatever the
 # config says), without cross-attention modules
-_BERT_TOWER = replace(_BERT, head_transform=None, causal=False, refuse=lambda cfg: None,
+_BERT_TOWER = replace(BERT, head_transform=None, causal=False, refuse=lambda cfg: None,
                       family=f"BERT text encoder (post-LayerNorm, LayerNorm on the embeddings; {_NO_HEAD})")
 _ROBERTA_TOWER = replace(_BERT_TOWER, family=_BERT_TOWER.family.replace("BERT", "RoBERTa"))
 
@@ -37,7 +37,7 @@ TOWERS: dict[str, ArchSpec] = {
     # BridgeTower's text encoder (the whole model's text_model, a RoBERTa whose blocks the whole model runs
     # on text alone, its cross-modal layers reading their outputs from outside): causal only as a decoder
     "bridgetower_text_model": replace(
-        _ROBERTA, family=f"BridgeTower text encoder (RoBERTa's: post-LayerNorm, LayerNorm on the embeddings; "
+        ROBERTA, family=f"BridgeTower text encoder (RoBERTa's: post-LayerNorm, LayerNorm on the embeddings; "
         f"{_NO_HEAD})", head_transform=None),
     # FLAVA's text encoder: ViT's pre-LayerNorm blocks over BERT's embeddings (LayerNormed), its final
     # layernorm giving last_hidden_state; its hidden_states end before it. The MLP's output module adds the
@@ -46,7 +46,7 @@ TOWERS: dict[str, ArchSpec] = {
         family="FLAVA text encoder (pre-LayerNorm, LayerNorm on the embeddings and the final stream; "
         f"{_NO_HEAD})",
         layers="encoder.layer", embed_norm="embeddings.LayerNorm", final_norm="layernorm",
-        embeds=_BERT.embeds, block_norms={"ln_attn_in": "layernorm_before", "ln_mlp_in": "layernorm_after"},
+        embeds=BERT.embeds, block_norms={"ln_attn_in": "layernorm_before", "ln_mlp_in": "layernorm_after"},
         attn_out="attention.output.dense", mlp_out="output.dense",
         qkv=("attention.attention.query", "attention.attention.key", "attention.attention.value"),
         mlp_in="intermediate.dense", mlp_gate=None, mlp_down="output.dense", causal=False,
