@@ -1,7 +1,8 @@
 """``rs.scan``: stream a corpus through a model, batch by batch, into accumulators.
 
 Per batch: tokenize (``corpus``, in a reader thread: ``reader``), run one forward pass, let
-every accumulator add its sums.
+every accumulator add its sums (``adding``; on a GPU a replayed growth batch adds them while
+the next batch replays, and the scan flushes before it saves, ends a segment or calls back).
 When every statistic asked for has a reducer (all of them at their default settings), the
 batch takes the lean pass (``lean``): reduced inside the forward pass, one block's tensors at
 a time (plus what a reducer keeps: the contribution buffer of ``flow`` and ``subspaces``, the
