@@ -209,8 +209,7 @@ def device_constant(values: tuple, device: torch.device, dtype: torch.dtype | No
 def cloned(obj: object) -> object:
     """A shallow copy of ``obj`` whose tensors, also in its lists, tuples and dicts, are copies.
 
-    The copies are made by one ``torch.stack`` per shape and dtype (each tensor a view of its
-    stack): on a GPU a few kernels, not one per tensor (growth's sums hold ~200). Other
+    The copies are ``copies``'s (growth's sums hold ~200 tensors of a few shapes). Other
     attributes (a batch, say) are shared.
     """
     found: list[Tensor] = []
@@ -226,15 +225,23 @@ def cloned(obj: object) -> object:
         return {k: walk(x, rebuild) for k, x in v.items()} if isinstance(v, dict) else v
 
     walk(vars(obj))
-    groups: dict[tuple, list[int]] = {}
-    for i, t in enumerate(found):
-        groups.setdefault((tuple(t.shape), t.dtype, t.device), []).append(i)
-    copies: list = [None] * len(found)
-    for members in groups.values():
-        for i, view in zip(members, torch.stack([found[i] for i in members]).unbind(), strict=True):
-            copies[i] = view
     out = copy.copy(obj)
-    out.__dict__.update(walk(vars(obj), copies[::-1]))
+    out.__dict__.update(walk(vars(obj), copies(found)[::-1]))
+    return out
+
+
+def copies(tensors: list[Tensor]) -> list[Tensor]:
+    """A copy of each tensor, in order, made by one ``torch.stack`` per shape, dtype and device.
+
+    Each copy is a view of its stack: a few kernels on a GPU, not one per tensor.
+    """
+    groups: dict[tuple, list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((tuple(t.shape), t.dtype, t.device), []).append(i)
+    out: list = [None] * len(tensors)
+    for members in groups.values():
+        for i, view in zip(members, torch.stack([tensors[i] for i in members]).unbind(), strict=True):
+            out[i] = view
     return out
 
 

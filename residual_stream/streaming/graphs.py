@@ -55,6 +55,7 @@ from collections.abc import Callable
 
 import torch
 
+from .base import copies
 from .lean import check_finite, lean_forward
 from .sampling import StaticBatch, unpadded
 
@@ -157,7 +158,8 @@ class Replayed:
         checked = self._checked()  # the batch replayed before: its checks, read while the device is idle
         if entry is None or not entry.batch.refill(padded):  # past MAX_SHAPES, not captured, or
             self._into(checked)  # more sampled tokens than a fixed choice holds: added eagerly
-            self.fallbacks += entry is not None
+            if entry is not None:
+                self.fallbacks += 1
             return self._eager(batch)
         if entry.graph is None:
             entry.sums, entry.finite = entry.run()
@@ -173,9 +175,8 @@ class Replayed:
     def _pending(entry: _Entry, batch) -> _Pending:
         """``batch``, just replayed by ``entry``: its sums copied (``snapshot``) where all can be."""
         if all(hasattr(s, "snapshot") for s in entry.sums.values()):
-            return _Pending(batch, {n: s.snapshot() for n, s in entry.sums.items()},
-                            list(torch.stack(entry.finite).unbind()),  # one copy, not one per point
-                            entry.batch.attention_mask.clone())
+            *finite, mask = copies([*entry.finite, entry.batch.attention_mask])
+            return _Pending(batch, {n: s.snapshot() for n, s in entry.sums.items()}, finite, mask)
         return _Pending(batch, entry.sums, entry.finite, entry.batch.attention_mask)
 
     def flush(self) -> None:
