@@ -14,7 +14,9 @@ the eager pass with a warning); the lens's per-point reductions are compiled in 
 two (``lens.point_terms``, ``lens.row_dot``).
 Then the statistics on one token in 16 (session 11: replayed from fixed-capacity token
 choices refilled per batch, ``sampling.StaticBatch``) with ``subspaces`` on one in 64 (session
-12: picked among the buffer's one in 16), replayed against eager.
+12: picked among the buffer's one in 16), replayed against eager. For a 16-bit model, the lens
+with TF32 products (session 34, ``lens:tf32=true``) replayed against the same rounded inputs
+multiplied in float32, and against the plain lens.
 
     python benchmarks/gpu_flow_check.py --model /tmp/smollm2-random
 
@@ -25,16 +27,20 @@ the script itself.)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import warnings
 from pathlib import Path
+
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from scan_speed import _batches  # noqa: E402
 
 import residual_stream as rs  # noqa: E402
 from residual_stream import fusion  # noqa: E402
+from residual_stream.streaming import lens as lens_module  # noqa: E402
 from residual_stream.streaming import make_accumulators  # noqa: E402
 from residual_stream.streaming.adding import batch_adder  # noqa: E402
 from residual_stream.streaming.lean import points  # noqa: E402
@@ -94,12 +100,36 @@ def main() -> None:
         eager, _ = _scan(model, batches, False, False)
         sampled_replayed, sampled_replays = _scan(model, batches, graphs, True, SAMPLED)
         sampled_eager, _ = _scan(model, batches, False, True, SAMPLED)
+        tf32 = _tf32_checks(model, batches, graphs, eager["lens"])
     print(json.dumps({"replays": replays, "batches": len(batches),
                       "warnings": [str(w.message)[:300] for w in caught],
                       "replayed_vs_eager": _diffs(eager, replayed),
                       "fused_vs_eager": _diffs(eager, fused),
                       "sampled_replays": sampled_replays,
-                      "sampled_replayed_vs_eager": _diffs(sampled_eager, sampled_replayed, SAMPLED)}))
+                      "sampled_replayed_vs_eager": _diffs(sampled_eager, sampled_replayed, SAMPLED),
+                      **tf32}))
+
+
+def _tf32_checks(model, batches, graphs: bool, plain) -> dict:
+    """``lens:tf32=true`` (session 34) of a 16-bit model, replayed, its products on the tensor cores.
+
+    Against the same rounded inputs multiplied in float32 (only the products' additions
+    differ), and against the plain lens (what the rounding moves; on the CPU
+    ``benchmarks/lens_tf32.py`` measured up to 2.5e-5 of a point's mean KL).
+    """
+    if model.dtype not in (torch.bfloat16, torch.float16):
+        return {}
+    spec = "lens:tf32=True"
+    tensor_cores, replays = _scan(model, batches, graphs, True, [spec])
+    saved = lens_module.tf32_products
+    lens_module.tf32_products = lambda device, on=True: contextlib.nullcontext()
+    try:
+        float32_products, _ = _scan(model, batches, False, True, [spec])
+    finally:
+        lens_module.tf32_products = saved
+    return {"tf32_replays": replays,
+            "tf32_vs_float32_products": _diffs(float32_products, tensor_cores, [spec]),
+            "tf32_vs_lens": _diffs({"lens": plain}, {"lens": tensor_cores[spec]}, ["lens"])}
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 For each variant (the plain forward; the plain forward replayed as a CUDA graph, the baseline
 of the statistics' own share, with and without the full unembedding (``logits_to_keep=1``, as
 the lean pass runs it); the growth statistic replayed from CUDA graphs with
-fused reductions, as ``rs.scan`` runs it; the same run eagerly; eagerly without fusion) and
-each batch shape it reports, side by side in this process:
+fused reductions, as ``rs.scan`` runs it; the same run eagerly; eagerly without fusion; a
+trace, and a trace with the per-head decomposition of its last point) and each batch shape
+it reports, side by side in this process:
 
 * wall seconds per batch (median of rounds, device synchronized);
 * the device's busy time per batch (the sum of kernel times from ``torch.profiler``), so
@@ -73,7 +74,8 @@ def replayed_forward(model, **extra):
     return run
 
 
-def _wall(fn, batches, rounds: int) -> float:
+def _wall(fn, batches, rounds: int) -> list[float]:
+    """Seconds per batch of each round (device synchronized)."""
     times = []
     for _ in range(rounds):
         torch.cuda.synchronize()
@@ -82,11 +84,15 @@ def _wall(fn, batches, rounds: int) -> float:
             fn(b)
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t) / len(batches))
-    return statistics.median(times)
+    return times
 
 
-def _profile(fn, batch) -> str:
-    """The profiler's table of one call (top kernels; its last line is the device total)."""
+def _profile(fn, batch) -> tuple[str, str]:
+    """The profiler's tables of one call: by device time, and by the host's own time.
+
+    The first lists the top kernels (its last line is the device total); the second, where
+    the host spends its time (``cudaMalloc``, waits, launches).
+    """
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -94,7 +100,7 @@ def _profile(fn, batch) -> str:
         torch.cuda.synchronize()
     avgs = prof.key_averages()
     key = "self_device_time_total" if hasattr(avgs[0], "self_device_time_total") else "self_cuda_time_total"
-    return avgs.table(sort_by=key, row_limit=20)
+    return avgs.table(sort_by=key, row_limit=20), avgs.table(sort_by="self_cpu_time_total", row_limit=12)
 
 
 def _syncs(fn, batch) -> tuple[int, list]:
@@ -159,11 +165,11 @@ def _measure(fn, batches, rounds: int) -> dict:
         fn(batches[0])  # warm-up (captures the graph, compiles the fused reductions)
         torch.cuda.synchronize()
         first = time.perf_counter() - t
-        wall = _wall(fn, batches, rounds)
-        table = _profile(fn, batches[1])
+        walls = _wall(fn, batches, rounds)
+        table, host = _profile(fn, batches[1])
         nsync, where = _syncs(fn, batches[1])
-        return {"wall_s": wall, "busy_s": _busy_of(table), "syncs": nsync, "where": where,
-                "first_s": first, "table": table}
+        return {"wall_s": statistics.median(walls), "walls_s": walls, "busy_s": _busy_of(table),
+                "syncs": nsync, "where": where, "first_s": first, "table": table, "host_table": host}
     except Exception as e:  # noqa: BLE001 - keep probing the rest
         return {"error": f"{type(e).__name__}: {e}"[:800]}
 
@@ -171,6 +177,33 @@ def _measure(fn, batches, rounds: int) -> dict:
 def _busy_of(table: str) -> float:
     m = re.search(r"Self CUDA time total: ([\d.]+)(us|ms|s)", table)
     return float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[m.group(2)] if m else float("nan")
+
+
+def _print_shape(rows: dict, names: list[str], shape: str) -> None:
+    """One shape's summary table, host waits, check and kernel tables, as Markdown."""
+    base = rows["hf_forward"].get("wall_s", float("nan"))
+    print(f"\n## {shape}\n\n| variant | wall s / batch | × plain forward | device busy s "
+          "| busy/wall | host waits | first batch s |")
+    print("|---|---|---|---|---|---|---|")
+    for name in names:
+        r = rows[name]
+        if "error" in r:
+            print(f"| {name} | error: {r['error'][:300]} ||||||")
+            continue
+        print(f"| {name} | {r['wall_s']:.4g} | ×{r['wall_s'] / base:.2f} | {r['busy_s']:.4g} | "
+              f"{r['busy_s'] / r['wall_s']:.2f} | {r['syncs']} | {r['first_s']:.3g} |")
+    for name in ("rs_stats", "rs_stats_eager"):
+        for w, c in rows[name].get("where", []):
+            print(f"  wait {name}: {c}× {w}")
+    print("check (replayed+fused vs eager unfused, max |diff| / max |value| per sum):",
+          json.dumps(rows["check"]))
+    for name in ("hf_forward", "rs_stats", "rs_capture", "rs_decompose"):
+        print(f"\n### kernels: {name}\n")
+        print(rows[name].get("table", ""))
+    for name in ("rs_capture", "rs_decompose"):  # rounds' spread (s33: 2.16–2.54), host time
+        print(f"\n### rounds and host time: {name}\n\nseconds per batch by round: "
+              + ", ".join(f"{t:.4g}" for t in rows[name].get("walls_s", [])) + "\n")
+        print(rows[name].get("host_table", ""))
 
 
 def main() -> None:
@@ -195,7 +228,10 @@ def main() -> None:
            "hf_headless_replayed": replayed_forward(model, logits_to_keep=1),
            "rs_stats": fns["rs_stats"],
            "rs_stats_eager": variants(model, use_tl=False)["rs_stats_eager"],
-           "rs_stats_unfused": unfused}
+           "rs_stats_unfused": unfused,
+           # the per-head decomposition (×2.54 at 32×512 in session 33, target ×2): a trace,
+           # then the trace decomposed; their kernel tables say where its time goes
+           "rs_capture": fns["rs_capture"], "rs_decompose": fns["rs_decompose"]}
     report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": {}}
     for bs, seq, n in [(8, 128, 8), (32, 512, 4)]:
         batches = _batches(model, n, bs, seq)
@@ -205,25 +241,7 @@ def main() -> None:
         except Exception as e:  # noqa: BLE001
             rows["check"] = {"error": f"{type(e).__name__}: {e}"[:800]}
         report["shapes"][f"{bs}x{seq}"] = rows
-        base = rows["hf_forward"].get("wall_s", float("nan"))
-        print(f"\n## {bs}×{seq}\n\n| variant | wall s / batch | × plain forward | device busy s "
-              "| busy/wall | host waits | first batch s |")
-        print("|---|---|---|---|---|---|---|")
-        for name in fns:
-            r = rows[name]
-            if "error" in r:
-                print(f"| {name} | error: {r['error'][:300]} ||||||")
-                continue
-            print(f"| {name} | {r['wall_s']:.4g} | ×{r['wall_s'] / base:.2f} | {r['busy_s']:.4g} | "
-                  f"{r['busy_s'] / r['wall_s']:.2f} | {r['syncs']} | {r['first_s']:.3g} |")
-        for name in ("rs_stats", "rs_stats_eager"):
-            for w, c in rows[name].get("where", []):
-                print(f"  wait {name}: {c}× {w}")
-        print("check (replayed+fused vs eager unfused, max |diff| / max |value| per sum):",
-              json.dumps(rows["check"]))
-        for name in ("hf_forward", "rs_stats"):
-            print(f"\n### kernels: {name}\n")
-            print(rows[name].get("table", ""))
+        _print_shape(rows, list(fns), f"{bs}×{seq}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1, default=str)

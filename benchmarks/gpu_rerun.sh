@@ -47,6 +47,10 @@
 #     In 555 s it ran big (~5 min with the setup) and check (~2 min); small did not finish.
 #     Added after it, to check: replay_host.py, the host's part of a replayed 32×512 batch
 #     (refill, checks, into) against the plain forward, for growth, survival and the lens.
+# Session 34 (no device lent): big and small run their memory subprocesses four at a time
+#     (scan_speed.py --memory-jobs 4; each reports its own process's max_memory_allocated, so
+#     only their wall time changes), which were run one after another, each starting Python,
+#     CUDA and its compiles: with them, STEPS="check big small" is meant to fit one call.
 set -uo pipefail
 STEPS=${STEPS:-check big small reader}
 source benchmarks/gpu_setup.sh || exit 1
@@ -64,12 +68,12 @@ check() {
     | tee "$OUT/nccl.txt"
 }
 big() {
-  python3 benchmarks/scan_speed.py $M --batches 4 --batch-size 32 --seq-len 512 --rounds 3 --memory \
-    --variants hf_forward,hf_headless,rs_stats,rs_survival,rs_survival_every16,rs_stats_flow,rs_decompose,rs_lens,rs_lens_every16 \
+  python3 benchmarks/scan_speed.py $M --batches 4 --batch-size 32 --seq-len 512 --rounds 3 --memory --memory-jobs 4 \
+    --variants hf_forward,hf_headless,rs_stats,rs_survival,rs_survival_every16,rs_stats_flow,rs_decompose,rs_lens,rs_lens_every16,rs_lens_tf32 \
     --json "$OUT/speed8_32x512.json" 2>&1 | quiet | tee "$OUT/speed8_32x512.md"
 }
 small() {
-  python3 benchmarks/scan_speed.py $M --batches 8 --batch-size 8 --seq-len 128 --rounds 5 --memory \
+  python3 benchmarks/scan_speed.py $M --batches 8 --batch-size 8 --seq-len 128 --rounds 5 --memory --memory-jobs 4 \
     --variants hf_forward,hf_headless,rs_stats,rs_survival,rs_read,rs_read_every16,rs_flow_every16,rs_stats_flow,rs_lens,rs_lens_every16,rs_lens_tf32,rs_subspaces,rs_subspaces_every16,rs_read16_sub64 \
     --json "$OUT/speed8_8x128.json" 2>&1 | quiet | tee "$OUT/speed8_8x128.md"
 }

@@ -29,9 +29,8 @@ attention, ``torch.inference_mode``):
   forward pass, in token chunks);
 * ``rs_lens_every16`` / ``rs_lens_every64``: the lens on one token in 16 / 64
   (``lens:every=16``: the sampled tokens' points kept, the logits from the same pass);
-* ``rs_lens_tf32`` (CUDA only): the same with float32 products on TF32 tensor cores
-  (``torch.backends.cuda.matmul.fp32_precision = "tf32"``): what the lens's float32
-  unembeddings would cost at TF32's 10-bit mantissa (not what ``rs.scan`` does);
+* ``rs_lens_tf32`` (16-bit models only): ``lens:tf32=true``, the unembeddings' inputs
+  rounded to TF32 and, on a GPU, their products on the tensor cores (``lens.tf32_round``);
 * ``rs_subspaces``: the ``subspaces`` statistic, lean (every write's energy in the named
   subspaces, in every head's write space and in every later reader's read space, measured
   from the flow buffer; its PCA and bases fixed once, on the warm-up batch, as a scan does);
@@ -46,9 +45,11 @@ attention, ``torch.inference_mode``):
 Memory (``--memory``): each variant runs in a fresh subprocess over ``--batches`` batches and
 reports its peak: on CUDA ``torch.cuda.max_memory_allocated``; on the CPU the resident set
 sampled every millisecond during the run; both also as the increase over the loaded model.
+``--memory-jobs N`` runs N of those subprocesses at once (each peak is its own process's; on a
+GPU this shortens a device call, the subprocesses' start and compiles being most of it).
 
     python benchmarks/scan_speed.py [--model smollm2-135m] [--batches 4] [--batch-size 8]
-        [--seq-len 128] [--rounds 3] [--device auto] [--memory] [--no-tl]
+        [--seq-len 128] [--rounds 3] [--device auto] [--memory] [--memory-jobs 1] [--no-tl]
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -84,18 +86,6 @@ def _batches(model, n: int, batch_size: int, seq_len: int) -> list:
 def _sync(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
-
-
-def _tf32(fn):
-    """``fn`` with CUDA float32 matrix products on TF32 tensor cores."""
-    def run(batch):
-        before = torch.backends.cuda.matmul.fp32_precision
-        torch.backends.cuda.matmul.fp32_precision = "tf32"
-        try:
-            fn(batch)
-        finally:
-            torch.backends.cuda.matmul.fp32_precision = before
-    return run
 
 
 def variants(model, use_tl: bool, copy_for_tl: bool = True) -> dict:
@@ -148,8 +138,8 @@ def variants(model, use_tl: bool, copy_for_tl: bool = True) -> dict:
            "rs_subspaces_every16": stats(["subspaces:every=16"]),
            "rs_subspaces_every64": stats(["subspaces:every=64"]),
            "rs_decompose": decompose}
-    if torch.device(dev).type == "cuda":
-        out["rs_lens_tf32"] = _tf32(stats(["lens"]))
+    if model.dtype in (torch.bfloat16, torch.float16):  # lens:tf32 reads a 16-bit W_U exactly
+        out["rs_lens_tf32"] = stats(["lens:tf32=true"])
     if use_tl:
         from residual_stream.tl_compat import boot_bridge
 
@@ -218,18 +208,32 @@ def memory_of(args, name: str) -> dict:
     return {"variant": name, "peak_bytes": rss.peak, "over_loaded_bytes": rss.peak - rss.base}
 
 
+def _memory_run(args, name: str) -> dict:
+    """``memory_of(name)`` in a fresh subprocess; its stderr's tail in the error if it fails."""
+    cmd = [sys.executable, __file__, "--only-memory-of", name, "--model", args.model,
+           "--batches", str(args.batches), "--batch-size", str(args.batch_size),
+           "--seq-len", str(args.seq_len), "--device", args.device, "--dtype", args.dtype]
+    # glibc keeps freed heap memory in the resident set once its mmap threshold has grown;
+    # a fixed threshold returns every large block at free, so the sampled RSS is live memory
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise RuntimeError(f"the memory run of {name} failed ({done.returncode}): {done.stderr[-2000:]}")
+    m = json.loads(done.stdout.strip().splitlines()[-1])
+    _progress(f"memory {name}: peak {m['peak_bytes'] / 2**20:,.0f} MiB, "
+              f"{m['over_loaded_bytes'] / 2**20:,.0f} MiB over the loaded model")
+    return m
+
+
 def measure_memory(args, names: list[str]) -> list[dict]:
-    """Peak memory of each variant, each in a fresh subprocess; prints a Markdown table."""
-    memory = []
-    for name in names:
-        cmd = [sys.executable, __file__, "--only-memory-of", name, "--model", args.model,
-               "--batches", str(args.batches), "--batch-size", str(args.batch_size),
-               "--seq-len", str(args.seq_len), "--device", args.device, "--dtype", args.dtype]
-        # glibc keeps freed heap memory in the resident set once its mmap threshold has grown;
-        # a fixed threshold returns every large block at free, so the sampled RSS is live memory
-        env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
-        memory.append(json.loads(out.strip().splitlines()[-1]))
+    """Peak memory of each variant, each in a fresh subprocess; prints a Markdown table.
+
+    ``args.memory_jobs`` subprocesses run at once: each reports its own peak (CUDA's
+    ``max_memory_allocated`` is per process, and so is a resident set), so running them
+    side by side changes how long they take, not what they report.
+    """
+    with ThreadPoolExecutor(max_workers=max(1, args.memory_jobs)) as pool:
+        memory = list(pool.map(lambda name: _memory_run(args, name), names))
     base_peak = memory[0]["peak_bytes"]
     base_over = memory[0]["over_loaded_bytes"]
     print("\n| variant | peak memory | over the loaded model | × plain forward (peak) "
@@ -258,6 +262,8 @@ def main() -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--memory", action="store_true", help="also measure peak memory per variant")
+    p.add_argument("--memory-jobs", type=int, default=1,
+                   help="memory subprocesses run at once (each reports its own peak)")
     p.add_argument("--no-tl", action="store_true", help="skip the TransformerLens baselines")
     p.add_argument("--variants", help="comma-separated subset of the variants (hf_forward first)")
     p.add_argument("--only-memory-of", help=argparse.SUPPRESS)

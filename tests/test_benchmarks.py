@@ -27,7 +27,7 @@ import torch
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 RERUN = (BENCH / "gpu_rerun.sh").read_text(encoding="utf-8")
 TOL = 1e-6  # relative: the flow check's scans on the CPU are the same eager float32 arithmetic
-CUDA_ONLY = {"rs_lens_tf32"}  # TF32 products exist on CUDA devices only
+SIXTEEN_BIT = {"rs_lens_tf32"}  # lens:tf32 takes a 16-bit W_U; the tiny model here is float32
 
 pytestmark = pytest.mark.slow
 
@@ -83,11 +83,18 @@ def test_the_flow_check_runs_and_its_eager_scans_agree(tiny_smollm2):
         assert {s.split(":")[0] for s in stats} == {"growth", "survival", "read_attribution",
                                                    "subspaces", "lens"}, key
         assert max(got[key].values()) <= TOL, key
+    assert "tf32_vs_lens" not in got  # lens:tf32 takes a 16-bit model: checked in bf16
+    out = _run("benchmarks/gpu_flow_check.py", "--model", tiny_smollm2, "--device", "cpu",
+               "--dtype", "bfloat16", "--batches", "1", "--batch-size", "2", "--seq-len", "16")
+    got = json.loads(out.strip().splitlines()[-1])
+    sums = [{k.split(".", 1)[1] for k in got[key]} for key in ("tf32_vs_float32_products", "tf32_vs_lens")]
+    assert sums[0] == sums[1] > {"kl", "rank_hist"}
+    assert max(got["tf32_vs_float32_products"].values()) <= TOL  # the CPU: the same products
 
 
 def test_scan_speed_runs_every_variant_the_gpu_steps_ask_for(tiny_smollm2, tmp_path):
     asked = [v for found in re.findall(r"--variants (\S+)", RERUN) for v in found.split(",")]
-    wanted = list(dict.fromkeys(v for v in asked if v not in CUDA_ONLY))
+    wanted = list(dict.fromkeys(v for v in asked if v not in SIXTEEN_BIT))
     assert "hf_forward" == wanted[0] and len(wanted) >= 10
     size = ["--model", tiny_smollm2, "--device", "cpu", "--dtype", "float32", "--batches", "2",
             "--batch-size", "2", "--seq-len", "32", "--rounds", "1"]
@@ -96,10 +103,21 @@ def test_scan_speed_runs_every_variant_the_gpu_steps_ask_for(tiny_smollm2, tmp_p
     timing = json.loads((tmp_path / "speed.json").read_text())["timing"]
     assert [r["variant"] for r in timing] == wanted
     assert all(math.isfinite(r["seconds_per_batch"]) and r["seconds_per_batch"] > 0 for r in timing)
-    _run("benchmarks/scan_speed.py", *size, "--variants", "hf_forward,rs_stats", "--memory",
-         "--json", str(tmp_path / "memory.json"))
+    # side by side, as gpu_rerun.sh runs them: one row per variant, in the order asked for
+    _run("benchmarks/scan_speed.py", *size, "--variants", "hf_forward,rs_stats,rs_survival",
+         "--memory", "--memory-jobs", "2", "--json", str(tmp_path / "memory.json"))
     memory = json.loads((tmp_path / "memory.json").read_text())["memory"]
-    assert len(memory) == 2 and all("error" not in str(m) for m in memory), memory
+    assert [m["variant"] for m in memory] == ["hf_forward", "rs_stats", "rs_survival"], memory
+    assert all(m["peak_bytes"] >= max(m["over_loaded_bytes"], 1) for m in memory), memory
+
+
+def test_the_lens_tf32_study_runs_on_a_bf16_model(tiny_smollm2, tmp_path):
+    """``lens_tf32.py`` scans ``lens`` and ``lens:tf32=true``: one row per point, finite changes."""
+    _run("benchmarks/lens_tf32.py", "--model", tiny_smollm2, "--batches", "1", "--batch-size", "2",
+         "--seq-len", "16", "--json", str(tmp_path / "tf32.json"))
+    got = json.loads((tmp_path / "tf32.json").read_text())
+    assert got["dtype"] == "torch.bfloat16" and len(got["points"]) == 3  # 2 blocks: 3 points
+    assert all(math.isfinite(p["rel_change"]) and p["kl"] >= 0 for p in got["points"])
 
 
 def test_the_reader_step_runs(tiny_smollm2, tmp_path):

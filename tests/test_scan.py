@@ -415,7 +415,8 @@ def test_flow_subspaces_lens_and_composition_equal_the_single_trace(scanned, mod
 def test_a_statistic_without_a_reducer_feeds_the_others_from_the_batch_trace(model, monkeypatch):
     """With per-head flow in the mix the batch is traced once; the lean statistics' reducers
     are fed from that trace's walk and give what the lean pass gives."""
-    from residual_stream.streaming.accumulators import SurvivalStats, make_accumulators
+    from residual_stream.streaming import make_accumulators
+    from residual_stream.streaming.accumulators import SurvivalStats
     from residual_stream.streaming.adding import add_batch as _add_batch
 
     kw = dict(batch_size=3, seq_len=24)
@@ -679,8 +680,7 @@ def test_a_corpus_that_tokenizes_to_nothing_is_refused_before_a_state_exists(sta
 def test_the_scans_first_check_reads_one_tokenizer_call_unless_it_calibrates(model, monkeypatch):
     """Refusing an empty corpus needs one row; only a calibration (``subspaces``' PCA) needs
     the scan's first batch, which in length order is sorted from a window of 32 batches."""
-    from residual_stream.streaming import runner, tokenize
-    from residual_stream.streaming.accumulators import make_accumulators
+    from residual_stream.streaming import make_accumulators, runner, tokenize
 
     monkeypatch.setattr(tokenize, "TOKENIZE_CHARS", 40)  # one or two texts a call
     corpus = Corpus(TEXTS * 20)
@@ -1028,7 +1028,7 @@ def test_sizes_are_whole_numbers_named_when_not():
 
 def test_a_bool_option_reads_only_true_or_false_words(monkeypatch):
     """``bool("false")`` is True: a spec's bool is read from words, and anything else is refused."""
-    from residual_stream.streaming import accumulators
+    from residual_stream.streaming import accumulators, specs
 
     class Flagged(accumulators.LensStats):  # a statistic with a bool option (none has one yet)
         name, OPTIONS = "flagged", ("every", "exact")
@@ -1038,18 +1038,19 @@ def test_a_bool_option_reads_only_true_or_false_words(monkeypatch):
             self.exact = exact
 
     monkeypatch.setitem(accumulators.STATS, "flagged", Flagged)
-    read = {word: accumulators.parse_spec(f"flagged:exact={word}").exact
+    read = {word: specs.parse_spec(f"flagged:exact={word}").exact
             for word in ["false", "False", "no", "0", "true", "YES", "1"]}
     assert read == {"false": False, "False": False, "no": False, "0": False,
                     "true": True, "YES": True, "1": True}
-    assert accumulators.parse_spec("flagged:every=3").exact is True
+    assert specs.parse_spec("flagged:every=3").exact is True
     for word in ["off", "", "2"]:
         with pytest.raises(InputError, match=f"exact={word!r} does not read as bool"):
-            accumulators.parse_spec(f"flagged:exact={word}")
+            specs.parse_spec(f"flagged:exact={word}")
 
 
 def test_statistics_take_options_by_spec_and_results_are_keyed_by_it(model, tmp_path):
-    from residual_stream.streaming.accumulators import LensStats, make_accumulators
+    from residual_stream.streaming import make_accumulators
+    from residual_stream.streaming.accumulators import LensStats
 
     accs = make_accumulators(["lens", " lens : every = 4 ", "lens:every=1", LensStats(every=4),
                               "survival:granularity=head", "subspaces:pca_k=4:unembed_k=8",
@@ -1389,6 +1390,100 @@ def test_lean_lens_of_a_bf16_model_reduces_each_point_on_arrival_and_equals_the_
     _assert_lens_equal(mixed, whole)
     _assert_sampled_lens_equal(mixed, whole, 2)  # kept points: every point's token at once
     assert m.anatomy.n_layers + 1 in rows  # MAX_CHUNK 5 // 5 points: one token a product
+
+
+def _tf32_ref(x: torch.Tensor) -> torch.Tensor:
+    """Round to 11 significant bits (TF32's 10 stored), ties to even: through float64's frexp."""
+    m, e = torch.frexp(x.double())
+    return torch.ldexp(torch.round(m * 2**11) / 2**11, e).float()  # torch.round: ties to even
+
+
+def test_tf32_round_keeps_ten_mantissa_bits_ties_to_even():
+    """``lens.tf32_round`` (bit arithmetic) against ``_tf32_ref`` (float64 frexp): random
+    normal values over many scales, exact ties both ways and both signs, the largest values
+    (which round up to infinity), and infinities and NaN kept."""
+    from residual_stream.streaming.lens import tf32_round
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(200_000, generator=g) * torch.exp2(torch.randint(-100, 100, (200_000,), generator=g))
+    ulp = 2.0 ** -10  # TF32's last kept bit at 1.0; a tie is half of it
+    ties = torch.tensor([1 + ulp / 2, 1 + 3 * ulp / 2, -(1 + ulp / 2), -(1 + 3 * ulp / 2), 3 * 2.0**-20])
+    assert torch.equal(tf32_round(ties), torch.tensor([1.0, 1 + 2 * ulp, -1.0, -(1 + 2 * ulp),
+                                                       3 * 2.0**-20]))  # to the even neighbour
+    big = torch.tensor([torch.finfo(torch.float32).max, -torch.finfo(torch.float32).max, 65504.0])
+    for values in (x, ties, big):
+        assert torch.equal(tf32_round(values), _tf32_ref(values))
+    assert torch.equal(tf32_round(big)[:2], torch.tensor([float("inf"), float("-inf")]))
+    special = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0, -0.0])
+    assert torch.equal(tf32_round(special)[:2], special[:2]) and tf32_round(special)[2].isnan()
+    assert torch.equal(tf32_round(special)[3:].view(torch.int32), special[3:].view(torch.int32))
+    assert torch.equal(tf32_round(tf32_round(x)), tf32_round(x))  # a TF32 value reads exactly
+
+
+def test_lens_tf32_equals_the_analysis_on_tf32_rounded_inputs(monkeypatch):
+    """``lens:tf32=true`` on a bf16 model: every unembedding reads TF32 values (the plain lens
+    reads values TF32 would round), and the scan equals the single-trace analysis whose
+    unembedding inputs are rounded by the float64 reference: the same KL, agreement and ranks."""
+    from tiny_hf import build
+
+    from residual_stream.inputs import ByteTokenizer
+    from residual_stream.weights import Unembed
+
+    m = rs.load(build("llama").to(torch.bfloat16), tokenizer=ByteTokenizer())
+    kw = dict(batch_size=4, seq_len=32)
+    exact: list[bool] = []
+    watch(monkeypatch, Unembed, "logits", lambda self, h: exact.append(torch.equal(_tf32_ref(h), h)))
+    plain = rs.scan(m, TEXTS, ["lens"], progress=False, **kw)
+    assert exact and not all(exact)  # the float32 normed stream has bits TF32 drops
+    exact.clear()
+    result = rs.scan(m, TEXTS, ["lens:tf32=true"], progress=False, **kw)
+    assert list(result.stats) == ["lens:tf32=True"] and exact and all(exact)
+    original = Unembed.logits
+    monkeypatch.setattr(Unembed, "logits", lambda self, h: original(self, _tf32_ref(h.float())))
+    whole = _whole(m, TEXTS, **kw)  # the analysis, every unembedding input rounded
+    result.stats["lens"] = result.stats.pop("lens:tf32=True")
+    _assert_lens_equal(result, whole)
+    gap = (torch.tensor(plain.stats["lens"].kl.values) - torch.tensor(result.stats["lens"].kl.values))
+    assert float(gap.abs().max()) > 0  # the rounding reaches the sums
+
+
+def test_lens_tf32_refuses_a_float32_unembedding_and_bad_values(model):
+    """TF32 would round a float32 W_U (the CPU would not): refused before the first batch,
+    saying what to do; the option is a bool, and its spec reads back."""
+    from residual_stream.streaming import make_accumulators
+    from residual_stream.streaming.accumulators import LensStats
+    from residual_stream.streaming.specs import parse_spec
+
+    seen: list[int] = []
+    with pytest.raises(InputError, match="W_U is torch.float32.*load the model in bfloat16"):
+        rs.scan(model, TEXTS, ["lens:tf32=true"], progress=False, batch_size=2, seq_len=16,
+                on_batch=lambda *a: seen.append(1))
+    assert seen == []
+    with pytest.raises((InputError, TypeError), match="tf32"):  # TypeError: the tests' type checks
+        LensStats(tf32="yes")
+    with pytest.raises(InputError, match="tf32='maybe' does not read as bool"):
+        parse_spec("lens:tf32=maybe")
+    accs = make_accumulators(["lens:tf32=1", "lens", "lens:every=4:tf32=no"])
+    assert list(accs) == ["lens:tf32=True", "lens", "lens:every=4"]
+    assert parse_spec("lens:tf32=True").tf32 is True
+
+
+def test_tf32_products_set_and_restore_the_cuda_setting():
+    """On a CUDA device the process-wide ``fp32_precision`` is ``tf32`` inside and restored
+    after, also when the body raises; on the CPU, or when off, it is left alone."""
+    from residual_stream.streaming.lens import tf32_products
+
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    with tf32_products(torch.device("cuda")):
+        assert matmul.fp32_precision == "tf32"
+    assert matmul.fp32_precision == before
+    with pytest.raises(RuntimeError, match="inside"), tf32_products(torch.device("cuda")):
+        raise RuntimeError("inside")
+    assert matmul.fp32_precision == before
+    for device, on in [(torch.device("cpu"), True), (torch.device("cuda"), False)]:
+        with tf32_products(device, on):
+            assert matmul.fp32_precision == before
 
 
 @pytest.mark.parametrize("name", ["llama", "gpt2", "twin", "bert_mlm"])

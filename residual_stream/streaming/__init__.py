@@ -7,11 +7,12 @@ batch and resume from it. Several processes (``torchrun``) each scan a share of 
 and merge their accumulators at the end (``runner``).
 """
 
-from .accumulators import STATS, Accumulator, make_accumulators
+from .accumulators import STATS, Accumulator
 from .batching import corpus_batches, row_batches
 from .corpus import Corpus
 from .ledger import Share
 from .runner import ScanResult, scan
+from .specs import make_accumulators
 
 __all__ = ["STATS", "Accumulator", "Corpus", "ScanResult", "Share", "corpus_batches",
            "make_accumulators", "row_batches", "scan"]

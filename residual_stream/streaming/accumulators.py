@@ -6,7 +6,7 @@ Each keeps ``mean × tokens`` in a float64 sum beside the count (see ``base``). 
 lens (``lens.LensSums``) reduce a batch with a reducer that runs inside the forward pass
 (``lean``) or from a trace; per-head flow runs the package's own analysis on each batch's
 trace. Composition is a function of the weights
-alone: computed once, not accumulated.
+alone: computed once, not accumulated. ``specs`` makes them from specs (``"lens:every=16"``).
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from .clusters import OpenTexts
 from .flow import FlowSums
 from .growth import GrowthStats
 from .lean import reduce_trace
-from .lens import LensSums
+from .lens import LensSums, check_tf32
 from .sampling import TokenChoice, check_every, row_texts
 from .subspaces import ReadPlans
 
 __all__ = ["BIN_WIDTH", "LOG_BINS", "NORM_RANGE", "STATS", "Accumulator", "GrowthStats",
-           "histogram_quantile", "log_histogram", "make_accumulators", "parse_spec"]
+           "histogram_quantile", "log_histogram"]
 
 
 class _TokenMeans(Accumulator):
@@ -223,23 +223,34 @@ class LensStats(Accumulator):
     ``every``, chosen by its place in the corpus (``sampling.sampled``), from the same pass that
     gives the logits: a ``1/every`` share of the lens's unembeddings and no second forward
     pass, for means estimated from a sample (``kl_se`` and ``kl_se_texts`` state its error).
+    ``tf32``: the unembeddings' inputs rounded to TF32 and, on a GPU, their products on the
+    tensor cores (a 16-bit ``W_U`` only; ``lens.tf32_round``, where its effect is measured).
     """
 
     name = "lens"
     lean = True
     replayable = True  # every token: the logits' pass and the lean pass are one graph
-    OPTIONS = ("every",)
+    OPTIONS = ("every", "tf32")
     PARTS = ("open_texts",)
 
-    def __init__(self, every: int = 1) -> None:
+    def __init__(self, every: int = 1, tf32: bool = False) -> None:
         super().__init__()
         self.every = check_every(self.name, every)
+        if not isinstance(tf32, bool):
+            raise InputError(f"lens: tf32 is True or False, not {tf32!r}")
+        self.tf32 = tf32
         self.open_texts = OpenTexts()  # the current segment's texts (``clusters``)
 
     def prepare(self, model, calibration) -> None:
-        """Refuse a model without an LM head before the first batch (``NotAvailableError``)."""
+        """Refuse what the scan could not do, before its first batch.
+
+        A model without an LM head (``NotAvailableError``); TF32 products for a float32
+        ``W_U`` or a head with a transform (``InputError``, ``lens.check_tf32``).
+        """
         super().prepare(model, calibration)
-        model.unembed()
+        unembed = model.unembed(native=True)
+        if self.tf32:
+            check_tf32(unembed)
 
     def sums_for(self, model, batch, shared: dict | None = None,
                  replayable: bool = False) -> LensSums:
@@ -250,7 +261,7 @@ class LensStats(Accumulator):
         """
         mask = batch.attention_mask.to(model.device)
         return LensSums(model, TokenChoice.of(batch, mask, self.every),
-                        row_texts(batch, model.device))
+                        row_texts(batch, model.device), self.tf32)
 
     def update(self, trace) -> None:
         """Add one batch from a finished trace."""
@@ -334,67 +345,3 @@ STATS: dict[str, type[Accumulator]] = {
     cls.name: cls for cls in (GrowthStats, SurvivalStats, ReadAttributionStats, SubspaceStats,
                               LensStats, CompositionStats)
 }
-
-
-def make_accumulators(stats) -> dict[str, Accumulator]:
-    """Accumulators for ``stats``, keyed by their specs (``Accumulator.spec``).
-
-    ``stats``: one or a list of statistic names from ``STATS``, specs with options
-    (``"lens:every=16"``, ``"survival:granularity=head"``, ``"subspaces:pca_k=8:unembed_k=16"``;
-    ``parse_spec``) or accumulators already made, with no sums yet. A spec asked for twice
-    is kept once.
-    """
-    items = [stats] if isinstance(stats, str | Accumulator) else list(stats)
-    if not items:
-        raise InputError(f"no statistics asked for: choose from {sorted(STATS)}")
-    unknown = [s for s in items if isinstance(s, str) and s.split(":")[0].strip() not in STATS]
-    if unknown:
-        raise InputError(f"unknown statistics {unknown}: choose from {sorted(STATS)}")
-    held = [f"{s.spec!r} ({s.tokens:,} tokens)" for s in items if isinstance(s, Accumulator) and s.sums]
-    if held:
-        raise InputError(f"the accumulators {', '.join(held)} already hold an earlier scan's sums, "
-                         "which this scan would add to: pass acc.empty_like() (or the spec) to "
-                         "start afresh; to combine two scans, merge their accumulators (acc.merge)")
-    accs: dict[str, Accumulator] = {}
-    for item in items:
-        acc = item if isinstance(item, Accumulator) else parse_spec(item)
-        accs.setdefault(acc.spec, acc)
-    shared = [a for a in accs.values() if a.lean and isinstance(a, _FlowStats | SubspaceStats)]
-    for name in {a.name for a in shared}:
-        specs = [a.spec for a in shared if a.name == name]
-        if len(specs) > 1:  # one FlowSums a batch carries one of each
-            raise InputError(f"{specs}: {name} is computed in a pass shared with the other flow "
-                             "statistics, once per scan; ask for one of these")
-    return accs
-
-
-_BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-
-
-def parse_spec(spec: str) -> Accumulator:
-    """The accumulator ``spec`` names: ``name`` or ``name:option=value[:option=value...]``.
-
-    Options are the statistic's ``OPTIONS`` (its constructor's keywords), each value read as
-    the type of its default (a bool from true/false, yes/no or 1/0 only), each at most once.
-    Raises ``InputError`` naming the options a statistic takes.
-    """
-    name, *options = (part.strip() for part in spec.split(":"))
-    if name not in STATS:
-        raise InputError(f"unknown statistics [{spec!r}]: choose from {sorted(STATS)}")
-    cls = STATS[name]
-    defaults = cls.option_defaults()
-    takes = ", ".join(f"{k}=<{type(d).__name__}> (default {d})" for k, d in defaults.items()) \
-        or "no options"
-    kwargs = {}
-    for option in options:
-        key, eq, value = (part.strip() for part in option.partition("="))
-        if key not in defaults or not eq or key in kwargs:  # an option given twice too
-            raise InputError(f"statistic spec {spec!r}: {name} takes {takes}, each once")
-        kind = type(defaults[key])
-        try:
-            kwargs[key] = _BOOLS[value.lower()] if kind is bool else kind(value)
-        except (ValueError, KeyError):
-            raise InputError(f"statistic spec {spec!r}: {key}={value!r} does not read as "
-                             f"{kind.__name__}; {name} takes {takes}") from None
-    return cls(**kwargs)
-

@@ -116,9 +116,9 @@ def run(args: argparse.Namespace) -> int:
     """Run the scan the arguments describe; rank 0 writes the JSON. Returns the exit code."""
     from ..bars import load_on_terminal
     from ..errors import InputError
-    from .accumulators import make_accumulators
     from .corpus import Corpus
     from .runner import scan
+    from .specs import make_accumulators
 
     if args.state is not None and args.state.resolve() == args.out.resolve():
         raise InputError(f"--out and --state are the same file {args.out}: the results would "

@@ -54,7 +54,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import EmptyTextError, InputError, need_model
-from .accumulators import Accumulator, make_accumulators
+from .accumulators import Accumulator
 from .adding import batch_adder
 from .batching import check_sizes, row_batches
 from .corpus import Corpus
@@ -63,6 +63,7 @@ from .ledger import Ledger, Share, agreed, check_processes, dist_exchange
 from .progress import ReadProgress, ScanBar
 from .reader import prefetched
 from .signals import Deferred
+from .specs import make_accumulators
 from .state import resume, save_state, scan_config
 
 
@@ -256,7 +257,7 @@ def scan(
         stats: Names from ``residual_stream.streaming.STATS``: ``growth`` (norms, updates,
             massive activations), ``survival``, ``read_attribution``, ``subspaces``, ``lens``,
             ``composition``; or specs with options, ``"lens:every=16"`` (the lens on one
-            token in 16), ``"survival:granularity=head"`` (``accumulators.parse_spec``); or
+            token in 16), ``"survival:granularity=head"`` (``specs.parse_spec``); or
             accumulators. Results and the saved state are keyed by spec (the name alone when
             every option is at its default).
         batch_size: Rows per forward pass.
