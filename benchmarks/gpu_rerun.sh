@@ -51,6 +51,11 @@
 #     (scan_speed.py --memory-jobs 4; each reports its own process's max_memory_allocated, so
 #     only their wall time changes), which were run one after another, each starting Python,
 #     CUDA and its compiles: with them, STEPS="check big small" is meant to fit one call.
+#     Added: lens:tf32=true (the lens's unembedding inputs rounded to TF32, products on the
+#     tensor cores) as rs_lens_tf32 in big (32x512) beside small; to check, the flow check's
+#     tf32_* keys (lens:tf32 replayed against the same inputs multiplied in float32, and
+#     against the plain lens), and the probe's trace and per-head decomposition (kernel
+#     tables, host time, every round: the decomposition missed x2 at 32x512 in session 33).
 set -uo pipefail
 STEPS=${STEPS:-check big small reader}
 source benchmarks/gpu_setup.sh || exit 1
