@@ -1065,13 +1065,15 @@ def test_statistics_take_options_by_spec_and_results_are_keyed_by_it(model, tmp_
                           "lens:every=2": True, "lens": True, "subspaces:every=2": True,
                           "composition": True, "read_attribution:granularity=head": False}
     for spec, message in [("lens:every=0", "at least 1"),
-                          ("lens:evry=2", r"lens takes every=<int> \(default 1\)"),
+                          ("lens:evry=2", r"lens takes every=<int> \(default 1\), tf32=<bool> "
+                                          r"\(default False\)"),
                           ("lens:every=x", "'x' does not read as int"), ("lens:every", "lens takes every"),
                           ("survival:granularity=heads", "'component' or 'head'"),
                           ("survival:granularity=head:every=2", "every applies at component"),
                           ("composition:k=1", "composition takes no options"),
                           ("subspaces:pca_k=0", "at least 1"), ("lense:every=2", "unknown statistics"),
-                          ("lens:every=16:every=4", r"lens takes every=<int> \(default 1\), each once")]:
+                          ("lens:every=16:every=4", r"lens takes every=<int> \(default 1\), tf32=<bool> "
+                                                    r"\(default False\), each once")]:
         with pytest.raises(InputError, match=message):
             make_accumulators(spec)
     with pytest.raises(InputError, match="no statistics asked for"):

@@ -47,11 +47,12 @@ from ..analyses.flow import READ_MAP_BIAS, READ_NORM_BIAS, read_channels
 from ..fusion import WIDE, wide
 from ..program import Add, Embed, Mark, Norm, Read, Scale
 from ..walk import component_of
-from .carry import carry_dtype, n_sources, token_bmm, token_dots
+from .carry import carry_dtype, n_sources, token_dots
 from .sampling import TokenChoice
 from .subspaces import SUBSPACES, SubspaceSums
 
 SURVIVAL, READ = "survival", "read_attribution"
+READ_CHUNKS = 16  # token chunks of a read's products: each 1/16 of its [token, map + source, d]
 
 
 _WARNED: set[str] = set()  # models whose buffer rounded a write (warned once each)
@@ -241,9 +242,9 @@ class FlowSums:
 
         ``Lᵀ(y Wᵀ) = y (C diag(γ) W)ᵀ / s``: the reading norm's gain and centering are folded
         into each map (``NormSpec.fold_into``, a pass over the weights) and its per-token
-        ``1/s`` into the denominator, so ``y Wᵀ`` is never mapped; every map's product goes
-        straight into its rows of one ``[token, map, d_model]`` tensor, which the product
-        with the buffer reads as it is. Heads that share a key/value map (grouped-query
+        ``1/s`` into the denominator, so ``y Wᵀ`` is never mapped; every map's product and
+        its product with the buffer are made in token chunks (``_read_sums``), so neither is
+        ever whole. Heads that share a key/value map (grouped-query
         attention) share their shares: each distinct map is computed once and its row
         repeated for its heads.
         """
@@ -261,17 +262,15 @@ class FlowSums:
             b = None if b is None else b[::rep].to(u.device, u.dtype)
             channels.append((readers, rep, W, b))
         n_maps = sum(len(W) for _, _, W, _ in channels)
-        h = u.new_empty(len(u), n_maps, u.shape[-1])                          # (token, map, d)
         den = u.new_empty(len(u), n_maps)
-        col, extras = 0, []
+        col, extras, maps = 0, [], []
         for readers, rep, W, b in channels:
             cols = slice(col, col + len(W))
             col += len(W)
             y = (u @ W.permute(1, 0, 2).flatten(1)).view(len(u), *W.shape[::2])  # (token, map, k)
             if b is not None:
                 y = y + b
-            folded = W if spec is None else spec.fold_into(W)
-            torch.bmm(y.transpose(0, 1), folded.transpose(1, 2), out=h[:, cols].transpose(0, 1))
+            maps.append((cols, y, W if spec is None else spec.fold_into(W)))
             d = den[:, cols]
             torch.sum(y.pow(2), -1, out=d)
             d.clamp_min_(tiny)
@@ -287,9 +286,7 @@ class FlowSums:
             extras.append((readers, rep, len(W), names, channels_extra))
         if scale is not None:
             den = den * scale.to(den.dtype)[:, None]                          # Lᵀ's 1/s
-        share = token_bmm(pick(self._filled()), h.transpose(1, 2))
-        share = share / den[:, None]                                          # (token, source, map)
-        sums, abs_sums = self._token_sum(share, real), self._token_sum(share.abs(), real)
+        sums, abs_sums = _read_sums(pick(self._filled()), maps, den, real)
         col = 0
         for readers, rep, n_maps, names, extra in extras:
             s, a = sums[:, col: col + n_maps], abs_sums[:, col: col + n_maps]
@@ -371,3 +368,27 @@ class FlowSums:
             acc.add(key, table)
         acc.meta["readers"] = list(readers)
         acc.meta["sources"] = list(sources)
+
+
+def _read_sums(c: Tensor, maps: list, den: Tensor, real: Tensor) -> tuple[Tensor, Tensor]:
+    """Float64 sums over ``real`` tokens of every source's share and its absolute value.
+
+    ``share[t, i, m] = <c[t, i], h[t, m]> / den[t, m]`` with ``h[t, m] = y_m[t] F_mᵀ`` (the
+    folded map ``F_m``), for ``maps`` = ``(columns, y [token, map, k], F [map, d, k])``. In
+    ``READ_CHUNKS`` token chunks, ``h`` and the float32 copy of a 16-bit buffer made per
+    chunk: neither is ever ``[token, map, d_model]`` or ``[token, source, d_model]`` whole
+    (on SmolLM2 at 32×512 they were 566 MB of ``h`` beside 288 MB of upcast buffer).
+    """
+    n_src, n_maps = c.shape[1], den.shape[1]
+    sums = torch.zeros(n_src, n_maps, dtype=torch.float64, device=den.device)
+    abs_sums = torch.zeros_like(sums)
+    step = max(1, -(-len(c) // READ_CHUNKS))
+    for start in range(0, len(c), step):
+        rows = slice(start, start + step)
+        h = den.new_empty(len(den[rows]), n_maps, c.shape[-1])             # (token, map, d)
+        for cols, y, folded in maps:
+            torch.bmm(y[rows].transpose(0, 1), folded.transpose(1, 2), out=h[:, cols].transpose(0, 1))
+        share = torch.bmm(c[rows].to(h.dtype), h.transpose(1, 2)) / den[rows, None]
+        sums += FlowSums._token_sum(share, real[rows])                    # share: (token, source, map)
+        abs_sums += FlowSums._token_sum(share.abs(), real[rows])
+    return sums, abs_sums
