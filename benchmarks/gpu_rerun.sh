@@ -55,7 +55,9 @@
 #     tensor cores) as rs_lens_tf32 in big (32x512) beside small; to check, the flow check's
 #     tf32_* keys (lens:tf32 replayed against the same inputs multiplied in float32, and
 #     against the plain lens), and the probe's trace and per-head decomposition (kernel
-#     tables, host time, every round: the decomposition missed x2 at 32x512 in session 33).
+#     tables, host time, every round: the decomposition missed x2 at 32x512 in session 33);
+#     to big, rs_lens_chunk256 (the lens's chunks capped at 256 tokens, not 512: its peak was
+#     x1.22, the logits 1,536 MiB + the headless pass ~250 + its [chunk, vocab] temporaries).
 set -uo pipefail
 STEPS=${STEPS:-check big small reader}
 source benchmarks/gpu_setup.sh || exit 1
@@ -74,7 +76,7 @@ check() {
 }
 big() {
   python3 benchmarks/scan_speed.py $M --batches 4 --batch-size 32 --seq-len 512 --rounds 3 --memory --memory-jobs 4 \
-    --variants hf_forward,hf_headless,rs_stats,rs_survival,rs_survival_every16,rs_stats_flow,rs_decompose,rs_lens,rs_lens_every16,rs_lens_tf32 \
+    --variants hf_forward,hf_headless,rs_stats,rs_survival,rs_survival_every16,rs_stats_flow,rs_decompose,rs_lens,rs_lens_chunk256,rs_lens_every16,rs_lens_tf32 \
     --json "$OUT/speed8_32x512.json" 2>&1 | quiet | tee "$OUT/speed8_32x512.md"
 }
 small() {

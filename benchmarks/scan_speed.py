@@ -25,8 +25,10 @@ attention, ``torch.inference_mode``):
   at which each met ×1.1 on the CPU (session 10): nested samples, so one buffer of the tokens
   chosen one in 16 (the greatest common divisor) serves both;
 * ``rs_stats_flow``: ``growth``, ``survival`` and ``read_attribution`` together, lean;
-* ``rs_lens``: the ``lens`` statistic, lean (points kept, one unembedding per point after the
-  forward pass, in token chunks);
+* ``rs_lens``: the ``lens`` statistic, lean (a plain forward pass for the logits, then each
+  point reduced against them as it arrives, in token chunks of at most ``lens.MAX_CHUNK``);
+* ``rs_lens_chunk256``: the same in chunks of at most 256 tokens (512 by default): what
+  halving the lens's ``[chunk, d_vocab]`` temporaries saves in memory and costs in launches;
 * ``rs_lens_every16`` / ``rs_lens_every64``: the lens on one token in 16 / 64
   (``lens:every=16``: the sampled tokens' points kept, the logits from the same pass);
 * ``rs_lens_tf32`` (16-bit models only): ``lens:tf32=true``, the unembeddings' inputs
@@ -70,7 +72,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 import residual_stream as rs
-from residual_stream.streaming import Corpus, corpus_batches, make_accumulators
+from residual_stream.streaming import Corpus, corpus_batches, lens, make_accumulators
 from residual_stream.streaming.adding import batch_adder
 from residual_stream.streaming.lean import points
 from residual_stream.trace import trace_batch
@@ -86,6 +88,18 @@ def _batches(model, n: int, batch_size: int, seq_len: int) -> list:
 def _sync(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
+
+
+def _max_chunk(fn, tokens: int):
+    """``fn`` with the lens's token chunks capped at ``tokens`` (``lens.MAX_CHUNK``) while it runs."""
+    def run(batch):
+        before = lens.MAX_CHUNK
+        lens.MAX_CHUNK = tokens
+        try:
+            fn(batch)
+        finally:
+            lens.MAX_CHUNK = before
+    return run
 
 
 def variants(model, use_tl: bool, copy_for_tl: bool = True) -> dict:
@@ -133,7 +147,8 @@ def variants(model, use_tl: bool, copy_for_tl: bool = True) -> dict:
            "rs_flow_every16": stats(["survival:every=16", "read_attribution:every=16"]),
            "rs_read16_sub64": stats(["read_attribution:every=16", "subspaces:every=64"]),
            "rs_stats_flow": stats(["growth", "survival", "read_attribution"]),
-           "rs_lens": stats(["lens"]), "rs_lens_every16": stats(["lens:every=16"]),
+           "rs_lens": stats(["lens"]), "rs_lens_chunk256": _max_chunk(stats(["lens"]), 256),
+           "rs_lens_every16": stats(["lens:every=16"]),
            "rs_lens_every64": stats(["lens:every=64"]), "rs_subspaces": stats(["subspaces"]),
            "rs_subspaces_every16": stats(["subspaces:every=16"]),
            "rs_subspaces_every64": stats(["subspaces:every=64"]),

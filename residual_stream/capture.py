@@ -298,6 +298,30 @@ def _unembedding_at(model: nn.Module, columns: Tensor | None, pos: int) -> list[
     return [(head, narrow, True)]
 
 
+def unembedding_of_tokens(model: nn.Module, index: Tensor, shape: tuple[int, ...],
+                          fired: list) -> list[tuple]:
+    """The edit (for ``capture``) that has the unembedding read only the tokens ``index`` picks.
+
+    ``index``: places in the flattened ``[batch × pos]`` tokens of ``shape``; the logits are then
+    ``[1, len(index), d_vocab]`` (a lens on sampled tokens: ``1/k`` of the ``[tokens, vocab]``
+    tensor). ``fired`` gets an entry when the edit applies; a model without
+    ``get_output_embeddings``, or whose head reads another shape, unembeds every token and
+    ``fired`` stays empty, so the caller tells the two apart.
+    """
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    if head is None:
+        return []
+
+    def pick(module, args, kwargs):
+        x = first_input(args, kwargs)
+        if x.ndim != 3 or tuple(x.shape[:2]) != tuple(shape):
+            return None
+        fired.append(True)
+        return with_first_input(args, kwargs, x.flatten(0, 1).index_select(0, index.to(x.device))[None])
+
+    return [(head, pick, True)]
+
+
 def hidden_states_reference(
     model: nn.Module, tokens: Int[Tensor, "batch pos"], attention_mask: Int[Tensor, "batch pos"],
     n_blocks: int, *, last: bool = False,

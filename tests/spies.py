@@ -8,18 +8,18 @@ import residual_stream as rs
 
 
 def watch(monkeypatch, owner, name: str, note: Callable, *, after: bool = False) -> None:
-    """Call ``note(self, *args)`` on every call of ``owner.name``, before it runs (or after).
+    """Call ``note(self, *args, **kwargs)`` on every call of ``owner.name``, before it runs (or after).
 
     The method's own result is returned unchanged; ``monkeypatch`` undoes it.
     """
     original = getattr(owner, name)
 
-    def watched(self, *args):
+    def watched(self, *args, **kwargs):
         if not after:
-            note(self, *args)
-        out = original(self, *args)
+            note(self, *args, **kwargs)
+        out = original(self, *args, **kwargs)
         if after:
-            note(self, *args)
+            note(self, *args, **kwargs)
         return out
 
     monkeypatch.setattr(owner, name, watched)

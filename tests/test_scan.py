@@ -1268,6 +1268,37 @@ def test_the_sampled_lens_chooses_tokens_by_their_place_in_the_corpus_in_one_pas
         rs.scan(model, TEXTS, ["lens"], progress=False, **kw)
 
 
+def test_a_sampled_lens_has_the_head_unembed_its_tokens_alone(monkeypatch):
+    """A lean pass whose one late reducer is a sampled lens has the model's head read that
+    lens's tokens alone: the logits it hands over are ``[1, chosen, vocab]``, not ``[batch,
+    pos, vocab]``. The sums equal the analysis's, as they do when the head is not narrowed (a
+    model whose head is not found or reads another shape: every token unembedded, then the
+    chosen ones taken)."""
+    from tiny_hf import build
+
+    from residual_stream.inputs import ByteTokenizer
+    from residual_stream.streaming.lens import LensSums
+
+    m = rs.load(build("llama"), tokenizer=ByteTokenizer())
+    kw = dict(batch_size=4, seq_len=32)
+    whole = _whole(m, TEXTS, **kw)
+    given: list[tuple] = []
+    watch(monkeypatch, LensSums, "logits", lambda self, f, taken=False: given.append(
+        (tuple(f.shape), taken, len(self.tokens.index))))
+    result = rs.scan(m, TEXTS, ["lens:every=3"], progress=False, **kw)
+    _assert_sampled_lens_equal(result, whole, 3)
+    vocab = m.anatomy.d_vocab
+    assert given and all(taken and shape == (1, n, vocab) for shape, taken, n in given)
+    assert sum(n for _, _, n in given) < sum(4 * 32 for _ in given) / 2  # about a third
+    given.clear()
+    monkeypatch.setattr("residual_stream.streaming.lean.unembedding_of_tokens", lambda *a: [])
+    every = rs.scan(m, TEXTS, ["lens:every=3"], progress=False, **kw)
+    _assert_sampled_lens_equal(every, whole, 3)
+    assert given and not any(taken for _, taken, _ in given)
+    assert all(len(shape) == 3 and shape[2] == vocab and shape[0] * shape[1] > n  # every token's
+               for shape, _, n in given)
+
+
 # --- command line and several processes ----------------------------------------------------
 
 def test_importing_the_entry_module_keeps_rs_scan_callable(model):
@@ -1372,7 +1403,7 @@ def test_lean_lens_of_a_bf16_model_reduces_each_point_on_arrival_and_equals_the_
     logits: list[torch.dtype] = []
     given: list[torch.dtype] = []
     reduced: list[bool] = []
-    watch(monkeypatch, LensSums, "logits", lambda self, f: logits.append(f.dtype))
+    watch(monkeypatch, LensSums, "logits", lambda self, f, taken=False: logits.append(f.dtype))
     watch(monkeypatch, LensSums, "point", lambda self, p, x: given.append(x.dtype))
     watch(monkeypatch, LensSums, "point", lambda self, p, x: reduced.append(
         self.ranks[p] is not None and all(r is None for r in self.ranks[p + 1:])), after=True)

@@ -14,7 +14,9 @@ it can reduce each point as it arrives instead of keeping them all: the lean pas
 plain forward pass for them (in the model's dtype; a trace has them, in float32), then the
 pass itself without the unembedding. One with ``late_logits`` (a lens on sampled tokens,
 which keeps its few tokens' points) gets them from the pass itself, after its last point,
-so no second pass runs. ``into(acc)`` adds a batch's sums to its accumulator.
+so no second pass runs; when it is the only one, the model's head unembeds its tokens alone
+(``chosen``, ``capture.unembedding_of_tokens``: ``1/k`` of the ``[tokens, vocab]`` logits).
+``into(acc)`` adds a batch's sums to its accumulator.
 
 When every reducer sets ``native_dtype`` (it widens what it reads itself: ``growth``), the
 hooks keep the model's own tensors, with no float32 copy of each: in bf16 that is a third
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..capture import Captured, capture, model_logits
+from ..capture import Captured, capture, model_logits, unembedding_of_tokens
 from ..errors import NonFiniteError
 from ..fusion import acc_dtype
 from ..program import Add, Mark, Norm, Read
@@ -170,15 +172,19 @@ def lean_forward(model, batch, reducers: Sequence) -> list[Tensor]:
     mask = None if getattr(batch, "dense", False) else batch.attention_mask.to(model.device)
     _give_logits(model, tokens, mask, reducers)
     late = [r for r in reducers if getattr(r, "late_logits", False)]
+    # one reducer's sampled tokens: the head unembeds those only, not [tokens, vocab]
+    chosen = late[0].chosen() if len(late) == 1 else None
+    fired: list = []
+    edits = [] if chosen is None else unembedding_of_tokens(model.module, chosen, tokens.shape, fired)
     cap.resid = _Stream(on_point)
     try:
         native = all(getattr(r, "native_dtype", False) for r in reducers)
         capture(model.module, anatomy, tokens, mask, heads=False, logits="native" if late else False,
-                out=cap, dtype=None if native else torch.float32,
+                out=cap, dtype=None if native else torch.float32, edits=edits,
                 scales=scales_read(anatomy.program, reducers))
         walk(segs[-1], cap.resid[anatomy.n_layers])
         for r in late:
-            r.logits(cap.logits)
+            r.logits(cap.logits, taken=bool(fired))
     finally:  # cap → its stream → on_point → cap is a cycle: break it, or the reducers (and
         cap.resid = {}  # their buffers) would wait for the garbage collector
     return finite

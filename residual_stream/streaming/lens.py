@@ -102,9 +102,12 @@ class LensSums:
         self.chunk = MIN_CHUNK            # top token, logsumexp, Σ p log p and Σ p
         self.top = self.lse = self.plogp = self.mass = None
 
-    def logits(self, final: Tensor) -> None:
-        """Take the model's own logits ``[batch, pos, d_vocab]`` (any dtype); reduce kept points."""
-        self.final = self.tokens.take(final)
+    def logits(self, final: Tensor, taken: bool = False) -> None:
+        """Take the model's own logits ``[batch, pos, d_vocab]`` (any dtype); reduce kept points.
+
+        ``taken``: they are the chosen tokens' alone, ``[1, token, d_vocab]`` (``chosen``).
+        """
+        self.final = final.flatten(0, 1) if taken else self.tokens.take(final)
         n = len(self.final)
         self.chunk = min(MAX_CHUNK, max(MIN_CHUNK, -(-n // CHUNKS)))
         self.top = torch.empty(n, dtype=torch.long, device=final.device)
@@ -120,6 +123,14 @@ class LensSums:
         if self.early:  # points that came first: unembedded together, W_U read once per chunk
             kept = sorted(self.early)
             self._reduce(kept, torch.stack([self.early.pop(q) for q in kept]))
+
+    def chosen(self) -> Tensor | None:
+        """The flattened ``[batch × pos]`` places of the tokens reduced, when sampled; else None.
+
+        A lean pass whose only late reducer this is has the model's head unembed these tokens
+        alone, then hands their logits over with ``taken``.
+        """
+        return self.tokens.index if self.late_logits else None
 
     def _parts(self):
         return (slice(s, s + self.chunk) for s in range(0, len(self.final), self.chunk))
