@@ -173,7 +173,7 @@ def lean_forward(model, batch, reducers: Sequence) -> list[Tensor]:
     _give_logits(model, tokens, mask, reducers)
     late = [r for r in reducers if getattr(r, "late_logits", False)]
     # one reducer's sampled tokens: the head unembeds those only, not [tokens, vocab]
-    chosen = late[0].chosen() if len(late) == 1 else None
+    chosen = getattr(late[0], "chosen", lambda: None)() if len(late) == 1 else None
     fired: list = []
     edits = [] if chosen is None else unembedding_of_tokens(model.module, chosen, tokens.shape, fired)
     cap.resid = _Stream(on_point)
