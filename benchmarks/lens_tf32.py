@@ -25,20 +25,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from gpu_flow_check import _scan  # noqa: E402
 from scan_speed import _batches  # noqa: E402
 
 import residual_stream as rs  # noqa: E402
-from residual_stream.streaming import make_accumulators  # noqa: E402
-from residual_stream.streaming.adding import add_batch  # noqa: E402
 
 
 def lens_sums(model, batches, spec: str) -> tuple[object, float]:
-    """The accumulator of ``spec`` over ``batches`` (eager), and the seconds it took."""
-    accs = make_accumulators([spec])
-    accs[spec].prepare(model, None)
+    """The accumulator of ``spec`` over ``batches`` (eager, as the flow check scans), and seconds."""
     t = time.perf_counter()
-    for b in batches:
-        add_batch(model, b, accs)
+    accs, _ = _scan(model, batches, graphs=False, fused=True, stats=[spec])
     return accs[spec], time.perf_counter() - t
 
 

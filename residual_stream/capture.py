@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections import defaultdict
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 
@@ -280,22 +280,34 @@ def model_logits(model: nn.Module, anatomy: Anatomy, tokens: Int[Tensor, "batch 
     return raw.to(tokens.device)
 
 
-def _unembedding_at(model: nn.Module, columns: Tensor | None, pos: int) -> list[tuple]:
-    """The edit (for ``edited``) that has the unembedding read its input at ``columns`` only.
+def _head_reading(model: nn.Module, reads: Callable[[Tensor], bool],
+                  part: Callable[[Tensor], Tensor]) -> list[tuple]:
+    """The edit (for ``edited``) that hands the unembedding ``part(x)`` of an input it ``reads``.
 
-    None of it for ``columns`` None or a model without ``get_output_embeddings``.
+    ``x`` is the head's ``[batch, pos, d]`` input; another input (another shape, or ``reads``
+    False) goes through unchanged. None of it for a model without ``get_output_embeddings``.
     """
-    head = getattr(model, "get_output_embeddings", lambda: None)() if columns is not None else None
+    head = getattr(model, "get_output_embeddings", lambda: None)()
     if head is None:
         return []
 
     def narrow(module, args, kwargs):
         x = first_input(args, kwargs)
-        if x.ndim != 3 or x.shape[1] != pos:
+        if x.ndim != 3 or not reads(x):
             return None
-        return with_first_input(args, kwargs, x[:, columns.to(x.device)])
+        return with_first_input(args, kwargs, part(x))
 
     return [(head, narrow, True)]
+
+
+def _unembedding_at(model: nn.Module, columns: Tensor | None, pos: int) -> list[tuple]:
+    """The edit (for ``edited``) that has the unembedding read its input at ``columns`` only.
+
+    None of it for ``columns`` None or a model without ``get_output_embeddings``.
+    """
+    if columns is None:
+        return []
+    return _head_reading(model, lambda x: x.shape[1] == pos, lambda x: x[:, columns.to(x.device)])
 
 
 def unembedding_of_tokens(model: nn.Module, index: Tensor, shape: tuple[int, ...],
@@ -308,18 +320,11 @@ def unembedding_of_tokens(model: nn.Module, index: Tensor, shape: tuple[int, ...
     ``get_output_embeddings``, or whose head reads another shape, unembeds every token and
     ``fired`` stays empty, so the caller tells the two apart.
     """
-    head = getattr(model, "get_output_embeddings", lambda: None)()
-    if head is None:
-        return []
-
-    def pick(module, args, kwargs):
-        x = first_input(args, kwargs)
-        if x.ndim != 3 or tuple(x.shape[:2]) != tuple(shape):
-            return None
+    def part(x: Tensor) -> Tensor:
         fired.append(True)
-        return with_first_input(args, kwargs, x.flatten(0, 1).index_select(0, index.to(x.device))[None])
+        return x.flatten(0, 1).index_select(0, index.to(x.device))[None]
 
-    return [(head, pick, True)]
+    return _head_reading(model, lambda x: tuple(x.shape[:2]) == tuple(shape), part)
 
 
 def hidden_states_reference(

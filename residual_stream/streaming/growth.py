@@ -246,7 +246,7 @@ class GrowthSums:
             acc.add("norm_input", torch.zeros(0))
             acc.add("norm_scale", torch.zeros(0))
         acc.meta["norms"] = [name for name, _, _ in self.norms]
-        found, rows = self.fetched or self.massive_rows()
+        found, rows = self.massive_rows() if self.fetched is None else self.fetched
         self.fetched = None
         acc.add("massive_found", found)
         acc.keep_massive(rows)
