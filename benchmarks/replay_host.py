@@ -26,7 +26,7 @@ from scan_speed import _batches, _sync
 
 import residual_stream as rs
 from residual_stream.streaming import make_accumulators
-from residual_stream.streaming.graphs import Replayed, _padded
+from residual_stream.streaming.graphs import Replayed, padded_batch
 from residual_stream.streaming.sampling import unpadded
 
 
@@ -36,10 +36,10 @@ def _host_part(replay: Replayed, batch, width: int) -> None:
     The refill, the sums' copies where they are kept for the next batch (``snapshot``), the
     checks and reads (``fetch``) and ``into``.
     """
-    padded = _padded(batch, width)
+    padded = padded_batch(batch, width)
     entry = replay.entries[(*padded.tokens.shape, unpadded(padded))]
     entry.batch.refill(padded)
-    replay.pending = replay._pending(entry, batch)
+    replay.pending = replay.held(entry, batch)
     replay.flush()
 
 

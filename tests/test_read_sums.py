@@ -1,4 +1,4 @@
-"""Read attribution's shares summed in token chunks (``flow._read_sums``), against float64.
+"""Read attribution's shares summed in token chunks (``reads.read_sums``), against float64.
 
 The scan never makes ``h [token, map, d_model]`` (each map's folded product) or a float32 copy
 of a 16-bit buffer whole: both are made per token chunk. The sums must not depend on that:
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from residual_stream.streaming.flow import _read_sums
+from residual_stream.streaming.reads import read_sums
 
 REL = 2e-6  # float32 products of ~64 terms, float64 sums
 
@@ -41,7 +41,7 @@ def _reference(c, maps, den, real):
 @pytest.mark.parametrize("tokens", [37, 8, 1])
 def test_chunked_read_sums_equal_the_whole_shares_in_float64(tokens, dtype):
     c, maps, den, real = _case(tokens, dtype)
-    sums, abs_sums = _read_sums(c, maps, den, real)
+    sums, abs_sums = read_sums(c, maps, den, real)
     ref, ref_abs = _reference(c, maps, den, real)
     assert sums.dtype == abs_sums.dtype == torch.float64
     scale = float(ref_abs.abs().max().clamp_min(1e-12))
@@ -51,7 +51,7 @@ def test_chunked_read_sums_equal_the_whole_shares_in_float64(tokens, dtype):
 
 def test_no_token_gives_zero_sums_of_the_right_shape():
     c, maps, den, real = _case(0, torch.bfloat16)
-    sums, abs_sums = _read_sums(c, maps, den, real)
+    sums, abs_sums = read_sums(c, maps, den, real)
     assert sums.shape == abs_sums.shape == (5, 5) and not sums.any() and not abs_sums.any()
 
 
@@ -59,7 +59,7 @@ def test_padding_is_weighted_out_not_counted():
     """A token that ``real`` leaves out changes nothing, however large its shares."""
     c, maps, den, real = _case(20, torch.float32, seed=1)
     real[3] = False
-    before = _read_sums(c, maps, den, real)
+    before = read_sums(c, maps, den, real)
     c[3] *= 1e6
-    after = _read_sums(c, maps, den, real)
+    after = read_sums(c, maps, den, real)
     assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])

@@ -41,6 +41,12 @@ def carry_dtype(model) -> torch.dtype:
     return dtype if only_adds and dtype in (torch.bfloat16, torch.float16) else torch.float32
 
 
+def token_sum(values: Tensor, real: Tensor) -> Tensor:
+    """Float64 sum of ``values [token, *rest]`` over the tokens ``real`` counts → ``[*rest]``."""
+    m = real.reshape(-1, *([1] * (values.ndim - 1)))
+    return torch.where(m, values, 0).double().sum(0)
+
+
 def token_bmm(c: Tensor, y: Tensor) -> Tensor:
     """``bmm(c, y)`` over tokens in ``y``'s dtype.
 

@@ -20,11 +20,8 @@ pass (``lean.lean_pass``).
 * At each ``Mark(L)``: per source, the summed norm (recomputed only after a stream norm or a
   scale; pre-norm contributions never change) and the summed signed share ``<c, x>/‖x‖²``,
   one batched matrix product over the tokens.
-* At each ``Read``: per reader ``y = N(x) W + b`` (on read attribution's tokens), the share
-  of source ``c`` is ``<L(c) W, y>/‖y‖² = <c, y (C diag(γ) W)ᵀ>/(s ‖y‖²)`` (``L`` the
-  reading norm's frozen linear part, folded into the map by ``NormSpec.fold_into``): one
-  product of ``y`` per reader, then one batched product with every contribution; nothing is
-  materialized per source.
+* At each ``Read``: per reader, the share of every source in what it reads, with the
+  reading norm folded into the maps; nothing is materialized per source (``reads``).
 
 Token sums are float64 on the batch's device; nothing is read back until ``into``, so on a
 GPU a scan of survival, read attribution and subspaces (with growth or not) replays as a
@@ -43,16 +40,15 @@ import warnings
 import torch
 from torch import Tensor
 
-from ..analyses.flow import READ_MAP_BIAS, READ_NORM_BIAS, read_channels
 from ..fusion import WIDE, wide
 from ..program import Add, Embed, Mark, Norm, Read, Scale
 from ..walk import component_of
-from .carry import carry_dtype, n_sources, token_dots
+from .carry import carry_dtype, n_sources, token_dots, token_sum
+from .reads import read_shares
 from .sampling import TokenChoice
 from .subspaces import SUBSPACES, SubspaceSums
 
 SURVIVAL, READ = "survival", "read_attribution"
-READ_CHUNKS = 16  # token chunks of a read's products: each 1/16 of its [token, map + source, d]
 
 
 _WARNED: set[str] = set()  # models whose buffer rounded a write (warned once each)
@@ -184,12 +180,6 @@ class FlowSums:
     def _filled(self) -> Tensor:
         return self.buf[:, : len(self.labels)]
 
-    @staticmethod
-    def _token_sum(values: Tensor, real: Tensor) -> Tensor:
-        """Float64 sum of ``values [token, *rest]`` over the tokens ``real`` counts → ``[*rest]``."""
-        m = real.reshape(-1, *([1] * (values.ndim - 1)))
-        return torch.where(m, values, 0).double().sum(0)
-
     def _append(self, label: str, value: Tensor) -> None:
         """Store a write ``value [batch, pos, d_model]``: its carried tokens (``_store``)."""
         if self.buf is None:
@@ -211,7 +201,7 @@ class FlowSums:
             self.total += value
         counted = self.born_tokens
         norms = torch.linalg.vector_norm(counted.pick(value), dim=-1, dtype=torch.float32)
-        born = self._token_sum(norms, counted.real)
+        born = token_sum(norms, counted.real)
         self.labels.append(label)
         self.born.append(born)
         if self.subspaces is not None:
@@ -231,72 +221,20 @@ class FlowSums:
         c = tokens.pick(self._filled())                                       # (token, n, d)
         if self.norm_sums is None:  # contributions changed since they were added
             norms = torch.linalg.vector_norm(c, dim=-1, dtype=torch.float32)
-            self.norm_sums = list(self._token_sum(norms, tokens.real))
+            self.norm_sums = list(token_sum(norms, tokens.real))
         x = tokens.pick(self.total)
         dots = token_dots(c, x)                                               # (token, n)
         share = dots / x.pow(2).sum(-1).clamp_min(torch.finfo(x.dtype).tiny)[:, None]
-        self.marks.append((torch.stack(self.norm_sums), self._token_sum(share, tokens.real)))
+        self.marks.append((torch.stack(self.norm_sums), token_sum(share, tokens.real)))
 
     def _read(self, op: Read, scales: dict[str, Tensor]) -> None:
-        """Shares of every source in every linear read of ``op.component`` (module docstring).
-
-        ``Lᵀ(y Wᵀ) = y (C diag(γ) W)ᵀ / s``: the reading norm's gain and centering are folded
-        into each map (``NormSpec.fold_into``, a pass over the weights) and its per-token
-        ``1/s`` into the denominator, so ``y Wᵀ`` is never mapped; every map's product and
-        its product with the buffer are made in token chunks (``_read_sums``), so neither is
-        ever whole. Heads that share a key/value map (grouped-query
-        attention) share their shares: each distinct map is computed once and its row
-        repeated for its heads.
-        """
+        """Shares of every source in every linear read of ``op.component`` (``reads``)."""
         spec = None if op.norm is None else self.norms[op.norm]
         pick, real = self.tokens[READ].pick, self.tokens[READ].real  # every token, or a sample
         scale = None if spec is None else pick(self.carry.take(scales[op.norm]))
-        x = pick(self.total)                                                  # (token, d)
-        u = x if spec is None else spec.apply_frozen(x, scale)
-        tiny = torch.finfo(u.dtype).tiny
-        anatomy = self.model.anatomy
-        channels, n_kv = [], anatomy.heads_at(component_of(op.component)[0])[1]
-        for readers, W, b in read_channels(self.model, op.component, self._weights(op.component)):
-            rep = anatomy.n_heads // n_kv if readers[0][-2:] in (".k", ".v") else 1
-            W = W[::rep].to(u.device, u.dtype)                                # (map, d, k)
-            b = None if b is None else b[::rep].to(u.device, u.dtype)
-            channels.append((readers, rep, W, b))
-        n_maps = sum(len(W) for _, _, W, _ in channels)
-        den = u.new_empty(len(u), n_maps)
-        col, extras, maps = 0, [], []
-        for readers, rep, W, b in channels:
-            cols = slice(col, col + len(W))
-            col += len(W)
-            y = (u @ W.permute(1, 0, 2).flatten(1)).view(len(u), *W.shape[::2])  # (token, map, k)
-            if b is not None:
-                y = y + b
-            maps.append((cols, y, W if spec is None else spec.fold_into(W)))
-            d = den[:, cols]
-            torch.sum(y.pow(2), -1, out=d)
-            d.clamp_min_(tiny)
-            names, extra = [], []
-            if spec is not None and spec.bias is not None:                    # <β W, y>
-                names.append(READ_NORM_BIAS)
-                bW = torch.einsum("d,mdk->mk", spec.bias.to(u.device, u.dtype), W)
-                extra.append((y * bW).sum(-1) / d)
-            if b is not None:
-                names.append(READ_MAP_BIAS)
-                extra.append((y * b).sum(-1) / d)
-            channels_extra = torch.stack(extra, 1) if extra else None
-            extras.append((readers, rep, len(W), names, channels_extra))
-        if scale is not None:
-            den = den * scale.to(den.dtype)[:, None]                          # Lᵀ's 1/s
-        sums, abs_sums = _read_sums(pick(self._filled()), maps, den, real)
-        col = 0
-        for readers, rep, n_maps, names, extra in extras:
-            s, a = sums[:, col: col + n_maps], abs_sums[:, col: col + n_maps]
-            col += n_maps
-            if extra is not None:
-                s = torch.cat([s, self._token_sum(extra, real)])
-                a = torch.cat([a, self._token_sum(extra.abs(), real)])
-            if rep > 1:
-                s, a = s.repeat_interleave(rep, 1), a.repeat_interleave(rep, 1)
-            self.reads.append((readers, self.labels + names, s.T, a.T))
+        shares = read_shares(self.model, op.component, spec, scale, pick(self.total),
+                             pick(self._filled()), real, self._weights(op.component))
+        self.reads += [(readers, self.labels + names, s, a) for readers, names, s, a in shares]
 
     def _weights(self, component: str):
         """The reading block's maps, extracted once for its attention and its MLP."""
@@ -369,26 +307,3 @@ class FlowSums:
         acc.meta["readers"] = list(readers)
         acc.meta["sources"] = list(sources)
 
-
-def _read_sums(c: Tensor, maps: list, den: Tensor, real: Tensor) -> tuple[Tensor, Tensor]:
-    """Float64 sums over ``real`` tokens of every source's share and its absolute value.
-
-    ``share[t, i, m] = <c[t, i], h[t, m]> / den[t, m]`` with ``h[t, m] = y_m[t] F_mᵀ`` (the
-    folded map ``F_m``), for ``maps`` = ``(columns, y [token, map, k], F [map, d, k])``. In
-    ``READ_CHUNKS`` token chunks, ``h`` and the float32 copy of a 16-bit buffer made per
-    chunk: neither is ever ``[token, map, d_model]`` or ``[token, source, d_model]`` whole
-    (on SmolLM2 at 32×512 they were 566 MB of ``h`` beside 288 MB of upcast buffer).
-    """
-    n_src, n_maps = c.shape[1], den.shape[1]
-    sums = torch.zeros(n_src, n_maps, dtype=torch.float64, device=den.device)
-    abs_sums = torch.zeros_like(sums)
-    step = max(1, -(-len(c) // READ_CHUNKS))
-    for start in range(0, len(c), step):
-        rows = slice(start, start + step)
-        h = den.new_empty(len(den[rows]), n_maps, c.shape[-1])             # (token, map, d)
-        for cols, y, folded in maps:
-            torch.bmm(y[rows].transpose(0, 1), folded.transpose(1, 2), out=h[:, cols].transpose(0, 1))
-        share = torch.bmm(c[rows].to(h.dtype), h.transpose(1, 2)) / den[rows, None]
-        sums += FlowSums._token_sum(share, real[rows])                    # share: (token, source, map)
-        abs_sums += FlowSums._token_sum(share.abs(), real[rows])
-    return sums, abs_sums

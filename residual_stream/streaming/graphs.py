@@ -104,7 +104,7 @@ def widths(seq_len: int) -> list[int]:
     return sorted({w for w in halved if MIN_WIDTH <= w < seq_len} | {seq_len})
 
 
-def _padded(batch, width: int | None):
+def padded_batch(batch, width: int | None):
     """``batch`` right-padded with masked positions to ``padded_width`` of ``width``."""
     extra = padded_width(batch.tokens.shape[1], width) - batch.tokens.shape[1]
     if extra <= 0:
@@ -150,7 +150,7 @@ class Replayed:
         its sums are copied as the replay ends, and its checks read (one wait) before the next
         replay is queued. Otherwise it is added at once.
         """
-        padded = _padded(batch, self.width)
+        padded = padded_batch(batch, self.width)
         shape = (*padded.tokens.shape, unpadded(padded))  # with or without padding: two graphs
         if shape not in self.entries and len(self.entries) < MAX_SHAPES:
             self.entries[shape] = self._capture(padded)
@@ -165,14 +165,14 @@ class Replayed:
             entry.sums, entry.finite = entry.run()
         else:
             entry.graph.replay()
-        this = self._pending(entry, batch)
+        this = self.held(entry, batch)
         self._into(checked)  # on the host while the device replays this batch
         self.pending = this
         if this.sums is entry.sums:  # not kept apart from the next replay: added now
             self.flush()
 
     @staticmethod
-    def _pending(entry: _Entry, batch) -> _Pending:
+    def held(entry: _Entry, batch) -> _Pending:
         """``batch``, just replayed by ``entry``: its sums copied (``snapshot``) where all can be."""
         if all(hasattr(s, "snapshot") for s in entry.sums.values()):
             *finite, mask = copies([*entry.finite, entry.batch.attention_mask])
