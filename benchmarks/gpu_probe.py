@@ -206,6 +206,43 @@ def _print_shape(rows: dict, names: list[str], shape: str) -> None:
         print(rows[name].get("host_table", ""))
 
 
+def _head_products(model, tokens: int, rounds: int = 5) -> dict:
+    """What-if: one batch's per-head write products in float32, against 16-bit inputs.
+
+    The decomposition makes every head's write ``z_h @ W_O[h]`` (``weights.head_writes``) in
+    float32, which a GPU runs on its CUDA cores. A bf16 model's ``z`` and ``W_O`` are bf16
+    values, so ``torch.bmm(z, W_O, out_dtype=torch.float32)`` (tensor cores, float32
+    accumulation) makes the same products up to the order of additions. Timed here over
+    ``n_layers`` products of ``tokens`` tokens (one decomposition's), with their largest
+    difference relative to the largest entry: whether the decomposition should use it.
+    """
+    from residual_stream.weights import attn_W_O
+
+    anatomy, dev = model.anatomy, model.device
+    module = model.module.get_submodule(anatomy.modules.attn_out[0])
+    W = attn_W_O(module, anatomy.n_heads).to(dev, torch.bfloat16)          # (head, d_head, d)
+    z = torch.randn(anatomy.n_heads, tokens, W.shape[1], device=dev).to(torch.bfloat16)
+    runs = {"float32": lambda: torch.bmm(z.float(), W.float()),
+            "bf16_in_float32_out": lambda: torch.bmm(z, W, out_dtype=torch.float32)}
+    out: dict = {"tokens": tokens, "products": anatomy.n_layers}
+    try:
+        ref, mixed = runs["float32"](), runs["bf16_in_float32_out"]()
+        out["max_rel_diff"] = float((ref - mixed).abs().max() / ref.abs().max())
+        for name, fn in runs.items():
+            walls = []
+            for _ in range(rounds):
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                for _ in range(anatomy.n_layers):
+                    fn()
+                torch.cuda.synchronize()
+                walls.append(time.perf_counter() - t)
+            out[f"{name}_s"] = statistics.median(walls)
+    except Exception as e:  # noqa: BLE001 - a what-if: report, keep probing
+        out["error"] = f"{type(e).__name__}: {e}"[:300]
+    return out
+
+
 def main() -> None:
     """Run every probe; print a summary and write JSON."""
     p = argparse.ArgumentParser()
@@ -242,6 +279,9 @@ def main() -> None:
             rows["check"] = {"error": f"{type(e).__name__}: {e}"[:800]}
         report["shapes"][f"{bs}x{seq}"] = rows
         _print_shape(rows, list(fns), f"{bs}×{seq}")
+    report["head_products"] = _head_products(model, 32 * 512)
+    print("\nhead-write products of one 32×512 decomposition (float32 vs bf16 in, float32 out):",
+          json.dumps(report["head_products"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1, default=str)

@@ -58,6 +58,9 @@
 #     tables, host time, every round: the decomposition missed x2 at 32x512 in session 33);
 #     to big, rs_lens_chunk256 (the lens's chunks capped at 256 tokens, not 512: its peak was
 #     x1.22, the logits 1,536 MiB + the headless pass ~250 + its [chunk, vocab] temporaries).
+# Session 35 (no device lent): the probe adds a what-if, the head-write products of one
+#     32x512 decomposition in float32 against bf16 inputs with float32 output
+#     (torch.bmm(..., out_dtype=torch.float32), tensor cores) and their largest difference.
 set -uo pipefail
 STEPS=${STEPS:-check big small reader}
 source benchmarks/gpu_setup.sh || exit 1
