@@ -11,7 +11,7 @@ difference of each of the first two from the third, relative to the sum's larges
 differing bins instead, 38 in the lens's rank histogram), with how many batches were
 replayed and any warning (a capture that failed falls back to
 the eager pass with a warning); the lens's per-point reductions are compiled in the first
-two (``lens.point_terms``, ``lens.row_dot``).
+two (``lens.point_terms``, ``lens.final_terms``).
 Then the statistics on one token in 16 (session 11: replayed from fixed-capacity token
 choices refilled per batch, ``sampling.StaticBatch``) with ``subspaces`` on one in 64 (session
 12: picked among the buffer's one in 16), replayed against eager. For a 16-bit model, the lens

@@ -155,3 +155,19 @@ def test_the_replay_host_script_times_each_statistic_beside_the_forward(tiny_smo
     rows = json.loads(out.read_text())
     assert [r["what"] for r in rows] == ["hf_forward", "host of growth", "host of survival,lens"]
     assert all(r["ms"] > 0 and math.isfinite(r["ratio"]) for r in rows) and rows[0]["ratio"] == 1.0
+
+
+def test_the_lens_ab_runs_an_earlier_lens_beside_the_current_one(tiny_smollm2, tmp_path, monkeypatch):
+    """``lens_ab.py`` loads ``lens.py`` from git as a module of its own and times both lenses."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    lens_at = runpy.run_path(str(BENCH / "lens_ab.py"), run_name="benchmark_import")["lens_at"]
+    before = lens_at("HEAD")
+    from residual_stream.streaming import lens
+
+    assert before.LensSums is not lens.LensSums
+    assert before.LensSums.logits.__globals__["__name__"] == "lens_before"  # its helpers, not ours
+    _run("benchmarks/lens_ab.py", "--before", "HEAD", "--model", tiny_smollm2, "--dtype", "float32",
+         "--batch-size", "2", "--seq-len", "16", "--rounds", "1", "--json", str(tmp_path / "ab.json"))
+    rows = json.loads((tmp_path / "ab.json").read_text())["rows"]
+    assert [r["variant"] for r in rows] == ["hf_forward", "lens at HEAD", "lens now"]
+    assert all(math.isfinite(r["seconds"]) and r["seconds"] > 0 for r in rows)

@@ -15,8 +15,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from residual_stream.streaming import lens
-from residual_stream.streaming.lens import _point_terms, _point_terms_in_place, row_dot
+from residual_stream.streaming.lens import (
+    _final_terms,
+    _final_terms_sliced,
+    _point_terms,
+    _point_terms_in_place,
+)
 
 V, ROWS = 49_152, 48
 KL_F64_ATOL, KL_F64_REL = 1e-5, 2e-6  # per token: float32 sums over 49,152 logits of size ~30
@@ -41,11 +45,7 @@ def test_point_terms_give_kl_rank_and_agreement_of_float64(terms, monkeypatch):
     the eager row sums in uneven vocabulary slices."""
     monkeypatch.setattr("residual_stream.weights.VOCAB_SLICE", 5000)  # 10 slices, the last partial
     final, points = _logits(0)
-    lse_f = torch.logsumexp(final, -1)                  # as LensSums.logits computes them
-    logp = final - lse_f[:, None]
-    p = logp.exp()
-    plogp, mass = row_dot(p, logp), p.sum(-1)
-    top = final.argmax(-1)
+    top, lse_f, plogp, mass = _final_terms_sliced(final)  # as LensSums.logits computes them
     f64 = final.double().log_softmax(-1)
     for z in points:
         truth = (f64.exp() * (f64 - z.double().log_softmax(-1))).sum(-1)
@@ -56,25 +56,45 @@ def test_point_terms_give_kl_rank_and_agreement_of_float64(terms, monkeypatch):
         assert torch.equal(rank.long(), (z > z.gather(-1, top[:, None])).sum(-1))
     assert torch.equal(_point_terms(points[2].clone(), final, lse_f, top)[0], torch.full((ROWS,), 7))
     bf16 = final.bfloat16()  # the model's own logits in bf16: p from them, as the lens reads them
-    lse_b = torch.logsumexp(bf16.float(), -1)
-    p_b = (bf16.float() - lse_b[:, None]).exp()
+    _, lse_b, plogp_b, mass_b = _final_terms_sliced(bf16)
     z = points[1]
     b64 = bf16.double().log_softmax(-1)
     truth = (b64.exp() * (b64 - z.double().log_softmax(-1))).sum(-1)
     _, _, pz, lse = terms(z.clone(), bf16, lse_b, top)
-    kl = row_dot(p_b, bf16.float() - lse_b[:, None]) - pz + lse * p_b.sum(-1)
+    kl = plogp_b - pz + lse * mass_b
     assert ((kl.double() - truth).abs() <= KL_F64_ATOL + KL_F64_REL * truth).all()
 
 
-def test_row_dot_is_pairwise_not_a_running_sum(monkeypatch):
-    """``Σ p log p`` over 49,152 terms, most of them far below the total's rounding."""
-    monkeypatch.setattr("residual_stream.weights.VOCAB_SLICE", 4096)
+@pytest.mark.parametrize("terms", [_final_terms, _final_terms_sliced],
+                         ids=["compiled_form", "eager_sliced"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_final_terms_are_float64s_and_sum_pairwise(terms, dtype, monkeypatch):
+    """Top token, ``logsumexp``, ``Σ p log p`` (49,152 terms, most far below the total's
+    rounding: a running sum loses them) and ``Σ p`` of the final logits, against float64 of
+    the same values, with the eager sums in uneven vocabulary slices and a tie at the top."""
+    monkeypatch.setattr("residual_stream.weights.VOCAB_SLICE", 5000)
     final, _ = _logits(1)
-    logp = final.log_softmax(-1)
-    p = logp.exp()
-    truth = (logp.double().exp() * logp.double()).sum(-1)
-    assert (row_dot(p, logp).double() - truth).abs().max() <= 1e-6 * truth.abs().max()
-    assert torch.equal(lens._row_dot_sliced(p, logp), row_dot(p, logp))  # eager on the CPU
+    final[:, 11] = final.amax(-1)                                    # a tie: the first index wins
+    final = final.to(dtype)
+    f64 = final.double()
+    lse64 = torch.logsumexp(f64, -1)
+    logp64 = f64 - lse64[:, None]
+    top, lse, plogp, mass = terms(final)
+    assert torch.equal(top, f64.argmax(-1))
+    assert (lse.double() - lse64).abs().max() <= 1e-6 * lse64.abs().max()
+    truth = (logp64.exp() * logp64).sum(-1)
+    assert (plogp.double() - truth).abs().max() <= 1e-6 * truth.abs().max()
+    assert ((mass.double() - 1).abs() <= 4e-6).all()
+    assert lse.dtype == plogp.dtype == mass.dtype == torch.float32
+
+
+def test_final_terms_keep_an_infinite_maximum_as_logsumexp_does():
+    """A row whose maximum is not finite: ``logsumexp`` is that maximum, as ``torch``'s is."""
+    f = torch.zeros(3, 10)
+    f[0, 2] = float("inf")
+    f[1] = float("-inf")
+    _, lse, _, _ = _final_terms_sliced(f)
+    assert torch.equal(lse, torch.logsumexp(f, -1))
 
 
 def test_the_analysis_kl_is_float64s_at_a_real_vocabulary():

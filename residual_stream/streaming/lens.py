@@ -16,20 +16,22 @@ so the points are kept and the logits come from the same pass, at its end
 (``late_logits``): no second forward pass, and a ``1/k`` share of the unembeddings. The
 means are then estimates; ``LensStats.result`` gives each point's standard error.
 
-Given the logits, per token: the final top token, ``logsumexp f`` (so ``p = exp(f − lse)``),
-``Σ p log p`` and ``Σ p``, one pass in token chunks (``CHUNKS`` per batch, each of
-``MIN_CHUNK`` to ``MAX_CHUNK`` tokens: few launches on small batches, bounded temporaries on
-large ones). Per point and chunk, one unembedding ``z`` and ``point_terms``: top-1
-agreement, the final top token's rank, and with ``z' = z − max z`` (in place in ``z``, its
-last use) ``Σ p z'`` and ``logsumexp z'``, so that
+Given the logits, per token (``final_terms``): the final top token, ``logsumexp f`` (so
+``p = exp(f − lse)``), ``Σ p log p`` and ``Σ p``, in token chunks (``CHUNKS`` per batch,
+each of ``MIN_CHUNK`` to ``MAX_CHUNK`` tokens: few launches on small batches, bounded
+temporaries on large ones). Per point and chunk, one unembedding ``z`` and ``point_terms``:
+top-1 agreement, the final top token's rank, and with ``z' = z − max z`` (in place in
+``z``, its last use) ``Σ p z'`` and ``logsumexp z'``, so that
 
     KL(p ‖ softmax z) = Σ p log p − Σ p z' + logsumexp(z') · Σ p
 
-with two ``[chunk, d_vocab]`` float32 tensors alive (``p``, recomputed from the logits in
-the model's dtype, and ``z``) and a boolean one for the rank. Every sum over the vocabulary
-is a pairwise reduction (``row_dot``), not a BLAS dot. A 16-bit ``W_U`` is cast to float32
-one vocabulary slice at a time, each slice's product written into its columns of ``z``
-(``Unembed.logits``), never copied whole.
+with one ``[chunk, d_vocab]`` float32 tensor alive (``z``) and a boolean one for the rank:
+on a GPU both reductions are compiled, and eagerly ``p`` is recomputed from the logits (in
+the model's dtype) one vocabulary slice at a time, as are the final terms. Every sum over
+the vocabulary is a pairwise reduction, not a BLAS dot (whose running sum loses the terms
+below its rounding). A 16-bit ``W_U`` is cast to float32 one vocabulary slice at a time,
+each slice's product written into its columns of ``z`` (``Unembed.logits``), never copied
+whole.
 
 **TF32 products** (``LensStats(tf32=True)``, the spec ``lens:tf32=true``; 16-bit ``W_U`` only,
 ``check_tf32``): each final-normed chunk is rounded to TF32's 10 mantissa bits
@@ -42,8 +44,9 @@ point's mean KL by at most 2.5e-5 of it (8.4e-5 at the last point, whose KL is 5
 float32 products run on the CUDA cores at a fraction of the tensor cores' rate.
 
 ``analyses.lens.logit_lens`` sums ``p (log p − log q)`` elementwise, with log-probabilities
-from ``logsumexp`` as here; the two differ by float32 rounding (on SmolLM2 their mean KLs
-agree to 2e-8 relative; each is within ~1e-5 nats per token of float64,
+from ``logsumexp`` as here (taken slice by slice eagerly); the two differ by float32
+rounding (on SmolLM2, 3 texts, their mean KLs agree to 2.2e-7 relative but at the last
+point, where the KL is 3e-7 nats; each is within ~1e-5 nats per token of float64,
 ``tests/test_lens_sums.py``; on the tests' tiny models within ``KL_ATOL``). Agreement and
 rank compare the same logits, so they equal the analysis's exactly.
 """
@@ -113,13 +116,8 @@ class LensSums:
         self.top = torch.empty(n, dtype=torch.long, device=final.device)
         self.lse, self.plogp, self.mass = (torch.empty(n, device=final.device) for _ in range(3))
         for part in self._parts():
-            f = self.final[part].float()  # the logits themselves when they are float32
-            self.top[part] = f.argmax(-1)
-            lse = torch.logsumexp(f, -1)
-            logp = f - lse[:, None]
-            del f
-            p = logp.exp()
-            self.lse[part], self.plogp[part], self.mass[part] = lse, row_dot(p, logp), p.sum(-1)
+            self.top[part], self.lse[part], self.plogp[part], self.mass[part] = \
+                final_terms(self.final[part])
         if self.early:  # points that came first: unembedded together, W_U read once per chunk
             kept = sorted(self.early)
             self._reduce(kept, torch.stack([self.early.pop(q) for q in kept]))
@@ -210,29 +208,6 @@ class LensSums:
             self.final = None
 
 
-def _row_dot(a: Tensor, b: Tensor) -> Tensor:
-    """``(a * b).sum(-1)``, a float32 reduction: pairwise on the CPU, a tree on a GPU.
-
-    Not a matrix product: a BLAS dot over a vocabulary adds its terms one by one into a
-    running sum, and the terms below that sum's rounding are lost (up to 5e-3 nats per
-    token on SmolLM2's 49,152 logits). One kernel on a GPU (``row_dot``).
-    """
-    return (a * b).sum(-1)
-
-
-def _row_dot_sliced(a: Tensor, b: Tensor) -> Tensor:
-    """``_row_dot`` ``VOCAB_SLICE`` columns at a time: no ``[rows, d_vocab]`` temporary."""
-    out = torch.zeros(a.shape[:-1], dtype=a.dtype, device=a.device)
-    step = weights.VOCAB_SLICE
-    for start in range(0, a.shape[-1], step):
-        cols = slice(start, start + step)
-        out += (a[..., cols] * b[..., cols]).sum(-1)
-    return out
-
-
-row_dot = fused(_row_dot, eager=_row_dot_sliced)
-
-
 def _point_terms(z: Tensor, final: Tensor, lse: Tensor, top: Tensor
                  ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """One point's terms from its logits ``z [n, d_vocab]`` (spent: overwritten eagerly).
@@ -256,18 +231,62 @@ def _point_terms(z: Tensor, final: Tensor, lse: Tensor, top: Tensor
 
 def _point_terms_in_place(z: Tensor, final: Tensor, lse: Tensor, top: Tensor
                           ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``_point_terms`` in place in ``z``, beside ``p`` (float32) and a boolean temporary."""
+    """``_point_terms`` in place in ``z``, beside a boolean temporary and a slice of ``p`` at a time."""
     best = z.argmax(-1)
     rank = (z > z.gather(-1, top[:, None])).sum(-1, dtype=torch.int32)  # not count_nonzero: int64 copy
     zmax = z.amax(-1, keepdim=True)
     shifted = z.sub_(torch.where(torch.isfinite(zmax), zmax, 0))
-    p = torch.sub(final, lse[:, None]).exp_()                   # float32 (lse is) from any dtype
-    pz = _row_dot_sliced(p, shifted)
-    del p
+    pz = torch.zeros_like(lse)
+    for cols in _vocab_slices(z.shape[-1]):  # p = exp(final − lse), float32 (lse is), by slice
+        pz += (torch.sub(final[:, cols], lse[:, None]).exp_() * shifted[:, cols]).sum(-1)
     return best, rank, pz, shifted.exp_().sum(-1).log_()
 
 
 point_terms = fused(_point_terms, eager=_point_terms_in_place)
+
+
+def _final_terms(f: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per row of the final logits ``f [n, d_vocab]`` (any dtype): what every point reads.
+
+    The top token, ``lse = logsumexp f``, and with ``p = exp(f − lse)`` (float32) ``Σ p log p``
+    and ``Σ p``. Compiled on a GPU into passes over ``f`` itself (``final_terms``); eagerly
+    ``_final_terms_sliced``, neither holding a float32 copy of ``f``.
+    """
+    f = f.float()
+    lse = torch.logsumexp(f, -1)
+    logp = f - lse[:, None]
+    p = logp.exp()
+    return f.argmax(-1), lse, (p * logp).sum(-1), p.sum(-1)
+
+
+def _final_terms_sliced(f: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``_final_terms`` ``VOCAB_SLICE`` columns at a time: float32 temporaries of one slice.
+
+    ``logsumexp`` as ``torch.logsumexp`` computes it (the row's maximum, finite or 0, plus the
+    log of the shifted exponentials' sum), its sum taken slice by slice; the top token is
+    ``f``'s own ``argmax`` (a 16-bit value upcasts exactly, ties go to the first alike).
+    """
+    top, m = f.argmax(-1), f.amax(-1).float()
+    m = torch.where(torch.isfinite(m), m, 0)
+    total = torch.zeros_like(m)
+    for cols in _vocab_slices(f.shape[-1]):
+        total += torch.sub(f[:, cols], m[:, None]).exp_().sum(-1)  # float32: m is
+    lse = total.log_().add_(m)
+    plogp, mass = torch.zeros_like(m), torch.zeros_like(m)
+    for cols in _vocab_slices(f.shape[-1]):
+        logp = torch.sub(f[:, cols], lse[:, None])  # float32: lse is
+        p = logp.exp()
+        plogp += (p * logp).sum(-1)
+        mass += p.sum(-1)
+    return top, lse, plogp, mass
+
+
+final_terms = fused(_final_terms, eager=_final_terms_sliced)
+
+
+def _vocab_slices(n: int) -> list[slice]:
+    step = weights.VOCAB_SLICE
+    return [slice(s, s + step) for s in range(0, n, step)]
 
 
 def tf32_round(x: Tensor) -> Tensor:
