@@ -30,7 +30,7 @@ def read_shares(model, component: str, spec, scale: Tensor | None, x: Tensor, c:
     ``x [token, d]``: the stream the component reads; ``c [token, source, d]``: its
     contributions (any dtype); ``spec``/``scale``: the reading norm and its per-token scale
     (None for a read without a norm); ``real``: the tokens counted; ``weights``: the block's
-    ``LayerWeights``. Sums are float64 ``[source + extra, reader]``; the extra sources are
+    ``LayerWeights``. Sums are float64 ``[reader, source + extra]``; the extra sources are
     the norm's bias (``READ_NORM_BIAS``) and the map's (``READ_MAP_BIAS``), when present.
     """
     u = x if spec is None else spec.apply_frozen(x, scale)
