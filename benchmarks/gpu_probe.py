@@ -228,16 +228,9 @@ def _head_products(model, tokens: int, rounds: int = 5) -> dict:
     try:
         ref, mixed = runs["float32"](), runs["bf16_in_float32_out"]()
         out["max_rel_diff"] = float((ref - mixed).abs().max() / ref.abs().max())
+        layers = range(anatomy.n_layers)  # ``_wall`` gives seconds per item: per layer here
         for name, fn in runs.items():
-            walls = []
-            for _ in range(rounds):
-                torch.cuda.synchronize()
-                t = time.perf_counter()
-                for _ in range(anatomy.n_layers):
-                    fn()
-                torch.cuda.synchronize()
-                walls.append(time.perf_counter() - t)
-            out[f"{name}_s"] = statistics.median(walls)
+            out[f"{name}_s"] = statistics.median(_wall(lambda _, f=fn: f(), layers, rounds)) * len(layers)
     except Exception as e:  # noqa: BLE001 - a what-if: report, keep probing
         out["error"] = f"{type(e).__name__}: {e}"[:300]
     return out

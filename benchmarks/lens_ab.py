@@ -38,9 +38,9 @@ def lens_at(rev: str):
     root = Path(__file__).resolve().parent.parent
     source = subprocess.run(["git", "show", f"{rev}:residual_stream/streaming/lens.py"], cwd=root,
                             capture_output=True, text=True, check=True).stdout
-    source = re.sub(r"^from \.\.(\w*)", r"from residual_stream.\1", source, flags=re.M)
+    source = re.sub(r"^from \.\.(\w*)", lambda m: "from residual_stream" + (m[1] and f".{m[1]}"),
+                    source, flags=re.M)  # ``from .. import x`` and ``from ..y import x``
     source = re.sub(r"^from \.(\w+)", r"from residual_stream.streaming.\1", source, flags=re.M)
-    source = source.replace("from residual_stream. import", "from residual_stream import")
     path = Path(tempfile.mkdtemp()) / "lens_before.py"
     path.write_text(source, encoding="utf-8")
     spec = importlib.util.spec_from_file_location("lens_before", path)

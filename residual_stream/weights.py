@@ -28,6 +28,11 @@ LATENT = ("this model's attention is multi-head latent attention (DeepSeek's MLA
 VOCAB_SLICE = 8192  # columns of a lower-precision W_U cast to float32 at a time
 
 
+def vocab_slices(n: int) -> list[slice]:
+    """``n`` vocabulary columns as slices of ``VOCAB_SLICE`` (the last may be shorter)."""
+    return [slice(s, s + VOCAB_SLICE) for s in range(0, n, VOCAB_SLICE)]
+
+
 def as_in_out(module: nn.Module, *, native: bool = False) -> Float[Tensor, "d_in d_out"]:
     """The weight of a Linear or Conv1D as an ``[in, out]`` matrix (``y = x @ W + b``).
 
@@ -347,9 +352,8 @@ class Unembed:
             out = h @ self.W_U
         else:  # each slice's product goes straight into its columns: no second [*, d_vocab]
             out = h.new_empty(*h.shape[:-1], self.W_U.shape[-1])
-            for start in range(0, out.shape[-1], VOCAB_SLICE):
-                w = self.W_U[:, start: start + VOCAB_SLICE]
-                torch.matmul(h, w.to(h.dtype), out=out[..., start: start + VOCAB_SLICE])
+            for cols in vocab_slices(out.shape[-1]):
+                torch.matmul(h, self.W_U[:, cols].to(h.dtype), out=out[..., cols])
         if self.b_U is not None:
             out = out + self.b_U
         if self.scale:

@@ -237,7 +237,7 @@ def _point_terms_in_place(z: Tensor, final: Tensor, lse: Tensor, top: Tensor
     zmax = z.amax(-1, keepdim=True)
     shifted = z.sub_(torch.where(torch.isfinite(zmax), zmax, 0))
     pz = torch.zeros_like(lse)
-    for cols in _vocab_slices(z.shape[-1]):  # p = exp(final − lse), float32 (lse is), by slice
+    for cols in weights.vocab_slices(z.shape[-1]):  # p = exp(final − lse), float32 (lse is), by slice
         pz += (torch.sub(final[:, cols], lse[:, None]).exp_() * shifted[:, cols]).sum(-1)
     return best, rank, pz, shifted.exp_().sum(-1).log_()
 
@@ -269,11 +269,11 @@ def _final_terms_sliced(f: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     top, m = f.argmax(-1), f.amax(-1).float()
     m = torch.where(torch.isfinite(m), m, 0)
     total = torch.zeros_like(m)
-    for cols in _vocab_slices(f.shape[-1]):
+    for cols in weights.vocab_slices(f.shape[-1]):
         total += torch.sub(f[:, cols], m[:, None]).exp_().sum(-1)  # float32: m is
     lse = total.log_().add_(m)
     plogp, mass = torch.zeros_like(m), torch.zeros_like(m)
-    for cols in _vocab_slices(f.shape[-1]):
+    for cols in weights.vocab_slices(f.shape[-1]):
         logp = torch.sub(f[:, cols], lse[:, None])  # float32: lse is
         p = logp.exp()
         plogp += (p * logp).sum(-1)
@@ -282,11 +282,6 @@ def _final_terms_sliced(f: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
 
 
 final_terms = fused(_final_terms, eager=_final_terms_sliced)
-
-
-def _vocab_slices(n: int) -> list[slice]:
-    step = weights.VOCAB_SLICE
-    return [slice(s, s + step) for s in range(0, n, step)]
 
 
 def tf32_round(x: Tensor) -> Tensor:
