@@ -111,3 +111,67 @@ def test_the_analysis_kl_is_float64s_at_a_real_vocabulary():
         truth = (f64.exp() * (f64 - z.double().log_softmax(-1))).sum(-1)
         kl = (logp.exp() * (logp - log_probs(z))).sum(-1)
         assert ((kl.double() - truth).abs() <= KL_F64_ATOL + KL_F64_REL * truth).all()
+
+
+def _masked(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Final and point logits with a ``-inf`` vocabulary block in both (a masked vocabulary),
+    the point's also ``-inf`` at tokens the final gives no probability; and the finite columns."""
+    final, points = _logits(seed)
+    z = points[1].clone()
+    dead = torch.zeros(V, dtype=torch.bool)
+    dead[1000:1500] = True
+    final[:, dead] = float("-inf")
+    z[:, dead] = float("-inf")
+    z[:, 2000] = float("-inf")  # only the point: the final gives it probability, so KL is infinite
+    return final, z, ~dead
+
+
+@pytest.mark.parametrize("terms", [_point_terms, _point_terms_in_place],
+                         ids=["compiled_form", "eager_in_place"])
+@pytest.mark.parametrize("final_of", [_final_terms, _final_terms_sliced],
+                         ids=["final_compiled", "final_sliced"])
+def test_minus_infinite_logits_add_nothing_where_the_final_gives_no_probability(
+        terms, final_of, monkeypatch):
+    """A ``-inf`` final logit is a token of probability 0: ``0 · log 0`` and ``0 · (-inf)`` count
+    as 0 (they were NaN), so the KL is float64's over the finite columns; a point that gives
+    ``-inf`` where the final gives probability has an infinite KL, not NaN."""
+    monkeypatch.setattr("residual_stream.weights.VOCAB_SLICE", 5000)
+    final, z, live = _masked(3)
+    top, lse_f, plogp, mass = final_of(final)
+    f64 = final[:, live].double().log_softmax(-1)
+    assert (plogp.double() - (f64.exp() * f64).sum(-1)).abs().max() <= 1e-6 * plogp.abs().max()
+    fine = z.clone()
+    fine[:, 2000] = 0.0
+    for point, finite in ((fine, True), (z, False)):
+        _, _, pz, lse = terms(point.clone(), final, lse_f, top)
+        kl = plogp - pz + lse * mass
+        if finite:
+            truth = (f64.exp() * (f64 - point[:, live].double().log_softmax(-1))).sum(-1)
+            assert ((kl.double() - truth).abs() <= KL_F64_ATOL + KL_F64_REL * truth).all()
+        else:
+            assert torch.equal(kl, torch.full_like(kl, float("inf")))
+    final[5, 3] = float("nan")  # a NaN logit is not a token of no probability: its row stays NaN
+    top, lse_f, plogp, mass = final_of(final)
+    _, _, pz, lse = terms(fine.clone(), final, lse_f, top)
+    kl = plogp - pz + lse * mass
+    assert kl[5].isnan() and kl.isfinite().sum() == ROWS - 1
+
+
+def test_the_analysis_kl_counts_no_probability_as_nothing():
+    """``kl_rows`` (``logit_lens`` and ablation's meter): float64's over the finite columns
+    with a ``-inf`` block on both sides, infinite where only ``q`` has ``-inf``, never NaN."""
+    from residual_stream.analyses.lens import kl_rows, log_probs
+
+    final, z, live = _masked(4)
+    fine = z.clone()
+    fine[:, 2000] = 0.0
+    f64 = final[:, live].double().log_softmax(-1)
+    truth = (f64.exp() * (f64 - fine[:, live].double().log_softmax(-1))).sum(-1)
+    kl = kl_rows(log_probs(final), log_probs(fine))
+    assert ((kl.double() - truth).abs() <= KL_F64_ATOL + KL_F64_REL * truth).all()
+    assert torch.equal(kl_rows(log_probs(final), log_probs(z)), torch.full((ROWS,), float("inf")))
+    self_kl = kl_rows(log_probs(final), log_probs(final))
+    assert torch.equal(self_kl, torch.zeros(ROWS))
+    final[5, 3] = float("nan")  # a NaN logit is not a token of no probability: its row stays NaN
+    kl = kl_rows(log_probs(final), log_probs(fine))
+    assert kl[5].isnan() and kl.isfinite().sum() == ROWS - 1

@@ -53,7 +53,7 @@ from .ablation_args import (
 )
 from .ablation_edits import Edit
 from .flow import read_attribution
-from .lens import log_probs
+from .lens import kl_rows, log_probs
 from .patching import copy_rows, spread_logits, stack_size, stacked_logits
 from .results import CompactRepr
 from .tokens import masked_mean
@@ -165,7 +165,7 @@ def _output_meter(trace) -> Callable[[Tensor], Tensor]:
 
     def measure(logits: Tensor) -> Tensor:
         q = log_probs(logits)
-        kl = (prob * (p - q)).sum(-1).clamp_min(0)  # (batch, pos); ≥ 0 but for float32 rounding
+        kl = kl_rows(p, q, prob).clamp_min(0)  # (batch, pos); ≥ 0 but for float32 rounding
         dtop = (logits.gather(-1, top) - clean_top)[..., 0]
         dloss = (clean_next - q[:, :-1].gather(-1, nxt))[..., 0]  # next-token loss change
         loss = float(masked_mean(dloss, has_next)) if causal else float("nan")

@@ -97,6 +97,17 @@ def log_probs(logits: Tensor) -> Tensor:
     return logits - torch.logsumexp(logits, -1, keepdim=True)
 
 
+def kl_rows(logp: Tensor, logq: Tensor, p: Tensor | None = None) -> Tensor:
+    """``KL(p ‖ q) = Σ p (log p − log q)`` over the last dimension, from log-probabilities.
+
+    A token ``p`` gives no probability adds nothing (``0 · log 0 = 0``, the limit), so logits
+    of ``-inf`` on either side give 0 there, not NaN; a token ``p`` gives probability and ``q``
+    none makes the KL infinite, as it is. ``p``: ``logp.exp()``, if already at hand.
+    """
+    p = logp.exp() if p is None else p
+    return torch.where(p == 0, 0, p * (logp - logq)).sum(-1)  # NaN stays NaN
+
+
 def logit_lens(trace, *, k: int = 5) -> LogitLens:
     """The logit lens over every point of ``trace`` (see the module docstring).
 
@@ -115,7 +126,7 @@ def logit_lens(trace, *, k: int = 5) -> LogitLens:
     for L in range(trace.anatomy.n_layers + 1):
         logits = unembed.logits(_final_norm(trace, trace.stream(L)))
         logp = log_probs(logits)
-        kls.append((final.exp() * (final - logp)).sum(-1).clamp_min(0))  # rounding gave -3e-7
+        kls.append(kl_rows(final, logp).clamp_min(0))  # rounding gave -3e-7
         # ranks compare logits, not log-probabilities: subtracting logsumexp in float32 can
         # round two distinct logits into a tie
         agree.append((logits.argmax(-1) == final_top).float())

@@ -65,7 +65,9 @@ MIN_WIDTH = 16  # ... each rounded up to a multiple of 8, none under 16 position
 
 
 @dataclasses.dataclass
-class _Pending:
+class Pending:
+    """A replayed batch whose sums are not yet added to the accumulators (``Replayed.held``)."""
+
     batch: object  # the batch as given (its rows' texts and token strings)
     sums: dict     # its reducers, or copies of them (``snapshot``) that the next replay leaves alone
     finite: list   # its points' coordinate sums (``check_finite``)
@@ -73,7 +75,9 @@ class _Pending:
 
 
 @dataclasses.dataclass
-class _Entry:
+class Entry:
+    """One captured batch shape: its static batch, its captured run and graph, its reducers."""
+
     batch: object          # the static batch (its tensors are the graph's input buffers)
     run: Callable          # the captured function: () → (sums by name, finite sums)
     graph: object | None   # torch.cuda.CUDAGraph, or None when emulating
@@ -127,9 +131,9 @@ class Replayed:
         """
         self.model, self.accs, self.width = model, accs, width
         self.emulate = model.device.type != "cuda" if emulate is None else emulate
-        self.entries: dict[tuple, _Entry] = {}
+        self.entries: dict[tuple, Entry] = {}
         self.replays = self.fallbacks = 0
-        self.pending: _Pending | None = None  # replayed, its ``into`` not yet run (``add``)
+        self.pending: Pending | None = None  # replayed, its ``into`` not yet run (``add``)
 
     @staticmethod
     def usable(model, accs: dict) -> bool:
@@ -172,18 +176,18 @@ class Replayed:
             self.flush()
 
     @staticmethod
-    def held(entry: _Entry, batch) -> _Pending:
+    def held(entry: Entry, batch) -> Pending:
         """``batch``, just replayed by ``entry``: its sums copied (``snapshot``) where all can be."""
         if all(hasattr(s, "snapshot") for s in entry.sums.values()):
             *finite, mask = copies([*entry.finite, entry.batch.attention_mask])
-            return _Pending(batch, {n: s.snapshot() for n, s in entry.sums.items()}, finite, mask)
-        return _Pending(batch, entry.sums, entry.finite, entry.batch.attention_mask)
+            return Pending(batch, {n: s.snapshot() for n, s in entry.sums.items()}, finite, mask)
+        return Pending(batch, entry.sums, entry.finite, entry.batch.attention_mask)
 
     def flush(self) -> None:
         """Add the batch replayed last, if it waits (before the accumulators are read or saved)."""
         self._into(self._checked())
 
-    def _checked(self) -> tuple[_Pending, bool] | None:
+    def _checked(self) -> tuple[Pending, bool] | None:
         """The waiting batch and whether it overflowed; ``NonFiniteError`` if its stream was not finite."""
         p, self.pending = self.pending, None
         if p is None:
@@ -197,7 +201,7 @@ class Replayed:
                 s.fetch()
         return p, False
 
-    def _into(self, checked: tuple[_Pending, bool] | None) -> None:
+    def _into(self, checked: tuple[Pending, bool] | None) -> None:
         if checked is None:
             return
         p, overflowed = checked
@@ -217,7 +221,7 @@ class Replayed:
 
         add_batch(self.model, batch, self.accs)
 
-    def _capture(self, batch) -> _Entry | None:
+    def _capture(self, batch) -> Entry | None:
         static = StaticBatch.on(batch, self.model.device)
 
         def run():
@@ -228,7 +232,7 @@ class Replayed:
 
         if self.emulate:  # one warm-up, as ``record`` runs first: it makes the fixed choices
             run()
-            return _Entry(static, run, None, {}, [])
+            return Entry(static, run, None, {}, [])
         try:
             graph, (sums, finite) = record(run, self.model.device)
         except Exception as e:  # noqa: BLE001 - a model or reducer that cannot be captured
@@ -237,7 +241,7 @@ class Replayed:
                           "take the eager pass (pass graphs=False to skip trying)",
                           RuntimeWarning, stacklevel=3)
             return None
-        return _Entry(static, run, graph, sums, finite)
+        return Entry(static, run, graph, sums, finite)
 
 
 def record(fn: Callable, device: torch.device) -> tuple[object, object]:

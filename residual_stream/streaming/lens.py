@@ -29,9 +29,10 @@ with one ``[chunk, d_vocab]`` float32 tensor alive (``z``) and a boolean one for
 on a GPU both reductions are compiled, and eagerly ``p`` is recomputed from the logits (in
 the model's dtype) one vocabulary slice at a time, as are the final terms. Every sum over
 the vocabulary is a pairwise reduction, not a BLAS dot (whose running sum loses the terms
-below its rounding). A 16-bit ``W_U`` is cast to float32 one vocabulary slice at a time,
-each slice's product written into its columns of ``z`` (``Unembed.logits``), never copied
-whole.
+below its rounding). A token the final logits give no probability (a ``-inf`` logit) adds
+nothing to ``Σ p log p`` or ``Σ p z'`` (``0 · log 0 = 0``), as in ``analyses.lens.kl_rows``.
+A 16-bit ``W_U`` is cast to float32 one vocabulary slice at a time, each slice's product
+written into its columns of ``z`` (``Unembed.logits``), never copied whole.
 
 **TF32 products** (``LensStats(tf32=True)``, the spec ``lens:tf32=true``; 16-bit ``W_U`` only,
 ``check_tf32``): each final-normed chunk is rounded to TF32's 10 mantissa bits
@@ -226,19 +227,24 @@ def _point_terms(z: Tensor, final: Tensor, lse: Tensor, top: Tensor
     zmax = z.amax(-1, keepdim=True)
     zmax = torch.where(torch.isfinite(zmax), zmax, 0)
     shifted = z - zmax
-    return best, rank, (p * shifted).sum(-1), shifted.exp().sum(-1).log()
+    return best, rank, torch.where(p == 0, 0, p * shifted).sum(-1), shifted.exp().sum(-1).log()
 
 
 def _point_terms_in_place(z: Tensor, final: Tensor, lse: Tensor, top: Tensor
                           ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``_point_terms`` in place in ``z``, beside a boolean temporary and a slice of ``p`` at a time."""
+    """``_point_terms`` in place in ``z``, beside a boolean temporary and a slice of ``p`` at a time.
+
+    ``nansum`` drops the products ``0 · (-inf)`` (the compiled form's ``where``) at the cost of a
+    plain sum (a mask and a fill doubled the loop's time); a NaN logit still makes the KL NaN,
+    through ``Σ p`` or ``logsumexp z'``.
+    """
     best = z.argmax(-1)
     rank = (z > z.gather(-1, top[:, None])).sum(-1, dtype=torch.int32)  # not count_nonzero: int64 copy
     zmax = z.amax(-1, keepdim=True)
     shifted = z.sub_(torch.where(torch.isfinite(zmax), zmax, 0))
     pz = torch.zeros_like(lse)
     for cols in weights.vocab_slices(z.shape[-1]):  # p = exp(final − lse), float32 (lse is), by slice
-        pz += (torch.sub(final[:, cols], lse[:, None]).exp_() * shifted[:, cols]).sum(-1)
+        pz += torch.sub(final[:, cols], lse[:, None]).exp_().mul_(shifted[:, cols]).nansum(-1)
     return best, rank, pz, shifted.exp_().sum(-1).log_()
 
 
@@ -256,7 +262,7 @@ def _final_terms(f: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     lse = torch.logsumexp(f, -1)
     logp = f - lse[:, None]
     p = logp.exp()
-    return f.argmax(-1), lse, (p * logp).sum(-1), p.sum(-1)
+    return f.argmax(-1), lse, torch.where(p == 0, 0, p * logp).sum(-1), p.sum(-1)
 
 
 def _final_terms_sliced(f: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -276,7 +282,7 @@ def _final_terms_sliced(f: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     for cols in weights.vocab_slices(f.shape[-1]):
         logp = torch.sub(f[:, cols], lse[:, None])  # float32: lse is
         p = logp.exp()
-        plogp += (p * logp).sum(-1)
+        plogp += (p * logp).nansum(-1)  # 0 · (-inf) adds nothing, as in _point_terms_in_place
         mass += p.sum(-1)
     return top, lse, plogp, mass
 
