@@ -20,8 +20,8 @@ st.title("Corpus")
 st.caption("The other pages measure the text in the sidebar. This one streams a corpus through "
            "the model one batch (8 rows of 128 tokens) at a time with `rs.scan`, keeping only "
            "sums, counts and histograms, so memory does not grow with the corpus. On two CPU "
-           "cores, 4,096 tokens take SmolLM2 about 80 s for all four statistics and 20 s for "
-           "norm growth alone, and MiniLM 5 s for the three it has. The built-in corpus "
+           "cores, 4,096 tokens take SmolLM2 about 50 s for all four statistics and 8 s for "
+           "norm growth alone, and MiniLM 4 s for the three it has. The built-in corpus "
            "holds 6,388 SmolLM2 tokens; a larger budget scans all of it.")
 with st.form("scan"):
     sources = ["built-in corpus (320 lines of English and code)"]
