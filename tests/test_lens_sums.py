@@ -150,11 +150,15 @@ def test_minus_infinite_logits_add_nothing_where_the_final_gives_no_probability(
             assert ((kl.double() - truth).abs() <= KL_F64_ATOL + KL_F64_REL * truth).all()
         else:
             assert torch.equal(kl, torch.full_like(kl, float("inf")))
-    final[5, 3] = float("nan")  # a NaN logit is not a token of no probability: its row stays NaN
+    fine[9, 4] = float("nan")  # a NaN logit is not a token of no probability: its row stays NaN
+    _, _, pz, lse = terms(fine.clone(), final, lse_f, top)
+    kl = plogp - pz + lse * mass
+    assert kl[9].isnan() and kl.isfinite().sum() == ROWS - 1
+    final[5, 3] = float("nan")  # in the final logits too
     top, lse_f, plogp, mass = final_of(final)
     _, _, pz, lse = terms(fine.clone(), final, lse_f, top)
     kl = plogp - pz + lse * mass
-    assert kl[5].isnan() and kl.isfinite().sum() == ROWS - 1
+    assert kl[5].isnan() and kl[9].isnan() and kl.isfinite().sum() == ROWS - 2
 
 
 def test_the_analysis_kl_counts_no_probability_as_nothing():

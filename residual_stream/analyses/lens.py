@@ -100,9 +100,9 @@ def log_probs(logits: Tensor) -> Tensor:
 def kl_rows(logp: Tensor, logq: Tensor, p: Tensor | None = None) -> Tensor:
     """``KL(p ‖ q) = Σ p (log p − log q)`` over the last dimension, from log-probabilities.
 
-    A token ``p`` gives no probability adds nothing (``0 · log 0 = 0``, the limit), so logits
-    of ``-inf`` on either side give 0 there, not NaN; a token ``p`` gives probability and ``q``
-    none makes the KL infinite, as it is. ``p``: ``logp.exp()``, if already at hand.
+    A token to which ``p`` gives no probability adds nothing (``0 · log 0 = 0``, the limit), so
+    logits of ``-inf`` there give 0, not NaN; a token to which ``p`` gives probability and ``q``
+    none makes the KL infinite, as it is; a NaN stays NaN. ``p``: ``logp.exp()``, if at hand.
     """
     p = logp.exp() if p is None else p
     return torch.where(p == 0, 0, p * (logp - logq)).sum(-1)  # NaN stays NaN
