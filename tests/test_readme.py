@@ -137,6 +137,8 @@ def test_the_torchrun_line_runs_as_written(workdir, monkeypatch):
     assert out.returncode == 0, out.stderr[-3000:]
     two = json.loads((workdir / "scan.json").read_text())
     monkeypatch.chdir(workdir)
-    assert main(["scan", *argv[argv.index("-m") + 2:-2], "--out", "one.json"]) == 0
+    args = argv[argv.index("-m") + 2:]
+    out_at = args.index("--out")
+    assert main(["scan", *args[:out_at], *args[out_at + 2:], "--out", "one.json"]) == 0
     one = workdir / "one.json"
     assert two["tokens"] == json.loads(one.read_text())["tokens"] > 0
