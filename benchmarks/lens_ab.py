@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from scan_speed import _batches, variants  # noqa: E402
+from scan_speed import _batches, _sync, variants  # noqa: E402
 
 import residual_stream as rs  # noqa: E402
 from residual_stream.streaming import lens  # noqa: E402
@@ -74,8 +74,10 @@ def main() -> None:
             for name, (methods, fn) in runs.items():
                 for attr, method in methods.items():
                     setattr(lens.LensSums, attr, method)
+                _sync(model.device)
                 t = time.perf_counter()
                 fn(batch)
+                _sync(model.device)
                 if r:
                     times[name].append(time.perf_counter() - t)
     finally:

@@ -101,7 +101,7 @@ def test_the_analysis_kl_is_float64s_at_a_real_vocabulary():
     """``analyses.lens.logit_lens``'s arithmetic (log-probabilities from ``logsumexp``, the
     elementwise ``p (log p − log q)`` summed) against float64 on the same rows: the single-
     trace reference the scan is tested against holds the same tolerance."""
-    from residual_stream.analyses.lens import log_probs
+    from residual_stream.analyses.lens import kl_rows, log_probs
 
     final, points = _logits(2)
     f64 = final.double().log_softmax(-1)
@@ -109,7 +109,7 @@ def test_the_analysis_kl_is_float64s_at_a_real_vocabulary():
     assert ((logp.exp().sum(-1) - 1).abs() <= 4e-6).all()
     for z in points:
         truth = (f64.exp() * (f64 - z.double().log_softmax(-1))).sum(-1)
-        kl = (logp.exp() * (logp - log_probs(z))).sum(-1)
+        kl = kl_rows(logp, log_probs(z))
         assert ((kl.double() - truth).abs() <= KL_F64_ATOL + KL_F64_REL * truth).all()
 
 
