@@ -2,7 +2,7 @@
 
     residual-stream models                     the registry: what is installed, how to install the rest
     residual-stream families                   every supported config.model_type and its family
-    residual-stream anatomy MODEL              sizes, norms and the stream program of a model
+    residual-stream anatomy MODEL              sizes, norm kind, placement and the stream program
     residual-stream check MODEL --text TEXT    trace TEXT and print the conservation report
     residual-stream summarize MODEL [--text T] headline numbers of every analysis
     residual-stream heads MODEL [--top N]      induction, previous- and duplicate-token heads
@@ -13,8 +13,9 @@
     residual-stream scan MODEL CORPUS --stats growth,lens --out scan.json   corpus statistics
     residual-stream app [--host H --port P]    serve the Streamlit app
 
-Exit codes: 0 on success, 2 on a usage error, 1 on any other failure (with a one-line reason
-on stderr), 130 when interrupted (Ctrl-C).
+Exit codes: 0 on success, 2 on a usage error, 1 on a refused input or a file error (with a
+one-line reason on stderr), 130 when interrupted (Ctrl-C); anything else is a bug and shows
+its traceback.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import get_args, get_type_hints
 
 from .bars import load_on_terminal
 from .cli_weights import add_weight_commands, composition_command, heads_command
 from .errors import InputError, ResidualStreamError
-from .files import path_kind, usual_permissions, writable
+from .files import not_an_input, path_kind, usual_permissions, writable
+from .inputs import CHUNK, Overflow
 
 # the app's entry point: the copy a wheel carries (see setup.py), else the checkout's app/
 APPS = (Path(__file__).resolve().parent / "_app" / "main.py",
@@ -51,6 +54,12 @@ def app_path() -> Path:
                      "the repository and run `make app` from it")
 
 
+def _overflow_option(parser: argparse.ArgumentParser) -> None:
+    """``--overflow``: ``rs.trace``'s ``overflow``, its choices ``inputs.Overflow``'s."""
+    parser.add_argument("--overflow", choices=get_args(Overflow), default="error",
+                        help="a text longer than the context: refused (error) or split into rows (chunk)")
+
+
 def _parser() -> argparse.ArgumentParser:
     intro, _, rest = __doc__.partition("\n\n")
     p = argparse.ArgumentParser(prog="residual-stream", description=intro.replace("``", ""),
@@ -59,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("models", help="list the model registry (installed or not)")
     sub.add_parser("families", help="list the supported architectures (config.model_type and family)")
-    a = sub.add_parser("anatomy", help="print a model's anatomy and stream program")
+    a = sub.add_parser("anatomy", help="print a model's sizes, norm kind, placement and stream program")
     a.add_argument("model", help="registry name, HF folder, .gguf file or cached hub id")
     c = sub.add_parser("check", help="trace a text and print the conservation report")
     c.add_argument("model", help="registry name, HF folder, .gguf file or cached hub id")
@@ -68,10 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--device", default="auto", help="auto (cuda, mps, cpu), cpu, cuda ...")
     c.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, else float32), float32 ...")
     c.add_argument("--verbose", action="store_true", help="print every comparison")
+    _overflow_option(c)
     m = sub.add_parser("summarize", help="headline numbers of every analysis for a model")
     m.add_argument("model", help="registry name, HF folder, .gguf file or cached hub id")
     m.add_argument("--text", action="append", help="text to analyse (repeat; default: 3 built-in)")
     m.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _overflow_option(m)
     add_weight_commands(sub)
     r = sub.add_parser("report", help="write an HTML report comparing models (plotly inlined)")
     r.add_argument("--model", action="append", required=True, help="model to compare (repeat)")
@@ -95,19 +106,21 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--text", action="append", required=True, help="text to trace (repeat)")
     tr.add_argument("--out", type=Path, required=True, help="a .safetensors file")
     tr.add_argument("--device", default="auto")
+    _overflow_option(tr)
+    from .twins.model import TwinConfig
     from .twins.train import TWIN_RECIPE
 
     t = sub.add_parser("train", help="train a twin transformer with the shared recipe "
                        "(defaults: the bundled twins' recipe)")
-    t.add_argument("--norm", choices=["layernorm", "rmsnorm", "none"], required=True)
-    t.add_argument("--placement", choices=["pre", "post", "sandwich", "deepnorm", "parallel"],
-                   required=True)
+    choices = {name: get_args(kind) for name, kind in get_type_hints(TwinConfig).items()}  # its Literals
+    t.add_argument("--norm", choices=choices["norm"], required=True)
+    t.add_argument("--placement", choices=choices["placement"], required=True)
     t.add_argument("--layers", type=int, default=4)
     t.add_argument("--d-model", type=int, default=128)
     t.add_argument("--heads", type=int, default=4)
-    t.add_argument("--d-mlp", type=int, default=512)
-    t.add_argument("--mlp", choices=["gelu", "swiglu"], default="gelu")
-    t.add_argument("--positions", choices=["learned", "rotary"], default="learned")
+    t.add_argument("--d-mlp", type=int, default=0, help="MLP width (default 0: 4 × --d-model)")
+    t.add_argument("--mlp", choices=choices["mlp"], default="gelu")
+    t.add_argument("--positions", choices=choices["positions"], default="learned")
     t.add_argument("--n-ctx", type=int, default=128)
     t.add_argument("--steps", type=int, default=TWIN_RECIPE.steps)
     t.add_argument("--batch", type=int, default=TWIN_RECIPE.batch)
@@ -166,7 +179,7 @@ def _check(args: argparse.Namespace) -> int:
     from .trace import trace
 
     model = load_on_terminal(args.model, device=args.device, dtype=args.dtype)
-    report = trace(model, args.text).check()
+    report = trace(model, args.text, overflow=args.overflow).check()
     if args.verbose:
         print(report.to_frame().to_string(index=False))
     print(report)
@@ -177,7 +190,7 @@ def _summarize(args: argparse.Namespace) -> int:
     from .summary import DEFAULT_TEXTS, summarize
 
     model = load_on_terminal(args.model, device="cpu")
-    numbers = summarize(model, args.text or DEFAULT_TEXTS)
+    numbers = summarize(model, args.text or DEFAULT_TEXTS, overflow=args.overflow)
     if args.json:
         print(json.dumps(numbers, indent=1))
     else:
@@ -223,16 +236,17 @@ def _read_texts(args: argparse.Namespace) -> list[str]:
     if args.text is not None and text != "file":
         hint = ": it is a folder, give it as --corpus" if text == "folder" else (
             ": no such file (report reads its texts from a file, one per line; `check` and "
-            "`trace` take --text as the text itself)")
+            "`trace` take --text as the text itself)") if text is None else f": it is {text}, not a file"
         raise InputError(f"--text {str(args.text)[:80]}{'…' if len(str(args.text)) > 80 else ''}{hint}")
     if args.corpus is not None and corpus != "folder":
-        hint = ": it is a file, give it as --text" if corpus == "file" else ": no such folder"
+        hint = ": it is a file, give it as --text" if corpus == "file" else (
+            ": no such folder" if corpus is None else f": it is {corpus}, not a folder")
         raise InputError(f"--corpus {args.corpus}{hint}")
     return list(Corpus(args.text or args.corpus or "builtin").texts())
 
 
 def _kind(path: Path | None) -> str | None:
-    """"file", "folder", or None where nothing usable is (a sentence over 255 bytes included)."""
+    """``files.path_kind``'s, or None where nothing usable is (a sentence over 255 bytes included)."""
     try:
         return None if path is None else path_kind(path, "the path")
     except InputError:
@@ -255,8 +269,8 @@ def _report(args: argparse.Namespace) -> int:
 
     for path in filter(None, (args.out, args.data)):
         writable(path)
-    if args.data and args.data.resolve() == args.out.resolve():
-        raise InputError(f"--data and --out are both {args.out}: give the JSON another name")
+    not_an_input({"--out": args.out, "--data": args.data},
+                 {"--text": args.text, "--corpus": args.corpus})
     if args.max_tokens is not None and args.max_tokens < 1:
         raise InputError(f"--max-tokens must be positive, got {args.max_tokens}")
     twice = sorted({m for m in args.model if args.model.count(m) > 1})
@@ -285,7 +299,7 @@ def _trace_stats(args: argparse.Namespace) -> int:
 
     writable(args.out)
     model = load_on_terminal(args.model, device=args.device)
-    tr = trace(model, args.text)
+    tr = trace(model, args.text, overflow=args.overflow)
     n = model.anatomy.n_layers
     tensors = {
         "tokens": tr.tokens, "attention_mask": tr.attention_mask,
@@ -320,7 +334,8 @@ def _app(args: argparse.Namespace) -> int:
                          "(this machine only) or 0.0.0.0 (every interface)") from None
     missing = [p for p in args.allow if not Path(p).is_dir()]
     if missing:
-        raise InputError(f"--allow {missing[0]}: no such folder; give a folder that exists")
+        what = "a file, not a folder" if Path(missing[0]).exists() else "no such folder"
+        raise InputError(f"--allow {missing[0]}: {what}; give a folder that exists")
     env = dict(os.environ, HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))
     if args.allow:
         env["RESIDUAL_STREAM_ALLOWED_DIRS"] = os.pathsep.join(str(Path(p).resolve()) for p in args.allow)
@@ -356,7 +371,8 @@ def run_guarded(command, args: argparse.Namespace) -> int:
     try:
         return command(args)
     except ResidualStreamError as e:
-        print(f"residual-stream: error: {e}", file=sys.stderr)
+        advice = str(e).replace(CHUNK, "--overflow chunk")  # as this command line takes it
+        print(f"residual-stream: error: {advice}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # whoever read the output stopped (``| head``): end quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush

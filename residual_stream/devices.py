@@ -85,16 +85,22 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
+MAP_ADVICE = ("map every module of the model once (a module's entry covers its submodules; "
+              "{'': 'cpu'} maps the whole model), or pass device_map='auto'")
+
+
 def check_device_map(device_map: str | dict | int | torch.device | None) -> None:
     """``InputError`` for a ``device_map`` accelerate cannot place a model by.
 
     A strategy (``DEVICE_MAP_STRATEGIES``) or one device for the whole model (``"cpu"``,
     ``"cuda:0"``, an int for a CUDA device, a ``torch.device``), or a dict of module path →
-    device (``"disk"`` too). A device this machine lacks is refused (transformers raised these
-    as errors of the model's files).
+    device (``"disk"`` too). A device this machine lacks, and an empty dict, are refused
+    (transformers raised these as errors of the model's files).
     """
     if device_map is None or device_map in DEVICE_MAP_STRATEGIES:
         return
+    if isinstance(device_map, dict) and not device_map:
+        raise InputError(f"device_map is an empty dict, which places no module: {MAP_ADVICE}")
     places = device_map.items() if isinstance(device_map, dict) else [(None, device_map)]
     for module, where in places:
         if where == "disk" and module is not None:

@@ -32,9 +32,22 @@ def look_up(path: Path, what: str) -> os.stat_result | None:
 
 
 def path_kind(path: Path, what: str) -> str | None:
-    """``"folder"``, ``"file"`` or None (nothing there) for ``path``, from one ``look_up``."""
+    """``"folder"``, ``"file"`` (a regular one) or None (nothing there) for ``path``, from one ``look_up``.
+
+    Anything else is named in words (``"a named pipe (FIFO)"``, ``"a socket"``, ``"a device"``):
+    not a file to read, since a FIFO blocks its reader and none can be read twice.
+    """
     found = look_up(path, what)
-    return None if found is None else "folder" if stat.S_ISDIR(found.st_mode) else "file"
+    if found is None:
+        return None
+    mode = found.st_mode
+    if stat.S_ISDIR(mode) or stat.S_ISREG(mode):
+        return "folder" if stat.S_ISDIR(mode) else "file"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a special file"
 
 
 def writable(path: Path) -> None:
@@ -45,6 +58,33 @@ def writable(path: Path) -> None:
         raise InputError(f"cannot write {path}: it is a folder; give a file name")
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         raise InputError(f"cannot write {path}: {parent} is not a writable folder")
+
+
+def not_an_input(outputs: dict[str, Path | None], inputs: dict[str, Path | str | None]) -> None:
+    """``InputError`` where an output file is one of the inputs or another output: checked before any work.
+
+    Keys are the options' names (``"--out"``), as the message gives them. An input that is no
+    existing path (``"builtin"``, a text given inline) is passed over; one reached through
+    another name (a link, ``./``) is still the same file.
+    """
+    named = [(k, Path(v)) for k, v in inputs.items() if v is not None and _exists(Path(v))]
+    seen: list[tuple[str, Path]] = []
+    for key, out in ((k, v) for k, v in outputs.items() if v is not None):
+        for other, path in named + seen:
+            same = out.resolve() == path.resolve() or out.exists() and os.path.samefile(out, path)
+            if same:
+                what = "read" if (other, path) in named else "written"
+                raise InputError(f"{key} {out} is the file {other} names, which is {what} by this "
+                                 f"command: writing there would overwrite it; give {key} another name")
+        seen.append((key, out))
+
+
+def _exists(path: Path) -> bool:
+    """Whether ``path`` names something: False, not an error, for a name too long to be a path."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
 
 
 def usual_permissions(path: Path) -> None:

@@ -63,6 +63,19 @@ def gguf_cache(path: Path, progress: bool) -> Path:
     return target
 
 
+def rebuilt_copy(path: Path, folder: Path, error: str, progress: bool) -> Path:
+    """The copy of GGUF file ``path`` made again, after its cached ``folder`` failed to load (``error``).
+
+    The copy is keyed by the GGUF's hash, so nothing else would repair it (re-downloading the GGUF
+    finds the same folder); the GGUF is read again and checked (``gguf_cache``), so a GGUF that is
+    itself damaged is named as such.
+    """
+    print(f"residual-stream: the cached copy does not load ({error}); making it again from {path.name}",
+          file=sys.stderr, flush=True)
+    shutil.rmtree(folder, ignore_errors=True)
+    return gguf_cache(path, progress)
+
+
 def save_float_copy(model: nn.Module, tok: object, folder: Path) -> None:
     """Save a dequantized model as safetensors + config (``save_pretrained`` refuses GGUF-loaded models)."""
     import copy

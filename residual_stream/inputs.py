@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
 import torch
 from jaxtyping import Int
 from torch import Tensor
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from .loading import Model
 
 Overflow = Literal["error", "chunk"]
+CHUNK = "overflow='chunk'"  # how a too-long text's error advises chunking (the CLI: --overflow chunk)
 TOKENIZER_LOCK = threading.Lock()  # a scan tokenizes in a reader thread; conversions share it
 
 
@@ -125,7 +127,8 @@ def _pad_id(tokenizer: object) -> int:
 
 def from_ids(model: Model, tokens: Tensor) -> Batch:
     """A ``Batch`` from token ids ``[batch, pos]`` (no padding), checked against the vocabulary."""
-    if tokens.ndim != 2 or tokens.numel() == 0 or tokens.dtype.is_floating_point:
+    if tokens.ndim != 2 or tokens.numel() == 0 or tokens.dtype.is_floating_point \
+            or tokens.dtype.is_complex or tokens.dtype == torch.bool:
         raise InputError(f"token ids must be a non-empty integer tensor [batch, pos], got "
                          f"{tuple(tokens.shape)} of {tokens.dtype}")
     if tokens.shape[1] > model.anatomy.n_ctx:
@@ -197,16 +200,31 @@ def _ids(model: Model, i: int, text: object, limit: int, overflow: Overflow) -> 
     except UnicodeEncodeError as e:  # lone surrogates: bytes a shell could not decode
         raise InputError(f"text {i} is not valid Unicode at character {e.start} (bytes that "
                          "are not UTF-8?): give the text as UTF-8") from None
-    ids = list(model.tokenizer(text, add_special_tokens=True)["input_ids"])
-    if not ids:
-        raise EmptyTextError(f"text {i} tokenizes to nothing: give it some words to analyse")
+    ids = _tokenized(model, text, True)
+    if len(ids) <= 4 and not _tokenized(model, text, False):  # at most the ids a tokenizer adds
+        raise EmptyTextError(f"text {i} tokenizes to nothing{' but special tokens' if ids else ''} "
+                             f"({text[:20]!r}: characters the tokenizer drops): give it some words to "
+                             "analyse")
     if len(ids) > limit and overflow == "error":
         raise ContextLengthError(
             f"text {i} is {len(ids)} tokens, longer than the limit of {limit} tokens "
             f"({model.name}'s context is {model.anatomy.n_ctx}); shorten it, or pass "
-            "overflow='chunk' to split it into several rows", tokens=len(ids), limit=limit,
+            f"{CHUNK} to split it into several rows", tokens=len(ids), limit=limit,
             model=model.name)
     return ids
+
+
+def _tokenized(model: Model, text: str, special: bool) -> list[int]:
+    """The tokenizer's ids of ``text``, checked to be whole numbers (``InputError`` naming what it gave)."""
+    quiet = {"verbose": False} if hasattr(model.tokenizer, "model_max_length") else {}  # Hugging Face's:
+    out = model.tokenizer(text, add_special_tokens=special, **quiet)  # no "longer than the maximum" log
+    ids = out.get("input_ids") if hasattr(out, "get") else None
+    if not isinstance(ids, list | tuple) or not all(
+            isinstance(t, int | np.integer) and not isinstance(t, bool) for t in ids):
+        shown = type(out).__name__ if ids is None else f"input_ids {str(ids)[:60]}"
+        raise InputError(f"the tokenizer returned {shown}, not {{'input_ids': [whole numbers]}} as a Hugging "
+                         "Face tokenizer does for one text: give rs.load a tokenizer of that form")
+    return [int(t) for t in ids]
 
 
 def pack(model: Model, rows: list[list[int]], text_index: tuple[int, ...] | None = None,

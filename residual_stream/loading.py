@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -39,7 +37,7 @@ from .errors import (
 )
 from .families import TEXT_LMS, WHOLE_TEXT_MODELS
 from .files import look_up
-from .gguf_cache import gguf_cache
+from .gguf_cache import gguf_cache, rebuilt_copy
 from .integrity import (
     check_tokenizer,
     refuse_extra_layers,
@@ -47,6 +45,7 @@ from .integrity import (
     refuse_non_finite,
     validate_safetensors,
 )
+from .placement import MAP_HINT, check_offload_folder, offload_missing, placement_error
 from .registry import REGISTRY
 from .seq2seq_families import ENCODER_DECODERS, ENCODERS_ALONE
 from .tl_compat import is_bridge, unwrap_bridge
@@ -163,8 +162,9 @@ def load(
         CorruptModelFileError: A truncated or corrupt file, non-finite weights, a checkpoint
             missing weights the model uses, or a tokenizer without its files.
         UnsupportedArchitectureError: An architecture without a verified stream program.
-        InputError: A device, dtype or device_map this machine cannot use, or a model object
-            without a tokenizer.
+        InputError: A device, dtype or device_map this machine cannot use, a device_map that
+            leaves a module unplaced, an offload_folder that is no folder, too little memory,
+            or a model object without a tokenizer.
     """
     if isinstance(source, Model):
         return source
@@ -189,6 +189,7 @@ def load(
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     check_device_map(device_map)
+    check_offload_folder(offload_folder)
     name = str(source)
     placement = {} if device_map is None else {"device_map": device_map, "offload_folder": offload_folder}
     with framework_bars(progress):
@@ -253,19 +254,25 @@ def _load_file(path: Path, dev: torch.device, dt: torch.dtype, progress: bool, p
     if path.is_file() and path.suffix == ".gguf":
         folder = gguf_cache(path, progress)
         try:
-            return _from_folder(folder, dev, dt, placement, tokenizer)
-        except CorruptModelFileError as e:  # the copy is ours (its weights were checked): made again
-            if placement or isinstance(e.__cause__, RuntimeError | MemoryError):
-                raise  # a device_map's or the memory's failure, not the copy's: it stays
-            print(f"residual-stream: the cached copy does not load ({e}); making it again",
-                  file=sys.stderr, flush=True)
-            shutil.rmtree(folder, ignore_errors=True)
-            return _from_folder(gguf_cache(path, progress), dev, dt, placement, tokenizer)
+            return _gguf_copy(folder, dev, dt, placement, tokenizer)
+        except CorruptModelFileError as e:  # the copy is ours (its weights were checked): made again,
+            damage = str(e)  # out of this block, so the failed load's model is freed first
+        return _gguf_copy(rebuilt_copy(path, folder, damage, progress), dev, dt, placement, tokenizer)
     if path.is_dir() and (path / "config.json").exists():
         validate_safetensors(path)
         return _from_folder(path, dev, dt, placement, tokenizer)
     raise ModelNotFoundError(
         f"{str(path)!r} is neither a .gguf file nor a Hugging Face folder with config.json")
+
+
+def _gguf_copy(folder: Path, dev: torch.device, dt: torch.dtype, placement: dict, tokenizer: object | None):
+    """The cached float copy of a GGUF file, loaded; ``CorruptModelFileError`` where it is damaged.
+
+    Its weights were finite when it was written (``gguf_cache``), so a NaN or inf now is the copy's.
+    """
+    module, tok = _from_folder(folder, dev, dt, placement, tokenizer)
+    refuse_non_finite(module, str(folder), "the cached copy is damaged")
+    return module, tok
 
 
 def _load_twin(folder: Path, dev: torch.device, dt: torch.dtype):
@@ -318,6 +325,8 @@ def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, placement: di
             model, info = cls.from_pretrained(
                 folder, config=loaded, dtype=dt, local_files_only=True, use_safetensors=True,
                 output_loading_info=True, variant=_weights_variant(folder), **(placement or {}), **kw)
+        if placement:
+            offload_missing(model, info.get("missing_keys", ()))  # accelerate's map lacks them
         model, keys = _analysed_part(model, info)
         anatomy = describe(model, has_lm_head=has_lm_head(model))
         refuse_missing(model, anatomy, keys["missing_keys"], str(folder))
@@ -330,9 +339,12 @@ def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, placement: di
     except Exception as e:  # noqa: BLE001 - a config's own validation errors are plain Exceptions
         if isinstance(e, ResidualStreamError):
             raise
+        if (wrong := placement_error(e, folder, placement or {})) is not None:
+            raise wrong from e  # the device_map's, the offload_folder's or the memory's fault
         raise CorruptModelFileError(
             f"could not load the model in {str(folder)!r}: {type(e).__name__}: "
-            f"{str(e).splitlines()[0][:300]}. Re-download or reinstall it.") from e
+            f"{str(e).splitlines()[0][:300]}. Re-download or reinstall it"
+            f"{MAP_HINT if placement else ''}.") from e
     return (model if placement else model.to(dev)), tok
 
 

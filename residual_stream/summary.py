@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from . import analyses
 from .errors import NotAvailableError
+from .inputs import Overflow
 from .trace import trace as run_trace
 
 DEFAULT_TEXTS = (
@@ -27,9 +28,14 @@ def _nan_or(fn):
         return None
 
 
-def summarize(model, texts: Sequence[str] = DEFAULT_TEXTS) -> dict[str, float | str | None]:
-    """Headline numbers (see the keys) of every analysis of ``model`` on ``texts``."""
-    tr = run_trace(model, list(texts), patterns=True)
+def summarize(model, texts: Sequence[str] = DEFAULT_TEXTS, *, overflow: Overflow = "error"
+              ) -> dict[str, float | int | str | None]:
+    """Headline numbers (see the keys) of every analysis of ``model`` on ``texts``.
+
+    ``overflow``: a text over the context is refused (``"error"``) or split into rows (``"chunk"``),
+    as ``rs.trace`` takes it.
+    """
+    tr = run_trace(model, list(texts), patterns=True, overflow=overflow)
     n = model.anatomy.n_layers
     g = analyses.norm_growth(tr)
     s = analyses.survival(tr)
@@ -40,16 +46,16 @@ def summarize(model, texts: Sequence[str] = DEFAULT_TEXTS) -> dict[str, float | 
     lens = _nan_or(lambda: analyses.logit_lens(tr).summary())
     last = f"L{n - 1}"
     embeds = [c for c in ra.columns if "embed" in c]
-    out: dict[str, float | str | None] = {
+    out: dict[str, float | int | str | None] = {
         "conservation_worst_relative_error": tr.check().worst.relative_error,
         "norm_mean_first_block": float(g.mean[1]),
         "norm_mean_last_block": float(g.mean[n]),
         "norm_fit_growth_per_layer": g.fit_growth,
         "norm_fit_r2": g.fit_r2,
         "first_token_norm_ratio": float((g.first_token[1:] / g.mean[1:]).mean()),
-        "massive_activations_token_rule": float(len(g.massive)),
-        "massive_activations_point_rule": float(len(
-            analyses.norm_growth(tr, massive_reference="point").massive)),
+        "massive_activations_token_rule": len(g.massive),  # counts
+        "massive_activations_point_rule": len(
+            analyses.norm_growth(tr, massive_reference="point").massive),
         "ones_share_mean": float(g.ones_share.mean()),
         "update_attn_median": float(g.update_attn.nanmedian()),
         "update_mlp_median": float(g.update_mlp.nanmedian()) if len(g.update_mlp) else None,
@@ -63,7 +69,7 @@ def summarize(model, texts: Sequence[str] = DEFAULT_TEXTS) -> dict[str, float | 
         "mixing_ratio_weight_res_mean": float(mix.weight_res.mean()),
         "ablation_vs_attribution_spearman": ab.spearman,
         "lens_kl_mid_depth": None if lens is None else float(lens.kl[n // 2]),
-        "lens_first_point_top1_over_half": None if lens is None else float(
+        "lens_first_point_top1_over_half": None if lens is None else int(  # a stream point
             next((p for p, a in zip(lens.point, lens.top1_agreement, strict=True) if a >= 0.5), n)),
     }
     heads = analyses.head_scores(model)

@@ -70,8 +70,10 @@ class Trace:
     def __repr__(self) -> str:
         """The model, the batch's shape and its real tokens on one line."""
         b, p = self.tokens.shape
-        return (f"Trace({self.model!r}, {b} text{'s' if b != 1 else ''} × {p} positions, "
-                f"{int(self.attention_mask.sum())} real tokens)")
+        texts = len(set(self.batch.text_index))  # rows of texts cut by overflow="chunk" are fewer texts
+        shape = (f"{b} text{'s' if b != 1 else ''}" if texts == b else
+                 f"{texts} text{'s' if texts != 1 else ''} in {b} rows")
+        return f"Trace({self.model!r}, {shape} × {p} positions, {int(self.attention_mask.sum())} real tokens)"
 
     def stream(self, layer: Point) -> Float[Tensor, "batch pos d_model"]:
         """The stream entering block ``layer`` (``n_layers``: the last block's output).

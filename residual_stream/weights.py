@@ -339,11 +339,15 @@ class Unembed:
         ``VOCAB_SLICE`` columns at a time: the same values as a float32 copy of it, without
         holding one.
         """
-        if not h.is_floating_point():
+        width = None if self.transform is not None else self.W_U.shape[0]  # a transform reads its own
+        if not isinstance(h, Tensor) or not h.is_floating_point() or width and h.shape[-1:] != (width,):
             from .errors import InputError
 
-            raise InputError(f"logits read final-normed states, a floating tensor [..., d_model]; not "
-                             f"{h.dtype} (token ids go through rs.trace)")
+            what = (f"a {type(h).__name__}" if not isinstance(h, Tensor) else
+                    f"{h.dtype}" if not h.is_floating_point() else f"of shape {tuple(h.shape)}")
+            raise InputError(f"logits read final-normed states, a floating tensor [..., d_model"
+                             f"{f'={width}' if width else ''}]; not {what} (token ids go through rs.trace; "
+                             "a list: torch.tensor(h))")
         if self.transform is not None:  # an inference tensor (a lean pass's) stays one; and
             # no graph: inference_mode(False) turns grad mode on, so no_grad comes inside it
             with torch.inference_mode(h.is_inference()), torch.no_grad():

@@ -113,6 +113,20 @@ def unchecked(fn):
      r"\(2, 2\)"),
     (lambda t: rs.ablation_check(t, writes=["L0.mlp"], metric=lambda logits: "high"), InputError,
      "it returned str"),
+    (lambda t: rs.patch_stream(t, t, lambda logits: logits[:, -1, 0] * float("nan")), InputError,
+     r"metric returned \[nan, nan\] on the clean logits: every effect is measured from that value, so "
+     "it must be finite"),
+    (lambda t: rs.ablation_check(t, writes=["L0.mlp"], metric=lambda logits: 1 + 2j), InputError,
+     "it returned complex"),
+    (lambda t: rs.ablation_check(t, writes=["L0.mlp"], metric=lambda logits: logits[0, -1, 0] * 1j),
+     InputError, "it returned Tensor"),
+    (lambda t: unchecked(rs.write_subspaces)(t, readers="no"), InputError,
+     "readers is True or False, not 'no'"),
+    (lambda t: unchecked(rs.composition)(t, through_norms=1), InputError,
+     "through_norms is True or False, not 1"),
+    (lambda t: unchecked(rs.trace)(t.model, torch.tensor([[True, False]])), InputError,
+     r"token ids must be a non-empty integer tensor \[batch, pos\], got \(1, 2\) of torch.bool"),
+    (lambda t: unchecked(rs.trace)(t.model, torch.tensor([[1 + 0j]])), InputError, "of torch.complex64"),
     (lambda t: unchecked(rs.ablation_check)(t, writes=5), InputError, "not 5"),
     (lambda t: unchecked(rs.ablation_check)(t, writes="L0.mlp"), InputError,
      r"writes is a list of component names, e.g. \['L0.mlp'\]"),
@@ -144,6 +158,10 @@ def unchecked(fn):
      r"out is a contiguous floating tensor \[head, batch, pos, d_model\]"),
     (lambda t: unchecked(type(t.model.unembed()).logits)(t.model.unembed(), t.tokens), InputError,
      "logits read final-normed states, a floating tensor"),
+    (lambda t: unchecked(type(t.model.unembed()).logits)(t.model.unembed(), torch.ones(2, 3, 5)), InputError,
+     r"a floating tensor \[..., d_model=32\]; not of shape \(2, 3, 5\)"),
+    (lambda t: unchecked(type(t.model.unembed()).logits)(t.model.unembed(), [[0.0] * 32]), InputError,
+     r"not a list \(.*a list: torch.tensor\(h\)\)"),
     (lambda t: unchecked(rs.read_attribution)(t, per_token="no"), InputError, "per_token is True or False"),
     (lambda t: rs.write_subspaces(t, basis=torch.full((2, 32), float("nan"))), InputError,
      "basis holds NaN, inf or only zeros"),
@@ -316,3 +334,49 @@ def test_the_anatomy_lists_every_head_as_results_name_them(trace):
     assert heads == ("L0H0", "L0H1", "L0H2", "L0H3", "L1H0", "L1H1", "L1H2", "L1H3")
     assert heads == rs.composition(trace).heads
     assert set(rs.ablation_check(trace, writes=heads[-2:], reads=False).writes) == {"L1H2", "L1H3"}
+
+
+def test_a_tokenizer_that_does_not_return_ids_is_named_and_texts_it_drops_are_empty():
+    """A tokenizer returning a list, a dict without ``input_ids``, None or fractional ids was a bare
+    ``TypeError``/``KeyError`` at the trace (or ids cut to whole numbers in silence); a text whose
+    characters the tokenizer drops (MiniLM's, a zero-width space or control characters) was traced
+    as ``[CLS] [SEP]`` alone. Reference: the same model and text with the twin's own tokenizer."""
+    from residual_stream.errors import EmptyTextError
+
+    twin = rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32)
+    good = rs.trace(twin, "hi")
+    for tokenize, shown in ((lambda text, **kw: [1, 2], "list"),
+                            (lambda text, **kw: {"ids": [1, 2]}, "dict"),
+                            (lambda text, **kw: None, "NoneType"),
+                            (lambda text, **kw: {"input_ids": [1.5, 2.0]}, r"input_ids \[1.5, 2.0\]"),
+                            (lambda text, **kw: {"input_ids": [True]}, r"input_ids \[True\]")):
+        model = rs.load(twin.module, tokenizer=tokenize)
+        with pytest.raises(InputError, match=f"the tokenizer returned {shown}, not {{'input_ids'"):
+            rs.trace(model, "hi")
+    ids = list(np.array([256, 104, 105]))  # numpy integers, as some tokenizers give
+    as_numpy = rs.load(twin.module, tokenizer=lambda text, **kw: {"input_ids": ids})
+    assert torch.equal(rs.trace(as_numpy, "hi").stream(1), good.stream(1))
+    minilm = rs.load("minilm-l6")
+    for dropped in ("\u200b", "\x01\x02"):
+        with pytest.raises(EmptyTextError, match="text 0 tokenizes to nothing but special tokens"):
+            rs.trace(minilm, dropped)
+    assert rs.trace(minilm, "[MASK]").tokens.shape == (1, 3)  # a special token the text names is kept
+    chunked = rs.trace(minilm, ["word " * 700, "short"], overflow="chunk")
+    assert chunked.tokens.shape[0] == 3  # cut by the library, so transformers' warning is not shown:
+    assert not minilm.tokenizer.deprecation_warnings.get(
+        "sequence-length-is-longer-than-the-specified-maximum")  # "… will result in indexing errors"
+
+
+def test_the_stream_pca_is_named_by_the_components_it_holds(trace):
+    """``pca_k`` past what the stream spans gave a subspace named ``pca1000@2`` on a 32-wide model;
+    it is named by the components kept. Reference: numpy's rank of the centred final stream."""
+    from residual_stream.analyses.subspaces import pca_subspace
+    from residual_stream.analyses.tokens import real
+
+    x = real(trace.stream(2), trace.attention_mask).double().numpy()
+    rank = np.linalg.matrix_rank(x - x.mean(0), tol=1e-6 * np.linalg.norm(x - x.mean(0), 2))
+    pca = pca_subspace(trace, k=1000)
+    assert pca.basis.shape[1] == rank <= 32 and pca.name == f"pca{rank}@2"  # at most d_model
+    assert [n for n in rs.write_subspaces(trace, pca_k=1000, readers=False).subspaces
+            if n.startswith("pca")] == [pca.name]
+    assert pca_subspace(trace, k=3).name == "pca3@2"

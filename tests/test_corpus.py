@@ -352,8 +352,9 @@ def test_segments_are_cut_by_characters_and_batches_stay_inside_them():
     assert [r for b in got for r in b.rows] == [  # the same rows as one long segment
         r for b in row_batches(model, Corpus(texts), batch_size=3, seq_len=4, order="text")
         for r in b.rows]
-    with pytest.raises(InputError, match="segment_chars must be a positive"):
-        Corpus(texts, segment_chars=0)
+    for bad in (0, True):  # True was taken as segments of one character
+        with pytest.raises(InputError, match="segment_chars must be a positive"):
+            Corpus(texts, segment_chars=bad)
 
 
 TEXTS_12 = [f"text number {i} " * (1 + i % 3) for i in range(12)]

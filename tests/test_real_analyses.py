@@ -22,6 +22,9 @@ def test_every_measure_and_figure(name, request):
     assert numbers["conservation_worst_relative_error"] < 1e-4
     assert 0 <= numbers["mixing_ratio_norm_res_ln_mean"] <= 1
     assert numbers["max_k_composition"] > numbers["k_composition_baseline"]
+    counts = ("massive_activations_token_rule", "massive_activations_point_rule")
+    assert all(type(numbers[k]) is int for k in counts)  # printed as 17, not 17.0
+    assert type(numbers["lens_first_point_top1_over_half"]) is (int if name == "smollm2" else type(None))
     if name == "smollm2":
         assert numbers["embed_retention_at_end"] == pytest.approx(1.0, abs=1e-5)
         assert numbers["norm_fit_growth_per_layer"] > 1.02 and numbers["norm_fit_r2"] > 0.8

@@ -173,7 +173,14 @@ def test_cli_report_on_real_and_folder_models(tmp_path):
      "not a writable folder"),
     (["report", "--model", "minilm-l6", "--builtin", "--out", "EMPTY"], "it is a folder"),
     (["report", "--model", "minilm-l6", "--builtin", "--out", "SAME", "--data", "SAME"],
-     "--data and --out are both"),
+     "--data SAME is the file --out names, which is written by this command"),
+    (["report", "--model", "twin-pre-ln", "--text", "FILE", "--out", "FILE"],
+     "--out FILE is the file --text names, which is read by this command: writing there would "
+     "overwrite it"),
+    (["report", "--model", "twin-pre-ln", "--text", "FILE", "--data", "FILE"],
+     "--data FILE is the file --text names"),
+    (["scan", "twin-pre-rms", "FILE", "--out", "FILE"], "--out FILE is the file corpus names"),
+    (["scan", "twin-pre-rms", "FILE", "--state", "FILE"], "--state FILE is the file corpus names"),
     (["report", "--model", "minilm-l6", "--builtin", "--max-tokens", "0"],
      "--max-tokens must be positive, got 0"),
     (["report", "--model", "twin-pre-ln", "--model", "twin-pre-ln", "--builtin"],
@@ -184,20 +191,24 @@ def test_cli_report_on_real_and_folder_models(tmp_path):
     (["scan", "twin-pre-rms", "builtin", "--state", "/nonexistent/dir/s.pt"], "not a writable folder"),
     (["scan", "twin-pre-rms", "builtin", "--seq-len", "0"], "seq_len must be positive"),
     (["scan", "twin-pre-rms", "builtin", "--out", "SAME", "--state", "SAME"],
-     "--out and --state are the same file"),
+     "--out SAME is the file --state names"),
     (["scan", "twin-pre-rms", ""], "the corpus is an empty name: give 'builtin', a file"),
     (["check", "twin-pre-rms", "--text", "a text", "--device", "bogus"], "not a device name"),
     (["train", "--norm", "rmsnorm", "--placement", "pre", "--out", "FILE"], "is a file: give a folder"),
     (["heads", "twin-pre-ln", "--length", "1000"], "context of 128: use length ≤ 63"),
     (["heads", "twin-pre-ln", "--top", "0"], "--top must be at least 1, got 0"),
+    (["check", "twin-pre-rms", "--text", "a long text " * 20],
+     "shorten it, or pass --overflow chunk to split"),
+    (["summarize", "twin-pre-rms", "--text", "a long text " * 20], "pass --overflow chunk"),
 ])
 def test_cli_errors_exit_1_and_leave_nothing(argv, message, tmp_path, capsys):
     (tmp_path / "EMPTY").mkdir()
     (tmp_path / "FILE").write_text("not a folder")
     argv = [a.replace("EMPTY", str(tmp_path / "EMPTY")).replace("SAME", str(tmp_path / "r.html"))
             .replace("FILE", str(tmp_path / "FILE")) for a in argv]
-    if "--out" not in argv and argv[0] not in ("check", "heads"):
+    if "--out" not in argv and argv[0] not in ("check", "heads", "summarize"):
         argv += ["--out", str(tmp_path / ("r.html" if argv[0] == "report" else "r.json"))]
+    message = message.replace("SAME", str(tmp_path / "r.html")).replace("FILE", str(tmp_path / "FILE"))
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
@@ -205,7 +216,16 @@ def test_cli_errors_exit_1_and_leave_nothing(argv, message, tmp_path, capsys):
     assert (tmp_path / "FILE").read_text() == "not a folder"
 
 
-def test_cli_app_refuses_an_allowed_folder_that_does_not_exist(monkeypatch, capsys):
+def test_cli_overflow_chunk_traces_a_text_longer_than_the_context(capsys):
+    """``--overflow chunk`` (which the error advises) splits the text into rows as the API's
+    ``overflow="chunk"`` does. Reference: ``rs.trace`` on the same text."""
+    text = "a long text " * 20  # 240 bytes: two rows of the twin's 128-token context
+    assert main(["check", "twin-pre-rms", "--text", text, "--overflow", "chunk"]) == 0
+    want = rs.trace(rs.load("twin-pre-rms"), [text], overflow="chunk").check()
+    assert str(want) in capsys.readouterr().out and want.ok
+
+
+def test_cli_app_refuses_an_allowed_folder_that_does_not_exist(monkeypatch, capsys, tmp_path):
     import os
     import subprocess
 
@@ -216,6 +236,9 @@ def test_cli_app_refuses_an_allowed_folder_that_does_not_exist(monkeypatch, caps
     monkeypatch.setattr(subprocess, "call", started)
     assert main(["app", "--allow", "/nonexistent/models"]) == 1
     assert "--allow /nonexistent/models: no such folder" in capsys.readouterr().err
+    (tmp_path / "a.txt").write_text("x")
+    assert main(["app", "--allow", str(tmp_path / "a.txt")]) == 1
+    assert f"--allow {tmp_path / 'a.txt'}: a file, not a folder" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -30,6 +30,9 @@ def test_too_long_names_the_limit_and_chunking_splits(llama):
     assert trace.tokens.shape == (2, 128)
     assert trace.attention_mask.sum().item() == 201
     assert trace.batch.text_index == (0, 0) and trace.batch.text_start == (0, 128)
+    assert "1 text in 2 rows × 128 positions, 201 real tokens" in repr(trace)  # was "2 texts"
+    two = rs.trace(llama, [text, "short"], overflow="chunk")
+    assert two.batch.text_index == (0, 0, 1) and "2 texts in 3 rows × 128 positions" in repr(two)
 
 
 def test_batched_equals_one_by_one(llama):

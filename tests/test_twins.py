@@ -70,6 +70,24 @@ def test_cli_trains_a_twin_that_loads(tmp_path, capsys):
     assert model.anatomy.n_layers == 1 and model.anatomy.norm_kind == "rmsnorm"
     assert evaluate(model.module)["val_loss"] == pytest.approx(printed["val_loss"], abs=1e-5)
     assert rs.trace(model, ["hello", "hi there"]).check().ok
+    assert list(model.module.probe_ids) == list(range(32, 127))  # its recipe's alphabet
+    meta = json.loads((out / "twin.json").read_text())
+    for recipe in ([], {"mix": 3}, {"mix": {"alphabet": "printable"}}):  # odd, or older twins': any id
+        (out / "twin.json").write_text(json.dumps(meta | {"recipe": recipe}))
+        assert rs.load(out).module.probe_ids is None
+
+
+def test_cli_train_defaults_are_the_apis(tmp_path, capsys):
+    """``--d-mlp`` left out is 4 × ``--d-model``, as ``rs.twin`` and ``TwinConfig`` make it
+    (the CLI gave 512 whatever the width); every ``TwinConfig`` MLP is offered (ReLU was not)."""
+    out = tmp_path / "relu"
+    assert main(["train", "--norm", "layernorm", "--placement", "post", "--layers", "1",
+                 "--d-model", "32", "--heads", "2", "--mlp", "relu", "--n-ctx", "32",
+                 "--steps", "2", "--batch", "2", "--out", str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    config = json.loads((out / "twin.json").read_text())["config"]
+    api = rs.twin(norm="layernorm", placement="post", n_layers=1, d_model=32, n_heads=2, n_ctx=32)
+    assert config["d_mlp"] == api.module.config.d_mlp == 4 * 32 and config["mlp"] == "relu"
 
 
 def test_a_save_interrupted_between_its_files_is_refused_not_loaded_mismatched(tmp_path,

@@ -124,6 +124,8 @@ def _numbers(got: object) -> Tensor | None:
     """A metric's result as float64 (detached), or None when it is not numbers."""
     if isinstance(got, Tensor):
         got = got.detach()  # a metric through a parameter of the user's
+    if isinstance(got, complex) or isinstance(got, Tensor) and got.is_complex():
+        return None  # its imaginary part would be dropped
     try:
         return torch.as_tensor(got, dtype=torch.float64)
     except (TypeError, ValueError, RuntimeError):
@@ -135,7 +137,9 @@ def metric_values(metric: Callable[[Tensor], Tensor | float], logits: Tensor, ro
     """``metric(logits)`` as float64 ``[1]`` (one number) or ``[rows]`` (one per text).
 
     ``expect``: the count a first call returned (a metric must keep to one form); else
-    ``InputError`` saying what to return.
+    ``InputError`` saying what to return. The first call's (the clean run's) values must not be
+    all NaN or infinite: every effect is measured from them (a text whose value is NaN has NaN
+    results).
     """
     got = metric(logits)
     value = _numbers(got)
@@ -144,6 +148,10 @@ def metric_values(metric: Callable[[Tensor], Tensor | float], logits: Tensor, ro
         shape = type(got).__name__ if value is None else tuple(value.shape)
         raise InputError("metric takes the logits [batch, pos, vocab] and returns one number, or one per "
                          f"text ([{rows}]) for per-text results, every call the same; it returned {shape}")
+    if expect is None and not bool(value.isfinite().any()):
+        raise InputError(f"metric returned {value.reshape(-1)[:4].tolist()} on the clean logits: every "
+                         "effect is measured from that value, so it must be finite (for one text at least); "
+                         "check the metric (a log of 0, a division by 0, a NaN logit)")
     return value.reshape(-1)
 
 

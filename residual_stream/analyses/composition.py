@@ -56,7 +56,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..errors import InputError, UnknownNameError, check_choice, top_count
+from ..errors import InputError, UnknownNameError, check_choice, check_flag, top_count
 from ..program import Add, Norm, Read
 from ..weights import widened
 from .flow import layer_label
@@ -306,6 +306,7 @@ def composition(model, through_norms: bool = True) -> Composition:
     write, as the reader receives it (post-norm, DeepNorm; nothing to fold in a pre-norm or
     parallel model); False scores the weights alone (the module docstring).
     """
+    check_flag("through_norms", through_norms)
     model = getattr(model, "model", model)  # a Trace holds its Model as ``model``
     a = model.anatomy
     per_layer = [model.weights(L) for L in range(a.n_layers)]

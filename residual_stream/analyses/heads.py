@@ -86,7 +86,9 @@ def _prefix_and_pool(model) -> tuple[list[int], Tensor]:
     The prefix is what encoding ``"a"`` adds before the text's own ids (BOS, CLS; not an EOS
     appended after), kept only if it is in the model's vocabulary; the pool is the ids the
     tokenizer knows (an embedding padded past them, as Qwen's, holds untrained rows) without
-    its special ids.
+    its special ids; for a trained twin, only its ``probe_ids`` among them (the printable bytes
+    its repeated segments were drawn from: most of the 256 bytes never reach a twin, and
+    random bytes outside them measured a bundled twin's induction at 0.35, not 0.72).
     """
     tok = model.tokenizer
     vocab = min(model.anatomy.d_vocab, len(tok)) if hasattr(tok, "__len__") else model.anatomy.d_vocab
@@ -100,6 +102,12 @@ def _prefix_and_pool(model) -> tuple[list[int], Tensor]:
     special = {*full, *(getattr(tok, "all_special_ids", None) or [])} - set(plain)
     keep = torch.ones(vocab, dtype=torch.bool)
     keep[[i for i in special if 0 <= i < vocab]] = False
+    seen = getattr(model.module, "probe_ids", None)  # a trained twin's: the bytes it saw repeated
+    if seen is not None:
+        inside = torch.zeros(vocab, dtype=torch.bool)
+        inside[[i for i in seen if 0 <= i < vocab]] = True
+        both = keep & inside
+        keep = both if bool(both.any()) else keep  # none of them in this vocabulary: any id
     return prefix, keep.nonzero()[:, 0]
 
 
@@ -131,8 +139,9 @@ def head_scores(model, *, length: int | None = None, rows: int = 4, seed: int = 
     prefix, pool = _prefix_and_pool(model)
     fits = (a.n_ctx - len(prefix)) // 2
     n, r, sd = (as_index(v) for v in (fits if length is None else length, rows, seed))
-    if n is None or r is None or sd is None or n < 2 or r < 1 or not 0 <= sd < 2**63:
-        raise InputError(f"head_scores needs whole numbers: length ≥ 2 random tokens, rows ≥ 1 and "
+    if n is None or r is None or sd is None or n < 3 or r < 1 or not 0 <= sd < 2**63:
+        raise InputError(f"head_scores needs whole numbers: length ≥ 3 random tokens (at 2 the "
+                         f"induction offset is the previous token's), rows ≥ 1 and "
                          f"a seed in 0..2**63-1; got length={length!r}, rows={rows!r}, seed={seed!r}")
     if length is None:
         n = min(n, DEFAULT_LENGTH)

@@ -35,7 +35,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..decomposition import replay_states
-from ..errors import InputError, UnknownNameError, as_index, need_trace
+from ..errors import InputError, UnknownNameError, as_index, check_flag, need_trace
 from ..program import Read
 from ..weights import VOCAB_SLICE
 from .flow import component_label
@@ -106,8 +106,9 @@ def pca_subspace(trace, point: int | None = None, k: int = 16) -> Subspace:
     """Top-k principal components of the stream at ``point`` (default: after the last block).
 
     Fewer than ``k`` when the centred stream has a lower rank (``n`` tokens span at most
-    ``n − 1`` directions): a component whose singular value is below ``RANK_TOL`` of the
-    largest is rounding noise, an arbitrary direction, and is left out. In float64.
+    ``n − 1`` directions, and ``d_model`` at most): a component whose singular value is below
+    ``RANK_TOL`` of the largest is rounding noise, an arbitrary direction, and is left out. In
+    float64. Named ``pca{held}@{point}`` by the components it holds, not by ``k``.
     """
     _directions("pca_k", k, trace.anatomy.d_model)  # more than d_model: as many as there are
     point = trace.anatomy.n_layers if point is None else point
@@ -115,7 +116,7 @@ def pca_subspace(trace, point: int | None = None, k: int = 16) -> Subspace:
     x = x - x.mean(0, keepdim=True)
     _, S, Vh = torch.linalg.svd(x, full_matrices=False)
     keep = S[:k] > RANK_TOL * S.max()  # one token: S is 0, nothing kept
-    return Subspace(f"pca{k}@{point}", Vh[:k][keep].T.float())
+    return Subspace(f"pca{int(keep.sum())}@{point}", Vh[:k][keep].T.float())  # named by what it holds
 
 
 def orthogonal_split(w: Float[Tensor, "*lead d_model"], subspaces: Sequence[Subspace]
@@ -285,6 +286,7 @@ def write_subspaces(
         readers: Also measure every later reader's read fraction and strength.
     """
     need_trace(trace, "write_subspaces")
+    check_flag("readers", readers)
     a = trace.anatomy
     if isinstance(writes, str):
         raise InputError(f"writes is a list of labels, e.g. [{writes!r}], not a string")

@@ -193,7 +193,7 @@ class SubspaceStats(Accumulator):
         """
         basis = self.meta["pca_basis"]
         if self._fixed is None or self._fixed[0] is not basis or self._fixed[1] is not model:
-            pca = Subspace(f"pca{self.pca_k}@{model.anatomy.n_layers}", basis)  # as pca_subspace names it
+            pca = Subspace(f"pca{basis.shape[1]}@{model.anatomy.n_layers}", basis)  # as pca_subspace names it
             subs = [Subspace(s.name, s.basis.to(model.device))  # not copied inside the pass
                     for s in named_subspaces(model, pca, self.unembed_k)]
             self._fixed = (basis, model, subs, head_write_bases(model).to(model.device),

@@ -115,14 +115,12 @@ def _distributed(requested: str) -> tuple[int, int, str | None]:
 def run(args: argparse.Namespace) -> int:
     """Run the scan the arguments describe; rank 0 writes the JSON. Returns the exit code."""
     from ..bars import load_on_terminal
-    from ..errors import InputError
+    from ..files import not_an_input
     from .corpus import Corpus
     from .runner import scan
     from .specs import make_accumulators
 
-    if args.state is not None and args.state.resolve() == args.out.resolve():
-        raise InputError(f"--out and --state are the same file {args.out}: the results would "
-                         "overwrite the state; give them different names")
+    not_an_input({"--state": args.state, "--out": args.out}, {"corpus": args.corpus})
     rank, world, device = _distributed(args.device)
     try:
         from ..files import writable

@@ -36,6 +36,7 @@ from .sources import (
 from .tokenize import groups, spans
 
 SEGMENT_CHARS = 1 << 22  # characters per segment (~1M tokens of English), at least a text
+TEXT_FIELD = "text"  # a JSON Lines record's text field unless another is named
 ITEMS = "items"  # the progress unit of an in-memory corpus: one of its items
 
 
@@ -57,11 +58,16 @@ class Corpus:
 
     source: str | Path | Iterable[str]  # a collection read the same every time (checked)
     segment_chars: int = SEGMENT_CHARS
-    text_field: str = "text"  # the field of a JSON Lines record that holds its text
+    text_field: str = TEXT_FIELD  # the field of a JSON Lines record that holds its text
 
     def __post_init__(self) -> None:
-        """Refuse a segment size that is not a positive number of characters, an empty field."""
-        if not isinstance(self.segment_chars, int) or self.segment_chars < 1:
+        """Refuse a segment size that is not a positive number of characters, an empty field.
+
+        And a ``text_field`` other than ``"text"`` for a corpus with no JSON Lines
+        (``_check_text_field``): it would be ignored.
+        """
+        if not isinstance(self.segment_chars, int) or isinstance(self.segment_chars, bool) \
+                or self.segment_chars < 1:
             raise InputError(f"segment_chars must be a positive number of characters, got "
                              f"{self.segment_chars!r}")
         if not isinstance(self.text_field, str) or not self.text_field:
@@ -73,6 +79,26 @@ class Corpus:
             raise InputError(f"a corpus is read more than once, in one order (its first batch, "
                              f"a resumed scan), so it cannot be a {type(self.source).__name__}: "
                              "pass a list of texts, a file or a folder")
+        if self.text_field != TEXT_FIELD:
+            self._check_text_field()
+
+    def _check_text_field(self) -> None:
+        """``InputError`` for a ``text_field`` given where no text comes from a JSON field.
+
+        A list of texts, the built-in corpus, or files of plain text only (``.txt``,
+        ``.txt.gz``): the field would be ignored. Files are listed for it (``corpus_files``).
+        """
+        given = f"text_field={self.text_field!r} (--text-field) names the JSON Lines field " \
+            "that holds each record's text"
+        if self._in_memory():
+            what = "the built-in corpus" if isinstance(self.source, str) else "a list of texts"
+            raise InputError(f"{given}, but the corpus is {what}, which has no fields: leave "
+                             "text_field out")
+        kinds = {kind(f) for f in self._files()}
+        if kinds and not any(k.startswith(".jsonl") for k in kinds):
+            raise InputError(f"{given}, but the corpus {str(self.source)!r} holds plain text "
+                             f"({', '.join(sorted(kinds))}: one text per line, no fields): leave "
+                             "text_field out, or give JSON Lines files (.jsonl)")
 
     def _files(self) -> list[Path]:
         return corpus_files(Path(self.source), self.text_field)

@@ -15,8 +15,11 @@ which becomes exact once every text has been read and tokenized. A kind not read
 at the characters per unit measured at the start of its first file (``Corpus.probes``): a
 gzipped file holds 3 to 4 times a plain one's characters per byte, so a folder mixing them
 was estimated at half its tokens until the reading reached the other kind, before session
-15. A process of ``N`` holds about ``1/N`` of it (its share of the segments). The scan's
-progress bar shows it as its total, so the bar gives a percentage and a time left.
+15. With a budget the total is the smaller of the budget and the estimate. A process of ``N``
+scans the segments ``s ≡ rank (mod N)``, so its part is estimated from the corpus's
+characters cut into segments (``share_of``): a corpus of one segment is all rank 0's and
+none of the others'. The scan's progress bar (``ScanBar``) shows it as its total, so the bar
+gives a percentage and a time left, and at the end its total becomes the tokens scanned.
 """
 
 from __future__ import annotations
@@ -73,10 +76,14 @@ class ReadProgress:
             return done_chars / done_units
         return self.probes.get(kind, measured)
 
-    def estimate(self, world_size: int = 1) -> int | None:
-        """The tokens a process of ``world_size`` should scan in all; None before any are known.
+    def estimate(self, world_size: int = 1, rank: int = 0, max_tokens: int | None = None,
+                 segment_chars: int | None = None) -> int | None:
+        """The tokens process ``rank`` of ``world_size`` should scan in all; None before any are known.
 
-        A kind with neither a reading nor a probe counts at the mean of the others' ratios.
+        At most ``max_tokens`` of the corpus's, taken in corpus order; a process's part of them
+        from their characters cut into segments of ``segment_chars`` (``share_of``; without it,
+        ``1/world_size``). A kind with neither a reading nor a probe counts at the mean of the
+        others' ratios.
         """
         ratios = {kind: self.chars_per_unit(kind) for kind in self.totals}
         known = [r for r in ratios.values() if r]
@@ -84,38 +91,90 @@ class ReadProgress:
             return None
         fallback = sum(known) / len(known)
         chars = sum((ratios[kind] or fallback) * total for kind, total in self.totals.items())
-        return round(self.tokens / self.chars_tokenized * chars / world_size)
+        per_char = self.tokens / self.chars_tokenized
+        if max_tokens is not None:
+            chars = min(chars, max_tokens / per_char)
+        if world_size > 1:
+            chars = (share_of(chars, segment_chars, rank, world_size) if segment_chars
+                     else chars / world_size)
+        tokens = round(per_char * chars)
+        return tokens if max_tokens is None else min(tokens, max_tokens)
+
+
+def share_of(chars: int | float, segment_chars: int, rank: int,
+             world_size: int) -> int | float:
+    """The characters of ``chars`` in segments of ``segment_chars`` that process ``rank`` owns.
+
+    Segment ``s`` goes to process ``s mod world_size``: whole rounds of ``world_size``
+    segments give each process one, and the last round's characters fill its first segments.
+    """
+    rounds, rest = divmod(chars, segment_chars * world_size)
+    return rounds * segment_chars + min(segment_chars, max(0.0, rest - rank * segment_chars))
+
+
+def count(n: int | float | None) -> str:
+    """A token count as the bar shows it: ``?`` unknown, an integer below 1000, else ``1.23k``."""
+    if n is None:
+        return "?"
+    return str(int(n)) if n < 1000 else tqdm.format_sizeof(n, divisor=1000)
+
+
+_WITH_TOTAL = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+_NO_TOTAL = "{desc}: {n_fmt}{unit} [{elapsed}, {rate_fmt}{postfix}]"
+
+
+class _TokenBar(tqdm):
+    """``tqdm`` that writes token counts as ``count`` does (its ``unit_scale`` makes ``6.00``).
+
+    The rate keeps ``unit_scale``'s ``59.7tok/s``, ``1.23Mtok/s``.
+    """
+
+    @property
+    def format_dict(self) -> dict:
+        """tqdm's, the counts written by ``count`` and a format with or without a total."""
+        d = super().format_dict
+        total = d["total"] if d["total"] and d["n"] < d["total"] + 0.5 else None  # as tqdm reads it
+        d.update(n_fmt=count(d["n"]), total_fmt=count(total),
+                 bar_format=_WITH_TOTAL if total else _NO_TOTAL)
+        return d
 
 
 class ScanBar:
     """The scan's progress bar: tokens and tokens/s, with a total that gives the time left.
 
-    The total is this process's part of ``max_tokens``, or else of the corpus's tokens as
-    estimated while it is read (``reading``: ``progress.ReadProgress``, fed by the reader).
+    The total is this process's estimated part of the corpus's tokens (``reading``:
+    ``progress.ReadProgress``, fed by the reader; ``ReadProgress.estimate``), at most
+    ``max_tokens``: until an estimate is known, ``max_tokens`` for one process and none for
+    several (a process's part of a budget depends on the segments before its own). When the
+    scan ends the total becomes the tokens scanned: the bar ends at 100 %, the corpus read
+    or the budget spent.
     """
 
     def __init__(self, name: str, reading: Callable[[], ReadProgress], max_tokens: int | None,
-                 tokens: int, show: bool, rank: int, world_size: int) -> None:
+                 tokens: int, show: bool, rank: int, world_size: int,
+                 segment_chars: int | None = None) -> None:
         """A bar for process ``rank`` of ``world_size``, from ``tokens`` already scanned.
 
         ``reading``: makes the counters for the corpus (``Corpus.progress``), called only
-        when the bar is shown without ``max_tokens``.
+        when the bar is shown; ``segment_chars``: the corpus's segment size, which decides
+        how its tokens are shared among processes.
         """
-        share = None if max_tokens is None else -(-max_tokens // world_size)
-        self.reading = reading() if show and share is None else None
-        self.world_size = world_size
-        self.bar = tqdm(total=share, initial=tokens, unit="tok", unit_scale=True, disable=not show,
-                        desc=f"scan {name}" + (f" [{rank}/{world_size}]" if world_size > 1 else ""))
+        self.reading = reading() if show else None
+        self.max_tokens, self.rank, self.world_size = max_tokens, rank, world_size
+        self.segment_chars = segment_chars
+        self.bar = _TokenBar(total=max_tokens if world_size == 1 else None, initial=tokens,
+                             unit="tok", unit_scale=True, disable=not show,
+                             desc=f"scan {name}" + (f" [{rank}/{world_size}]" if world_size > 1 else ""))
 
     def update(self, n: int, tokens: int) -> None:
         """``n`` more tokens scanned, ``tokens`` in all; the estimated total follows the reading."""
-        estimate = None if self.reading is None else self.reading.estimate(self.world_size)
+        estimate = None if self.reading is None else self.reading.estimate(
+            self.world_size, self.rank, self.max_tokens, self.segment_chars)
         if estimate is not None:
             self.bar.total = max(estimate, tokens)
         self.bar.update(n)
 
     def close(self) -> None:
-        """Close the bar; with an estimated total, at the tokens scanned: this part is done."""
-        if self.reading is not None:
-            self.bar.total = self.bar.n
+        """Close the bar at the end of the scan: its total is the tokens scanned, 100 %."""
+        self.bar.total = self.bar.n
         self.bar.close()

@@ -273,8 +273,9 @@ def scan(
         save_seconds: Without ``save_every``, save the state after the first batch that ends
             this long after the last save (``0``: after every batch). A resumed scan redoes
             the batches after the last save; the state is saved at the end in any case.
-        progress: Show a progress bar with tokens/s, and with a time left: out of
-            ``max_tokens``, or else of the corpus's tokens as estimated while it is read
+        progress: Show a progress bar with tokens/s, and with a time left: out of the
+            corpus's tokens as estimated while it is read, at most ``max_tokens`` (this
+            process's part of them under ``torchrun``), ending at the tokens scanned
             (``streaming.progress``).
         rank: This process's index among ``world_size`` (set by ``torchrun``; see
             ``python -m residual_stream.scan``).
@@ -303,7 +304,8 @@ def scan(
     try:  # the exchange's group is closed however the scan ends
         _prepare(model, corpus, accs, batch_size, seq_len, max_tokens, order)
         add = batch_adder(model, accs, graphs, seq_len)
-        bar = ScanBar(model.name, corpus.progress, max_tokens, tokens, progress, rank, world_size)
+        bar = ScanBar(model.name, corpus.progress, max_tokens, tokens, progress, rank, world_size,
+                      corpus.segment_chars)
         reading = prefetched(_read_batches(model, corpus, batch_size, seq_len, max_tokens, order, done,
                                            share, bar.reading, ledger), stop=stop)
         start, run, segment = time.perf_counter(), 0, done[0]

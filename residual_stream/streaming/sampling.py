@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..errors import InputError
+from ..errors import InputError, as_index
 from ..inputs import Batch
 
 CAPACITY_SIGMAS, CAPACITY_SLACK = 5, 8  # a fixed choice holds mean + 5 σ + 8 tokens
@@ -47,11 +47,18 @@ def capacity(n_tokens: int, every: int) -> int:
     return min(n_tokens, math.ceil(mean + CAPACITY_SIGMAS * math.sqrt(mean) + CAPACITY_SLACK))
 
 
+MAX_EVERY = 1 << 32  # the rarest sample: one token in 2^32 (the hash is 64 bits)
+
+
 def check_every(name: str, every: int) -> int:
-    """``every`` if it is at least 1, else ``InputError`` naming the statistic."""
-    if every < 1:
-        raise InputError(f"{name}: every (one token in every …) must be at least 1, not {every}")
-    return every
+    """``every`` if it is a whole number in ``1..MAX_EVERY``, else ``InputError`` naming the statistic."""
+    whole = as_index(every)
+    if whole is None or not 1 <= whole <= MAX_EVERY:
+        shown = (repr(every) if whole is None or whole < 10 ** 20
+                 else f"a number of {len(str(whole))} digits")
+        raise InputError(f"{name}: every (one token in every …) must be a whole number, at least 1 "
+                         f"and at most {MAX_EVERY} (2^32), not {shown}")
+    return whole
 
 
 def sampled(batch, every: int) -> Tensor:

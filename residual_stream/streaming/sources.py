@@ -12,8 +12,11 @@ A folder holds such files at any depth, read in name order. Files are read lazil
 a time, so memory does not grow with the corpus. A line that is not a JSON object with a
 string in ``text_field``, or a file that is not gzip though named so, raises ``InputError``
 naming the file and line; the texts before it have been yielded. So does a file that its
-first bytes show is not text: compressed by another tool, gzip not named ``.gz``, or binary.
-A UTF-8 byte-order mark at a file's start is dropped.
+first bytes show is not text: compressed by another tool, gzip not named ``.gz``, or binary;
+and bytes that are not UTF-8 (Latin-1, say), when they are read, naming the first one's byte
+offset and line (``not_utf8``), never read as replacement characters. A UTF-8 byte-order
+mark at a file's start is dropped. A corpus path that is neither a regular file nor a folder
+(a named pipe, a device) is refused: it could not be read twice, and a FIFO would block.
 
 Also here: the built-in corpus, what a list of texts must be to be a corpus
 (``ordered_and_reread``), and what is known of files without reading them through: their
@@ -23,6 +26,7 @@ per byte at their start (``chars_per_byte``, ``probes``: a progress estimate's p
 
 from __future__ import annotations
 
+import codecs
 import functools
 import gzip
 import hashlib
@@ -72,7 +76,8 @@ def corpus_files(path: Path, text_field: str = "text") -> list[Path]:
     holds ``text_field`` (so not a dataset's ``dataset_info.json``; one that cannot be read
     is skipped too). ``InputError`` for a folder whose files are all of other kinds (naming
     some, or the field its JSON Lines lack), and for a ``.json`` file that is not JSON Lines
-    (a JSON array or an indented document is no corpus file).
+    (a JSON array or an indented document is no corpus file), and for a path that is neither
+    a regular file nor a folder (a named pipe would block the reading).
     """
     kind_of_path = path_kind(path, "the corpus")
     if kind_of_path == "folder":  # an empty folder is an empty corpus: its consumers say so
@@ -96,6 +101,10 @@ def corpus_files(path: Path, text_field: str = "text") -> list[Path]:
                              "document, not JSON Lines, which is no corpus: write one JSON object "
                              "per line (a .jsonl file)")
         return [path]
+    if kind_of_path is not None:
+        raise InputError(f"corpus {str(path)!r} is {kind_of_path}, not a regular file or a folder: "
+                         "a scan reads its corpus more than once (its first batch, a resumed scan), "
+                         "so write the texts to a file and give that")
     raise InputError(f"corpus {str(path)!r} is not 'builtin', a file or a folder of "
                      f"{', '.join(SUFFIXES)} files")
 
@@ -140,12 +149,47 @@ def probes(files: list[Path], text_field: str) -> dict[str, float]:
 
 
 def _open(path: Path) -> io.TextIOBase:
-    """``path`` as text: UTF-8, a byte-order mark at its start dropped (``utf-8-sig``)."""
+    """``path`` as text: UTF-8, a byte-order mark at its start dropped (``utf-8-sig``).
+
+    Strictly: a byte that is not UTF-8 raises ``UnicodeDecodeError`` when read (``not_utf8``).
+    """
     gz = kind(path).endswith(".gz")
     _check_content(path, gz)
     if gz:
-        return gzip.open(path, "rt", encoding="utf-8-sig", errors="replace")
-    return path.open(encoding="utf-8-sig", errors="replace")
+        return gzip.open(path, "rt", encoding="utf-8-sig")
+    return path.open(encoding="utf-8-sig")
+
+
+def not_utf8(path: Path) -> InputError:
+    """The error for ``path`` holding bytes that are not UTF-8: the first one's offset and line.
+
+    Found by reading the file again up to it (of the unpacked text for ``.gz``), a block at
+    a time: only when the reading has met one.
+    """
+    gz = kind(path).endswith(".gz")
+    decoder, offset, line, found = codecs.getincrementaldecoder("utf-8")(), 0, 1, None
+    with gzip.open(path, "rb") if gz else open(path, "rb") as f:
+        while found is None and (block := f.read(1 << 20)):
+            pending = decoder.getstate()[0]
+            try:
+                decoder.decode(block)
+            except UnicodeDecodeError as e:
+                data = pending + block
+                found = offset - len(pending) + e.start, line + data[:e.start].count(b"\n"), \
+                    data[e.start]
+            line += block.count(b"\n")
+            offset += len(block)
+    cut = decoder.getstate()[0]
+    if found is None and cut:  # a character cut short at the end
+        found = offset - len(cut), line, cut[0]
+    where = "" if found is None else \
+        f": byte {found[0]}{' of its unpacked text' if gz else ''} (line {found[1]}) is " \
+        f"0x{found[2]:02x}, which UTF-8 does not read there"
+    convert = (f"gunzip -c {path.name} | iconv -f latin1 -t utf-8 | gzip > utf8-{path.name}" if gz
+               else f"iconv -f latin1 -t utf-8 {path.name} > utf8-{path.name}")
+    return InputError(f"{path} is not UTF-8 text{where}; convert the file to UTF-8 from the "
+                      f"encoding it was written in (from Latin-1: {convert}) and give the "
+                      "converted file instead")
 
 
 def _check_content(path: Path, gz: bool) -> None:
@@ -187,6 +231,8 @@ def file_texts(path: Path, text_field: str = "text") -> Iterator[tuple[str, int]
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:  # zlib: damaged data after the header
         raise InputError(f"{path} is not a complete gzip file ({e}); unpack it or fix the "
                          "name") from None
+    except UnicodeDecodeError:
+        raise not_utf8(path) from None
 
 
 def kind(path: Path) -> str:
@@ -217,6 +263,8 @@ def json_lines(path: Path, text_field: str | None = None) -> bool:
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise InputError(f"{path} is not a complete gzip file ({e}); unpack it or fix the "
                          "name") from None
+    except UnicodeDecodeError:
+        raise not_utf8(path) from None
     try:
         record = json.loads(line)
     except (ValueError, RecursionError):  # not JSON; an integer of 5,000 digits; [[[[…

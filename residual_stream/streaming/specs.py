@@ -21,9 +21,19 @@ def make_accumulators(stats) -> dict[str, Accumulator]:
     ``parse_spec``) or accumulators already made, with no sums yet. A spec asked for twice
     is kept once.
     """
-    items = [stats] if isinstance(stats, str | Accumulator) else list(stats)
+    accepted = (f"a statistic's name or spec (choose from {sorted(STATS)}; options as in "
+                "'lens:every=16'), an accumulator, or a list of them")
+    try:
+        items = [stats] if isinstance(stats, str | Accumulator) else list(stats)
+    except TypeError:
+        raise InputError(f"stats is {accepted}, not {stats!r} (of type {type(stats).__name__})") from None
     if not items:
         raise InputError(f"no statistics asked for: choose from {sorted(STATS)}")
+    odd = [(i, s) for i, s in enumerate(items) if not isinstance(s, str | Accumulator)]
+    if odd:
+        i, item = odd[0]
+        raise InputError(f"stats item {i} is {item!r} (of type {type(item).__name__}): "
+                         f"each item is {accepted.removesuffix(', or a list of them')}")
     unknown = [s for s in items if isinstance(s, str) and s.split(":")[0].strip() not in STATS]
     if unknown:
         raise InputError(f"unknown statistics {unknown}: choose from {sorted(STATS)}")

@@ -6,9 +6,10 @@ the model's name, shape, dtype and a fingerprint of its weights and of its token
 statistics (in any order), batch
 shape, budget, order, the corpus's fingerprint and segment size, the process's rank among
 how many) and refuses one saved for others, by another version or unreadable, with what to
-do. It holds the name of the next batch ``(segment, index)``, the tokens and batches so
-far, every accumulator's ``state_dict`` and the token
-counts of the segments counted (``ledger.Ledger``).
+do; a file that is no scan state (a model checkpoint, another zip archive, no zip at all) is
+refused as such, never with advice to delete it. It holds the name of the next batch
+``(segment, index)``, the tokens and batches so far, every accumulator's ``state_dict`` and
+the token counts of the segments counted (``ledger.Ledger``).
 """
 
 from __future__ import annotations
@@ -97,33 +98,68 @@ def weights_fingerprint(model) -> str:
     return h.hexdigest()[:16]
 
 
+NOT_A_STATE = "give --state a new file name (state= in Python), or a state a scan saved"
+FIELDS = {"next": list, "tokens": int, "batches": int, "stats": dict, "ledger": list}  # and "config"
+
+
 def _load_state(path: Path, config: dict) -> dict | None:
     if look_up(path, "the scan state") is None:
         return None
     with open(path, "rb") as f:
         if f.read(4) != b"PK\x03\x04":  # not what torch.save writes: maybe a file given by mistake
-            raise InputError(f"{path} is not a scan state (not a file torch.save wrote); give "
-                             "--state a new file name or a state a scan saved")
+            raise InputError(f"{path} is not a scan state (not a file torch.save wrote); {NOT_A_STATE}")
     try:  # torch.load does not check the records' CRCs: a flipped bit would load as a wrong sum
         with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
             bad = archive.testzip()
-        if bad is not None:
-            raise zipfile.BadZipFile(f"CRC of {bad}")
+    except Exception as e:  # noqa: BLE001 - cut short, or a record unreadable: the same advice
+        raise _damaged(path, e) from None
+    if not any(n.endswith("/data.pkl") for n in names):  # an archive torch.save did not write
+        raise InputError(f"{path} is not a scan state (a zip archive, not a file torch.save "
+                         f"wrote); {NOT_A_STATE}")
+    if bad is not None:
+        raise _damaged(path, zipfile.BadZipFile(f"CRC of {bad}"))
+    try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any damaged state gets the same advice
-        raise InputError(f"the scan state {path} is damaged ({type(e).__name__}: {e}); delete it "
-                         "to start the scan again") from None
-    saved_version = state.get("config", {}).get("version") if isinstance(state, dict) else None
-    if saved_version != config["version"]:
+    except Exception as e:  # noqa: BLE001 - its records are whole: it holds what a state never does
+        raise InputError(f"{path} is not a scan state (it holds more than a state's plain data: "
+                         f"{type(e).__name__}: {str(e).split('. ')[0][:120]}); {NOT_A_STATE}") from None
+    saved = state.get("config") if isinstance(state, dict) else None
+    if not (isinstance(saved, dict) and "version" in saved):  # a checkpoint, a tensor, a list
+        keys = sorted(map(str, state)) if isinstance(state, dict) else []
+        what = f"a dict of {len(keys)} entries ({', '.join(keys[:3])}{', …' if keys[3:] else ''})" \
+            if isinstance(state, dict) else f"a {type(state).__name__}"
+        raise InputError(f"{path} is not a scan state (torch.save wrote {what}, without a scan's "
+                         f"config); {NOT_A_STATE}")
+    if saved["version"] != config["version"]:
         raise InputError(f"the scan state {path} was saved by another version of residual-stream "
-                         f"(state version {saved_version}, this one reads {config['version']}); "
+                         f"(state version {saved['version']}, this one reads {config['version']}); "
                          "delete it to start the scan again, or give another state path (--state)")
-    if state.get("config") != config:
-        diff = {k: (state.get("config", {}).get(k), v) for k, v in config.items()
-                if state.get("config", {}).get(k) != v}
+    if saved != config:
+        diff = {k: (saved.get(k), v) for k, v in config.items() if saved.get(k) != v}
         raise InputError(f"the scan state {path} was saved for other arguments {diff} (saved, now); "
                          "use the same arguments to resume, or give another state path (--state)")
+    _check_fields(path, state)
     return state
+
+
+def _damaged(path: Path, e: Exception) -> InputError:
+    """The error for a state file that cannot be read whole: cut short, a flipped bit."""
+    return InputError(f"the scan state {path} is damaged ({type(e).__name__}: {e}); delete it "
+                      "to start the scan again")
+
+
+def _check_fields(path: Path, state: dict) -> None:
+    """``InputError`` unless ``state`` holds ``FIELDS``, each of its type, ``next`` two counts."""
+    wrong = [k for k, kind in FIELDS.items()
+             if not isinstance(state.get(k), kind) or isinstance(state.get(k), bool)]
+    if not wrong:
+        counts = [*state["next"], state["tokens"], state["batches"], *state["ledger"]]
+        wrong = [] if len(state["next"]) == 2 and all(
+            isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts) else ["next"]
+    if wrong:
+        raise InputError(f"the scan state {path} is damaged: its {wrong[0]!r} is missing or not "
+                         "as a scan saves it; delete it to start the scan again")
 
 
 def resume(path: Path | None, config: dict | None,
@@ -131,13 +167,19 @@ def resume(path: Path | None, config: dict | None,
     """The next batch, tokens, batches and ledger a saved state holds; its sums put in ``accs``.
 
     ``InputError`` first when ``path`` cannot be written (a folder, a missing or read-only
-    folder above it): the scan would end without its state.
+    folder above it): the scan would end without its state. A state whose sums do not load
+    is refused before any is put in ``accs``.
     """
     if path is not None:
         writable(path)  # before any batch: the first save may be the scan's last moment
     saved = _load_state(path, config) if path is not None else None
     if saved is None:
         return (0, 0), 0, 0, Ledger()
+    for name, acc in accs.items():  # each into an empty copy first: all or none into accs
+        try:
+            acc.empty_like().load_state_dict(saved["stats"][name])
+        except Exception as e:  # noqa: BLE001 - a missing statistic, a wrong shape or type
+            raise _damaged(path, e) from None
     for name, acc in accs.items():
         acc.load_state_dict(saved["stats"][name])
     return tuple(saved["next"]), saved["tokens"], saved["batches"], Ledger(saved["ledger"])

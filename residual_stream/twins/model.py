@@ -252,7 +252,14 @@ class TwinOutput:
 
 
 class TwinTransformer(HookedRootModule):
-    """Tokens ``[batch, pos]`` → logits ``[batch, pos, d_vocab]``."""
+    """Tokens ``[batch, pos]`` → logits ``[batch, pos, d_vocab]``.
+
+    ``probe_ids``: the ids a trained twin saw in every context, the bytes of its recipe's
+    repeated random segments (``Mix.alphabet``), which ``rs.head_scores`` draws from; None
+    (any id) for a twin not trained by ``twins.train``.
+    """
+
+    probe_ids: range | None = None
 
     def __init__(self, cfg: TwinConfig) -> None:
         super().__init__()

@@ -138,7 +138,7 @@ def train(
         torch.nn.utils.clip_grad_norm_(module.parameters(), recipe.clip)
         opt.step()
         losses.append(loss.item())
-        if step % 50 == 0:
+        if step % 50 == 0 or step == recipe.steps - 1:  # the bar ends on the last step's loss
             bar.set_postfix(loss=f"{loss.item():.3f}")
             if log:
                 log(f"step {step} loss {loss.item():.4f} lr {recipe.lr_at(step):.2e}")
@@ -146,6 +146,7 @@ def train(
     if not diverged:  # evaluate the weights that will be shipped (fp16 round trip)
         module.load_state_dict({k: v.half().float() for k, v in module.state_dict().items()})
     evaluation = evaluate(module, device) if not diverged else {}
+    module.probe_ids = range(*recipe.mix.alphabet)
     return TrainResult(module, losses, evaluation, time.perf_counter() - start, diverged)
 
 
@@ -201,4 +202,9 @@ def load_twin(folder: Path) -> TwinTransformer:
     module = TwinTransformer(config)
     state = load_file(str(folder / "model.safetensors"))
     module.load_state_dict({k: v.float() for k, v in state.items()})
+    recipe = meta.get("recipe")
+    mix = recipe.get("mix") if isinstance(recipe, dict) else None
+    alphabet = mix.get("alphabet") if isinstance(mix, dict) else None  # twins saved without one: any id
+    if isinstance(alphabet, list) and len(alphabet) == 2 and all(isinstance(i, int) for i in alphabet):
+        module.probe_ids = range(*alphabet)  # the bytes its repeated segments were drawn from
     return module.eval()
