@@ -202,9 +202,11 @@ def _scans() -> tuple[OrderedDict, threading.Lock]:
     return OrderedDict(), threading.Lock()
 
 
-def scan(name: str, corpus: str, max_tokens: int, stats: tuple[str, ...], version: str = "",
-         on_batch=None) -> rs.streaming.ScanResult:
+def scan(name: str, corpus: str, max_tokens: int, stats: tuple[str, ...], encoding_errors: str = "strict",
+         version: str = "", on_batch=None) -> rs.streaming.ScanResult:
     """``rs.scan`` of ``corpus`` (``"builtin"`` or a checked path) up to ``max_tokens`` tokens.
+
+    ``encoding_errors``: ``rs.Corpus``'s (``"replace"`` reads bytes that are not UTF-8 as U+FFFD).
 
     ``version``: a path's ``Corpus.fingerprint()`` (only a key: files edited or replaced at
     the same path are scanned again). ``on_batch(key, tokens)`` after each batch of a scan
@@ -213,7 +215,7 @@ def scan(name: str, corpus: str, max_tokens: int, stats: tuple[str, ...], versio
     cannot be replayed (``CacheReplayClosureError`` on every rerun after a scan). Two
     sessions asking for one scan at once wait for a single run.
     """
-    key = (name, corpus, max_tokens, stats, version)
+    key = (name, corpus, max_tokens, stats, encoding_errors, version)
     kept, lock = _scans()
     with lock:
         entry = kept.setdefault(key, [threading.Lock(), None])  # [its run's lock, its result]
@@ -221,7 +223,8 @@ def scan(name: str, corpus: str, max_tokens: int, stats: tuple[str, ...], versio
     with entry[0], st.spinner("Scanning the corpus, batch by batch…"):
         try:  # the first to ask runs it
             if entry[1] is None:
-                entry[1] = rs.scan(model(name), corpus, list(stats), batch_size=8, seq_len=128,
+                source = rs.streaming.Corpus(corpus, encoding_errors=encoding_errors)
+                entry[1] = rs.scan(model(name), source, list(stats), batch_size=8, seq_len=128,
                                    max_tokens=max_tokens, progress=False, on_batch=on_batch)
         except BaseException:  # nothing kept: the next to ask runs it again
             with lock:

@@ -14,12 +14,14 @@ import streamlit as st
 import torch
 
 from residual_stream.errors import ContextLengthError, ResidualStreamError
+from residual_stream.streaming.utf8 import REPLACE
 
 DEFAULT_MODEL = "smollm2-135m"
 # short enough for the twins' 128-byte context
 DEFAULT_TEXT = "The residual stream is a shared channel: every head and MLP reads it and writes back."
 MAX_CHARS = 4000
 ALLOW_ENV = "RESIDUAL_STREAM_ALLOWED_DIRS"
+REPLACE_BOX = "Read bytes that are not UTF-8 as U+FFFD"  # the Corpus page's box for encoding_errors
 
 
 def allowed_dirs() -> list[Path]:
@@ -115,7 +117,7 @@ def explain(e: ResidualStreamError) -> str:
     if isinstance(e, ContextLengthError) and e.tokens is not None:  # the app has no overflow="chunk"
         return plain(f"The text is {e.tokens:,} tokens, over {e.model}'s limit of {e.limit:,}: "
                      "shorten it (the Python API can split a long text into rows: overflow='chunk').")
-    return plain(str(e))
+    return plain(str(e).replace(REPLACE, f"the box '{REPLACE_BOX}' on the Corpus page"))
 
 
 @contextmanager

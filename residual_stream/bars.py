@@ -3,6 +3,7 @@
 transformers' own bars (loading weights) answer to its switch; its GGUF reader's bar is a
 plain ``tqdm`` that does not, so its module's name for it is swapped while a file is read.
 Its load report (a table of unused weights) is held back where they are unused on purpose.
+A command line shows the toolkit's own warnings as one line each (``one_line_warnings``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import contextlib
 import functools
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 
 @contextlib.contextmanager
@@ -94,3 +97,25 @@ def gguf_bar(shown: bool) -> Iterator[None]:
             yield
         finally:
             gguf_utils.tqdm = bar
+
+
+PACKAGE = Path(__file__).resolve().parent
+
+
+@contextlib.contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """Show warnings issued from the toolkit's code as ``residual-stream: warning: …`` lines.
+
+    Others (a framework's) as Python shows them, with their file and line.
+    """
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if Path(filename).resolve().is_relative_to(PACKAGE):
+            print(f"residual-stream: warning: {message}", file=sys.stderr if file is None else file)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    with warnings.catch_warnings():  # puts showwarning back
+        warnings.showwarning = show
+        yield

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import get_args, get_type_hints
 
-from .bars import load_on_terminal
+from .bars import load_on_terminal, one_line_warnings
 from .cli_weights import add_weight_commands, composition_command, heads_command
 from .errors import InputError, ResidualStreamError
 from .files import not_an_input, path_kind, usual_permissions, writable
@@ -92,7 +92,9 @@ def _parser() -> argparse.ArgumentParser:
                      "files (.jsonl, or .json as C4 ships them; a \"text\" per record), gzipped or not")
     src.add_argument("--builtin", action="store_true",
                      help="the shipped corpus of English sentences and code (the default)")
-    from .streaming.cli import token_count  # the scan's parser imports it below too
+    from .streaming.cli import encoding_option, token_count  # the scan's parser imports them below too
+
+    encoding_option(r)
 
     r.add_argument("--max-tokens", type=token_count, default=1024, help="token budget per model (1024, 1e4)")
     r.add_argument("--seed", type=int, default=0)
@@ -242,7 +244,7 @@ def _read_texts(args: argparse.Namespace) -> list[str]:
         hint = ": it is a file, give it as --text" if corpus == "file" else (
             ": no such folder" if corpus is None else f": it is {corpus}, not a folder")
         raise InputError(f"--corpus {args.corpus}{hint}")
-    return list(Corpus(args.text or args.corpus or "builtin").texts())
+    return list(Corpus(args.text or args.corpus or "builtin", encoding_errors=args.encoding_errors).texts())
 
 
 def _kind(path: Path | None) -> str | None:
@@ -367,11 +369,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_guarded(command, args: argparse.Namespace) -> int:
-    """Run ``command(args)``: library errors and file errors become exit code 1 and one line."""
+    """Run ``command(args)``: library errors and file errors become exit code 1 and one line.
+
+    The toolkit's warnings (a corpus byte read as U+FFFD, say) are one line on stderr too.
+    """
     try:
-        return command(args)
+        with one_line_warnings():
+            return command(args)
     except ResidualStreamError as e:
-        advice = str(e).replace(CHUNK, "--overflow chunk")  # as this command line takes it
+        from .streaming.utf8 import REPLACE
+
+        advice = str(e).replace(CHUNK, "--overflow chunk").replace(  # as this command line takes them
+            REPLACE, "--encoding-errors replace")
         print(f"residual-stream: error: {advice}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # whoever read the output stopped (``| head``): end quietly

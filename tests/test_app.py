@@ -438,6 +438,33 @@ def test_corpus_page_scans_a_file_again_once_it_changes(tmp_path, monkeypatch):
     assert at.caption[1].value == shown
 
 
+def test_corpus_page_reads_bytes_that_are_not_utf8_when_asked(tmp_path, monkeypatch):
+    """A Latin-1 file is refused, the error pointing to the page's box (not to an API argument);
+    with the box ticked it is scanned as ``rs.Corpus(encoding_errors="replace")`` scans it.
+    Reference: the tokens of that scan."""
+    import residual_stream as rs
+
+    monkeypatch.setenv("RESIDUAL_STREAM_ALLOWED_DIRS", str(tmp_path))
+    corpus = tmp_path / "latin1.txt"
+    corpus.write_bytes(b"caf\xe9 au lait, cr\xe8me br\xfbl\xe9e\nA second line in plain ASCII.\n")
+    at = app("corpus")
+    at.sidebar.selectbox(key="model").select("minilm-l6").run()
+    at.radio(key="corpus_source").set_value(at.radio(key="corpus_source").options[1])
+    at.text_input(key="corpus_path").set_value(str(corpus))
+    _scan_button(at).click().run()
+    assert not at.exception, at.exception
+    error = unescaped(at.error[0].value)
+    assert "latin1.txt is not UTF-8 text: byte 3 (line 1) is 0xe9" in error
+    assert "the box 'Read bytes that are not UTF-8 as U+FFFD' on the Corpus page" in error, error
+    at.checkbox(key="corpus_replace").check()
+    _scan_button(at).click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    want = rs.scan(rs.load("minilm-l6"), rs.streaming.Corpus(corpus, encoding_errors="replace"), "growth",
+                   batch_size=8, seq_len=128, progress=False).tokens
+    assert f"over {want:,} tokens of {corpus} (bytes that are not UTF-8 read as U+FFFD)" \
+        in unescaped(at.caption[1].value)
+
+
 def test_the_scan_progress_gives_the_rate_and_the_time_left(monkeypatch):
     """The Corpus page's bar, by hand: 1,024 of 4,096 tokens in 4 s is 256 tokens/s, 12 s left;
     its target for the built-in corpus is what a scan of all of it reads."""

@@ -30,6 +30,8 @@ with st.form("scan"):
     source = st.radio("Corpus", sources, key="corpus_source")
     path = st.text_input("Path (.txt, .jsonl, .json, gzipped or not, or a folder)", key="corpus_path") \
         if len(sources) > 1 else ""
+    replace = len(sources) > 1 and st.checkbox(
+        f"{common.REPLACE_BOX} (else a file holding one is refused)", key="corpus_replace")
     budget = st.select_slider("Tokens", BUDGETS, value=4096, key="corpus_tokens")
     stats = st.multiselect("Statistics", list(STATS), default=["growth"], format_func=STATS.get,
                            key="corpus_stats")
@@ -45,7 +47,8 @@ if submitted:
     if not stats:
         st.error("Pick at least one statistic to scan.")
         st.stop()
-    args = (name, corpus, int(budget), tuple(stats))
+    reading = "replace" if replace and corpus != "builtin" else "strict"  # Corpus's encoding_errors
+    args = (name, corpus, int(budget), tuple(stats), reading)
 else:  # the last scan that succeeded (a failed one is not run again on every rerun)
     args = st.session_state.get("scan_args")
 if args is None or args[0] != name:
@@ -55,20 +58,22 @@ with common.guarded():  # a model that cannot load is said in the page, as on th
     asked, model = args, cache.model(name)
 if LENS in args[3] and not model.anatomy.has_lm_head:
     st.info(f"{model.anatomy.lm_head_note} The scan leaves the lens out.")
-    args = (*args[:3], tuple(s for s in args[3] if s != LENS))
+    args = (*args[:3], tuple(s for s in args[3] if s != LENS), *args[4:])
     if not args[3]:
         st.stop()
 target = min(args[2], cache.builtin_tokens(name)) if args[1] == "builtin" else args[2]
 bar, started = st.progress(0.0, text="Scanning…"), time.perf_counter()
 try:  # the bar moves only while the scan runs (not on a cached result), and then goes
     with common.guarded():
-        version = "" if args[1] == "builtin" else Corpus(args[1]).fingerprint()  # files as they are now
+        version = "" if args[1] == "builtin" else Corpus(  # the files as they are now
+            args[1], encoding_errors=args[4]).fingerprint()
         result = cache.scan(*args, version, on_batch=lambda key, tokens: bar.progress(
             *common.scan_progress(tokens, target, time.perf_counter() - started)))
 finally:
     bar.empty()
 st.session_state["scan_args"] = asked
-where = "the built-in corpus" if args[1] == "builtin" else args[1]
+where = "the built-in corpus" if args[1] == "builtin" else args[1] + (
+    " (bytes that are not UTF-8 read as U+FFFD)" if args[4] == "replace" else "")
 st.caption(common.plain(f"{name} over {result.tokens:,} tokens of {where} in {result.batches} batches, "
                         f"{result.seconds:.1f} s ({result.tokens_per_second:,.0f} tokens/s)"))
 st.download_button("Scan (JSON)", json.dumps(result.to_dict()), "scan.json", "application/json",

@@ -33,6 +33,15 @@ def token_count(text: str) -> int:
     return int(text) if digits else int(value)  # digits: exact past float's 2^53
 
 
+def encoding_option(p: argparse.ArgumentParser) -> None:
+    """``--encoding-errors``: ``Corpus.encoding_errors`` (its choices ``utf8.ENCODING_ERRORS``)."""
+    from .utf8 import ENCODING_ERRORS
+
+    p.add_argument("--encoding-errors", choices=ENCODING_ERRORS, default="strict",
+                   help="bytes of a corpus file that are not UTF-8: strict (default) stops at the "
+                        "first, naming it; replace reads them as U+FFFD, warning once per file")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The scan's arguments (shared by ``residual-stream scan`` and ``-m residual_stream.scan``)."""
     from . import STATS
@@ -59,6 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--text-field", default="text",
                    help="the field of a JSON Lines record (.jsonl, or .json as C4 ships them) that "
                         "holds its text (default: text)")
+    encoding_option(p)
     p.add_argument("--segment-chars", type=int, default=SEGMENT_CHARS,
                    help="characters of text per corpus segment, the unit processes share and a "
                         f"resumed scan skips; batches never span two (default: {SEGMENT_CHARS})")
@@ -129,7 +139,8 @@ def run(args: argparse.Namespace) -> int:
             writable(args.out)  # before the scan, not after it
         if args.state is not None:
             writable(args.state)
-        corpus = Corpus(args.corpus, args.segment_chars, args.text_field)  # refused before loading
+        corpus = Corpus(args.corpus, args.segment_chars, args.text_field,  # refused before loading
+                        args.encoding_errors)
         # so is an unknown statistic or a bad option; the scan takes these accumulators
         accs = make_accumulators([s.strip() for s in args.stats.split(",") if s.strip()])
         model = load_on_terminal(args.model, device=device or args.device, dtype=args.dtype,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from ..errors import InputError
+from ..errors import InputError, check_choice
 from .progress import ReadProgress
 from .sources import (
     builtin_corpus,
@@ -34,6 +34,7 @@ from .sources import (
     sizes,
 )
 from .tokenize import groups, spans
+from .utf8 import ENCODING_ERRORS, replace_surrogates
 
 SEGMENT_CHARS = 1 << 22  # characters per segment (~1M tokens of English), at least a text
 TEXT_FIELD = "text"  # a JSON Lines record's text field unless another is named
@@ -54,11 +55,17 @@ class Segment(NamedTuple):
 
 @dataclass(frozen=True)
 class Corpus:
-    """Where the texts come from (see the module docstring)."""
+    """Where the texts come from (see the module docstring).
+
+    ``encoding_errors``: what a file's bytes that are not UTF-8 do (``utf8``): ``"strict"``
+    stops the reading at the first with an error naming it; ``"replace"`` reads each run of
+    them as U+FFFD, warning once per file, as it does a list's lone surrogates.
+    """
 
     source: str | Path | Iterable[str]  # a collection read the same every time (checked)
     segment_chars: int = SEGMENT_CHARS
     text_field: str = TEXT_FIELD  # the field of a JSON Lines record that holds its text
+    encoding_errors: str = "strict"  # EncodingErrors, checked here (so a typo is told its choices)
 
     def __post_init__(self) -> None:
         """Refuse a segment size that is not a positive number of characters, an empty field.
@@ -72,6 +79,7 @@ class Corpus:
                              f"{self.segment_chars!r}")
         if not isinstance(self.text_field, str) or not self.text_field:
             raise InputError(f"text_field must name a JSON field, got {self.text_field!r}")
+        check_choice("encoding_errors", self.encoding_errors, ENCODING_ERRORS)
         if isinstance(self.source, str) and not self.source.strip():  # Path("") would be "."
             raise InputError("the corpus is an empty name: give 'builtin', a file, a folder or a list "
                              "of texts")
@@ -121,8 +129,11 @@ class Corpus:
             try:
                 t.encode("utf-8")
             except UnicodeEncodeError as e:  # lone surrogates: bytes decoded with surrogateescape
-                raise InputError(f"corpus item {items - 1} is not valid Unicode at character "
-                                 f"{e.start} (bytes that are not UTF-8?): give it as UTF-8") from None
+                if self.encoding_errors == "strict":
+                    raise InputError(f"corpus item {items - 1} is not valid Unicode at character "
+                                     f"{e.start} (bytes that are not UTF-8?): give it as UTF-8, or "
+                                     "read them as U+FFFD with encoding_errors='replace'") from None
+                t = replace_surrogates(t)
             if t.strip():
                 reading.read(ITEMS, len(t), items)
                 yield t
@@ -132,7 +143,7 @@ class Corpus:
         base: dict[str, int] = {}  # bytes of the files read before, per kind
         for f in self._files():
             k = kind(f)
-            for text, position in file_texts(f, self.text_field):
+            for text, position in file_texts(f, self.text_field, self.encoding_errors):
                 reading.read(k, len(text), base.get(k, 0) + position)
                 yield text
             base[k] = base.get(k, 0) + f.stat().st_size
@@ -202,12 +213,15 @@ class Corpus:
         so the same files copied or downloaded elsewhere resume a scan (before, a new path
         or modification time refused it); with any JSON Lines file, the field its texts come
         from too. An edit inside a file that keeps its size and both ends is not seen.
+        ``encoding_errors="replace"`` is part of it (the texts may differ); ``"strict"`` adds
+        nothing, so states saved before it existed still resume.
         """
+        replaced = "; bytes that are not UTF-8 read as U+FFFD" if self.encoding_errors == "replace" else ""
         if isinstance(self.source, str) and self.source == "builtin":  # hashed: a release may change it
-            return f"builtin {_texts_hash(builtin_corpus())}"
+            return f"builtin {_texts_hash(builtin_corpus())}"  # UTF-8: nothing to replace
         if not isinstance(self.source, (str, Path)):
-            return f"list of {len(self.source)} texts {_texts_hash(self.source)}"
-        return files_fingerprint(Path(self.source), self._files(), self.text_field)
+            return f"list of {len(self.source)} texts {_texts_hash(self.source)}{replaced}"
+        return files_fingerprint(Path(self.source), self._files(), self.text_field) + replaced
 
 
 def _texts_hash(texts: Iterable) -> str:

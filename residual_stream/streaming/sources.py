@@ -14,7 +14,8 @@ string in ``text_field``, or a file that is not gzip though named so, raises ``I
 naming the file and line; the texts before it have been yielded. So does a file that its
 first bytes show is not text: compressed by another tool, gzip not named ``.gz``, or binary;
 and bytes that are not UTF-8 (Latin-1, say), when they are read, naming the first one's byte
-offset and line (``not_utf8``), never read as replacement characters. A UTF-8 byte-order
+offset and line (``utf8.not_utf8``), unless the corpus asks to read them as U+FFFD
+(``encoding_errors="replace"``: one warning per file, ``utf8``). A UTF-8 byte-order
 mark at a file's start is dropped. A corpus path that is neither a regular file nor a folder
 (a named pipe, a device) is refused: it could not be read twice, and a FIFO would block.
 
@@ -26,7 +27,6 @@ per byte at their start (``chars_per_byte``, ``probes``: a progress estimate's p
 
 from __future__ import annotations
 
-import codecs
 import functools
 import gzip
 import hashlib
@@ -40,6 +40,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..files import path_kind
+from .utf8 import EncodingErrors, codec_errors, not_utf8, replacements, warn_replaced
 
 SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")  # what a folder's files may end with
 JSON_SUFFIXES = (".json", ".json.gz")  # read when their first line is a record (``json_lines``)
@@ -148,48 +149,17 @@ def probes(files: list[Path], text_field: str) -> dict[str, float]:
     return {k: r for k, r in ratios.items() if r}
 
 
-def _open(path: Path) -> io.TextIOBase:
+def _open(path: Path, errors: str = "strict") -> io.TextIOBase:
     """``path`` as text: UTF-8, a byte-order mark at its start dropped (``utf-8-sig``).
 
-    Strictly: a byte that is not UTF-8 raises ``UnicodeDecodeError`` when read (``not_utf8``).
+    ``errors="strict"``: a byte that is not UTF-8 raises ``UnicodeDecodeError`` when read
+    (``not_utf8``); else the codec error handler named (``utf8.codec_errors``).
     """
     gz = kind(path).endswith(".gz")
     _check_content(path, gz)
     if gz:
-        return gzip.open(path, "rt", encoding="utf-8-sig")
-    return path.open(encoding="utf-8-sig")
-
-
-def not_utf8(path: Path) -> InputError:
-    """The error for ``path`` holding bytes that are not UTF-8: the first one's offset and line.
-
-    Found by reading the file again up to it (of the unpacked text for ``.gz``), a block at
-    a time: only when the reading has met one.
-    """
-    gz = kind(path).endswith(".gz")
-    decoder, offset, line, found = codecs.getincrementaldecoder("utf-8")(), 0, 1, None
-    with gzip.open(path, "rb") if gz else open(path, "rb") as f:
-        while found is None and (block := f.read(1 << 20)):
-            pending = decoder.getstate()[0]
-            try:
-                decoder.decode(block)
-            except UnicodeDecodeError as e:
-                data = pending + block
-                found = offset - len(pending) + e.start, line + data[:e.start].count(b"\n"), \
-                    data[e.start]
-            line += block.count(b"\n")
-            offset += len(block)
-    cut = decoder.getstate()[0]
-    if found is None and cut:  # a character cut short at the end
-        found = offset - len(cut), line, cut[0]
-    where = "" if found is None else \
-        f": byte {found[0]}{' of its unpacked text' if gz else ''} (line {found[1]}) is " \
-        f"0x{found[2]:02x}, which UTF-8 does not read there"
-    convert = (f"gunzip -c {path.name} | iconv -f latin1 -t utf-8 | gzip > utf8-{path.name}" if gz
-               else f"iconv -f latin1 -t utf-8 {path.name} > utf8-{path.name}")
-    return InputError(f"{path} is not UTF-8 text{where}; convert the file to UTF-8 from the "
-                      f"encoding it was written in (from Latin-1: {convert}) and give the "
-                      "converted file instead")
+        return gzip.open(path, "rt", encoding="utf-8-sig", errors=errors)
+    return path.open(encoding="utf-8-sig", errors=errors)
 
 
 def _check_content(path: Path, gz: bool) -> None:
@@ -214,17 +184,24 @@ def _check_content(path: Path, gz: bool) -> None:
                          "give UTF-8 text or JSON Lines")
 
 
-def file_texts(path: Path, text_field: str = "text") -> Iterator[tuple[str, int]]:
+def file_texts(path: Path, text_field: str = "text",
+               encoding_errors: EncodingErrors = "strict") -> Iterator[tuple[str, int]]:
     """The non-blank texts of one file (see the module docstring), in order.
 
     Each with how many bytes of the file (of the compressed file for ``.gz``) have been read
-    so far, in blocks: the position a progress estimate reads (``progress``).
+    so far, in blocks: the position a progress estimate reads (``progress``). Bytes that are
+    not UTF-8 are refused, or read as U+FFFD with one warning per file (``utf8``).
     """
-    jsonl = kind(path).startswith(".jsonl")
+    kind_of_file = kind(path)
+    jsonl, gz = kind_of_file.startswith(".jsonl"), kind_of_file.endswith(".gz")
+    warned = encoding_errors == "strict"  # nothing to warn of: the first such byte stops it
     try:
-        with _open(path) as handle:
+        with _open(path, codec_errors(encoding_errors)) as handle:
             raw = getattr(handle.buffer, "fileobj", handle.buffer)  # gzip: the compressed file
+            seen = replacements()
             for number, line in enumerate(handle, start=1):
+                if not warned and (now := replacements()) != seen:  # this file's, or another's
+                    warned, seen = warn_replaced(path, gz), now  # decoded in this thread meanwhile
                 text = _line_text(line, jsonl, text_field, f"{path}:{number}")
                 if text:
                     yield text, raw.tell()
@@ -232,7 +209,7 @@ def file_texts(path: Path, text_field: str = "text") -> Iterator[tuple[str, int]
         raise InputError(f"{path} is not a complete gzip file ({e}); unpack it or fix the "
                          "name") from None
     except UnicodeDecodeError:
-        raise not_utf8(path) from None
+        raise not_utf8(path, gz) from None
 
 
 def kind(path: Path) -> str:
@@ -250,11 +227,12 @@ def json_lines(path: Path, text_field: str | None = None) -> bool:
 
     With ``text_field``, one holding that field too. A JSON document written with indents
     starts with a line of ``{`` or ``[`` alone; an array on one line is no object. Reads at
-    most ``FIRST_LINE_CHARS`` characters; ``InputError`` for a file that is no text (see
-    ``_check_content``) or a damaged gzip one.
+    most ``FIRST_LINE_CHARS`` characters, bytes that are not UTF-8 as U+FFFD (they do not
+    change what the line is; the file's reading refuses them or warns); ``InputError`` for a
+    file that is no text (see ``_check_content``) or a damaged gzip one.
     """
     try:
-        with _open(path) as handle:
+        with _open(path, "replace") as handle:
             line = ""
             while not line.strip():
                 line = handle.readline(FIRST_LINE_CHARS)
@@ -263,8 +241,6 @@ def json_lines(path: Path, text_field: str | None = None) -> bool:
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise InputError(f"{path} is not a complete gzip file ({e}); unpack it or fix the "
                          "name") from None
-    except UnicodeDecodeError:
-        raise not_utf8(path) from None
     try:
         record = json.loads(line)
     except (ValueError, RecursionError):  # not JSON; an integer of 5,000 digits; [[[[…
