@@ -45,7 +45,7 @@ from .integrity import (
     refuse_non_finite,
     validate_safetensors,
 )
-from .placement import MAP_HINT, check_offload_folder, offload_missing, placement_error
+from .placement import MAP_HINT, check_offload_folder, moved, offload_missing, placement_error
 from .registry import REGISTRY
 from .seq2seq_families import ENCODER_DECODERS, ENCODERS_ALONE
 from .tl_compat import is_bridge, unwrap_bridge
@@ -345,7 +345,7 @@ def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, placement: di
             f"could not load the model in {str(folder)!r}: {type(e).__name__}: "
             f"{str(e).splitlines()[0][:300]}. Re-download or reinstall it"
             f"{MAP_HINT if placement else ''}.") from e
-    return (model if placement else model.to(dev)), tok
+    return (model if placement else moved(model, dev, folder)), tok
 
 
 def _weights_variant(folder: Path) -> str | None:

@@ -4,6 +4,7 @@
 (``devices.check_device_map`` the map itself); ``placement_error`` turns a failure of accelerate's or
 transformers' placement (a module no entry maps, an offload folder that cannot be made) into an
 ``InputError`` saying what to change, where it would otherwise read as a corrupt model file.
+``moved`` names a device's memory running out as the model is moved there whole.
 ``offload_missing`` puts the weights a checkpoint lacks (transformers initializes them; the stream
 never reads them, or ``integrity.refuse_missing`` refused the load) into accelerate's map where
 their module is offloaded: accelerate's map of a safetensors checkpoint holds only the file's
@@ -66,6 +67,21 @@ def placement_error(error: BaseException, folder: Path, placement: dict) -> Inpu
                               f"({type(error).__name__}: {error.strerror or text}): give a folder "
                               "this process can write, with room for the weights mapped to 'disk'")
     return None
+
+
+def moved(model: nn.Module, device: torch.device, folder: Path) -> nn.Module:
+    """``model`` moved to ``device``; ``placement_error``'s ``InputError`` where its memory runs out.
+
+    The parameters moved before the failure are moved back to the CPU first, so the device's
+    memory is given back (the error's traceback holds the model).
+    """
+    try:
+        return model.to(device)
+    except (MemoryError, torch.OutOfMemoryError) as e:
+        model.to("cpu")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        raise placement_error(e, folder, {}) from e
 
 
 def offload_missing(model: nn.Module, missing: Iterable[str]) -> None:

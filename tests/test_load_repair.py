@@ -197,3 +197,23 @@ def test_disk_offload_of_a_checkpoint_lacking_unused_weights_traces(bert_without
     assert torch.equal(bias, torch.zeros(32))
     std = split.module.config.initializer_range
     assert weight.shape == (32, 32) and 0.7 * std < float(weight.std()) < 1.3 * std
+
+
+def test_running_out_of_memory_moving_the_model_to_its_device_is_said(minilm_folder, monkeypatch):
+    """The last step of a load, moving the model to its device, raised a raw ``OutOfMemoryError``;
+    now the load's memory advice, after the parts moved so far are moved back to the CPU (on a
+    GPU: its memory given back). The move is made to fail as a full GPU would."""
+    calls, real = [], torch.nn.Module.to
+
+    def to(self, *args, **kwargs):
+        calls.append(args[0] if args else kwargs.get("device"))
+        if isinstance(calls[-1], torch.device):  # the load's move (a torch.device), not the move back
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "to", to)
+    with pytest.raises(InputError, match=r"not enough memory to load the model in .*\(OutOfMemoryError\): "
+                                         r"load it in a smaller dtype \('bfloat16'\)") as err:
+        rs.load(minilm_folder, progress=False)
+    assert calls[-2:] == [torch.device("cpu"), "cpu"]  # the failed move, then the move back
+    assert isinstance(err.value.__cause__, torch.OutOfMemoryError)
