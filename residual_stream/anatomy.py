@@ -236,6 +236,26 @@ class Anatomy:
             "causal": self.causal,
         }
 
+    def norms_frame(self) -> pd.DataFrame:
+        """One row per norm, in the order the stream program meets them: kind, ε, gain and bias.
+
+        ``gain_*``: of the effective gain γ + ``offset`` (Gemma's ``1 + γ``; 1 where the norm has
+        no γ; a multiplier's constant); ``bias_norm``: ‖β‖, 0 where there is none. NaN for
+        weights not in memory (offloaded to disk, on ``meta``). ``module``: where it lives. In float64.
+        """
+        used = [getattr(op, "norm", None) or getattr(op, "via", None) for op in self.program]
+        order = dict.fromkeys([n for n in used if n is not None] + list(self.norms))  # as met
+        rows = []
+        for name in order:
+            spec = self.norms[name]
+            gain = _values(spec.weight, 1.0) + spec.weight_offset
+            bias = _values(spec.bias, 0.0)
+            rows.append({"norm": name, "kind": spec.kind, "eps": spec.eps, "offset": spec.weight_offset,
+                         "gain_mean": float(gain.mean()), "gain_min": float(gain.min()),
+                         "gain_max": float(gain.max()), "bias_norm": float(bias.norm()),
+                         "module": spec.module_path or "(a constant)"})
+        return pd.DataFrame(rows)
+
     def to_frame(self) -> pd.DataFrame:
         """One row per component: what it reads through and what its write passes through."""
         return pd.DataFrame(
@@ -246,3 +266,12 @@ class Anatomy:
                 for c in self.components
             ]
         )
+
+
+def _values(t: Tensor | None, absent: float) -> Tensor:
+    """``t`` as float64 on the CPU; ``[absent]`` for None, NaN for a tensor not in memory (``meta``)."""
+    if t is None:
+        return torch.tensor([absent], dtype=torch.float64)
+    if t.device.type == "meta":
+        return torch.tensor([float("nan")], dtype=torch.float64)
+    return t.detach().to("cpu", torch.float64)

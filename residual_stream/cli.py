@@ -2,7 +2,7 @@
 
     residual-stream models                     the registry: what is installed, how to install the rest
     residual-stream families                   every supported config.model_type and its family
-    residual-stream anatomy MODEL              sizes, norm kind, placement and the stream program
+    residual-stream anatomy MODEL              sizes, placement, each norm's ε/γ/β and the stream program
     residual-stream check MODEL --text TEXT    trace TEXT and print the conservation report
     residual-stream summarize MODEL [--text T] headline numbers of every analysis
     residual-stream heads MODEL [--top N]      induction, previous- and duplicate-token heads
@@ -68,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("models", help="list the model registry (installed or not)")
     sub.add_parser("families", help="list the supported architectures (config.model_type and family)")
-    a = sub.add_parser("anatomy", help="print a model's sizes, norm kind, placement and stream program")
+    a = sub.add_parser("anatomy", help="print a model's sizes, norms (ε, gain, bias) and stream program")
     a.add_argument("model", help="registry name, HF folder, .gguf file or cached hub id")
     c = sub.add_parser("check", help="trace a text and print the conservation report")
     c.add_argument("model", help="registry name, HF folder, .gguf file or cached hub id")
@@ -173,6 +173,8 @@ def _anatomy(args: argparse.Namespace) -> int:
     model = load_on_terminal(args.model, device="cpu")
     for key, value in model.anatomy.summary().items():
         print(f"{key:>14}: {value}")
+    norms = model.anatomy.norms_frame().to_string(index=False, float_format="{:.4g}".format)
+    print(f"\nnorms (gain: γ + offset; bias_norm: ‖β‖):\n{norms}")
     print("\nstream program:\n" + model.anatomy.describe_program())
     return 0
 

@@ -108,3 +108,49 @@ def test_invariances():
 def test_bad_kind_is_refused():
     with pytest.raises(ValueError, match="kind must be one of"):
         spec("batchnorm")
+
+
+def _module_reference(module: torch.nn.Module, offset: float) -> dict:
+    """What ``Anatomy.norms_frame`` must say of ``module``, read off the framework's module itself."""
+    weight = module.weight.detach().double() + offset
+    bias = getattr(module, "bias", None)
+    eps = next(getattr(module, a) for a in ("eps", "variance_epsilon") if hasattr(module, a))
+    return {"eps": float(eps), "gain_mean": float(weight.mean()), "gain_min": float(weight.min()),
+            "gain_max": float(weight.max()),
+            "bias_norm": 0.0 if bias is None else float(bias.detach().double().norm())}
+
+
+@pytest.mark.parametrize(("name", "offset", "first", "kind"), [
+    ("smollm2-135m", 0.0, "L0.ln_attn_in", "rmsnorm"),  # pre-RMSNorm: 2 a block and the final one
+    ("minilm-l6", 0.0, "ln_embed", "layernorm"),  # post-LayerNorm (BERT) with biases, ε 1e-12
+    ("gemma2", 1.0, "L0.ln_attn_in", "rmsnorm"),  # sandwich: 4 a block, gains 1 + γ
+])
+def test_the_norms_table_reads_each_module_s_eps_gain_and_bias(name, offset, first, kind):
+    """``Anatomy.norms_frame`` (the ``anatomy`` command's table) against each norm module's own
+    ε, γ (+ Gemma's offset) and β, in the order the stream program meets them."""
+    from tiny_hf import BUILDERS, build
+
+    import residual_stream as rs
+    from residual_stream.inputs import ByteTokenizer
+
+    model = rs.load(build(name), tokenizer=ByteTokenizer()) if name in BUILDERS else rs.load(name)
+    frame = model.anatomy.norms_frame()
+    assert len(frame) == len(model.anatomy.norms) and frame["norm"].iloc[0] == first
+    assert set(frame["kind"]) == {kind} and (frame["offset"] == offset).all()
+    if kind == "rmsnorm":
+        assert frame["norm"].iloc[-1] == "ln_final"
+    for row in frame.to_dict("records"):
+        want = _module_reference(model.module.get_submodule(row["module"]), offset)
+        got = {k: row[k] for k in want}
+        assert got == pytest.approx(want, rel=1e-12, abs=1e-12), row["norm"]
+
+
+def test_the_anatomy_command_prints_the_norms_table(capsys):
+    from residual_stream.cli import main
+
+    assert main(["anatomy", "twin-post-ln"]) == 0
+    out = capsys.readouterr().out
+    table = out.split("norms (gain: γ + offset; bias_norm: ‖β‖):\n")[1].split("\n\n")[0].splitlines()
+    assert table[0].split() == ["norm", "kind", "eps", "offset", "gain_mean", "gain_min", "gain_max",
+                                "bias_norm", "module"]
+    assert len(table) == 1 + 2 * 4 and all(" layernorm " in line for line in table[1:])  # post-LN: no final
