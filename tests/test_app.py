@@ -210,10 +210,16 @@ def test_norm_lab_switches_experiments():
 
 
 def test_models_page_lists_models_and_shows_anatomy():
+    import residual_stream as rs
+
     at = app("models")
     assert "smollm2-135m" in at.selectbox(key="models_model").options
     at.selectbox(key="models_model").select("minilm-l6").run()
     assert "x = L0.ln_resid_attn(x)" in at.code[0].value
+    norms = next(d.value for d in at.dataframe if "gain_mean" in d.value.columns)  # the Norms table
+    want = rs.load("minilm-l6").module.embeddings.LayerNorm  # its first norm, read off the module
+    assert norms["norm"].iloc[0] == "ln_embed" and norms["eps"].iloc[0] == want.eps
+    assert norms["bias_norm"].iloc[0] == pytest.approx(float(want.bias.double().norm()), rel=1e-12)
     assert "worst relative error" in at.success[0].value
 
 

@@ -29,6 +29,10 @@ with left:
     st.dataframe({k: [str(v)] for k, v in model.anatomy.summary().items()}, hide_index=True)
     st.subheader("Components")
     st.dataframe(model.anatomy.to_frame(), hide_index=True, height=300)
+    st.subheader("Norms")
+    st.caption("Each norm in the order the stream meets it: its ε, and the gain γ (+ offset: Gemma's "
+               "1 + γ) and bias β it applies after dividing by the per-token scale.")
+    st.dataframe(model.anatomy.norms_frame(), hide_index=True, height=300)
 with right:
     st.subheader("Stream program")
     st.code(model.anatomy.describe_program(), language=None, height=480)
