@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from . import placement as placing
 from .anatomy import Anatomy
 from .architectures import check_config, describe, has_lm_head, stream_model
 from .bars import framework_bars, quiet_load_report
@@ -45,7 +46,6 @@ from .integrity import (
     refuse_non_finite,
     validate_safetensors,
 )
-from .placement import MAP_HINT, check_offload_folder, moved, offload_missing, placement_error
 from .registry import REGISTRY
 from .seq2seq_families import ENCODER_DECODERS, ENCODERS_ALONE
 from .tl_compat import is_bridge, unwrap_bridge
@@ -189,7 +189,7 @@ def load(
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     check_device_map(device_map)
-    check_offload_folder(offload_folder)
+    placing.check_offload_folder(offload_folder)
     name = str(source)
     placement = {} if device_map is None else {"device_map": device_map, "offload_folder": offload_folder}
     with framework_bars(progress):
@@ -261,8 +261,7 @@ def _load_file(path: Path, dev: torch.device, dt: torch.dtype, progress: bool, p
     if path.is_dir() and (path / "config.json").exists():
         validate_safetensors(path)
         return _from_folder(path, dev, dt, placement, tokenizer)
-    raise ModelNotFoundError(
-        f"{str(path)!r} is neither a .gguf file nor a Hugging Face folder with config.json")
+    raise ModelNotFoundError(f"{str(path)!r} is neither a .gguf file nor a Hugging Face folder (config.json)")
 
 
 def _gguf_copy(folder: Path, dev: torch.device, dt: torch.dtype, placement: dict, tokenizer: object | None):
@@ -324,9 +323,10 @@ def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, placement: di
         with quiet_load_report(config.model_type in WHOLE_TEXT_MODELS):  # a container's vision tower: unused
             model, info = cls.from_pretrained(
                 folder, config=loaded, dtype=dt, local_files_only=True, use_safetensors=True,
-                output_loading_info=True, variant=_weights_variant(folder), **(placement or {}), **kw)
+                output_loading_info=True, variant=_weights_variant(folder),
+                **placing.named_placement(placement or {}, cls, loaded), **kw)
         if placement:
-            offload_missing(model, info.get("missing_keys", ()))  # accelerate's map lacks them
+            placing.offload_missing(model, info.get("missing_keys", ()))  # accelerate's map lacks them
         model, keys = _analysed_part(model, info)
         anatomy = describe(model, has_lm_head=has_lm_head(model))
         refuse_missing(model, anatomy, keys["missing_keys"], str(folder))
@@ -339,13 +339,13 @@ def _from_folder(folder: Path, dev: torch.device, dt: torch.dtype, placement: di
     except Exception as e:  # noqa: BLE001 - a config's own validation errors are plain Exceptions
         if isinstance(e, ResidualStreamError):
             raise
-        if (wrong := placement_error(e, folder, placement or {})) is not None:
+        if (wrong := placing.placement_error(e, folder, placement or {})) is not None:
             raise wrong from e  # the device_map's, the offload_folder's or the memory's fault
         raise CorruptModelFileError(
             f"could not load the model in {str(folder)!r}: {type(e).__name__}: "
             f"{str(e).splitlines()[0][:300]}. Re-download or reinstall it"
-            f"{MAP_HINT if placement else ''}.") from e
-    return (model if placement else moved(model, dev, folder)), tok
+            f"{placing.MAP_HINT if placement else ''}.") from e
+    return (model if placement else placing.moved(model, dev, folder)), tok
 
 
 def _weights_variant(folder: Path) -> str | None:

@@ -4,7 +4,8 @@
 (``devices.check_device_map`` the map itself); ``placement_error`` turns a failure of accelerate's or
 transformers' placement (a module no entry maps, an offload folder that cannot be made) into an
 ``InputError`` saying what to change, where it would otherwise read as a corrupt model file.
-``moved`` names a device's memory running out as the model is moved there whole.
+``named_placement`` refuses a ``device_map`` key that names no module of the model (accelerate
+ignored it). ``moved`` names a device's memory running out as the model is moved there whole.
 ``offload_missing`` puts the weights a checkpoint lacks (transformers initializes them; the stream
 never reads them, or ``integrity.refuse_missing`` refused the load) into accelerate's map where
 their module is offloaded: accelerate's map of a safetensors checkpoint holds only the file's
@@ -67,6 +68,35 @@ def placement_error(error: BaseException, folder: Path, placement: dict) -> Inpu
                               f"({type(error).__name__}: {error.strerror or text}): give a folder "
                               "this process can write, with room for the weights mapped to 'disk'")
     return None
+
+
+def named_placement(placement: dict, cls: type, config: object) -> dict:
+    """``placement``, once each key of its ``device_map`` dict names a module or weight of ``cls(config)``.
+
+    A key naming nothing (a typo, ``encoder.layers.0`` for ``encoder.layer.0``) was ignored by
+    accelerate, and its module placed by another entry (``""``) without a word. The model is
+    built on ``meta`` to list its names (no memory, no weights read); where it cannot be, the
+    load itself says what is wrong.
+    """
+    device_map = placement.get("device_map")
+    if not isinstance(device_map, dict) or set(device_map) <= {""}:
+        return placement
+    from accelerate import init_empty_weights
+
+    try:
+        with init_empty_weights():
+            skeleton = (getattr(cls, "from_config", None) or cls._from_config)(config)
+    except Exception:  # noqa: BLE001 - remote code, a config its class refuses: the load names it
+        return placement
+    names = {n for kind in ("modules", "parameters", "buffers")
+             for n, _ in getattr(skeleton, f"named_{kind}")()}
+    unknown = [k for k in device_map if k and k not in names]
+    if unknown:
+        top = ", ".join(n for n, _ in skeleton.named_children())
+        raise InputError(f"device_map names {', '.join(map(repr, unknown[:3]))}, which "
+                         f"{'is' if len(unknown) == 1 else 'are'} no module of {type(skeleton).__name__} "
+                         f"(its modules: {top}, and the modules inside them): {MAP_ADVICE}")
+    return placement
 
 
 def moved(model: nn.Module, device: torch.device, folder: Path) -> nn.Module:

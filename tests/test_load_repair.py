@@ -217,3 +217,29 @@ def test_running_out_of_memory_moving_the_model_to_its_device_is_said(minilm_fol
         rs.load(minilm_folder, progress=False)
     assert calls[-2:] == [torch.device("cpu"), "cpu"]  # the failed move, then the move back
     assert isinstance(err.value.__cause__, torch.OutOfMemoryError)
+
+
+def test_a_device_map_key_naming_no_module_is_refused_before_loading(minilm_folder, tmp_path, monkeypatch):
+    """``encoder.layers.0`` (BERT's blocks are ``encoder.layer``) beside a catch-all ``""`` was
+    ignored by accelerate: the block went to the catch-all's device without a word. Now it is
+    refused before a weight is read; a map of real names loads and traces as the plain load does."""
+    import transformers
+
+    reads = []
+    real = transformers.BertModel.from_pretrained.__func__
+    monkeypatch.setattr(transformers.BertModel, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: reads.append(1) or real(cls, *a, **k)))
+    with pytest.raises(InputError, match=r"device_map names 'encoder.layers.0', which is no module of "
+                                         r"BertModel \(its modules: embeddings, encoder, pooler, and the "
+                                         r"modules inside them\): map every module") as err:
+        rs.load(minilm_folder, device_map={"": "cpu", "encoder.layers.0": "cpu"}, progress=False)
+    assert reads == [] and not isinstance(err.value, CorruptModelFileError)
+    with pytest.raises(InputError, match=r"names 'embedding', 'pooler.dense.weights', which are no module"):
+        rs.load(minilm_folder, device_map={"embedding": "cpu", "encoder": "cpu",
+                                           "pooler.dense.weights": "cpu", "pooler": "cpu"}, progress=False)
+    named = rs.load(minilm_folder, device_map={"": "cpu", "encoder.layer.0": "cpu",
+                                               "pooler.dense.weight": "cpu"}, progress=False)
+    assert reads == [1]  # the spy sees a load that reads weights
+    plain = rs.load(minilm_folder, progress=False)
+    torch.testing.assert_close(rs.trace(named, "a map of real names").stream(6),
+                               rs.trace(plain, "a map of real names").stream(6), rtol=0, atol=0)
