@@ -94,8 +94,9 @@ def check_device_map(device_map: str | dict | int | torch.device | None) -> None
 
     A strategy (``DEVICE_MAP_STRATEGIES``) or one device for the whole model (``"cpu"``,
     ``"cuda:0"``, an int for a CUDA device, a ``torch.device``), or a dict of module path →
-    device (``"disk"`` too). A device this machine lacks, and an empty dict, are refused
-    (transformers raised these as errors of the model's files).
+    device (``"disk"`` too). A device this machine lacks, an empty dict, and ``"disk"`` on an
+    entry inside another (``_disk_nested``) are refused (transformers raised these as errors of
+    the model's files, or the trace met weights it could not read).
     """
     if device_map is None or device_map in DEVICE_MAP_STRATEGIES:
         return
@@ -113,6 +114,27 @@ def check_device_map(device_map: str | dict | int | torch.device | None) -> None
             at = "device_map" if module is None else f"device_map[{module!r}]"
             raise InputError(f"{at}: {e}; a device_map is one of {list(DEVICE_MAP_STRATEGIES)}, a "
                              "device, or a dict of module path → device or 'disk'") from None
+    if isinstance(device_map, dict):
+        _disk_nested(device_map)
+
+
+def _disk_nested(device_map: dict) -> None:
+    """``InputError`` for an entry inside another (``""`` holds every one) where either is ``"disk"``.
+
+    accelerate offloads a module mapped whole, or keeps one in memory, but not a part of it
+    the other way, nor a part of an offloaded module offloaded again: MiniLM with
+    ``{"": "cpu", "encoder.layer.0.attention": "disk"}`` failed to load ("weight is on the meta
+    device"), and with ``{"": "disk", "encoder.layer.0": "disk"}`` loaded weights no pass could read.
+    """
+    for outer, outer_at in device_map.items():
+        for inner, inner_at in device_map.items():
+            inside = inner != outer and (outer == "" or str(inner).startswith(f"{outer}."))
+            if inside and "disk" in (outer_at, inner_at):
+                raise InputError(f"device_map maps {inner!r} to {inner_at!r} inside {outer!r} "
+                                 f"({outer_at!r}): accelerate cannot place a part of a module apart "
+                                 "from it where either goes to 'disk'; give the other parts of "
+                                 f"{repr(outer) if outer else 'the model'} entries of their own, or "
+                                 f"drop {inner!r}")
 
 
 def _check_present(dev: torch.device) -> None:

@@ -243,3 +243,19 @@ def test_a_device_map_key_naming_no_module_is_refused_before_loading(minilm_fold
     plain = rs.load(minilm_folder, progress=False)
     torch.testing.assert_close(rs.trace(named, "a map of real names").stream(6),
                                rs.trace(plain, "a map of real names").stream(6), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device_map", [{"": "cpu", "encoder.layer.0.attention": "disk"},
+                                        {"": "disk", "encoder.layer.0": "disk"},
+                                        {"embeddings": "cpu", "encoder": "disk", "encoder.layer.1": "cpu",
+                                         "pooler": "cpu"}])
+def test_disk_on_an_entry_inside_another_is_refused_before_loading(minilm_folder, tmp_path, device_map):
+    """The first failed to load as "could not load … weight is on the meta device … Re-download";
+    the second loaded weights no trace could read (NotAvailableError at the first pass). Both are
+    refused before anything is read or written. The same nesting without disk loads (see
+    ``test_a_device_map_key_naming_no_module_is_refused_before_loading``)."""
+    inner = next(k for k in device_map if k and "." in k)
+    with pytest.raises(InputError, match=rf"device_map maps '{inner}' to '(disk|cpu)' inside '[a-z]*' "
+                                         r"\('(cpu|disk)'\): accelerate cannot place a part of a module"):
+        rs.load(minilm_folder, device_map=device_map, offload_folder=tmp_path / "offload", progress=False)
+    assert not (tmp_path / "offload").exists()
