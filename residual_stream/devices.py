@@ -126,10 +126,12 @@ def _disk_nested(device_map: dict) -> None:
     ``{"": "cpu", "encoder.layer.0.attention": "disk"}`` failed to load ("weight is on the meta
     device"), and with ``{"": "disk", "encoder.layer.0": "disk"}`` loaded weights no pass could read.
     """
-    for outer, outer_at in device_map.items():
-        for inner, inner_at in device_map.items():
-            inside = inner != outer and (outer == "" or str(inner).startswith(f"{outer}."))
-            if inside and "disk" in (outer_at, inner_at):
+    for inner, inner_at in device_map.items():
+        parts = str(inner).split(".") if inner else []
+        above = [".".join(parts[:i]) for i in range(len(parts))]  # the modules holding it, "" first
+        for outer in (a for a in above if a in device_map):
+            outer_at = device_map[outer]
+            if "disk" in (outer_at, inner_at):
                 raise InputError(f"device_map maps {inner!r} to {inner_at!r} inside {outer!r} "
                                  f"({outer_at!r}): accelerate cannot place a part of a module apart "
                                  "from it where either goes to 'disk'; give the other parts of "

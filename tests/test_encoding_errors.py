@@ -111,8 +111,14 @@ def test_lone_surrogates_in_a_list_are_replaced_on_request(model):
     with pytest.raises(InputError, match="corpus item 0 is not valid Unicode at character 7.*"
                                          "encoding_errors='replace'"):
         list(Corpus(texts).texts())
-    got = list(Corpus(texts, encoding_errors="replace").texts())
-    assert got == ["a text \ufffd\ufffd from bytes decoded with surrogateescape", "a clean one"]
+    got, warned = _read(Corpus([*texts, "\udc81 a second such item, not warned of"],
+                               encoding_errors="replace"))
+    assert got[:2] == ["a text \ufffd\ufffd from bytes decoded with surrogateescape", "a clean one"]
+    assert got[2] == "\ufffd a second such item, not warned of"
+    assert warned == ["corpus item 0 is not valid Unicode at character 7 (bytes that are not UTF-8, "
+                      "decoded with surrogateescape?); it and any others are read as U+FFFD "
+                      "(encoding_errors='replace')"]
+    got = got[:2]
     assert Corpus(texts, encoding_errors="replace").fingerprint() != Corpus(texts).fingerprint()
     assert rs.scan(model, Corpus(texts, encoding_errors="replace"), "growth", progress=False).tokens \
         == rs.scan(model, got, "growth", progress=False).tokens

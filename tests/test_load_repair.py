@@ -245,6 +245,18 @@ def test_a_device_map_key_naming_no_module_is_refused_before_loading(minilm_fold
                                rs.trace(plain, "a map of real names").stream(6), rtol=0, atol=0)
 
 
+def test_nested_entries_are_found_by_their_prefixes_in_a_large_map():
+    """Each key's enclosing modules are looked up, not every pair: a map of 20,000 entries (a large
+    model's, by parameter) is checked at once. Reference: the pair that nests, planted last."""
+    from residual_stream.devices import check_device_map
+
+    device_map = {f"model.layers.{i}.mlp.w{j}": "cpu" for i in range(2000) for j in range(10)}
+    check_device_map(device_map)  # none nests: passes
+    with pytest.raises(InputError, match="maps 'model.layers.1999.mlp.w0' to 'cpu' inside "
+                                         r"'model.layers.1999' \('disk'\)"):
+        check_device_map({**device_map, "model.layers.1999": "disk"})
+
+
 @pytest.mark.parametrize("device_map", [{"": "cpu", "encoder.layer.0.attention": "disk"},
                                         {"": "disk", "encoder.layer.0": "disk"},
                                         {"embeddings": "cpu", "encoder": "disk", "encoder.layer.1": "cpu",

@@ -34,7 +34,7 @@ from .sources import (
     sizes,
 )
 from .tokenize import groups, spans
-from .utf8 import ENCODING_ERRORS, replace_surrogates
+from .utf8 import ENCODING_ERRORS, replace_surrogates, warn_item_replaced
 
 SEGMENT_CHARS = 1 << 22  # characters per segment (~1M tokens of English), at least a text
 TEXT_FIELD = "text"  # a JSON Lines record's text field unless another is named
@@ -59,7 +59,7 @@ class Corpus:
 
     ``encoding_errors``: what a file's bytes that are not UTF-8 do (``utf8``): ``"strict"``
     stops the reading at the first with an error naming it; ``"replace"`` reads each run of
-    them as U+FFFD, warning once per file, as it does a list's lone surrogates.
+    them as U+FFFD, warning once per file, as it does a list's lone surrogates (warning at the first).
     """
 
     source: str | Path | Iterable[str]  # a collection read the same every time (checked)
@@ -122,7 +122,7 @@ class Corpus:
         yield from self._listed_texts(count) if self._in_memory() else self._file_texts(count)
 
     def _listed_texts(self, reading: ReadProgress) -> Iterator[str]:
-        items = 0
+        items, replaced = 0, False
         for items, t in enumerate(self._listed(), start=1):
             if not isinstance(t, str):
                 raise InputError(f"corpus item {items - 1} is a {type(t).__name__}, not a text")
@@ -134,6 +134,8 @@ class Corpus:
                                      f"{e.start} (bytes that are not UTF-8?): give it as UTF-8, or "
                                      "read them as U+FFFD with encoding_errors='replace'") from None
                 t = replace_surrogates(t)
+                if not replaced:  # once a reading, as a file's first
+                    replaced = warn_item_replaced(items - 1, e.start)
             if t.strip():
                 reading.read(ITEMS, len(t), items)
                 yield t

@@ -117,6 +117,14 @@ def warn_replaced(path: Path, gz: bool) -> bool:
     return found is not None
 
 
+def warn_item_replaced(item: int, at: int) -> bool:
+    """Warn that corpus item ``item``'s lone surrogates (from character ``at``) are read as U+FFFD."""
+    warnings.warn(f"corpus item {item} is not valid Unicode at character {at} (bytes that are not UTF-8, "
+                  "decoded with surrogateescape?); it and any others are read as U+FFFD "
+                  f"({REPLACE})", ReplacedBytesWarning, stacklevel=1)
+    return True
+
+
 def replace_surrogates(text: str) -> str:
     """``text`` with its lone surrogates (bytes a shell decoded with ``surrogateescape``) as U+FFFD."""
     return _SURROGATE.sub("\ufffd", text)
