@@ -210,28 +210,32 @@ def test_files_that_are_no_text_are_refused_by_name_and_a_byte_order_mark_is_dro
 
     lines = ["Hello world", "second text"]
     records = "".join(json.dumps({"text": t}) + "\n" for t in lines)
-    (tmp_path / "web.jsonl.bz2").write_bytes(bz2.compress(records.encode()))
-    (tmp_path / "web.txt.xz").write_bytes(lzma.compress(records.encode()))
+    (tmp_path / "web.jsonl.gz").write_bytes(bz2.compress(records.encode()))  # bzip2 named gzip
+    (tmp_path / "web.txt").write_bytes(lzma.compress(records.encode()))  # xz named plain
     (tmp_path / "gz.txt").write_bytes(gzip.compress(records.encode()))
-    with zipfile.ZipFile(tmp_path / "web.txt", "w") as z:
+    with zipfile.ZipFile(tmp_path / "zip.txt", "w") as z:
         z.writestr("web.txt", records)
     (tmp_path / "utf16.txt").write_text("\n".join(lines), encoding="utf-16")
     (tmp_path / "export.json").write_text(json.dumps([{"text": t} for t in lines], indent=1))
-    refused = {"web.jsonl.bz2": "is bzip2-compressed", "web.txt.xz": "is xz-compressed",
+    refused = {"web.jsonl.gz": r"is bzip2-compressed: give it a .txt.bz2 or .jsonl.bz2 name "
+                               r"\(e.g. web.jsonl.bz2\)",
+               "web.txt": r"is xz-compressed: give it a .txt.xz or .jsonl.xz name \(e.g. web.txt.xz\)",
                "gz.txt": "is gzip-compressed: give it a .txt.gz or .jsonl.gz name",
-               "web.txt": "is zip-compressed", "utf16.txt": "is not text .a NUL byte",
+               "zip.txt": "is zip-compressed, which a corpus is not read through: unpack it, or compress "
+                          "it with gzip, xz, bzip2, zstd",
+               "utf16.txt": "is not text .a NUL byte",
                "export.json": "its first line is not a JSON object, so it is a JSON document"}
     model = rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32)
     for name, message in refused.items():
         with pytest.raises(InputError, match=f"{name}.*{message}"):
             list(Corpus(tmp_path / name).texts())
-    with pytest.raises(InputError, match="web.jsonl.bz2 is bzip2"):  # out of the reader thread
-        rs.scan(model, tmp_path / "web.jsonl.bz2", ["growth"], progress=False)
+    with pytest.raises(InputError, match="web.jsonl.gz is bzip2"):  # out of the reader thread
+        rs.scan(model, tmp_path / "web.jsonl.gz", ["growth"], progress=False)
     only = tmp_path / "packed"
     only.mkdir()
-    (only / "a.jsonl.bz2").write_bytes((tmp_path / "web.jsonl.bz2").read_bytes())
-    with pytest.raises(InputError, match=r"holds no .txt, .jsonl, .txt.gz, .jsonl.gz, .json, .json.gz "
-                                         r"file \(1 other file: a.jsonl.bz2\)"):
+    (only / "a.jsonl.zip").write_bytes((tmp_path / "zip.txt").read_bytes())
+    with pytest.raises(InputError, match=r"holds no corpus file \(.txt, .jsonl or .json, plain or .gz, .xz, "
+                                         r".bz2, .zst; 1 other file: a.jsonl.zip\)"):
         list(Corpus(only).texts())
     (tmp_path / "bom.txt").write_text("\ufeff" + "\n".join(lines), encoding="utf-8")
     (tmp_path / "bom.jsonl").write_text("\ufeff" + records, encoding="utf-8")

@@ -50,8 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     p.add_argument("model", help="registry name, HF folder, .gguf file or cached hub id")
     p.add_argument("corpus", help="'builtin', a text file (one text per line), a JSON Lines file (.jsonl "
-                                  "or .json, a text per record, see --text-field), either gzipped, "
-                                  "or a folder of them")
+                                  "or .json, a text per record, see --text-field), either compressed "
+                                  "(.gz, .xz, .bz2, .zst), or a folder of them")
     p.add_argument("--stats", default="growth",
                    help=f"comma-separated statistics: {','.join(STATS)} (default: growth); "
                         "options follow a colon, e.g. lens:every=16 (one token in 16; also "

@@ -2,7 +2,7 @@
 
 A corpus is a list of texts, a file, a folder of files (in name order) or ``"builtin"`` (the
 shipped corpus). A file is plain text (one text per non-empty line) or JSON Lines (a text in
-each record's ``text_field``), either gzipped or not (``sources``). Texts are read lazily, a
+each record's ``text_field``), either compressed or not (``sources``, ``packing``). Texts are read lazily, a
 segment at a time, so a corpus of any size streams through in constant memory.
 
 The texts are grouped into *segments* by their characters alone (``Corpus.segments``:

@@ -4,15 +4,16 @@ Without ``max_tokens`` a scan does not know its corpus's token count until it ha
 all. ``ReadProgress`` estimates it as it goes, from two ratios each measured where it is
 exact: tokens per character where texts are tokenized (``batching._rows``), and characters
 per *unit* where texts are read (``Corpus.texts``). A unit is a byte of the corpus's files
-(compressed bytes for ``.gz``), or an item of a list of texts (before session 15 a character,
+(compressed bytes for a compressed file), or an item of a list of texts (before session 15 a character,
 which took a pass over the list to count), and ``totals`` is their count for the whole
-corpus, per kind of file (``sources.kind``: plain or JSON Lines, gzipped or not), known
+corpus, per kind of file (``sources.kind``: plain or JSON Lines, plain or compressed), known
 before reading (``Corpus.units``). So::
 
     tokens ≈ tokens per character × Σ_kind characters per unit(kind) × units(kind)
 
 which becomes exact once every text has been read and tokenized. A kind not read yet counts
-at the characters per unit measured at the start of its first file (``Corpus.probes``): a
+at the characters per unit measured at the start of its first file (``Corpus.probes``; gzip's
+and plain files' only: the other decompressors do not say what input a prefix took): a
 gzipped file holds 3 to 4 times a plain one's characters per byte, so a folder mixing them
 was estimated at half its tokens until the reading reached the other kind, before session
 15. With a budget the total is the smaller of the budget and the estimate. A process of ``N``

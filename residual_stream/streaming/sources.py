@@ -1,18 +1,21 @@
-"""The texts of a corpus's files: plain text (one text per line) or JSON Lines, gzipped or not.
+"""The texts of a corpus's files: plain text (one text per line) or JSON Lines, compressed or not.
 
 * ``.txt``: each non-blank line is a text (stripped);
 * ``.jsonl``: each non-blank line is a JSON object whose ``text_field`` (``"text"`` by
   default) holds a text, newlines and all, as corpora such as web crawls ship them;
-* either with ``.gz`` after it: read through ``gzip``, never unpacked to disk;
-* ``.json`` or ``.json.gz`` whose first line is a whole JSON object: JSON Lines under another
-  name, as C4 ships them (``json_lines``). A JSON document (an array, an indented object) is
-  refused when named alone and skipped in a folder, as is a record without ``text_field``.
+* either with ``.gz``, ``.xz``, ``.bz2`` or ``.zst`` after it: read through that compression
+  as it streams, never unpacked to disk (``packing``);
+* ``.json`` (compressed or not) whose first line is a whole JSON object: JSON Lines under
+  another name, as C4 ships them (``json_lines``). A JSON document (an array, an indented
+  object) is refused when named alone and skipped in a folder, as is a record without
+  ``text_field``.
 
 A folder holds such files at any depth, read in name order. Files are read lazily, a line at
 a time, so memory does not grow with the corpus. A line that is not a JSON object with a
-string in ``text_field``, or a file that is not gzip though named so, raises ``InputError``
+string in ``text_field``, or a compressed file cut short or damaged, raises ``InputError``
 naming the file and line; the texts before it have been yielded. So does a file that its
-first bytes show is not text: compressed by another tool, gzip not named ``.gz``, or binary;
+first bytes show is not text, or not packed as its name says: compressed by a tool no corpus
+is read through (zip, 7z), compressed one way and named another (gzip not named ``.gz``), or binary;
 and bytes that are not UTF-8 (Latin-1, say), when they are read, naming the first one's byte
 offset and line (``utf8.not_utf8``), unless the corpus asks to read them as U+FFFD
 (``encoding_errors="replace"``: one warning per file, ``utf8``). A UTF-8 byte-order
@@ -27,8 +30,8 @@ per byte at their start (``chars_per_byte``, ``probes``: a progress estimate's p
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import gzip
 import hashlib
 import io
 import json
@@ -40,16 +43,18 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..files import path_kind
+from .packing import PACKINGS, Packing, damaged, damaged_errors, packed_by, packing_of, unpacked
+from .packing import SUFFIXES as PACKING_SUFFIXES
 from .utf8 import EncodingErrors, codec_errors, not_utf8, replacements, warn_replaced
 
-SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")  # what a folder's files may end with
-JSON_SUFFIXES = (".json", ".json.gz")  # read when their first line is a record (``json_lines``)
+# what a folder's files may end with; and .json files, read when their first line is a record (``json_lines``)
+SUFFIXES = tuple(base + packed for base in (".txt", ".jsonl") for packed in ("", *PACKING_SUFFIXES))
+JSON_SUFFIXES = tuple(".json" + packed for packed in ("", *PACKING_SUFFIXES))
+DESCRIBED = ".txt, .jsonl or .json, plain or " + ", ".join(PACKING_SUFFIXES)  # what files a corpus reads
 FIRST_LINE_CHARS = 1 << 24  # characters of a .json file's first line read to tell if it is one
 PROBE_BYTES = 1 << 18  # bytes of a file's start read to estimate its characters per byte
 FINGERPRINT_ENDS = 1 << 12  # bytes read from each end of a corpus file for its fingerprint
 SNIFF_BYTES = 1 << 12  # bytes of a file's start checked to be text (``_check_content``)
-COMPRESSED = {b"\x1f\x8b": "gzip", b"\xfd7zXZ\x00": "xz",
-              b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip", b"7z\xbc\xaf\x27\x1c": "7z"}
 
 
 def builtin_corpus() -> list[str]:
@@ -93,8 +98,8 @@ def corpus_files(path: Path, text_field: str = "text") -> list[Path]:
                                  "field that holds the text (text_field=, --text-field)")
             some = ", ".join(f.relative_to(path).as_posix() for f in files[:3])
             others = f"{len(files)} other file{'s' if len(files) > 1 else ''}: {some}"
-            raise InputError(f"corpus folder {str(path)!r} holds no {', '.join(SUFFIXES + JSON_SUFFIXES)} "
-                             f"file ({others}{', …' if len(files) > 3 else ''}); unpack or rename them")
+            raise InputError(f"corpus folder {str(path)!r} holds no corpus file ({DESCRIBED}; {others}"
+                             f"{', …' if len(files) > 3 else ''}); unpack or rename them")
         return found
     if kind_of_path == "file":
         if path.name.endswith(JSON_SUFFIXES) and not json_lines(path):
@@ -106,8 +111,8 @@ def corpus_files(path: Path, text_field: str = "text") -> list[Path]:
         raise InputError(f"corpus {str(path)!r} is {kind_of_path}, not a regular file or a folder: "
                          "a scan reads its corpus more than once (its first batch, a resumed scan), "
                          "so write the texts to a file and give that")
-    raise InputError(f"corpus {str(path)!r} is not 'builtin', a file or a folder of "
-                     f"{', '.join(SUFFIXES)} files")
+    raise InputError(f"corpus {str(path)!r} is not 'builtin', a file or a folder of corpus files "
+                     f"({DESCRIBED})")
 
 
 def files_fingerprint(root: Path, files: list[Path], text_field: str) -> str:
@@ -149,37 +154,40 @@ def probes(files: list[Path], text_field: str) -> dict[str, float]:
     return {k: r for k, r in ratios.items() if r}
 
 
-def _open(path: Path, errors: str = "strict") -> io.TextIOBase:
-    """``path`` as text: UTF-8, a byte-order mark at its start dropped (``utf-8-sig``).
+@contextlib.contextmanager
+def _text(path: Path, errors: str = "strict") -> Iterator[tuple[io.TextIOBase, io.IOBase]]:
+    """``(path as text, the file)``: UTF-8 unpacked as its name says (``packing``), a byte-order mark dropped.
 
     ``errors="strict"``: a byte that is not UTF-8 raises ``UnicodeDecodeError`` when read
-    (``not_utf8``); else the codec error handler named (``utf8.codec_errors``).
+    (``not_utf8``); else the codec error handler named (``utf8.codec_errors``). The file's
+    position is the bytes of it read so far (compressed bytes for a compressed file).
     """
-    gz = kind(path).endswith(".gz")
-    _check_content(path, gz)
-    if gz:
-        return gzip.open(path, "rt", encoding="utf-8-sig", errors=errors)
-    return path.open(encoding="utf-8-sig", errors=errors)
+    _check_content(path, packing_of(path))
+    with unpacked(path) as (stream, raw), \
+            io.TextIOWrapper(stream, encoding="utf-8-sig", errors=errors) as text:
+        yield text, raw
 
 
-def _check_content(path: Path, gz: bool) -> None:
-    """``InputError`` for a file whose first bytes show it is not text, nor gzip when named so.
+def _check_content(path: Path, packing: Packing | None) -> None:
+    """``InputError`` for a file whose first bytes show it is not text, or not packed as named.
 
-    Compressed by another tool (``COMPRESSED``), or gzip without ``.gz`` in its name, or
-    holding a NUL byte in its first ``SNIFF_BYTES``: read as text, it would be garbage texts.
+    Compressed one way and named another (or not at all), compressed by a tool no corpus is
+    read through (zip, 7z), or, plain, holding a NUL byte in its first ``SNIFF_BYTES``: read
+    as text, it would be garbage texts.
     """
     with open(path, "rb") as f:
         head = f.read(SNIFF_BYTES)
-    packed = next((name for magic, name in COMPRESSED.items() if head.startswith(magic)), None)
-    if head[:3] == b"BZh" and head[4:10] == b"1AY&SY":  # bzip2: its first block's magic too
-        packed = "bzip2"
-    if packed == "gzip" and not gz:
-        raise InputError(f"{path} is gzip-compressed: give it a .txt.gz or .jsonl.gz name "
-                         f"(e.g. {path.name}.gz) to read it through gzip")
-    if packed is not None and packed != "gzip":
-        raise InputError(f"{path} is {packed}-compressed, which a corpus is not read through: "
-                         "unpack it, or compress it with gzip (.gz)")
-    if not gz and b"\0" in head:
+    packed, named = packed_by(head), None if packing is None else packing.name
+    right = next((p for p in PACKINGS if p.name == packed), None)
+    if right is not None and packed != named:
+        base = path.name[:-len(packing.suffix)] if packing else path.name
+        raise InputError(f"{path} is {packed}-compressed: give it a .txt{right.suffix} or "
+                         f".jsonl{right.suffix} name (e.g. {base}{right.suffix}) to read it through {packed}")
+    if packed is not None and right is None:
+        raise InputError(f"{path} is {packed}-compressed, which a corpus is not read through: unpack "
+                         f"it, or compress it with {', '.join(p.name for p in PACKINGS)} "
+                         f"({', '.join(PACKING_SUFFIXES)})")
+    if packing is None and b"\0" in head:
         raise InputError(f"{path} is not text (a NUL byte in its first {SNIFF_BYTES} bytes): "
                          "give UTF-8 text or JSON Lines")
 
@@ -188,38 +196,35 @@ def file_texts(path: Path, text_field: str = "text",
                encoding_errors: EncodingErrors = "strict") -> Iterator[tuple[str, int]]:
     """The non-blank texts of one file (see the module docstring), in order.
 
-    Each with how many bytes of the file (of the compressed file for ``.gz``) have been read
-    so far, in blocks: the position a progress estimate reads (``progress``). Bytes that are
-    not UTF-8 are refused, or read as U+FFFD with one warning per file (``utf8``).
+    Each with how many bytes of the file (of the compressed file, for one) have been read so
+    far, in blocks: the position a progress estimate reads (``progress``). Bytes that are not
+    UTF-8 are refused, or read as U+FFFD with one warning per file (``utf8``).
     """
-    kind_of_file = kind(path)
-    jsonl, gz = kind_of_file.startswith(".jsonl"), kind_of_file.endswith(".gz")
+    jsonl = kind(path).startswith(".jsonl")
     warned = encoding_errors == "strict"  # nothing to warn of: the first such byte stops it
     try:
-        with _open(path, codec_errors(encoding_errors)) as handle:
-            raw = getattr(handle.buffer, "fileobj", handle.buffer)  # gzip: the compressed file
+        with _text(path, codec_errors(encoding_errors)) as (handle, raw):
             seen = replacements()
             for number, line in enumerate(handle, start=1):
                 if not warned and (now := replacements()) != seen:  # this file's, or another's
-                    warned, seen = warn_replaced(path, gz), now  # decoded in this thread meanwhile
+                    warned, seen = warn_replaced(path), now  # decoded in this thread meanwhile
                 text = _line_text(line, jsonl, text_field, f"{path}:{number}")
                 if text:
                     yield text, raw.tell()
-    except (gzip.BadGzipFile, EOFError, zlib.error) as e:  # zlib: damaged data after the header
-        raise InputError(f"{path} is not a complete gzip file ({e}); unpack it or fix the "
-                         "name") from None
+    except damaged_errors(path) as e:  # gzip's zlib.error: damaged data after the header
+        raise damaged(path, e) from None
     except UnicodeDecodeError:
-        raise not_utf8(path, gz) from None
+        raise not_utf8(path) from None
 
 
 def kind(path: Path) -> str:
-    """How ``path`` is read: ``".txt"`` or ``".jsonl"``, with ``".gz"`` after it when gzipped.
+    """How ``path`` is read: ``".txt"`` or ``".jsonl"``, with its packing's suffix (``".gz"``) after it.
 
     A ``.json`` file is read as JSON Lines: ``corpus_files`` lets through only those that are.
     """
-    gz = ".gz" if path.name.endswith(".gz") else ""
-    jsonl = path.name.endswith((".jsonl", ".jsonl.gz") + JSON_SUFFIXES)
-    return (".jsonl" if jsonl else ".txt") + gz
+    packing = packing_of(path)
+    name = path.name[:-len(packing.suffix)] if packing else path.name
+    return (".jsonl" if name.endswith((".jsonl", ".json")) else ".txt") + (packing.suffix if packing else "")
 
 
 def json_lines(path: Path, text_field: str | None = None) -> bool:
@@ -229,18 +234,17 @@ def json_lines(path: Path, text_field: str | None = None) -> bool:
     starts with a line of ``{`` or ``[`` alone; an array on one line is no object. Reads at
     most ``FIRST_LINE_CHARS`` characters, bytes that are not UTF-8 as U+FFFD (they do not
     change what the line is; the file's reading refuses them or warns); ``InputError`` for a
-    file that is no text (see ``_check_content``) or a damaged gzip one.
+    file that is no text (see ``_check_content``) or a damaged compressed one.
     """
     try:
-        with _open(path, "replace") as handle:
+        with _text(path, "replace") as (handle, _):
             line = ""
             while not line.strip():
                 line = handle.readline(FIRST_LINE_CHARS)
                 if not line:
                     return True  # no line: an empty corpus, as an empty .jsonl file is
-    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
-        raise InputError(f"{path} is not a complete gzip file ({e}); unpack it or fix the "
-                         "name") from None
+    except damaged_errors(path) as e:
+        raise damaged(path, e) from None
     try:
         record = json.loads(line)
     except (ValueError, RecursionError):  # not JSON; an integer of 5,000 digits; [[[[…
@@ -273,13 +277,17 @@ def chars_per_byte(path: Path, text_field: str = "text") -> float | None:
     From its first ``PROBE_BYTES`` bytes: the texts of the whole lines there, as
     ``file_texts`` reads them, over the bytes those lines take (for ``.gz``, their share of
     the compressed bytes read). None when those bytes hold no line, or cannot be read (the
-    file's own reading says why). What a progress estimate assumes for a kind of file it
-    has not read yet (``progress.ReadProgress``).
+    file's own reading says why), and for the other packings (xz, bzip2, zstd: their
+    decompressors do not say how much input a prefix of output took; the reading measures
+    them). What a progress estimate assumes for a kind of file it has not read yet
+    (``progress.ReadProgress``).
     """
     with open(path, "rb") as f:
         head = f.read(PROBE_BYTES)
     how = kind(path)
     data, units, whole = head, len(head), len(head) < PROBE_BYTES
+    if packing_of(path) not in (None, PACKINGS[0]):
+        return None
     if how.endswith(".gz"):
         unpack = zlib.decompressobj(wbits=31)  # a gzip header
         try:

@@ -20,7 +20,6 @@ before and after each line to see that its file held such a byte, and then finds
 from __future__ import annotations
 
 import codecs
-import gzip
 import re
 import threading
 import warnings
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import InputError
+from .packing import packing_of, unpacked
 
 EncodingErrors = Literal["strict", "replace"]
 ENCODING_ERRORS: tuple[str, ...] = ("strict", "replace")
@@ -64,14 +64,14 @@ def codec_errors(encoding_errors: EncodingErrors) -> str:
     return HANDLER if encoding_errors == "replace" else "strict"
 
 
-def first_bad_byte(path: Path, gz: bool) -> tuple[int, int, int] | None:
+def first_bad_byte(path: Path) -> tuple[int, int, int] | None:
     """``(offset, line, byte)`` of the first byte of ``path`` that UTF-8 does not read there.
 
-    Of its unpacked text when ``gz``. Read a block at a time; a character cut short at the
-    end of the file counts. None when every byte is UTF-8.
+    Of its unpacked text for a compressed file (``packing``). Read a block at a time; a
+    character cut short at the end of the file counts. None when every byte is UTF-8.
     """
     decoder, offset, line, found = codecs.getincrementaldecoder("utf-8")(), 0, 1, None
-    with gzip.open(path, "rb") if gz else open(path, "rb") as f:
+    with unpacked(path) as (f, _):
         while found is None and (block := f.read(BLOCK)):
             pending = decoder.getstate()[0]
             try:
@@ -88,30 +88,31 @@ def first_bad_byte(path: Path, gz: bool) -> tuple[int, int, int] | None:
     return found
 
 
-def _where(found: tuple[int, int, int], gz: bool) -> str:
+def _where(found: tuple[int, int, int], path: Path) -> str:
     """A bad byte's place in words: ``byte 3 (line 1) is 0xe9``."""
-    return f"byte {found[0]}{' of its unpacked text' if gz else ''} (line {found[1]}) is 0x{found[2]:02x}"
+    unpacked_text = " of its unpacked text" if packing_of(path) else ""
+    return f"byte {found[0]}{unpacked_text} (line {found[1]}) is 0x{found[2]:02x}"
 
 
-def not_utf8(path: Path, gz: bool) -> InputError:
+def not_utf8(path: Path) -> InputError:
     """The error for ``path`` holding bytes that are not UTF-8: the first one's offset and line."""
-    found = first_bad_byte(path, gz)
-    where = "" if found is None else f": {_where(found, gz)}, which UTF-8 does not read there"
-    convert = (f"gunzip -c {path.name} | iconv -f latin1 -t utf-8 | gzip > utf8-{path.name}" if gz
-               else f"iconv -f latin1 -t utf-8 {path.name} > utf8-{path.name}")
+    found, packing = first_bad_byte(path), packing_of(path)
+    where = "" if found is None else f": {_where(found, path)}, which UTF-8 does not read there"
+    convert = f"iconv -f latin1 -t utf-8 {path.name} > utf8-{path.name}" if packing is None else \
+        f"{packing.tools[0]} {path.name} | iconv -f latin1 -t utf-8 | {packing.tools[1]} > utf8-{path.name}"
     return InputError(f"{path} is not UTF-8 text{where}; convert the file to UTF-8 from the "
                       f"encoding it was written in (from Latin-1: {convert}) and give the "
                       f"converted file instead, or read such bytes as U+FFFD with {REPLACE}")
 
 
-def warn_replaced(path: Path, gz: bool) -> bool:
+def warn_replaced(path: Path) -> bool:
     """Warn that ``path``'s bytes that are not UTF-8 are read as U+FFFD; False if it has none.
 
     None: the count that called for this was another file's, decoded in this thread meanwhile.
     """
-    found = first_bad_byte(path, gz)
+    found = first_bad_byte(path)
     if found is not None:
-        warnings.warn(f"{path} is not UTF-8 text: {_where(found, gz)}; it and any others in this "
+        warnings.warn(f"{path} is not UTF-8 text: {_where(found, path)}; it and any others in this "
                       "file are read as U+FFFD (encoding_errors='replace')", ReplacedBytesWarning,
                       stacklevel=1)  # here: the toolkit's, as a command shows it (bars.one_line_warnings)
     return found is not None
