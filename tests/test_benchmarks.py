@@ -171,3 +171,12 @@ def test_the_lens_ab_runs_an_earlier_lens_beside_the_current_one(tiny_smollm2, t
     rows = json.loads((tmp_path / "ab.json").read_text())["rows"]
     assert [r["variant"] for r in rows] == ["hf_forward", "lens at HEAD", "lens now"]
     assert all(math.isfinite(r["seconds"]) and r["seconds"] > 0 for r in rows)
+
+
+def test_the_packing_benchmark_runs_and_reads_every_packing(tmp_path):
+    """``packing_speed.py`` (not a GPU step): every packing read, the same texts as the plain file
+    (the script asserts it), a ratio per packing."""
+    _run("benchmarks/packing_speed.py", "--mb", "0.05", "--rounds", "1", "--out", str(tmp_path / "packing"))
+    rows = json.loads((tmp_path / "packing.json").read_text())
+    assert [r["packing"] for r in rows] == ["plain", ".gz", ".xz", ".bz2", ".zst"]
+    assert rows[0]["ratio_to_plain"] == 1 and all(r["seconds"] > 0 and r["file_mb"] > 0 for r in rows)
