@@ -28,6 +28,7 @@ from .sources import (
     corpus_files,
     file_texts,
     files_fingerprint,
+    has_fields,
     kind,
     ordered_and_reread,
     probes,
@@ -64,7 +65,7 @@ class Corpus:
 
     source: str | Path | Iterable[str]  # a collection read the same every time (checked)
     segment_chars: int = SEGMENT_CHARS
-    text_field: str = TEXT_FIELD  # the field of a JSON Lines record that holds its text
+    text_field: str = TEXT_FIELD  # a JSON Lines record's field (a Parquet file's column) holding its text
     encoding_errors: str = "strict"  # EncodingErrors, checked here (so a typo is told its choices)
 
     def __post_init__(self) -> None:
@@ -97,16 +98,16 @@ class Corpus:
         ``.txt.gz``): the field would be ignored. Files are listed for it (``corpus_files``).
         """
         given = f"text_field={self.text_field!r} (--text-field) names the JSON Lines field " \
-            "that holds each record's text"
+            "(or Parquet column) that holds each record's text"
         if self._in_memory():
             what = "the built-in corpus" if isinstance(self.source, str) else "a list of texts"
             raise InputError(f"{given}, but the corpus is {what}, which has no fields: leave "
                              "text_field out")
         kinds = {kind(f) for f in self._files()}
-        if kinds and not any(k.startswith(".jsonl") for k in kinds):
+        if kinds and not any(has_fields(k) for k in kinds):
             raise InputError(f"{given}, but the corpus {str(self.source)!r} holds plain text "
                              f"({', '.join(sorted(kinds))}: one text per line, no fields): leave "
-                             "text_field out, or give JSON Lines files (.jsonl)")
+                             "text_field out, or give JSON Lines (.jsonl) or Parquet files")
 
     def _files(self) -> list[Path]:
         return corpus_files(Path(self.source), self.text_field)

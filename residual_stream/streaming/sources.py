@@ -8,7 +8,9 @@
 * ``.json`` (compressed or not) whose first line is a whole JSON object: JSON Lines under
   another name, as C4 ships them (``json_lines``). A JSON document (an array, an indented
   object) is refused when named alone and skipped in a folder, as is a record without
-  ``text_field``.
+  ``text_field``;
+* ``.parquet``: each row's ``text_field`` column, as FineWeb and the Hub's datasets ship them
+  (``parquet``).
 
 A folder holds such files at any depth, read in name order. Files are read lazily, a line at
 a time, so memory does not grow with the corpus. A line that is not a JSON object with a
@@ -45,12 +47,15 @@ from ..errors import InputError
 from ..files import path_kind
 from .packing import PACKINGS, Packing, damaged, damaged_errors, packed_by, packing_of, unpacked
 from .packing import SUFFIXES as PACKING_SUFFIXES
+from .parquet import MAGIC as PARQUET_MAGIC
+from .parquet import SUFFIX as PARQUET
+from .parquet import parquet_texts
 from .utf8 import EncodingErrors, codec_errors, not_utf8, replacements, warn_replaced
 
 # what a folder's files may end with; and .json files, read when their first line is a record (``json_lines``)
-SUFFIXES = tuple(base + packed for base in (".txt", ".jsonl") for packed in ("", *PACKING_SUFFIXES))
+SUFFIXES = (*(base + packed for base in (".txt", ".jsonl") for packed in ("", *PACKING_SUFFIXES)), PARQUET)
 JSON_SUFFIXES = tuple(".json" + packed for packed in ("", *PACKING_SUFFIXES))
-DESCRIBED = ".txt, .jsonl or .json, plain or " + ", ".join(PACKING_SUFFIXES)  # what files a corpus reads
+DESCRIBED = f".txt, .jsonl or .json, plain or {', '.join(PACKING_SUFFIXES)}; or {PARQUET}"  # what is read
 FIRST_LINE_CHARS = 1 << 24  # characters of a .json file's first line read to tell if it is one
 PROBE_BYTES = 1 << 18  # bytes of a file's start read to estimate its characters per byte
 FINGERPRINT_ENDS = 1 << 12  # bytes read from each end of a corpus file for its fingerprint
@@ -132,7 +137,7 @@ def files_fingerprint(root: Path, files: list[Path], text_field: str) -> str:
                 data.seek(-FINGERPRINT_ENDS, 2)
             digest.update(data.read())
         total += size
-    field = f"text_field={text_field}; " if any(kind(f).startswith(".jsonl") for f in files) else ""
+    field = f"text_field={text_field}; " if any(has_fields(kind(f)) for f in files) else ""
     return f"{field}{len(files)} files, {total} bytes, sha256:{digest.hexdigest()[:16]}"
 
 
@@ -187,6 +192,8 @@ def _check_content(path: Path, packing: Packing | None) -> None:
         raise InputError(f"{path} is {packed}-compressed, which a corpus is not read through: unpack "
                          f"it, or compress it with {', '.join(p.name for p in PACKINGS)} "
                          f"({', '.join(PACKING_SUFFIXES)})")
+    if packing is None and head.startswith(PARQUET_MAGIC):
+        raise InputError(f"{path} is a Parquet file: give it a {PARQUET} name to read its text column")
     if packing is None and b"\0" in head:
         raise InputError(f"{path} is not text (a NUL byte in its first {SNIFF_BYTES} bytes): "
                          "give UTF-8 text or JSON Lines")
@@ -200,6 +207,9 @@ def file_texts(path: Path, text_field: str = "text",
     far, in blocks: the position a progress estimate reads (``progress``). Bytes that are not
     UTF-8 are refused, or read as U+FFFD with one warning per file (``utf8``).
     """
+    if kind(path) == PARQUET:  # a column of strings, not lines
+        yield from parquet_texts(path, text_field)
+        return
     jsonl = kind(path).startswith(".jsonl")
     warned = encoding_errors == "strict"  # nothing to warn of: the first such byte stops it
     try:
@@ -221,10 +231,18 @@ def kind(path: Path) -> str:
     """How ``path`` is read: ``".txt"`` or ``".jsonl"``, with its packing's suffix (``".gz"``) after it.
 
     A ``.json`` file is read as JSON Lines: ``corpus_files`` lets through only those that are.
+    ``".parquet"`` for a Parquet file (``parquet``).
     """
+    if path.name.endswith(PARQUET):
+        return PARQUET
     packing = packing_of(path)
     name = path.name[:-len(packing.suffix)] if packing else path.name
     return (".jsonl" if name.endswith((".jsonl", ".json")) else ".txt") + (packing.suffix if packing else "")
+
+
+def has_fields(kind_of_file: str) -> bool:
+    """Whether files of this ``kind`` hold their texts in a field (JSON Lines) or column (Parquet)."""
+    return kind_of_file.startswith(".jsonl") or kind_of_file == PARQUET
 
 
 def json_lines(path: Path, text_field: str | None = None) -> bool:
@@ -286,7 +304,7 @@ def chars_per_byte(path: Path, text_field: str = "text") -> float | None:
         head = f.read(PROBE_BYTES)
     how = kind(path)
     data, units, whole = head, len(head), len(head) < PROBE_BYTES
-    if packing_of(path) not in (None, PACKINGS[0]):
+    if packing_of(path) not in (None, PACKINGS[0]) or how == PARQUET:
         return None
     if how.endswith(".gz"):
         unpack = zlib.decompressobj(wbits=31)  # a gzip header
