@@ -90,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--text", type=Path, help="text file: one text per non-empty line")
     src.add_argument("--corpus", type=Path, help="folder of .txt files (one text per line) or JSON Lines "
                      "files (.jsonl, or .json as C4 ships them; a \"text\" per record), plain or "
-                     ".gz/.xz/.bz2/.zst, or Parquet files (a \"text\" column)")
+                     ".gz/.xz/.bz2/.zst, or Parquet or Arrow files (a \"text\" column)")
     src.add_argument("--builtin", action="store_true",
                      help="the shipped corpus of English sentences and code (the default)")
     from .streaming.cli import encoding_option, token_count  # the scan's parser imports them below too

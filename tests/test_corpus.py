@@ -235,7 +235,7 @@ def test_files_that_are_no_text_are_refused_by_name_and_a_byte_order_mark_is_dro
     only.mkdir()
     (only / "a.jsonl.zip").write_bytes((tmp_path / "zip.txt").read_bytes())
     with pytest.raises(InputError, match=r"holds no corpus file \(.txt, .jsonl or .json, plain or .gz, .xz, "
-                                         r".bz2, .zst; or .parquet; 1 other file: a.jsonl.zip\)"):
+                                         r".bz2, .zst; or .parquet or .arrow; 1 other file: a.jsonl.zip\)"):
         list(Corpus(only).texts())
     (tmp_path / "bom.txt").write_text("\ufeff" + "\n".join(lines), encoding="utf-8")
     (tmp_path / "bom.jsonl").write_text("\ufeff" + records, encoding="utf-8")

@@ -28,8 +28,8 @@ with st.form("scan"):
     if common.allowed_dirs():
         sources.append("a file or folder in an allowed folder")
     source = st.radio("Corpus", sources, key="corpus_source")
-    path = st.text_input("Path (.txt, .jsonl, .json, plain or .gz, .xz, .bz2, .zst; .parquet; or a folder)",
-                         key="corpus_path") if len(sources) > 1 else ""
+    path = st.text_input("Path (.txt, .jsonl, .json, plain or .gz, .xz, .bz2, .zst; .parquet, .arrow; "
+                         "or a folder)", key="corpus_path") if len(sources) > 1 else ""
     replace = len(sources) > 1 and st.checkbox(
         f"{common.REPLACE_BOX} (else a file holding one is refused)", key="corpus_replace")
     budget = st.select_slider("Tokens", BUDGETS, value=4096, key="corpus_tokens")

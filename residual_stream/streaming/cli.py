@@ -51,7 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("model", help="registry name, HF folder, .gguf file or cached hub id")
     p.add_argument("corpus", help="'builtin', a text file (one text per line), a JSON Lines file (.jsonl "
                                   "or .json, a text per record, see --text-field), either compressed "
-                                  "(.gz, .xz, .bz2, .zst), a Parquet file (its --text-field column), "
+                                  "(.gz, .xz, .bz2, .zst), a Parquet or Arrow file (its --text-field "
+                                  "column), "
                                   "or a folder of them")
     p.add_argument("--stats", default="growth",
                    help=f"comma-separated statistics: {','.join(STATS)} (default: growth); "
@@ -68,7 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "subspaces, whose stream PCs come from the first batch")
     p.add_argument("--text-field", default="text",
                    help="the field of a JSON Lines record (.jsonl, or .json as C4 ships them), or "
-                        "the column of a Parquet file, that holds its text (default: text)")
+                        "the column of a Parquet or Arrow file, that holds its text (default: text)")
     encoding_option(p)
     p.add_argument("--segment-chars", type=int, default=SEGMENT_CHARS,
                    help="characters of text per corpus segment, the unit processes share and a "

@@ -98,7 +98,7 @@ class Corpus:
         ``.txt.gz``): the field would be ignored. Files are listed for it (``corpus_files``).
         """
         given = f"text_field={self.text_field!r} (--text-field) names the JSON Lines field " \
-            "(or Parquet column) that holds each record's text"
+            "(or Parquet or Arrow column) that holds each record's text"
         if self._in_memory():
             what = "the built-in corpus" if isinstance(self.source, str) else "a list of texts"
             raise InputError(f"{given}, but the corpus is {what}, which has no fields: leave "
@@ -107,7 +107,7 @@ class Corpus:
         if kinds and not any(has_fields(k) for k in kinds):
             raise InputError(f"{given}, but the corpus {str(self.source)!r} holds plain text "
                              f"({', '.join(sorted(kinds))}: one text per line, no fields): leave "
-                             "text_field out, or give JSON Lines (.jsonl) or Parquet files")
+                             "text_field out, or give JSON Lines (.jsonl), Parquet or Arrow files")
 
     def _files(self) -> list[Path]:
         return corpus_files(Path(self.source), self.text_field)

@@ -253,7 +253,7 @@ def scan(
         model: A loaded model (``rs.load``).
         corpus: Texts, a text file (one text per line), a JSON Lines file (a text in each
             record's ``"text"``), either compressed (``.gz``, ``.xz``, ``.bz2``, ``.zst``), a
-            Parquet file (its ``"text"`` column), a folder of such files, or ``"builtin"``; or
+            Parquet or Arrow file (its ``"text"`` column), a folder of such files, or ``"builtin"``; or
             a ``Corpus`` (another field or column, segment size, reading bytes that are not
             UTF-8 as U+FFFD).
         stats: Names from ``residual_stream.streaming.STATS``: ``growth`` (norms, updates,

@@ -9,8 +9,8 @@
   another name, as C4 ships them (``json_lines``). A JSON document (an array, an indented
   object) is refused when named alone and skipped in a folder, as is a record without
   ``text_field``;
-* ``.parquet``: each row's ``text_field`` column, as FineWeb and the Hub's datasets ship them
-  (``parquet``).
+* ``.parquet`` or ``.arrow``: each row's ``text_field`` column, as FineWeb and the Hub's
+  datasets ship them and ``datasets``' ``save_to_disk`` writes them (``columnar``).
 
 A folder holds such files at any depth, read in name order. Files are read lazily, a line at
 a time, so memory does not grow with the corpus. A line that is not a JSON object with a
@@ -45,17 +45,16 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..files import path_kind
+from .columnar import ARROW_FILE_MAGIC, PARQUET_MAGIC, columnar_texts
+from .columnar import SUFFIXES as COLUMNAR
 from .packing import PACKINGS, Packing, damaged, damaged_errors, packed_by, packing_of, unpacked
 from .packing import SUFFIXES as PACKING_SUFFIXES
-from .parquet import MAGIC as PARQUET_MAGIC
-from .parquet import SUFFIX as PARQUET
-from .parquet import parquet_texts
 from .utf8 import EncodingErrors, codec_errors, not_utf8, replacements, warn_replaced
 
 # what a folder's files may end with; and .json files, read when their first line is a record (``json_lines``)
-SUFFIXES = (*(base + packed for base in (".txt", ".jsonl") for packed in ("", *PACKING_SUFFIXES)), PARQUET)
+SUFFIXES = (*(base + packed for base in (".txt", ".jsonl") for packed in ("", *PACKING_SUFFIXES)), *COLUMNAR)
 JSON_SUFFIXES = tuple(".json" + packed for packed in ("", *PACKING_SUFFIXES))
-DESCRIBED = f".txt, .jsonl or .json, plain or {', '.join(PACKING_SUFFIXES)}; or {PARQUET}"  # what is read
+DESCRIBED = f".txt, .jsonl or .json, plain or {', '.join(PACKING_SUFFIXES)}; or {' or '.join(COLUMNAR)}"
 FIRST_LINE_CHARS = 1 << 24  # characters of a .json file's first line read to tell if it is one
 PROBE_BYTES = 1 << 18  # bytes of a file's start read to estimate its characters per byte
 FINGERPRINT_ENDS = 1 << 12  # bytes read from each end of a corpus file for its fingerprint
@@ -192,8 +191,10 @@ def _check_content(path: Path, packing: Packing | None) -> None:
         raise InputError(f"{path} is {packed}-compressed, which a corpus is not read through: unpack "
                          f"it, or compress it with {', '.join(p.name for p in PACKINGS)} "
                          f"({', '.join(PACKING_SUFFIXES)})")
-    if packing is None and head.startswith(PARQUET_MAGIC):
-        raise InputError(f"{path} is a Parquet file: give it a {PARQUET} name to read its text column")
+    if packing is None and head.startswith((PARQUET_MAGIC, ARROW_FILE_MAGIC, b"\xff\xff\xff\xff")):
+        what = "a Parquet" if head.startswith(PARQUET_MAGIC) else "an Arrow"
+        raise InputError(f"{path} is {what} file: give it a .{what.split()[1].lower()} name to read its "
+                         "text column")
     if packing is None and b"\0" in head:
         raise InputError(f"{path} is not text (a NUL byte in its first {SNIFF_BYTES} bytes): "
                          "give UTF-8 text or JSON Lines")
@@ -207,8 +208,8 @@ def file_texts(path: Path, text_field: str = "text",
     far, in blocks: the position a progress estimate reads (``progress``). Bytes that are not
     UTF-8 are refused, or read as U+FFFD with one warning per file (``utf8``).
     """
-    if kind(path) == PARQUET:  # a column of strings, not lines
-        yield from parquet_texts(path, text_field)
+    if kind(path) in COLUMNAR:  # a column of strings, not lines
+        yield from columnar_texts(path, text_field)
         return
     jsonl = kind(path).startswith(".jsonl")
     warned = encoding_errors == "strict"  # nothing to warn of: the first such byte stops it
@@ -231,18 +232,18 @@ def kind(path: Path) -> str:
     """How ``path`` is read: ``".txt"`` or ``".jsonl"``, with its packing's suffix (``".gz"``) after it.
 
     A ``.json`` file is read as JSON Lines: ``corpus_files`` lets through only those that are.
-    ``".parquet"`` for a Parquet file (``parquet``).
+    ``".parquet"`` or ``".arrow"`` for a columnar file (``columnar``).
     """
-    if path.name.endswith(PARQUET):
-        return PARQUET
+    if path.name.endswith(COLUMNAR):
+        return next(s for s in COLUMNAR if path.name.endswith(s))
     packing = packing_of(path)
     name = path.name[:-len(packing.suffix)] if packing else path.name
     return (".jsonl" if name.endswith((".jsonl", ".json")) else ".txt") + (packing.suffix if packing else "")
 
 
 def has_fields(kind_of_file: str) -> bool:
-    """Whether files of this ``kind`` hold their texts in a field (JSON Lines) or column (Parquet)."""
-    return kind_of_file.startswith(".jsonl") or kind_of_file == PARQUET
+    """Whether files of this ``kind`` hold their texts in a field (JSON Lines) or column (Parquet, Arrow)."""
+    return kind_of_file.startswith(".jsonl") or kind_of_file in COLUMNAR
 
 
 def json_lines(path: Path, text_field: str | None = None) -> bool:
@@ -304,7 +305,7 @@ def chars_per_byte(path: Path, text_field: str = "text") -> float | None:
         head = f.read(PROBE_BYTES)
     how = kind(path)
     data, units, whole = head, len(head), len(head) < PROBE_BYTES
-    if packing_of(path) not in (None, PACKINGS[0]) or how == PARQUET:
+    if packing_of(path) not in (None, PACKINGS[0]) or how in COLUMNAR:
         return None
     if how.endswith(".gz"):
         unpack = zlib.decompressobj(wbits=31)  # a gzip header

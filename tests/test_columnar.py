@@ -1,5 +1,7 @@
-"""Parquet corpus files: a string column's rows as texts (``streaming.parquet``), as FineWeb ships them.
+"""Parquet and Arrow corpus files: a string column's rows as texts (``streaming.columnar``).
 
+Parquet as FineWeb ships it; Arrow IPC streams as ``datasets``' ``save_to_disk`` writes them
+(a folder of ``data-0000N-of-0000M.arrow`` beside ``dataset_info.json`` and ``state.json``).
 Reference: the texts written with ``pyarrow``, and ``rs.scan`` of the same texts as a list.
 """
 
@@ -99,8 +101,56 @@ def test_cli_scan_reads_a_parquet_column(tmp_path, capsys):
     assert json.loads(out.read_text())["tokens"] == sum(len(tok(f"body {i}")["input_ids"]) for i in range(40))
 
 
+def _write_arrow(path, rows=ROWS, chunk=1000, stream=True, **columns):
+    """An Arrow IPC stream (``datasets``' format: record batches of 1000 rows) or file."""
+    table = pa.table({"text": rows, "id": list(range(len(rows))), **columns})
+    with pa.OSFile(str(path), "wb") as sink:
+        writer = (pa.ipc.new_stream if stream else pa.ipc.new_file)(sink, table.schema)
+        writer.write_table(table, max_chunksize=chunk)
+        writer.close()
+    return path
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "file"])
+def test_an_arrow_file_is_read_a_record_batch_at_a_time(tmp_path, stream):
+    path = _write_arrow(tmp_path / "data-00000-of-00001.arrow", stream=stream)
+    read = list(file_texts(path))
+    assert [t for t, _ in read] == TEXTS
+    positions = [p for _, p in read]
+    assert positions == sorted(positions) and 0 < positions[0] < positions[-1] <= path.stat().st_size
+    with pytest.raises(InputError, match=r"has no 'body' column \(it has \['text', 'id'\]\)"):
+        list(Corpus(path, text_field="body").texts())
+    (tmp_path / "cut.arrow").write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2])
+    with pytest.raises(InputError, match="cut.arrow is not a complete Arrow file"):
+        list(Corpus(tmp_path / "cut.arrow").texts())
+    (tmp_path / "table.txt").write_bytes(path.read_bytes())
+    with pytest.raises(InputError, match="table.txt is an Arrow file: give it a .arrow name"):
+        list(Corpus(tmp_path / "table.txt").texts())
+
+
+def test_a_save_to_disk_folder_scans_as_its_texts(model, tmp_path):
+    """``Dataset.save_to_disk``'s layout: Arrow shards and two JSON documents (which are not JSON
+    Lines, so they are skipped). Reference: the scan of the texts as a list."""
+    folder = tmp_path / "saved"
+    folder.mkdir()
+    _write_arrow(folder / "data-00000-of-00002.arrow", ROWS[:150], chunk=64)
+    _write_arrow(folder / "data-00001-of-00002.arrow", ROWS[150:300], chunk=64)
+    info = {"features": {"text": {"dtype": "string"}}}
+    (folder / "dataset_info.json").write_text(json.dumps(info, indent=2))
+    state = {"_data_files": [{"filename": "data-00000-of-00002.arrow"}]}
+    (folder / "state.json").write_text(json.dumps(state, indent=2))
+    want_texts = [t for t in ROWS[:300] if t is not None and t.strip()]
+    assert list(Corpus(folder).texts()) == want_texts
+    got = rs.scan(model, folder, ["growth"], batch_size=4, seq_len=32, progress=False)
+    want = rs.scan(model, want_texts, ["growth"], batch_size=4, seq_len=32, progress=False)
+    assert got.tokens == want.tokens > 0
+    for key, frame in frames(want.stats["growth"]).items():
+        assert frames(got.stats["growth"])[key].equals(frame), key
+
+
 def test_without_pyarrow_a_parquet_file_says_what_to_install(tmp_path, monkeypatch):
     path = _write(tmp_path / "c.parquet")
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # import pyarrow.parquet: ImportError
-    with pytest.raises(InputError, match="needs pyarrow: pip install pyarrow"):
-        list(Corpus(path).texts())
+    for each in (path, _write_arrow(tmp_path / "c.arrow")):
+        with pytest.raises(InputError, match="a .parquet or .arrow corpus file needs pyarrow: pip install"):
+            list(Corpus(each).texts())
