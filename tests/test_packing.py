@@ -104,3 +104,24 @@ def test_without_zstandard_a_zst_file_says_what_to_install(tmp_path, monkeypatch
     monkeypatch.setitem(sys.modules, "zstandard", None)  # import zstandard: ImportError
     with pytest.raises(InputError, match="needs the zstandard package: pip install zstandard"):
         list(Corpus(tmp_path / "c.jsonl.zst").texts())
+
+
+@pytest.mark.parametrize("suffix", list(PACK))
+def test_each_packing_is_probed_for_its_characters_per_byte_before_it_is_read(tmp_path, suffix):
+    """The progress estimate's prior for a kind not read yet (``sources.chars_per_byte``): xz,
+    bzip2 and zstd had none before (gzip's alone was read). A file of varied lines larger than
+    the probe's 256 KiB; reference: all its characters over all its compressed bytes."""
+    import random
+
+    from residual_stream.streaming.sources import chars_per_byte
+
+    rng = random.Random(0)
+    words = ["stream", "residual", "norm", "attention", "écriture", "layer", "token", "read"]
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 40))) for _ in range(60_000)]
+    path = tmp_path / f"varied.jsonl{suffix}"
+    path.write_bytes(PACK[suffix]("".join(json.dumps({"text": t}) + "\n" for t in texts).encode()))
+    assert path.stat().st_size > (1 << 18)  # the probe reads a part of it
+    truth = sum(map(len, texts)) / path.stat().st_size
+    assert chars_per_byte(path) == pytest.approx(truth, rel=0.02)  # measured: within 0.71 %
+    (tmp_path / f"junk.txt{suffix}").write_bytes(PACK[suffix](b"x" * 100)[:8] + b"\0junk" * 50)
+    assert chars_per_byte(tmp_path / f"junk.txt{suffix}") is None  # the reading will say why

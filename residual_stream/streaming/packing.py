@@ -62,14 +62,19 @@ class _ZstdFrames(io.RawIOBase):
         return n
 
 
-def _zstd(raw: io.IOBase) -> io.IOBase:
-    """A zstd stream over ``raw``, every frame in turn (``_ZstdFrames``), buffered."""
+def _zstd_module():
+    """``zstandard``, or ``InputError`` saying what to install."""
     try:
         import zstandard
     except ImportError:
         raise InputError("reading a .zst corpus file needs the zstandard package: pip install "
                          "zstandard (or unpack it: zstd -d FILE)") from None
-    return io.BufferedReader(_ZstdFrames(raw, zstandard), BLOCK)
+    return zstandard
+
+
+def _zstd(raw: io.IOBase) -> io.IOBase:
+    """A zstd stream over ``raw``, every frame in turn (``_ZstdFrames``), buffered."""
+    return io.BufferedReader(_ZstdFrames(raw, _zstd_module()), BLOCK)
 
 
 def _zstd_errors() -> tuple[type[BaseException], ...]:
@@ -93,15 +98,19 @@ class Packing:
     open: Callable[[io.IOBase], io.IOBase]
     damaged: Callable[[], tuple[type[BaseException], ...]]
     tools: tuple[str, str]
+    decompressor: Callable[[], object]  # an incremental one: ``.decompress(bytes) -> bytes``, ``.eof``
 
 
 PACKINGS = (
     Packing("gzip", ".gz", b"\x1f\x8b", lambda raw: gzip.GzipFile(fileobj=raw),
-            lambda: (gzip.BadGzipFile, EOFError, zlib.error), ("gunzip -c", "gzip")),
+            lambda: (gzip.BadGzipFile, EOFError, zlib.error), ("gunzip -c", "gzip"),
+            lambda: zlib.decompressobj(wbits=31)),  # a gzip header
     Packing("xz", ".xz", b"\xfd7zXZ\x00", lzma.LZMAFile, lambda: (lzma.LZMAError, EOFError),
-            ("xz -dc", "xz")),
-    Packing("bzip2", ".bz2", b"BZh", bz2.BZ2File, lambda: (OSError, EOFError), ("bzip2 -dc", "bzip2")),
-    Packing("zstd", ".zst", b"\x28\xb5\x2f\xfd", _zstd, _zstd_errors, ("zstd -dc", "zstd")),
+            ("xz -dc", "xz"), lzma.LZMADecompressor),
+    Packing("bzip2", ".bz2", b"BZh", bz2.BZ2File, lambda: (OSError, EOFError), ("bzip2 -dc", "bzip2"),
+            bz2.BZ2Decompressor),
+    Packing("zstd", ".zst", b"\x28\xb5\x2f\xfd", _zstd, _zstd_errors, ("zstd -dc", "zstd"),
+            lambda: _zstd_module().ZstdDecompressor().decompressobj()),
 )
 SUFFIXES = tuple(p.suffix for p in PACKINGS)
 OTHERS = {b"PK\x03\x04": "zip", b"7z\xbc\xaf\x27\x1c": "7z"}  # compressed, but read by none of these
@@ -133,6 +142,33 @@ def unpacked(path: Path) -> Iterator[tuple[io.IOBase, io.IOBase]]:
             yield stream, raw
         finally:
             stream.close()
+
+
+PROBE_CHUNK = 1 << 12  # compressed bytes fed at a time to a probe's decompressor
+PROBE_OUT = 1 << 23  # unpacked bytes a probe stops at (a repetitive file unpacks a thousandfold)
+
+
+def unpacked_head(path: Path, head: bytes) -> tuple[bytes, int] | None:
+    """``(unpacked bytes, compressed bytes they took)`` of ``head``, a compressed file's first bytes.
+
+    Fed ``PROBE_CHUNK`` bytes at a time until ``PROBE_OUT`` bytes come out, the stream ends or
+    ``head`` is spent. The input taken is counted to the last chunk that brought output: a
+    decompressor keeps what it has not used to itself, and zstd and bzip2 give a block's output
+    only once the block is whole (counting every byte fed put zstd's probe 3.8 % low). ``head``
+    itself for a plain file; None for one that does not unpack (its reading says why).
+    """
+    packing = packing_of(path)
+    if packing is None:
+        return head, len(head)
+    try:
+        unpack, out, fed, taken = packing.decompressor(), [], 0, 0
+        while fed < len(head) and sum(map(len, out)) < PROBE_OUT and not getattr(unpack, "eof", False):
+            out.append(unpack.decompress(head[fed:fed + PROBE_CHUNK]))
+            fed = min(fed + PROBE_CHUNK, len(head))
+            taken = fed if out[-1] else taken
+    except (InputError, *packing.damaged(), ValueError, RuntimeError):
+        return None
+    return b"".join(out), taken
 
 
 def damaged_errors(path: Path) -> tuple[type[BaseException], ...]:

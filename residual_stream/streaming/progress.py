@@ -12,8 +12,8 @@ before reading (``Corpus.units``). So::
     tokens ≈ tokens per character × Σ_kind characters per unit(kind) × units(kind)
 
 which becomes exact once every text has been read and tokenized. A kind not read yet counts
-at the characters per unit measured at the start of its first file (``Corpus.probes``; gzip's
-and plain files' only: the other decompressors do not say what input a prefix took): a
+at the characters per unit measured at the start of its first file (``Corpus.probes``; none for
+Parquet and Arrow files, which the reading measures): a
 gzipped file holds 3 to 4 times a plain one's characters per byte, so a folder mixing them
 was estimated at half its tokens until the reading reached the other kind, before session
 15. With a budget the total is the smaller of the budget and the estimate. A process of ``N``

@@ -37,7 +37,6 @@ import functools
 import hashlib
 import io
 import json
-import zlib
 from collections.abc import Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from importlib import resources
@@ -47,7 +46,16 @@ from ..errors import InputError
 from ..files import path_kind
 from .columnar import ARROW_FILE_MAGIC, PARQUET_MAGIC, columnar_texts
 from .columnar import SUFFIXES as COLUMNAR
-from .packing import PACKINGS, Packing, damaged, damaged_errors, packed_by, packing_of, unpacked
+from .packing import (
+    PACKINGS,
+    Packing,
+    damaged,
+    damaged_errors,
+    packed_by,
+    packing_of,
+    unpacked,
+    unpacked_head,
+)
 from .packing import SUFFIXES as PACKING_SUFFIXES
 from .utf8 import EncodingErrors, codec_errors, not_utf8, replacements, warn_replaced
 
@@ -291,30 +299,27 @@ def _json_lines_of(path: str, size: int, mtime_ns: int, text_field: str | None) 
 
 
 def chars_per_byte(path: Path, text_field: str = "text") -> float | None:
-    """Characters of text per byte of ``path`` (compressed bytes for ``.gz``) at its start.
+    """Characters of text per byte of ``path`` (compressed bytes for a compressed file) at its start.
 
     From its first ``PROBE_BYTES`` bytes: the texts of the whole lines there, as
-    ``file_texts`` reads them, over the bytes those lines take (for ``.gz``, their share of
-    the compressed bytes read). None when those bytes hold no line, or cannot be read (the
-    file's own reading says why), and for the other packings (xz, bzip2, zstd: their
-    decompressors do not say how much input a prefix of output took; the reading measures
-    them). What a progress estimate assumes for a kind of file it has not read yet
-    (``progress.ReadProgress``).
+    ``file_texts`` reads them, over the bytes those lines take (for a compressed file, their
+    share of the compressed bytes unpacked, ``packing.unpacked_head``). None when those bytes
+    hold no line, or cannot be read (the file's own reading says why), and for a Parquet or
+    Arrow file (the reading measures it). What a progress estimate assumes for a kind of file
+    it has not read yet (``progress.ReadProgress``).
     """
+    how = kind(path)
+    if how in COLUMNAR:
+        return None
     with open(path, "rb") as f:
         head = f.read(PROBE_BYTES)
-    how = kind(path)
-    data, units, whole = head, len(head), len(head) < PROBE_BYTES
-    if packing_of(path) not in (None, PACKINGS[0]) or how in COLUMNAR:
+    unpacked_bytes = unpacked_head(path, head)
+    if unpacked_bytes is None:
         return None
-    if how.endswith(".gz"):
-        unpack = zlib.decompressobj(wbits=31)  # a gzip header
-        try:
-            data = unpack.decompress(head, 1 << 23)
-        except zlib.error:
-            return None
-        units = len(head) - len(unpack.unconsumed_tail)
-        whole = whole and not unpack.unconsumed_tail
+    data, units = unpacked_bytes
+    whole = len(head) < PROBE_BYTES and units == len(head)  # the whole file: its last line is whole
+    if not units:
+        return None
     lines = data.split(b"\n") if whole else data.split(b"\n")[:-1]  # the last may be cut
     if not lines or not data:
         return None
