@@ -7,7 +7,8 @@ really compressed (``packed_by``): a file compressed one way and named another, 
 a tool no corpus is read through (zip, 7z), is refused by ``sources`` with what to do.
 
 ``unpacked`` opens a file as its unpacked bytes together with the file itself, whose position
-(the compressed bytes read so far) is what a progress estimate reads (``progress``).
+(the compressed bytes read so far) is what a progress estimate reads (``progress``);
+``unpacked_head`` unpacks a file's first bytes for that estimate's prior (``sources.chars_per_byte``).
 """
 
 from __future__ import annotations
