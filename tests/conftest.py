@@ -63,6 +63,19 @@ def metric_failing_after_clean():
     return metric
 
 
+
+def assert_scan_of_texts(model, corpus, texts: list[str], stats: list[str], **options) -> None:
+    """``rs.scan`` of ``corpus`` equals ``rs.scan`` of ``texts`` (the texts it should read): the
+    same tokens (some) and batches, and every frame of every statistic equal, exactly."""
+    from residual_stream.streaming.runner import frames
+
+    got = rs.scan(model, corpus, stats, progress=False, **options)
+    want = rs.scan(model, texts, stats, progress=False, **options)
+    assert got.tokens == want.tokens > 0 and got.batches == want.batches
+    for name in stats:
+        for key, frame in frames(want.stats[name]).items():
+            assert frames(got.stats[name])[key].equals(frame), (name, key)
+
 @pytest.fixture(scope="session")
 def smollm2(device: str) -> rs.Model:
     return rs.load("smollm2-135m", device=device, dtype="float32", progress=False)

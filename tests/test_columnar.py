@@ -13,11 +13,11 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import assert_scan_of_texts
 
 import residual_stream as rs
 from residual_stream.errors import InputError
 from residual_stream.streaming import Corpus
-from residual_stream.streaming.runner import frames
 from residual_stream.streaming.sources import file_texts
 
 ROWS = [None if i % 50 == 7 else "  " if i % 50 == 9 else f"Row {i}: café, {'ж' * (i % 5)} and more text."
@@ -82,12 +82,7 @@ def test_a_scan_of_parquet_and_json_lines_files_equals_the_scan_of_their_texts(m
     want_texts = [t for t in ROWS[:200] if t is not None and t.strip()] + TEXTS[200:260]
     assert list(Corpus(folder).texts()) == want_texts
     assert Corpus(folder).fingerprint().startswith("text_field=text; 2 files")
-    got = rs.scan(model, folder, ["growth", "survival"], batch_size=4, seq_len=32, progress=False)
-    want = rs.scan(model, want_texts, ["growth", "survival"], batch_size=4, seq_len=32, progress=False)
-    assert got.tokens == want.tokens > 0
-    for name in ("growth", "survival"):
-        for key, frame in frames(want.stats[name]).items():
-            assert frames(got.stats[name])[key].equals(frame), (name, key)
+    assert_scan_of_texts(model, folder, want_texts, ["growth", "survival"], batch_size=4, seq_len=32)
 
 
 def test_cli_scan_reads_a_parquet_column(tmp_path, capsys):
@@ -141,11 +136,7 @@ def test_a_save_to_disk_folder_scans_as_its_texts(model, tmp_path):
     (folder / "state.json").write_text(json.dumps(state, indent=2))
     want_texts = [t for t in ROWS[:300] if t is not None and t.strip()]
     assert list(Corpus(folder).texts()) == want_texts
-    got = rs.scan(model, folder, ["growth"], batch_size=4, seq_len=32, progress=False)
-    want = rs.scan(model, want_texts, ["growth"], batch_size=4, seq_len=32, progress=False)
-    assert got.tokens == want.tokens > 0
-    for key, frame in frames(want.stats["growth"]).items():
-        assert frames(got.stats["growth"])[key].equals(frame), key
+    assert_scan_of_texts(model, folder, want_texts, ["growth"], batch_size=4, seq_len=32)
 
 
 def test_without_pyarrow_a_parquet_file_says_what_to_install(tmp_path, monkeypatch):

@@ -13,11 +13,11 @@ import json
 import warnings
 
 import pytest
+from conftest import assert_scan_of_texts
 
 import residual_stream as rs
 from residual_stream.errors import InputError
 from residual_stream.streaming import Corpus
-from residual_stream.streaming.runner import frames
 from residual_stream.streaming.utf8 import ReplacedBytesWarning
 
 LINES = [b"caf\xe9 au lait", b"a clean line", b"two runs \xff\xfe and \xc3(", b"cut \xe2\x82"]
@@ -83,14 +83,8 @@ def test_a_scan_with_replace_equals_the_scan_of_the_replaced_texts(model, tmp_pa
     data = b"\n".join(LINES * 3) + b"\n"
     (tmp_path / "web.txt").write_bytes(data)
     with pytest.warns(ReplacedBytesWarning, match="web.txt is not UTF-8 text: byte 3"):
-        got = rs.scan(model, Corpus(tmp_path / "web.txt", encoding_errors="replace"),
-                      ["growth", "survival"], batch_size=2, seq_len=16, progress=False)
-    want = rs.scan(model, _reference(data), ["growth", "survival"], batch_size=2, seq_len=16,
-                   progress=False)
-    assert got.tokens == want.tokens > 0 and got.batches == want.batches
-    for name in ("growth", "survival"):
-        for key, frame in frames(want.stats[name]).items():
-            assert frames(got.stats[name])[key].equals(frame), (name, key)
+        assert_scan_of_texts(model, Corpus(tmp_path / "web.txt", encoding_errors="replace"),
+                             _reference(data), ["growth", "survival"], batch_size=2, seq_len=16)
 
 
 def test_a_state_saved_reading_strictly_is_not_resumed_replacing(model, tmp_path):

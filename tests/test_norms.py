@@ -146,6 +146,7 @@ def test_the_norms_table_reads_each_module_s_eps_gain_and_bias(name, offset, fir
 
 
 def test_the_anatomy_command_prints_the_norms_table(capsys):
+    import residual_stream as rs
     from residual_stream.cli import main
 
     assert main(["anatomy", "twin-post-ln"]) == 0
@@ -154,3 +155,7 @@ def test_the_anatomy_command_prints_the_norms_table(capsys):
     assert table[0].split() == ["norm", "kind", "eps", "offset", "gain_mean", "gain_min", "gain_max",
                                 "bias_norm", "module"]
     assert len(table) == 1 + 2 * 4 and all(" layernorm " in line for line in table[1:])  # post-LN: no final
+    frame = rs.load("twin-post-ln").anatomy.norms_frame()  # what it prints, row by row, to 4 digits
+    assert [line.split()[0] for line in table[1:]] == list(frame["norm"])
+    shown = [float(line.split()[4]) for line in table[1:]]
+    assert shown == pytest.approx(list(frame["gain_mean"]), rel=1e-3)

@@ -16,11 +16,11 @@ import sys
 
 import pytest
 import zstandard
+from conftest import assert_scan_of_texts
 
 import residual_stream as rs
 from residual_stream.errors import InputError
 from residual_stream.streaming import Corpus
-from residual_stream.streaming.runner import frames
 from residual_stream.streaming.sources import file_texts
 
 PACK = {".gz": gzip.compress, ".xz": lzma.compress, ".bz2": bz2.compress,
@@ -57,8 +57,8 @@ def test_zstd_frames_are_read_in_turn_and_a_file_cut_short_is_named(tmp_path):
     xz or bzip2 file cut short is, after the texts before the cut."""
     half = len(RECORDS) // 2
     cut_at = RECORDS.rindex(b"\n", 0, half) + 1
-    frames_ = PACK[".zst"](RECORDS[:cut_at]) + PACK[".zst"](RECORDS[cut_at:])
-    (tmp_path / "two.jsonl.zst").write_bytes(frames_)
+    two = PACK[".zst"](RECORDS[:cut_at]) + PACK[".zst"](RECORDS[cut_at:])
+    (tmp_path / "two.jsonl.zst").write_bytes(two)
     assert list(Corpus(tmp_path / "two.jsonl.zst").texts()) == TEXTS
     names = {".gz": "gzip", ".xz": "xz", ".bz2": "bzip2", ".zst": "zstd"}
     for suffix, name in names.items():
@@ -79,11 +79,7 @@ def test_a_scan_of_a_folder_of_every_packing_equals_the_scan_of_its_texts(model,
     order = sorted(PACK, key=lambda s: f"part{s[1:]}.jsonl{s}")  # the folder is read in name order
     want_texts = [t for s in order for t in parts[list(PACK).index(s)]]
     assert list(Corpus(tmp_path).texts()) == want_texts
-    got = rs.scan(model, tmp_path, ["growth"], batch_size=4, seq_len=32, progress=False)
-    want = rs.scan(model, want_texts, ["growth"], batch_size=4, seq_len=32, progress=False)
-    assert got.tokens == want.tokens > 0
-    for key, frame in frames(want.stats["growth"]).items():
-        assert frames(got.stats["growth"])[key].equals(frame), key
+    assert_scan_of_texts(model, tmp_path, want_texts, ["growth"], batch_size=4, seq_len=32)
 
 
 def test_bytes_that_are_not_utf8_in_a_compressed_file_are_found_in_its_unpacked_text(tmp_path):

@@ -51,8 +51,8 @@ def columnar_texts(path: Path, text_field: str = "text") -> Iterator[tuple[str, 
     pa, pq = _pyarrow()
     opened = []  # what to close however the reading ends
     try:
-        reader = _arrow if path.name.endswith(ARROW) else _parquet
-        schema, batches = reader(path, text_field, pa, pq, opened)
+        schema, batches = _arrow(path, pa, opened) if path.name.endswith(ARROW) else \
+            _parquet(path, text_field, pq, opened)
         _check_column(path, schema, text_field, pa)
         for batch, position in batches:
             column = batch.column(text_field)
@@ -69,7 +69,7 @@ def columnar_texts(path: Path, text_field: str = "text") -> Iterator[tuple[str, 
             thing.close()
 
 
-def _parquet(path: Path, text_field: str, pa, pq, opened: list):
+def _parquet(path: Path, text_field: str, pq, opened: list):
     """``(schema, (batch, position) …)`` of a Parquet file: ``BATCH_ROWS`` rows of ``text_field`` at once."""
     table = pq.ParquetFile(path)
     opened.append(table)
@@ -84,7 +84,7 @@ def _parquet(path: Path, text_field: str, pa, pq, opened: list):
     return table.schema_arrow, batches()
 
 
-def _arrow(path: Path, text_field: str, pa, pq, opened: list):
+def _arrow(path: Path, pa, opened: list):
     """``(schema, (batch, position) …)`` of an Arrow IPC file or stream, memory-mapped: its record batches."""
     source = pa.memory_map(str(path))
     opened.append(source)
