@@ -16,12 +16,13 @@ into rows and batches.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import InputError, check_choice
+from .hf_datasets import TextColumn, advice, is_dataset
 from .progress import ReadProgress
 from .sources import (
     builtin_corpus,
@@ -85,10 +86,13 @@ class Corpus:
             raise InputError("the corpus is an empty name: give 'builtin', a file, a folder or a list "
                              "of texts")
         if not ordered_and_reread(self.source):
+            instead = advice(self.source) or "pass a list of texts, a file or a folder"
             raise InputError(f"a corpus is read more than once, in one order (its first batch, "
-                             f"a resumed scan), so it cannot be a {type(self.source).__name__}: "
-                             "pass a list of texts, a file or a folder")
-        if self.text_field != TEXT_FIELD:
+                             f"a resumed scan), so it cannot be {_a(type(self.source).__name__)}: "
+                             f"{instead}")
+        if is_dataset(self.source):
+            self._listed()  # its column checked (TextColumn)
+        elif self.text_field != TEXT_FIELD:
             self._check_text_field()
 
     def _check_text_field(self) -> None:
@@ -126,7 +130,9 @@ class Corpus:
         items, replaced = 0, False
         for items, t in enumerate(self._listed(), start=1):
             if not isinstance(t, str):
-                raise InputError(f"corpus item {items - 1} is a {type(t).__name__}, not a text")
+                record = " (a record? pass its texts, or a datasets.Dataset with text_field=)" \
+                    if isinstance(t, Mapping) else ""
+                raise InputError(f"corpus item {items - 1} is {_a(type(t).__name__)}, not a text{record}")
             try:
                 t.encode("utf-8")
             except UnicodeEncodeError as e:  # lone surrogates: bytes decoded with surrogateescape
@@ -156,7 +162,12 @@ class Corpus:
         return not isinstance(self.source, (str, Path)) or self.source == "builtin"
 
     def _listed(self) -> Iterable:
-        """An in-memory corpus's items: the built-in texts, or the collection given."""
+        """An in-memory corpus's items: the built-in texts, the collection given, or a dataset's column.
+
+        A ``datasets.Dataset``'s is its ``text_field`` column (``hf_datasets.TextColumn``).
+        """
+        if is_dataset(self.source):
+            return TextColumn(self.source, self.text_field)
         return builtin_corpus() if isinstance(self.source, str) else self.source
 
     def units(self) -> dict[str, int]:
@@ -211,11 +222,14 @@ class Corpus:
     def fingerprint(self) -> str:
         """Identifies the corpus in a saved scan state, wherever its files lie.
 
-        A list: its length and a hash of its texts. Files: their names within the corpus (not
-        its path), sizes, and the first and last ``sources.FINGERPRINT_ENDS`` bytes of each, hashed,
-        so the same files copied or downloaded elsewhere resume a scan (before, a new path
-        or modification time refused it); with any JSON Lines file, the field its texts come
-        from too. An edit inside a file that keeps its size and both ends is not seen.
+        A list: its length and a hash of its texts; a dataset, its column's name, its rows and the
+        hash of its texts, so the same texts in the same order resume however the dataset was
+        made (``datasets``' own fingerprints follow its transforms, not its texts). Files: their
+        names within the corpus (not its path), sizes, and the first and last
+        ``sources.FINGERPRINT_ENDS`` bytes of each, hashed, so the same files copied or
+        downloaded elsewhere resume a scan (before, a new path or modification time refused
+        it); with any JSON Lines file, the field its texts come from too. An edit inside a
+        file that keeps its size and both ends is not seen.
         ``encoding_errors="replace"`` is part of it (the texts may differ); ``"strict"`` adds
         nothing, so states saved before it existed still resume.
         """
@@ -223,8 +237,15 @@ class Corpus:
         if isinstance(self.source, str) and self.source == "builtin":  # hashed: a release may change it
             return f"builtin {_texts_hash(builtin_corpus())}"  # UTF-8: nothing to replace
         if not isinstance(self.source, (str, Path)):
-            return f"list of {len(self.source)} texts {_texts_hash(self.source)}{replaced}"
+            listed = self._listed()
+            what = listed if isinstance(listed, TextColumn) else f"list of {len(listed)} texts"
+            return f"{what} {_texts_hash(listed)}{replaced}"
         return files_fingerprint(Path(self.source), self._files(), self.text_field) + replaced
+
+
+def _a(noun: str) -> str:
+    """``noun`` with its article: ``a list``, ``an IterableDataset``."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
 
 
 def _texts_hash(texts: Iterable) -> str:

@@ -1,0 +1,140 @@
+"""A 🤗 ``datasets.Dataset`` as a corpus: one string column's rows, in the dataset's order
+(``streaming.hf_datasets``).
+
+References: the rows as ``datasets`` itself gives them (``[row[field] for row in dataset]``),
+and ``rs.scan`` of those texts as a list (``assert_scan_of_texts``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import datasets
+import pytest
+from conftest import assert_scan_of_texts
+
+import residual_stream as rs
+from residual_stream.errors import InputError
+from residual_stream.streaming import Corpus
+from residual_stream.streaming.corpus import ITEMS
+from residual_stream.streaming.progress import ReadProgress
+
+ROWS = [None if i % 40 == 7 else " \t" if i % 40 == 9 else f"Row {i}: café, {'ж' * (i % 5)} and more text."
+        for i in range(2500)]  # 2,500 rows: three Arrow batches of 1,024, the last short
+
+
+def _texts(rows) -> list[str]:
+    """What a corpus reads of ``rows``: nulls and blank texts skipped, as blank lines are."""
+    return [t for t in rows if t is not None and t.strip()]
+
+
+@pytest.fixture(scope="module")
+def dataset() -> datasets.Dataset:
+    return datasets.Dataset.from_dict({"text": ROWS, "id": list(range(len(ROWS))),
+                                       "body": [f"body {i}" for i in range(len(ROWS))]})
+
+
+@pytest.fixture(scope="module")
+def model() -> rs.Model:
+    return rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2, n_ctx=32)
+
+
+def test_a_dataset_reads_its_text_column_in_row_order_and_counts_every_row(dataset):
+    """Across Arrow batches; the progress units are rows, nulls and blanks included, and the
+    reading ends at the dataset's length."""
+    corpus = Corpus(dataset)
+    assert corpus.units() == {ITEMS: len(ROWS)}
+    reading = ReadProgress(corpus.units())
+    assert list(corpus.texts(reading)) == _texts(ROWS)
+    assert reading.units[ITEMS] == len(ROWS) and reading.ended[ITEMS][1] == len(ROWS)
+    assert reading.chars_read[ITEMS] == sum(map(len, _texts(ROWS)))
+    assert list(Corpus(dataset, text_field="body").texts()) == list(dataset["body"])
+
+
+@pytest.mark.parametrize("transform", ["shuffle", "select", "filter", "torch_format", "large_string"])
+def test_a_transformed_dataset_is_read_in_its_own_order_whatever_its_format(dataset, transform):
+    """The order ``datasets`` gives after its transforms (an indices mapping over the same
+    Arrow table), and strings whatever format the dataset was set to."""
+    changed = {
+        "shuffle": lambda d: d.shuffle(seed=5),
+        "select": lambda d: d.select(range(2400, 100, -7)),
+        "filter": lambda d: d.filter(lambda row: row["id"] % 3 == 0),
+        "torch_format": lambda d: d.with_format("torch"),
+        "large_string": lambda d: d.cast_column("text", datasets.Value("large_string")),
+    }[transform](dataset)
+    want = _texts(row["text"] for row in changed.with_format(None))
+    assert list(Corpus(changed).texts()) == want and len(want) > 100
+    if transform == "shuffle":
+        assert want != _texts(ROWS)
+
+
+def test_a_scan_of_a_dataset_equals_the_scan_of_its_texts(model, dataset):
+    assert_scan_of_texts(model, dataset.select(range(300)), _texts(ROWS[:300]), ["growth", "survival"],
+                         batch_size=3, seq_len=16)
+
+
+def test_a_scan_of_a_dataset_resumes_and_another_dataset_is_refused_its_state(model, dataset, tmp_path):
+    """The fingerprint is the column's name, rows and texts: an equal dataset made again
+    resumes (states are complete here, so nothing is scanned twice); a changed text, or another
+    column, does not."""
+    part = dataset.select(range(200))
+    state = tmp_path / "scan.pt"
+    kw = dict(batch_size=2, seq_len=16, progress=False, state=state)
+    whole = rs.scan(model, part, ["growth"], **kw)
+    again = datasets.Dataset.from_dict({"text": ROWS[:200], "id": list(range(200)),
+                                        "body": [f"body {i}" for i in range(200)]})
+    resumed = rs.scan(model, again, ["growth"], **kw)
+    assert resumed.resumed_tokens == whole.tokens == resumed.tokens
+    fingerprint = Corpus(part).fingerprint()
+    assert fingerprint.startswith("dataset column 'text' of 200 rows sha256:")
+    edited = again.map(lambda row: {"text": row["text"] and row["text"].replace("café", "cafe")})
+    assert Corpus(edited).fingerprint() != fingerprint != Corpus(part, text_field="body").fingerprint()
+    with pytest.raises(InputError, match=r"saved for other arguments {.corpus.: \(\"dataset column"):
+        rs.scan(model, edited, ["growth"], **kw)
+
+
+def test_a_missing_column_or_one_of_numbers_is_named_before_reading(dataset):
+    with pytest.raises(InputError, match=r"the dataset has no 'content' column \(it has "
+                                         r"\['text', 'id', 'body'\]\).*text_field="):
+        Corpus(dataset, text_field="content")
+    with pytest.raises(InputError, match=r"column 'id' holds Value\('int64'\), not text"):
+        Corpus(dataset, text_field="id")
+    nested = datasets.Dataset.from_dict({"text": [["a", "b"], ["c"]]})
+    with pytest.raises(InputError, match="column 'text' holds List"):
+        Corpus(nested)
+
+
+class Records:
+    """A sized collection of records, as ``list(dataset)`` gives (opaque to the type checker)."""
+
+    def __init__(self, items: list) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self):
+        return iter(self.items)
+
+
+def test_a_dataset_dict_or_a_streaming_dataset_is_told_what_to_pass(dataset):
+    with pytest.raises(InputError, match=r"cannot be a DatasetDict: it holds the splits \['train', "
+                                         r"'test'\]: pick one, Corpus\(dataset\['train'\]"):
+        Corpus(datasets.DatasetDict({"train": dataset, "test": dataset}))
+    with pytest.raises(InputError, match=r"cannot be an IterableDataset: .*without streaming=True"):
+        Corpus(dataset.to_iterable_dataset())
+    with pytest.raises(InputError, match=r"corpus item 0 is a dict, not a text \(a record\?"):
+        list(Corpus(Records([{"text": "a record"}])).texts())
+
+
+def test_the_library_never_imports_datasets_itself():
+    """A dataset is recognized only where its caller imported ``datasets``: a scan of a list
+    (and the CLI's imports) leave it unimported. transformers imports it lazily too."""
+    code = ("import sys, residual_stream as rs, residual_stream.cli\n"
+            "from residual_stream.streaming import Corpus\n"
+            "assert list(Corpus(['one text', 'two']).texts()) == ['one text', 'two']\n"
+            "print('datasets' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
