@@ -106,16 +106,31 @@ PACKAGE = Path(__file__).resolve().parent
 def one_line_warnings() -> Iterator[None]:
     """Show warnings issued from the toolkit's code as ``residual-stream: warning: …`` lines.
 
-    Others (a framework's) as Python shows them, with their file and line.
+    Others (a framework's) as Python shows them, with their file and line. Their advice is
+    spelled as the command line takes it (``as_options``).
     """
     shown = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:
         if Path(filename).resolve().is_relative_to(PACKAGE):
-            print(f"residual-stream: warning: {message}", file=sys.stderr if file is None else file)
+            print(f"residual-stream: warning: {as_options(str(message))}",
+                  file=sys.stderr if file is None else file)
         else:
             shown(message, category, filename, lineno, file, line)
 
     with warnings.catch_warnings():  # puts showwarning back
         warnings.showwarning = show
         yield
+
+
+def as_options(text: str) -> str:
+    """A message's advice spelled as the command line takes it: ``--overflow chunk``.
+
+    Not ``overflow="chunk"``; and ``--encoding-errors replace`` for ``encoding_errors='replace'``.
+    How the command line shows the toolkit's errors and warnings (``cli.run_guarded``,
+    ``one_line_warnings``).
+    """
+    from .inputs import CHUNK
+    from .streaming.utf8 import REPLACE
+
+    return text.replace(CHUNK, "--overflow chunk").replace(REPLACE, "--encoding-errors replace")

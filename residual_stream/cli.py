@@ -29,11 +29,11 @@ import sys
 from pathlib import Path
 from typing import get_args, get_type_hints
 
-from .bars import load_on_terminal, one_line_warnings
+from .bars import as_options, load_on_terminal, one_line_warnings
 from .cli_weights import add_weight_commands, composition_command, heads_command
 from .errors import InputError, ResidualStreamError
 from .files import not_an_input, path_kind, usual_permissions, writable
-from .inputs import CHUNK, Overflow
+from .inputs import Overflow
 
 # the app's entry point: the copy a wheel carries (see setup.py), else the checkout's app/
 APPS = (Path(__file__).resolve().parent / "_app" / "main.py",
@@ -380,11 +380,7 @@ def run_guarded(command, args: argparse.Namespace) -> int:
         with one_line_warnings():
             return command(args)
     except ResidualStreamError as e:
-        from .streaming.utf8 import REPLACE
-
-        advice = str(e).replace(CHUNK, "--overflow chunk").replace(  # as this command line takes them
-            REPLACE, "--encoding-errors replace")
-        print(f"residual-stream: error: {advice}", file=sys.stderr)
+        print(f"residual-stream: error: {as_options(str(e))}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # whoever read the output stopped (``| head``): end quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush

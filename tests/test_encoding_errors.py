@@ -139,6 +139,7 @@ def test_cli_scan_and_report_read_bad_bytes_on_request_with_one_warning_line(tmp
     err = capsys.readouterr().err
     assert f"residual-stream: warning: {tmp_path / 'c.txt'} is not UTF-8 text: byte 3 (line 1) " in err
     assert "ReplacedBytesWarning" not in err and "warnings.warn" not in err  # one line, not Python's two
+    assert "read as U+FFFD (--encoding-errors replace)" in err and "encoding_errors=" not in err
     tok = rs.load("twin-pre-rms").tokenizer
     assert json.loads(out.read_text())["tokens"] == sum(
         len(tok(t)["input_ids"]) for t in ["caf\ufffd au lait", "another text"])

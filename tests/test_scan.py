@@ -1361,13 +1361,15 @@ def test_cli_scan_resumes_and_several_processes_give_the_single_process_result(t
         _assert_same_scan(tmp_path / "one.json", tmp_path / out)
     assert sorted(p.name for p in tmp_path.glob("two.pt.rank*")) == ["two.pt.rank0", "two.pt.rank1"]
     line = tmp_path / "line.txt"  # the corpus on one line: its parts are shared by 3, which
-    line.write_text(" ".join(builtin_corpus()) + "\n")  # count their shares of the budget first
-    args[1] = str(line)
+    text = " ".join(builtin_corpus()).encode()  # count their shares of the budget first; a Latin-1
+    line.write_bytes(text[:40] + b"caf\xe9" + text[40:] + b"\n")  # byte, read as U+FFFD, told once
+    args[1:2] = [str(line), "--encoding-errors", "replace"]
     for out, runner in (("line1.json", ["-m", "residual_stream.cli", "scan"]),
                         ("line2.json", ["-m", "torch.distributed.run", "--nproc-per-node", "3",
                                         "--master-port", "29534", "-m", "residual_stream.scan"])):
         done = _run(*runner, *args, "--out", str(tmp_path / out))
         assert done.returncode == 0, done.stderr
+        assert done.stderr.count("not UTF-8") == 1 and "byte 43" in done.stderr, done.stderr
     _assert_same_scan(tmp_path / "line1.json", tmp_path / "line2.json")
     refusals = [("cuda:1", "each process takes its own device")]
     if not torch.cuda.is_available():

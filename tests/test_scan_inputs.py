@@ -104,12 +104,14 @@ def test_each_process_is_estimated_at_the_segments_it_owns():
 def test_a_process_shows_no_total_until_its_part_is_known(model):
     """With a budget, a process's part depends on the segments before its own."""
     texts = ["one two three"] * 3
-    bar = ScanBar("m", Corpus(texts).progress, 2000, 0, True, 1, 2, 1 << 22)
-    assert bar.bar.total is None
+    bar = ScanBar("m", Corpus(texts).progress, 2000, 0, True, 0, 2, 1 << 22)
+    assert bar.bar.total is None and bar.bar.desc == "scan m [rank 0 of 2]" and not bar.bar.disable
     bar.update(0, 0)
     assert bar.bar.total is None  # it tokenized nothing: no estimate
     bar.close()
     assert bar.bar.total == 0
+    other = ScanBar("m", Corpus(texts).progress, 2000, 0, True, 1, 2, 1 << 22)
+    assert other.bar.disable and other.reading is None  # one bar on the terminal the processes share
     alone = ScanBar("m", Corpus(texts).progress, 2000, 0, False, 0, 1, 1 << 22)
     assert alone.bar.total == 2000
 

@@ -10,7 +10,8 @@ the processes' reader threads exchange their segments' token counts, ``ledger``)
 accumulators are merged across processes (gloo on the CPU, nccl
 on the GPU, one GPU per process by ``LOCAL_RANK``); rank 0 writes ``--out``. ``--state`` gets
 a ``.rank{r}`` suffix per process, so an interrupted multi-process scan resumes with the same
-command.
+command. Process 0 alone shows the progress bar and warns of a file's bytes that are not UTF-8
+(``--encoding-errors replace``): every process reads every text.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from pathlib import Path
 
 
@@ -131,9 +133,12 @@ def run(args: argparse.Namespace) -> int:
     from .corpus import Corpus
     from .runner import scan
     from .specs import make_accumulators
+    from .utf8 import ReplacedBytesWarning
 
     not_an_input({"--state": args.state, "--out": args.out}, {"corpus": args.corpus})
     rank, world, device = _distributed(args.device)
+    if rank > 0:  # every process reads every text: process 0 tells of each file's bad bytes
+        warnings.filterwarnings("ignore", category=ReplacedBytesWarning)
     try:
         from ..files import writable
 

@@ -12,11 +12,13 @@ UTF-8 by their format, so ``encoding_errors`` has nothing to do here.
 
 A file's position, as a progress estimate reads it (``progress``): the bytes read so far for an
 Arrow stream; else the file's bytes times the share of its rows (Parquet) or record batches
-(an Arrow file) read, its size once every one is.
+(an Arrow file) read, its size once every one is. The estimate's prior for a kind not read yet
+is its first file's first batch, measured the same way (``chars_per_unit``).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,6 +69,27 @@ def columnar_texts(path: Path, text_field: str = "text") -> Iterator[tuple[str, 
     finally:
         for thing in opened:
             thing.close()
+
+
+def chars_per_unit(path: Path, text_field: str = "text") -> float | None:
+    """Characters of text per byte of ``path`` as its positions count them, from its first batch.
+
+    The characters of the texts up to the first position read, over that position: for Parquet
+    its first ``BATCH_ROWS`` rows' share of the file's bytes, for an Arrow file its first record
+    batch's, for a stream the bytes read to its first batch. None where the file has no text, or
+    cannot be read (its reading says why). A progress estimate's prior for the kind
+    (``sources.probes``).
+    """
+    first, chars = None, 0
+    try:
+        with contextlib.closing(columnar_texts(path, text_field)) as texts:
+            for text, position in texts:
+                if first is not None and position != first:
+                    break
+                first, chars = position, chars + len(text)
+    except InputError:
+        return None
+    return chars / first if first else None
 
 
 def _parquet(path: Path, text_field: str, pq, opened: list):

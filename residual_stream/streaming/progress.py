@@ -11,16 +11,16 @@ before reading (``Corpus.units``). So::
 
     tokens ≈ tokens per character × Σ_kind characters per unit(kind) × units(kind)
 
-which becomes exact once every text has been read and tokenized. A kind not read yet counts
-at the characters per unit measured at the start of its first file (``Corpus.probes``; none for
-Parquet and Arrow files, which the reading measures): a
-gzipped file holds 3 to 4 times a plain one's characters per byte, so a folder mixing them
-was estimated at half its tokens until the reading reached the other kind, before session
-15. With a budget the total is the smaller of the budget and the estimate. A process of ``N``
-scans the segments ``s ≡ rank (mod N)``, so its part is estimated from the corpus's
-characters cut into segments (``share_of``): a corpus of one segment is all rank 0's and
-none of the others'. The scan's progress bar (``ScanBar``) shows it as its total, so the bar
-gives a percentage and a time left, and at the end its total becomes the tokens scanned.
+which becomes exact once every text has been read and tokenized. A kind not read yet counts at
+the characters per unit measured at the start of its first file (``Corpus.probes``; a Parquet
+or Arrow file's first batch of rows): a gzipped file holds 3 to 4 times a plain one's
+characters per byte, so a folder mixing them was estimated at half its tokens until the reading
+reached the other kind, before session 15. With a budget the total is the smaller of the budget
+and the estimate. A process of ``N`` scans the segments ``s ≡ rank (mod N)``, so its part is
+estimated from the corpus's characters cut into segments (``share_of``): a corpus of one
+segment is all rank 0's and none of the others'. The scan's progress bar (``ScanBar``) shows it
+as its total, so the bar gives a percentage and a time left, and at the end its total
+becomes the tokens scanned.
 """
 
 from __future__ import annotations
@@ -143,7 +143,10 @@ class _TokenBar(tqdm):
 class ScanBar:
     """The scan's progress bar: tokens and tokens/s, with a total that gives the time left.
 
-    The total is this process's estimated part of the corpus's tokens (``reading``:
+    Under ``torchrun`` only process 0 shows one (``[rank 0 of N]``): the processes share a
+    terminal, and their bars, each redrawn in place, overwrote each other on one line. The
+    segments are dealt in turn, so its share tells the scan's progress and time left. The
+    total is this process's estimated part of the corpus's tokens (``reading``:
     ``progress.ReadProgress``, fed by the reader; ``ReadProgress.estimate``), at most
     ``max_tokens``: until an estimate is known, ``max_tokens`` for one process and none for
     several (a process's part of a budget depends on the segments before its own). When the
@@ -160,12 +163,13 @@ class ScanBar:
         when the bar is shown; ``segment_chars``: the corpus's segment size, which decides
         how its tokens are shared among processes.
         """
+        show = show and rank == 0  # the others' bars would overwrite it on the one terminal line
         self.reading = reading() if show else None
         self.max_tokens, self.rank, self.world_size = max_tokens, rank, world_size
         self.segment_chars = segment_chars
         self.bar = _TokenBar(total=max_tokens if world_size == 1 else None, initial=tokens,
                              unit="tok", unit_scale=True, disable=not show,
-                             desc=f"scan {name}" + (f" [{rank}/{world_size}]" if world_size > 1 else ""))
+                             desc=f"scan {name}" + (f" [rank 0 of {world_size}]" if world_size > 1 else ""))
 
     def update(self, n: int, tokens: int) -> None:
         """``n`` more tokens scanned, ``tokens`` in all; the estimated total follows the reading."""

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..files import path_kind
-from .columnar import ARROW_FILE_MAGIC, PARQUET_MAGIC, columnar_texts
+from .columnar import ARROW_FILE_MAGIC, PARQUET_MAGIC, chars_per_unit, columnar_texts
 from .columnar import SUFFIXES as COLUMNAR
 from .packing import (
     PACKINGS,
@@ -304,13 +304,13 @@ def chars_per_byte(path: Path, text_field: str = "text") -> float | None:
     From its first ``PROBE_BYTES`` bytes: the texts of the whole lines there, as
     ``file_texts`` reads them, over the bytes those lines take (for a compressed file, their
     share of the compressed bytes unpacked, ``packing.unpacked_head``). None when those bytes
-    hold no line, or cannot be read (the file's own reading says why), and for a Parquet or
-    Arrow file (the reading measures it). What a progress estimate assumes for a kind of file
-    it has not read yet (``progress.ReadProgress``).
+    hold no line, or cannot be read (the file's own reading says why). A Parquet or Arrow
+    file's, from its first batch of rows (``columnar.chars_per_unit``). What a progress
+    estimate assumes for a kind of file it has not read yet (``progress.ReadProgress``).
     """
     how = kind(path)
     if how in COLUMNAR:
-        return None
+        return chars_per_unit(path, text_field)
     with open(path, "rb") as f:
         head = f.read(PROBE_BYTES)
     unpacked_bytes = unpacked_head(path, head)
