@@ -6,6 +6,7 @@ trace = rs.trace(model, ["The capital of France is", "Residual streams grow"])
 parts = trace.decompose(12)          # exact, labelled sum of contributions
 trace.check()                        # conservation against the model's own hidden states
 scan = rs.scan(model, "builtin", stats=["growth", "lens"])   # corpus statistics, streamed
+scan.save("scan.pt"); rs.load_scan("scan.pt")                 # whole, without the model
 """
 
 from . import errors
@@ -30,13 +31,13 @@ from .architectures import supported_architectures
 from .decomposition import Contributions
 from .loading import Model, load
 from .registry import list_models
-from .streaming import Corpus, scan
+from .streaming import Corpus, load_scan, scan
 from .trace import Trace, trace
 
 __all__ = [
     "Anatomy", "Contributions", "Corpus", "Model", "Trace", "ablation_check", "attribution_patching",
     "attribution_patching_writes", "composition", "direct_logit_attribution", "errors", "head_scores",
-    "list_models", "load", "logit_lens",
+    "list_models", "load", "load_scan", "logit_lens",
     "mixing_ratio", "norm_growth", "patch_stream", "path_patch", "read_attribution", "scan",
     "supported_architectures",
     "survival", "trace", "twin", "write_subspaces",

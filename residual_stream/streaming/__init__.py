@@ -4,7 +4,8 @@
 time, reduces each batch to sums, counts and top-k lists (``accumulators``; inside the
 forward pass when it can, ``lean``), drops the batch, and can save its state after every
 batch and resume from it. Several processes (``torchrun``) each scan a share of the batches
-and merge their accumulators at the end (``runner``).
+and merge their accumulators at the end (``runner``). A finished scan saved as ``.pt`` loads
+back whole (``load_scan``, ``saved``).
 """
 
 from .accumulators import STATS, Accumulator
@@ -12,7 +13,8 @@ from .batching import corpus_batches, row_batches
 from .corpus import Corpus
 from .ledger import Share
 from .runner import ScanResult, scan
+from .saved import load_scan
 from .specs import make_accumulators
 
-__all__ = ["STATS", "Accumulator", "Corpus", "ScanResult", "Share", "corpus_batches",
+__all__ = ["STATS", "Accumulator", "Corpus", "ScanResult", "Share", "corpus_batches", "load_scan",
            "make_accumulators", "row_batches", "scan"]

@@ -11,12 +11,13 @@ alone: computed once, not accumulated. ``specs`` makes them from specs (``"lens:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import ClassVar
 
 import pandas as pd
 import torch
 
-from ..analyses.composition import composition
+from ..analyses.composition import Composition, composition
 from ..analyses.flow import ReadAttribution, Survival, read_attribution, survival
 from ..analyses.subspace_measures import head_write_bases
 from ..analyses.subspaces import Subspace, WriteSubspaces, named_subspaces, pca_subspace
@@ -337,8 +338,26 @@ class CompositionStats(Accumulator):
         """Nothing per batch: composition does not depend on the data."""
 
     def result(self):
-        """``Composition`` of the scanned model."""
-        return composition(self.model)
+        """``Composition`` of the scanned model, computed once.
+
+        Its fields are kept in ``meta`` (on the CPU), so a state or a saved scan holds them and
+        gives them back without the model (``saved.load_scan``).
+        """
+        if "result" not in self.meta:
+            self.meta["result"] = _fields(composition(self.model))
+        return Composition(**{k: tuple(v) if k in ("heads", "mlps") else v
+                              for k, v in self.meta["result"].items()})
+
+
+def _fields(result: Composition) -> dict:
+    """``result``'s fields as a state holds them: tensors on the CPU, lists, dicts and a bool."""
+    def kept(v):
+        if isinstance(v, torch.Tensor):
+            return v.detach().cpu()
+        if isinstance(v, dict):
+            return {k: kept(x) for k, x in v.items()}
+        return list(v) if isinstance(v, tuple) else v
+    return {f.name: kept(getattr(result, f.name)) for f in dataclasses.fields(result)}
 
 
 STATS: dict[str, type[Accumulator]] = {

@@ -82,7 +82,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="seconds of scanning between state saves (default: 60; 0: every batch)")
     p.add_argument("--save-every", type=int,
                    help="save the state after every this many batches instead of by time")
-    p.add_argument("--out", type=Path, required=True, help="JSON file for the results")
+    p.add_argument("--out", type=Path, required=True,
+                   help="the results: JSON (their frames, for any tool), or a .pt file (whole: "
+                   "rs.load_scan reads it back without the model)")
     p.add_argument("--device", default="auto", help="auto (cuda, mps, cpu), cpu, cuda ...")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, else float32), float32 ...")
     p.add_argument("--no-graphs", action="store_true",

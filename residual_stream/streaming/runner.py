@@ -62,6 +62,7 @@ from .lean import points
 from .ledger import Ledger, Share, agreed, check_processes, dist_exchange
 from .progress import ReadProgress, ScanBar
 from .reader import prefetched
+from .saved import SUFFIX, save_scan
 from .signals import Deferred
 from .specs import make_accumulators
 from .state import resume, save_state, scan_config
@@ -100,8 +101,14 @@ class ScanResult:
         }
 
     def save(self, path: str | Path) -> Path:
-        """Write ``to_dict()`` as JSON, atomically."""
+        """Write the scan to ``path``, atomically: whole for a ``.pt`` name, else ``to_dict()`` as JSON.
+
+        A ``.pt`` file holds every statistic's sums, and loads back into this result
+        (``rs.load_scan``, ``saved``); JSON holds the frames, for any tool.
+        """
         path = Path(path)
+        if path.suffix == SUFFIX:
+            return save_scan(self, path)
         tmp = path.with_name(f".{path.name}.partial")
         try:
             tmp.write_text(json.dumps(self.to_dict(), indent=1), encoding="utf-8")
