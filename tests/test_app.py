@@ -368,11 +368,45 @@ def test_corpus_page_scans_and_draws_the_scan_statistics():
     assert np.allclose(_numbers(mean), reference["growth"].mean.numpy(), rtol=1e-5)
     retention = _grid(chart(at, 3)["data"][0]["z"])
     assert np.allclose(retention, reference["survival"].retention.numpy(), rtol=1e-4, equal_nan=True)
-    assert any(b.label == "Scan (JSON)" for b in at.get("download_button"))
+    assert {"Scan (JSON)", "Scan (whole, .pt)"} <= {b.label for b in at.get("download_button")}
     at.radio(key="corpus_surv").set_value("share").run()  # a rerun shows the kept scan
     assert not at.exception, at.exception  # was CacheReplayClosureError (the bar, replayed)
     assert chart(at, 3)["layout"]["title"]["text"] == "Survival of each write (share)"
     assert "1,024 tokens of the built-in corpus" in at.caption[1].value
+
+
+def test_corpus_page_opens_a_saved_scan_without_loading_its_model(tmp_path, monkeypatch):
+    """A scan saved whole (``.pt``) and uploaded is drawn as the scan itself would be (reference:
+    the scan's own results), without loading a model; a resumable state or another file is
+    refused on the page (the uploader takes only .pt files); removing the file brings the scan
+    form back."""
+    import residual_stream as rs
+    from residual_stream import loading
+
+    result = rs.scan(rs.load("twin-post-ln"), "builtin", ["growth", "survival", "lens:every=4"],
+                     max_tokens=500, progress=False)
+    at = app("corpus")
+    loads = []
+    monkeypatch.setattr(loading, "load", lambda *a, **k: loads.append(a) or pytest.fail("a model loaded"))
+    saved = result.save(tmp_path / "cluster.pt").read_bytes()
+    at.file_uploader(key="corpus_saved").set_value(("cluster.pt", saved, "application/octet-stream")).run()
+    assert not at.exception, at.exception
+    assert "twin-post-ln over 500 tokens in" in at.caption[1].value and "cluster.pt" in at.caption[1].value
+    titles = [chart(at, i)["layout"]["title"]["text"] for i in range(4)]
+    assert titles[0].startswith("Stream norm by depth") and titles[2] == "Survival of each write (retention)"
+    mean = next(t for t in chart(at, 0)["data"] if t["name"].endswith(" mean"))["y"]
+    np.testing.assert_array_equal(_numbers(mean), result.stats["growth"].mean.numpy())
+    np.testing.assert_array_equal(_grid(chart(at, 2)["data"][0]["z"]),
+                                  result.stats["survival"].retention.numpy())
+    assert not loads
+    state = tmp_path / "state.pt"  # a resumable state, and a file of something else
+    rs.scan(rs.load("twin-post-ln"), ["alpha beta"], ["growth"], state=state, progress=False)
+    for name, data, message in (("state.pt", state.read_bytes(), "state.pt is a scan's resumable state"),
+                                ("weights.pt", b"not a torch file", "weights.pt is not a saved scan")):
+        at.file_uploader(key="corpus_saved").set_value((name, data, "application/octet-stream")).run()
+        assert not at.exception and message in at.error[0].value and not at.get("plotly_chart")
+    at.file_uploader(key="corpus_saved").set_value(None).run()
+    assert not at.exception and "press Scan" in at.info[0].value
 
 
 def test_corpus_page_refuses_paths_outside_the_allow_list_and_no_statistics(tmp_path, monkeypatch):

@@ -7,13 +7,49 @@ import cache
 import common
 import streamlit as st
 
+import residual_stream as rs
 from residual_stream import plotting
 from residual_stream.streaming import Corpus
+from residual_stream.streaming.saved import scan_bytes
 
 BUDGETS = [1024, 4096, 16384, 65536]
 LENS = "lens:every=4"
 STATS = {"growth": "norm growth and update sizes", "survival": "survival of every write",
          "read_attribution": "read attribution (the read-write graph)", LENS: "logit lens (one token in 4)"}
+
+
+
+def show_scan(result, name: str) -> None:
+    """Draw the statistics ``result`` (a ``ScanResult``) holds, of model ``name``."""
+    measured = result.stats
+    if "growth" in measured:
+        growth = measured["growth"]
+        common.show(plotting.norm_growth_figure(growth, name=name), growth.to_frame(), key="corpus-growth",
+                    note="As on the Overview page, over every real token of the corpus: mean, median and "
+                         "the 5–95 % band (from a log histogram, within 0.6 % of exact quantiles), the "
+                         "first token of each row apart.")
+        common.show(plotting.update_size_figure(growth, name=name), growth.to_frame(), key="corpus-updates",
+                    note="‖write‖ / ‖stream before it‖ for each attention and MLP, averaged over the corpus.")
+    if "read_attribution" in measured:
+        matrix = measured["read_attribution"].matrix("component", absolute=True)
+        threshold = st.slider("Edge threshold (mean |share|)", 0.0, 0.5, 0.05, 0.01, key="corpus_threshold")
+        common.show(plotting.read_write_graph(matrix, threshold=threshold), matrix, key="corpus-graph",
+                    note="The Flow page's read-write graph, averaged over the corpus's tokens: an edge "
+                         "from A to B means A's write makes up at least the threshold of B's "
+                         "normalized read.")
+    if "survival" in measured:
+        measure = st.radio("Measure", ["retention", "share", "norm"], horizontal=True, key="corpus_surv")
+        common.show(plotting.survival_figure(measured["survival"], measure),
+                    measured["survival"].to_frame(), key="corpus-survival",
+                    note="The Flow page's survival, averaged over the corpus's tokens.")
+    lens = next((s for s in measured if s.split(":")[0] == "lens"), None)  # LENS, or a saved scan's
+    if lens is not None:
+        common.show(plotting.lens_depth_figure(measured[lens], name=name), measured[lens], key="corpus-lens",
+                    note="Mean KL(final ‖ lens) per point over the tokens measured (one in four here, "
+                         "chosen by a hash of each token's text and position), with ±2 standard errors "
+                         "clustered by text; top-1 agreement with the final prediction on the right axis.")
+        st.dataframe(measured[lens], hide_index=True)
+
 
 name, _ = common.selection(text=False)
 st.title("Corpus")
@@ -23,6 +59,18 @@ st.caption("The other pages measure the text in the sidebar. This one streams a 
            "cores, 4,096 tokens take SmolLM2 about 50 s for all four statistics and 8 s for "
            "norm growth alone, and MiniLM 4 s for the three it has. The built-in corpus "
            "holds 6,388 SmolLM2 tokens; a larger budget scans all of it.")
+with st.expander("Open a saved scan"):
+    saved = st.file_uploader("A scan saved whole, as `scan.save('scan.pt')` or `residual-stream scan "
+                             "… --out scan.pt` write it (on a cluster, say): no model is loaded",
+                             type=["pt"], key="corpus_saved")
+if saved is not None:
+    with common.guarded():
+        result = rs.load_scan(saved)
+    st.info("Showing the saved scan: remove the file above to scan a corpus.")
+    st.caption(common.plain(f"{result.model_name} over {result.tokens:,} tokens in {result.batches} "
+                            f"batches, from the saved scan {saved.name} ({', '.join(result.stats)})"))
+    show_scan(result, result.model_name)
+    st.stop()
 with st.form("scan"):
     sources = ["built-in corpus (320 lines of English and code)"]
     if common.allowed_dirs():
@@ -76,32 +124,10 @@ where = "the built-in corpus" if args[1] == "builtin" else args[1] + (
     " (bytes that are not UTF-8 read as U+FFFD)" if args[4] == "replace" else "")
 st.caption(common.plain(f"{name} over {result.tokens:,} tokens of {where} in {result.batches} batches, "
                         f"{result.seconds:.1f} s ({result.tokens_per_second:,.0f} tokens/s)"))
-st.download_button("Scan (JSON)", json.dumps(result.to_dict()), "scan.json", "application/json",
-                   key="scan-json")
-measured = result.stats
-if "growth" in measured:
-    growth = measured["growth"]
-    common.show(plotting.norm_growth_figure(growth, name=name), growth.to_frame(), key="corpus-growth",
-                note="As on the Overview page, over every real token of the corpus: mean, median and "
-                     "the 5–95 % band (from a log histogram, within 0.6 % of exact quantiles), the "
-                     "first token of each row apart.")
-    common.show(plotting.update_size_figure(growth, name=name), growth.to_frame(), key="corpus-updates",
-                note="‖write‖ / ‖stream before it‖ for each attention and MLP, averaged over the corpus.")
-if "read_attribution" in measured:
-    matrix = measured["read_attribution"].matrix("component", absolute=True)
-    threshold = st.slider("Edge threshold (mean |share|)", 0.0, 0.5, 0.05, 0.01, key="corpus_threshold")
-    common.show(plotting.read_write_graph(matrix, threshold=threshold), matrix, key="corpus-graph",
-                note="The Flow page's read-write graph, averaged over the corpus's tokens: an edge "
-                     "from A to B means A's write makes up at least the threshold of B's "
-                     "normalized read.")
-if "survival" in measured:
-    measure = st.radio("Measure", ["retention", "share", "norm"], horizontal=True, key="corpus_surv")
-    common.show(plotting.survival_figure(measured["survival"], measure), measured["survival"].to_frame(),
-                key="corpus-survival", note="The Flow page's survival, averaged over the corpus's tokens.")
-if LENS in measured:
-    lens = measured[LENS]
-    common.show(plotting.lens_depth_figure(lens, name=name), lens, key="corpus-lens",
-                note="Mean KL(final ‖ lens) per point over one token in four (chosen by a hash of "
-                     "each token's text and position), with ±2 standard errors clustered by text; "
-                     "top-1 agreement with the final prediction on the right axis.")
-    st.dataframe(lens, hide_index=True)
+left, right = st.columns(2)
+left.download_button("Scan (JSON)", json.dumps(result.to_dict()), "scan.json", "application/json",
+                     key="scan-json", help="Every statistic's frames, for any tool.")
+right.download_button("Scan (whole, .pt)", scan_bytes(result), "scan.pt", "application/octet-stream",
+                      key="scan-pt", help="Every statistic's sums: open it again here, or with "
+                      "rs.load_scan('scan.pt').")
+show_scan(result, name)

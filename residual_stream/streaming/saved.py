@@ -12,6 +12,7 @@ frames alone (for any tool), so it is not loaded back.
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import zipfile
@@ -27,71 +28,80 @@ VERSION = 1
 SUFFIX = ".pt"
 
 
-def save_scan(result, path: Path) -> Path:
-    """Write ``result`` (a ``ScanResult``) whole to ``path``, atomically."""
-    tmp = path.with_name(f".{path.name}.partial")
+def scan_bytes(result) -> bytes:
+    """``result`` (a ``ScanResult``) whole, as a saved scan's bytes (the app's download)."""
     saved = {"format": FORMAT, "version": VERSION, "model": result.model_name, "tokens": result.tokens,
              "batches": result.batches, "seconds": result.seconds,
              "resumed_tokens": result.resumed_tokens,
              "stats": {name: acc.state_dict() for name, acc in result.accumulators.items()}}
+    buffer = io.BytesIO()
+    torch.save(saved, buffer)
+    return buffer.getvalue()
+
+
+def save_scan(result, path: Path) -> Path:
+    """Write ``result`` (a ``ScanResult``) whole to ``path``, atomically."""
+    tmp = path.with_name(f".{path.name}.partial")
     try:
-        with open(tmp, "wb") as f:
-            torch.save(saved, f)
+        tmp.write_bytes(scan_bytes(result))
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     return path
 
 
-def load_scan(path: str | Path):
+def load_scan(path: str | Path | io.IOBase):
     """The ``ScanResult`` saved at ``path`` (``ScanResult.save("scan.pt")``, ``--out scan.pt``).
 
-    Each statistic's result is rebuilt from its saved sums, equal to the one the scan returned.
+    ``path`` may be an open binary file (the app's upload), named by its ``name``. Each
+    statistic's result is rebuilt from its saved sums, equal to the one the scan returned.
     ``InputError`` for a ``.json`` scan (its frames alone: read it with ``json`` or pandas), a
     file that is not a saved scan (a scan's resumable ``--state`` included), one saved by a newer
     version, and a damaged one; nothing is written.
     """
     from .runner import ScanResult
 
-    path = Path(path)
-    if path.suffix == ".json":
-        raise InputError(f"{path} is a scan's frames as JSON, which do not load back into results: "
+    if not isinstance(path, io.IOBase):
+        path = Path(path)
+    name = path if isinstance(path, Path) else Path(str(getattr(path, "name", "the file")))
+    if name.suffix == ".json":
+        raise InputError(f"{name} is a scan's frames as JSON, which do not load back into results: "
                          f"read it with json or pandas, or save the scan as {SUFFIX} "
                          f"(scan.save('scan{SUFFIX}'), --out scan{SUFFIX}) to load it")
-    saved = _read(path)
+    saved = _read(path, name)
     if saved.get("version", 0) > VERSION:
-        raise InputError(f"{path} was saved by a newer residual-stream (scan format "
+        raise InputError(f"{name} was saved by a newer residual-stream (scan format "
                          f"{saved['version']}, this one reads {VERSION}): upgrade to load it")
     try:
         accs = make_accumulators(list(saved["stats"]))
-        for name, acc in accs.items():
-            acc.load_state_dict(saved["stats"][name])
-        stats = {name: acc.result() for name, acc in accs.items()}
+        for spec, acc in accs.items():
+            acc.load_state_dict(saved["stats"][spec])
+        stats = {spec: acc.result() for spec, acc in accs.items()}
         return ScanResult(stats, int(saved["tokens"]), int(saved["batches"]), float(saved["seconds"]),
                           str(saved["model"]), accs, int(saved["resumed_tokens"]))
     except InputError:
         raise
     except Exception as e:  # noqa: BLE001 - a missing sum, a wrong shape or type
-        raise InputError(f"{path} is a damaged saved scan ({type(e).__name__}: {e}); save it "
+        raise InputError(f"{name} is a damaged saved scan ({type(e).__name__}: {e}); save it "
                          "again from its scan") from None
 
 
-def _read(path: Path) -> dict:
-    """The dict saved at ``path``, or ``InputError`` saying what the file is instead."""
+def _read(path: Path | io.IOBase, name: Path) -> dict:
+    """The dict saved at ``path`` (called ``name``), or ``InputError`` saying what it is instead."""
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
-        raise InputError(f"no saved scan at {path}: give the file a scan wrote "
+        raise InputError(f"no saved scan at {name}: give the file a scan wrote "
                          f"(scan.save('scan{SUFFIX}'), --out scan{SUFFIX})") from None
     except IsADirectoryError:
-        raise InputError(f"{path} is a folder: give the file a scan wrote") from None
+        raise InputError(f"{name} is a folder: give the file a scan wrote") from None
     except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError, ValueError) as e:
-        raise InputError(f"{path} is not a saved scan, or a damaged one ({type(e).__name__}: "
+        raise InputError(f"{name} is not a saved scan, or a damaged one ({type(e).__name__}: "
                          f"{str(e).splitlines()[0][:200]})") from None
     if isinstance(saved, dict) and saved.get("format") == FORMAT:
         return saved
     if isinstance(saved, dict) and {"config", "next", "stats"} <= saved.keys():
-        raise InputError(f"{path} is a scan's resumable state (--state), not a saved scan: resume the "
+        raise InputError(f"{name} is a scan's resumable state (--state), not a saved scan: resume the "
                          "scan with it, and save the result with --out scan.pt")
-    raise InputError(f"{path} is not a saved scan (a torch file of something else): give the file a "
+    raise InputError(f"{name} is not a saved scan (a torch file of something else): give the file a "
                      f"scan wrote (scan.save('scan{SUFFIX}'), --out scan{SUFFIX})")
