@@ -90,6 +90,10 @@ def test_the_scan_example_runs_as_written(api, workdir, monkeypatch):
     assert (lens["tokens"] > 0).all() and np.isfinite(lens["kl"]).all()
     assert (workdir / "scan.pt").is_file()
     assert json.loads((workdir / "scan.json").read_text())["tokens"] == scan.tokens
+    assert names["saved"].to_dict() == json.loads((workdir / "scan.json").read_text())
+    lines = list(names["load_dataset"]("text", data_files="corpus.txt", split="train")["text"])  # unstripped
+    want = names["rs"].scan(names["model"], lines, "growth", progress=False)
+    assert names["rows"].tokens == want.tokens and names["rows"].batches == want.batches
 
 
 def test_the_report_line_runs_as_written(workdir, monkeypatch, capsys):
