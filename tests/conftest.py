@@ -64,6 +64,20 @@ def metric_failing_after_clean():
 
 
 
+class Column:
+    """A sized collection that is neither list nor tuple, as a dataset's column (and opaque to
+    the type checker, which would refuse items that are not texts before the corpus does)."""
+
+    def __init__(self, items) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self):
+        return iter(self.items)
+
+
 def assert_scan_of_texts(model, corpus, texts: list[str], stats: list[str], **options) -> None:
     """``rs.scan`` of ``corpus`` equals ``rs.scan`` of ``texts`` (the texts it should read): the
     same tokens (some) and batches, and every frame of every statistic equal, exactly."""

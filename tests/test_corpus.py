@@ -10,6 +10,7 @@ import threading
 
 import pytest
 import torch
+from conftest import Column
 from spies import counting_twin, segment_inputs
 
 import residual_stream as rs
@@ -314,19 +315,6 @@ def test_a_corpus_read_once_or_unordered_is_refused(source, tmp_path):
     with pytest.raises(InputError, match="a corpus is read more than once, in one order"):
         rs.scan(model, source, state=tmp_path / "s.pt", progress=False)
     assert not list(tmp_path.iterdir())
-
-
-class Column:
-    """A sized collection that is neither list nor tuple, as a dataset's column."""
-
-    def __init__(self, items) -> None:
-        self.items = items
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __iter__(self):
-        return iter(self.items)
 
 
 def test_a_corpus_item_that_is_not_a_text_is_named(tmp_path):

@@ -12,7 +12,7 @@ import sys
 
 import datasets
 import pytest
-from conftest import assert_scan_of_texts
+from conftest import Column, assert_scan_of_texts
 
 import residual_stream as rs
 from residual_stream.errors import InputError
@@ -105,19 +105,6 @@ def test_a_missing_column_or_one_of_numbers_is_named_before_reading(dataset):
         Corpus(nested)
 
 
-class Records:
-    """A sized collection of records, as ``list(dataset)`` gives (opaque to the type checker)."""
-
-    def __init__(self, items: list) -> None:
-        self.items = items
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __iter__(self):
-        return iter(self.items)
-
-
 def test_a_dataset_dict_or_a_streaming_dataset_is_told_what_to_pass(dataset):
     with pytest.raises(InputError, match=r"cannot be a DatasetDict: it holds the splits \['train', "
                                          r"'test'\]: pick one, Corpus\(dataset\['train'\]"):
@@ -125,7 +112,7 @@ def test_a_dataset_dict_or_a_streaming_dataset_is_told_what_to_pass(dataset):
     with pytest.raises(InputError, match=r"cannot be an IterableDataset: .*without streaming=True"):
         Corpus(dataset.to_iterable_dataset())
     with pytest.raises(InputError, match=r"corpus item 0 is a dict, not a text \(a record\?"):
-        list(Corpus(Records([{"text": "a record"}])).texts())
+        list(Corpus(Column([{"text": "a record"}])).texts())
 
 
 def test_the_library_never_imports_datasets_itself():
