@@ -31,13 +31,13 @@ from .architectures import supported_architectures
 from .decomposition import Contributions
 from .loading import Model, load
 from .registry import list_models
-from .streaming import Corpus, load_scan, scan
+from .streaming import Corpus, load_scan, merge_scans, scan
 from .trace import Trace, trace
 
 __all__ = [
     "Anatomy", "Contributions", "Corpus", "Model", "Trace", "ablation_check", "attribution_patching",
     "attribution_patching_writes", "composition", "direct_logit_attribution", "errors", "head_scores",
-    "list_models", "load", "load_scan", "logit_lens",
+    "list_models", "load", "load_scan", "logit_lens", "merge_scans",
     "mixing_ratio", "norm_growth", "patch_stream", "path_patch", "read_attribution", "scan",
     "supported_architectures",
     "survival", "trace", "twin", "write_subspaces",

@@ -11,6 +11,7 @@
     residual-stream trace MODEL --text T --out stats.safetensors   save a trace's statistics
     residual-stream train --norm N --placement P --out DIR   train a twin (see --help)
     residual-stream scan MODEL CORPUS --stats growth,lens --out scan.json   corpus statistics
+    residual-stream merge A.pt B.pt --out all.pt   scans of disjoint corpus parts, as one scan
     residual-stream app [--host H --port P]    serve the Streamlit app
 
 Exit codes: 0 on success, 2 on a usage error, 1 on a refused input or a file error (with a
@@ -136,10 +137,11 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--device", default="auto", help="auto (cuda, mps, cpu), cpu, cuda ...")
     t.add_argument("--out", required=True, type=Path, help="folder for model.safetensors + twin.json")
     t.add_argument("--quiet", action="store_true", help="no progress bar or loss log")
-    from .streaming.cli import add_arguments
+    from .streaming.cli import add_arguments, add_merge_command
 
     add_arguments(sub.add_parser("scan", help="streaming statistics over a corpus (resumable; "
                                  "torchrun -m residual_stream.scan for several processes)"))
+    add_merge_command(sub)
     s = sub.add_parser("app", help="serve the Streamlit app")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default: localhost only)")
     s.add_argument("--port", type=int, default=8501)
@@ -355,14 +357,15 @@ def _app(args: argparse.Namespace) -> int:
 
 
 def _scan(args: argparse.Namespace) -> int:
-    from .streaming.cli import run
+    from .streaming.cli import merge_command, run
 
-    return run(args)
+    return (merge_command if args.command == "merge" else run)(args)
 
 
 COMMANDS = {"models": _models, "families": _families, "anatomy": _anatomy, "check": _check,
             "summarize": _summarize, "heads": heads_command, "composition": composition_command,
-            "train": _train, "report": _report, "trace": _trace_stats, "scan": _scan, "app": _app}
+            "train": _train, "report": _report, "trace": _trace_stats, "scan": _scan, "merge": _scan,
+            "app": _app}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,6 +31,8 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 NOT_RUN = {  # command → where it is tested instead
     "app": "test_browser.py serves the app with this command and clicks through every page",
     "train": "test_twins.py::test_cli_trains_a_twin_that_loads (at its defaults it trains for minutes)",
+    "merge": "test_merging.py::test_cli_merges_saved_parts_and_refuses_a_part_given_twice (it needs "
+             "the parts' scans)",
 }
 PLACEHOLDERS = {"A": "twin-pre-rms", "B": "twin-post-ln"}
 

@@ -12,9 +12,10 @@ from .accumulators import STATS, Accumulator
 from .batching import corpus_batches, row_batches
 from .corpus import Corpus
 from .ledger import Share
+from .merging import merge_scans
 from .runner import ScanResult, scan
 from .saved import load_scan
 from .specs import make_accumulators
 
 __all__ = ["STATS", "Accumulator", "Corpus", "ScanResult", "Share", "corpus_batches", "load_scan",
-           "make_accumulators", "row_batches", "scan"]
+           "make_accumulators", "merge_scans", "row_batches", "scan"]

@@ -174,6 +174,30 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_merge_command(sub) -> None:
+    """Add ``merge`` (scans of disjoint corpus parts, saved whole, as one) to the subparsers ``sub``."""
+    m = sub.add_parser("merge", help="merge scans of disjoint parts of a corpus, each saved whole "
+                       "(scan --out part.pt), into one scan over all their tokens")
+    m.add_argument("scans", nargs="+", type=Path, help="scans saved whole (.pt), of one model and "
+                   "the same statistics and --seq-len")
+    m.add_argument("--out", type=Path, required=True,
+                   help="the merged scan: JSON (its frames) or a .pt file (whole)")
+
+
+def merge_command(args: argparse.Namespace) -> int:
+    """``residual-stream merge``: the scans merged (``merging.merge_scans``), written to ``--out``."""
+    from ..files import not_an_input, writable
+    from .merging import merge_scans
+
+    not_an_input({"--out": args.out}, {f"scan {i}": p for i, p in enumerate(args.scans)})
+    writable(args.out)
+    merged = merge_scans(args.scans)
+    merged.save(args.out)
+    print(f"residual-stream: merged {len(args.scans)} scans: {merged.tokens} tokens in {merged.batches} "
+          f"batches; wrote {args.out}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m residual_stream.scan``: parse, run, map errors to exit codes like the CLI."""
     from ..cli import run_guarded

@@ -315,9 +315,10 @@ class GrowthStats(Accumulator):
         mean = self.mean(total, n)
         per_pos = self.mean("per_position", "position_count")
         rate, r2 = _fit(mean)
-        massive = pd.DataFrame(self.meta.get("massive", []),
-                               columns=["point", "text", "char", "pos", "dim", "token", "value",
-                                        "ratio_to_median"])
+        rows = self.meta.get("massive", [])
+        merged = ["scan"] if any("scan" in r for r in rows) else []  # which part (``merging``)
+        massive = pd.DataFrame(rows, columns=["point", "text", "char", "pos", "dim", "token", "value",
+                                              "ratio_to_median", *merged])
         names, kinds = self.meta.get("norms", []), self.meta.get("norm_kinds", {})
         norm_inputs = pd.DataFrame({"norm": names, "kind": [kinds.get(n, "") for n in names],
                                     "input_norm": self.mean("norm_input").numpy(),

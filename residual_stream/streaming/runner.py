@@ -65,7 +65,7 @@ from .reader import prefetched
 from .saved import SUFFIX, save_scan
 from .signals import Deferred
 from .specs import make_accumulators
-from .state import resume, save_state, scan_config
+from .state import resume, save_state, scan_config, scan_settings
 
 
 @dataclass
@@ -79,6 +79,7 @@ class ScanResult:
     model_name: str
     accumulators: dict[str, Accumulator] = field(repr=False, default_factory=dict)
     resumed_tokens: int = 0  # of ``tokens``, those a saved state held when this run began
+    config: dict = field(repr=False, default_factory=dict)  # what it ran with (``state.scan_settings``)
 
     @property
     def tokens_per_second(self) -> float:
@@ -304,8 +305,9 @@ def scan(
     check_processes(rank, world_size)  # all as asked, before any reading
     _check_state_and_callback(state, on_batch)
     path = Path(state) if state is not None else None
-    config = None if path is None else scan_config(  # a state's only: it hashes weights and corpus
-        model, corpus, list(accs), batch_size, seq_len, max_tokens, order, rank, world_size)
+    settings = scan_settings(model, corpus, list(accs), batch_size, seq_len, max_tokens, order, rank,
+                             world_size)
+    config = None if path is None else scan_config(model, settings)  # a state's: it hashes the weights
     save_due = _save_due(save_every, save_seconds)
     done, tokens, added, ledger = resume(path, config, accs)
     resumed = tokens
@@ -354,7 +356,7 @@ def scan(
         accs, tokens, added, resumed = _gather(accs, tokens, added, resumed)
     seconds = time.perf_counter() - start
     return ScanResult({n: a.result() for n, a in accs.items()}, tokens, added, seconds,
-                      model.name, accs, resumed)
+                      model.name, accs, resumed, config or settings)
 
 
 def frames(result) -> dict[str, pd.DataFrame]:

@@ -32,7 +32,7 @@ def scan_bytes(result) -> bytes:
     """``result`` (a ``ScanResult``) whole, as a saved scan's bytes (the app's download)."""
     saved = {"format": FORMAT, "version": VERSION, "model": result.model_name, "tokens": result.tokens,
              "batches": result.batches, "seconds": result.seconds,
-             "resumed_tokens": result.resumed_tokens,
+             "resumed_tokens": result.resumed_tokens, "config": result.config,
              "stats": {name: acc.state_dict() for name, acc in result.accumulators.items()}}
     buffer = io.BytesIO()
     torch.save(saved, buffer)
@@ -78,7 +78,8 @@ def load_scan(path: str | Path | io.IOBase):
             acc.load_state_dict(saved["stats"][spec])
         stats = {spec: acc.result() for spec, acc in accs.items()}
         return ScanResult(stats, int(saved["tokens"]), int(saved["batches"]), float(saved["seconds"]),
-                          str(saved["model"]), accs, int(saved["resumed_tokens"]))
+                          str(saved["model"]), accs, int(saved["resumed_tokens"]),
+                          dict(saved.get("config", {})))
     except InputError:
         raise
     except Exception as e:  # noqa: BLE001 - a missing sum, a wrong shape or type

@@ -39,17 +39,29 @@ STATE_VERSION = 10  # 2: batches within segments, named (segment, index); 3: sta
 # 10: growth's norm histograms gain a bin of their own for norms of exactly 0 (column 0)
 
 
-def scan_config(model, corpus: Corpus, stats: list[str], batch_size: int, seq_len: int,
-                max_tokens: int | None, order: str, rank: int, world_size: int) -> dict:
-    """What a saved state must have been run with to be resumed (compared key by key)."""
+def scan_settings(model, corpus: Corpus, stats: list[str], batch_size: int, seq_len: int,
+                  max_tokens: int | None, order: str, rank: int, world_size: int) -> dict:
+    """What a scan is run with, but for the fingerprints of the weights and the tokenizer.
+
+    A ``ScanResult``'s ``config`` (what ``merging`` checks); a state's with those added
+    (``scan_config``).
+    """
     a = model.anatomy
     return {"version": STATE_VERSION, "model": model.name, "stats": sorted(stats),
             "batch_size": batch_size, "shape": [a.n_layers, a.d_model, a.n_ctx],
-            "dtype": str(model.dtype), "weights": weights_fingerprint(model),
-            "tokenizer": tokenizer_fingerprint(model.tokenizer),
-            "seq_len": seq_len, "max_tokens": max_tokens, "order": order,
+            "dtype": str(model.dtype), "seq_len": seq_len, "max_tokens": max_tokens, "order": order,
             "corpus": corpus.fingerprint(), "segment_chars": corpus.segment_chars,
             "rank": rank, "world_size": world_size}
+
+
+def scan_config(model, settings: dict) -> dict:
+    """What a saved state must have been run with to be resumed (compared key by key).
+
+    The scan's ``settings`` (``scan_settings``) and the fingerprints of its model's weights and
+    tokenizer.
+    """
+    return {**settings, "weights": weights_fingerprint(model),
+            "tokenizer": tokenizer_fingerprint(model.tokenizer)}
 
 
 CHECKSUM_CHUNK = 1 << 20  # int16 values per dot product: |sum| < 2^15 · 2^15 · 2^20 = 2^50

@@ -1,0 +1,103 @@
+"""Scans of disjoint corpora merged into one, as if one scan had read them all.
+
+A corpus too large for one job is scanned in parts by separate jobs (a SLURM array, several
+machines without a shared process group: ``torchrun`` needs one), each saving its scan whole
+(``--out part-3.pt``); ``merge_scans`` adds their accumulators exactly as the processes of one
+``torchrun`` scan are merged (``Accumulator.merge``: float64 sums and counts, histograms, top-k
+lists), so the merged means are those of one scan over the parts' tokens, up to float64
+summation order.
+
+What must agree, else ``InputError`` naming the two scans and what differs:
+
+* the model (name, shape, dtype, and the fingerprints of its weights and tokenizer where both
+  scans have them: a scan with a ``state`` records them), the statistics and their options, the
+  row length (``seq_len``);
+* each statistic's calibration (``subspaces``' PCA basis, fixed on its scan's first batch): parts
+  of different corpora calibrate differently, so ``subspaces`` is merged only where they agree;
+* the corpora must differ: a corpus scanned twice would count its tokens twice.
+
+A massive activation names its text by its index in its own scan's corpus (``text``); in a
+merged scan a ``scan`` column says which of the scans given it came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from ..errors import InputError
+from .saved import load_scan
+from .specs import make_accumulators
+
+SAME = ("model", "shape", "dtype", "stats", "seq_len")  # settings every part must share
+FINGERPRINTS = ("weights", "tokenizer")  # compared where both parts have them
+OWN_META = ("massive", "result")  # meta an accumulator merges itself, or the model gives alike
+
+
+def merge_scans(scans: Sequence) -> object:
+    """One ``ScanResult`` over every scan in ``scans`` (``ScanResult``s, or paths of scans saved whole).
+
+    Its tokens, batches and seconds are the parts' sums; its ``config`` the first part's, with
+    ``corpus`` listing every part's corpus. The parts are left as they were. See the module
+    docstring for what must agree.
+    """
+    from .runner import ScanResult
+
+    if isinstance(scans, (str, Path)) or not isinstance(scans, Sequence) or not scans:
+        raise InputError("merge_scans takes a list of scans (ScanResult or saved .pt paths), at least one")
+    parts = [load_scan(s) if isinstance(s, (str, Path)) else s for s in scans]
+    for i, part in enumerate(parts):
+        if not isinstance(part, ScanResult):
+            raise InputError(f"scan {i} is a {type(part).__name__}: give ScanResults or paths of scans "
+                             "saved whole (.pt)")
+        _check_alike(parts[0], part, i)
+    accs = make_accumulators(list(parts[0].accumulators))
+    for i, part in enumerate(parts):
+        for spec, acc in accs.items():
+            other = acc.empty_like()
+            other.load_state_dict(part.accumulators[spec].state_dict())  # a copy: the part is kept
+            for row in other.meta.get("massive", []):
+                row["scan"] = i
+            if i == 0:
+                acc.load_state_dict(other.state_dict())
+                continue
+            _check_calibration(acc, other, spec, i)
+            acc.merge(other)
+    config = {**parts[0].config, "corpus": [p.config.get("corpus") for p in parts]}
+    return ScanResult({spec: acc.result() for spec, acc in accs.items()},
+                      sum(p.tokens for p in parts), sum(p.batches for p in parts),
+                      sum(p.seconds for p in parts), parts[0].model_name, accs,
+                      sum(p.resumed_tokens for p in parts), config)
+
+
+def _check_alike(first, part, i: int) -> None:
+    """``InputError`` unless scan ``i`` (``part``) can be merged with scan 0 (``first``)."""
+    if sorted(part.accumulators) != sorted(first.accumulators):
+        raise InputError(f"scans 0 and {i} measured different statistics ({sorted(first.accumulators)}, "
+                         f"{sorted(part.accumulators)}): merge scans of the same statistics")
+    a, b = first.config, part.config
+    if part.model_name != first.model_name:
+        raise InputError(f"scans 0 and {i} are of different models ({first.model_name}, "
+                         f"{part.model_name}): merge scans of one model")
+    for key in SAME + FINGERPRINTS:
+        if key in a and key in b and a[key] != b[key]:
+            raise InputError(f"scans 0 and {i} differ in {key} ({a[key]}, {b[key]}): merge scans of "
+                             "one model with the same statistics and row length")
+    if i and a.get("corpus") is not None and a.get("corpus") == b.get("corpus"):
+        raise InputError(f"scans 0 and {i} read the same corpus ({a['corpus']}): merging would count "
+                         "its tokens twice; merge scans of different parts of a corpus")
+
+
+def _check_calibration(acc, other, spec: str, i: int) -> None:
+    """``InputError`` where scan ``i``'s statistic ``spec`` was calibrated unlike scan 0's."""
+    for key in acc.meta.keys() & other.meta.keys():
+        if key in OWN_META:
+            continue
+        mine, theirs = acc.meta[key], other.meta[key]
+        tensors = isinstance(mine, torch.Tensor) and isinstance(theirs, torch.Tensor)
+        if not (mine.shape == theirs.shape and torch.equal(mine, theirs) if tensors else mine == theirs):
+            raise InputError(f"scans 0 and {i} calibrated {spec!r} differently ({key!r}: fixed on each "
+                             f"scan's first batch): leave {spec!r} out of the scans to merge, or scan "
+                             "the parts as one corpus (torchrun shares one calibration)")
