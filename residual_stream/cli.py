@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import get_args, get_type_hints
 
 from .bars import as_options, load_on_terminal, one_line_warnings
+from .cli_report import add_report_command, report_command
 from .cli_weights import add_weight_commands, composition_command, heads_command
 from .errors import InputError, ResidualStreamError
-from .files import not_an_input, path_kind, usual_permissions, writable
+from .files import usual_permissions, writable
 from .inputs import Overflow
 
 # the app's entry point: the copy a wheel carries (see setup.py), else the checkout's app/
@@ -85,26 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--json", action="store_true", help="print JSON instead of a table")
     _overflow_option(m)
     add_weight_commands(sub)
-    r = sub.add_parser("report", help="write an HTML report comparing models (plotly inlined)")
-    r.add_argument("--model", action="append", required=True, help="model to compare (repeat)")
-    src = r.add_mutually_exclusive_group()
-    src.add_argument("--text", type=Path, help="text file: one text per non-empty line")
-    src.add_argument("--corpus", type=Path, help="folder of .txt files (one text per line) or JSON Lines "
-                     "files (.jsonl, or .json as C4 ships them; a \"text\" per record), plain or "
-                     ".gz/.xz/.bz2/.zst, or Parquet or Arrow files (a \"text\" column)")
-    src.add_argument("--builtin", action="store_true",
-                     help="the shipped corpus of English sentences and code (the default)")
-    from .streaming.cli import encoding_option, token_count  # the scan's parser imports them below too
-
-    encoding_option(r)
-
-    r.add_argument("--max-tokens", type=token_count, default=1024, help="token budget per model (1024, 1e4)")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--title", default="Residual-stream geometry")
-    r.add_argument("--device", default="auto")
-    r.add_argument("--out", type=Path, required=True, help="the HTML file to write")
-    r.add_argument("--data", type=Path, help="also write the numbers as JSON here")
-    r.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
+    add_report_command(sub)
     tr = sub.add_parser("trace", help="save a trace's statistics (safetensors + JSON metadata)")
     tr.add_argument("model")
     tr.add_argument("--text", action="append", required=True, help="text to trace (repeat)")
@@ -236,68 +218,6 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_texts(args: argparse.Namespace) -> list[str]:
-    from .streaming.corpus import Corpus
-
-    text, corpus = _kind(args.text), _kind(args.corpus)
-    if args.text is not None and text != "file":
-        hint = ": it is a folder, give it as --corpus" if text == "folder" else (
-            ": no such file (report reads its texts from a file, one per line; `check` and "
-            "`trace` take --text as the text itself)") if text is None else f": it is {text}, not a file"
-        raise InputError(f"--text {str(args.text)[:80]}{'…' if len(str(args.text)) > 80 else ''}{hint}")
-    if args.corpus is not None and corpus != "folder":
-        hint = ": it is a file, give it as --text" if corpus == "file" else (
-            ": no such folder" if corpus is None else f": it is {corpus}, not a folder")
-        raise InputError(f"--corpus {args.corpus}{hint}")
-    return list(Corpus(args.text or args.corpus or "builtin", encoding_errors=args.encoding_errors).texts())
-
-
-def _kind(path: Path | None) -> str | None:
-    """``files.path_kind``'s, or None where nothing usable is (a sentence over 255 bytes included)."""
-    try:
-        return None if path is None else path_kind(path, "the path")
-    except InputError:
-        return None
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    """Write to a temporary file beside ``path``, then rename: never a partial file."""
-    tmp = path.with_name(f".{path.name}.partial")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _report(args: argparse.Namespace) -> int:
-    from .errors import EmptyTextError
-    from .report import build_report
-
-    for path in filter(None, (args.out, args.data)):
-        writable(path)
-    not_an_input({"--out": args.out, "--data": args.data},
-                 {"--text": args.text, "--corpus": args.corpus})
-    if args.max_tokens is not None and args.max_tokens < 1:
-        raise InputError(f"--max-tokens must be positive, got {args.max_tokens}")
-    twice = sorted({m for m in args.model if args.model.count(m) > 1})
-    if twice:
-        raise InputError(f"--model {twice[0]} is given twice: give each model once")
-    texts = _read_texts(args)
-    if not texts:
-        raise EmptyTextError("the corpus is empty: give a file or folder with some text")
-    say = None if args.quiet else (lambda m: print(f"residual-stream: {m}", file=sys.stderr, flush=True))
-    models = [load_on_terminal(name, device=args.device, progress=not args.quiet) for name in args.model]
-    page, data = build_report(models, texts, max_tokens=args.max_tokens, seed=args.seed,
-                              title=args.title, progress=say)
-    _atomic_write(args.out, page)
-    if args.data:
-        _atomic_write(args.data, json.dumps(data, indent=1))
-    if say:
-        say(f"wrote {args.out}" + (f" and {args.data}" if args.data else ""))
-    return 0
-
-
 def _trace_stats(args: argparse.Namespace) -> int:
     import torch
     from safetensors.torch import save_file
@@ -364,7 +284,7 @@ def _scan(args: argparse.Namespace) -> int:
 
 COMMANDS = {"models": _models, "families": _families, "anatomy": _anatomy, "check": _check,
             "summarize": _summarize, "heads": heads_command, "composition": composition_command,
-            "train": _train, "report": _report, "trace": _trace_stats, "scan": _scan, "merge": _scan,
+            "train": _train, "report": report_command, "trace": _trace_stats, "scan": _scan, "merge": _scan,
             "app": _app}
 
 

@@ -191,7 +191,7 @@ def metadata(models, texts: list[str], seconds: float, seed: int) -> dict:
 
     return {"residual_stream": __version__, "torch": torch.__version__,
             "transformers": transformers.__version__, "plotly": plotly.__version__,
-            "python": platform.python_version(), "device": str(models[0].device),
+            "python": platform.python_version(), "device": str(models[0].device) if models else None,
             "dtypes": sorted({str(m.dtype) for m in models}), "seed": seed, "texts": len(texts),
             "seconds": round(seconds, 2)}
 
@@ -208,10 +208,18 @@ def labels(models) -> list[str]:
 
 
 def build_report(models, texts: list[str], *, max_tokens: int = 1024, seed: int = 0,
-                 title: str = "Residual-stream geometry", progress=None) -> tuple[str, dict]:
-    """``(html, data)`` comparing ``models`` on ``texts`` (each cut to ``max_tokens`` tokens)."""
-    from .report_html import render
+                 title: str = "Residual-stream geometry", progress=None,
+                 scans: dict | None = None) -> tuple[str, dict]:
+    """``(html, data)`` comparing ``models`` on ``texts`` (each cut to ``max_tokens`` tokens).
 
+    ``scans``: saved scans (``rs.load_scan``) by label, compared in a corpus section of their
+    own (``report_scans``); with no ``models``, the report is that section alone.
+    """
+    from .report_html import render
+    from .report_scans import scan_numbers, scan_section
+
+    numbers = {label: scan_numbers(r) for label, r in (scans or {}).items()}
+    corpus = scan_section(numbers) if numbers else None
     start = time.perf_counter()
     torch.manual_seed(seed)
     sections, used = [], []
@@ -221,12 +229,17 @@ def build_report(models, texts: list[str], *, max_tokens: int = 1024, seed: int 
         chosen = select_texts(m, texts, max_tokens)
         used = chosen if len(chosen) > len(used) else used
         sections.append(analyse(m, chosen, label))
-    twins = all(m.anatomy.architecture == "rs-twin" for m in models)
+    twins = bool(models) and all(m.anatomy.architecture == "rs-twin" for m in models)
     if twins and progress:
         progress("running the norm-lab experiments")
     experiments = experiment_figures(seed) if twins else {}
     meta = metadata(models, used, time.perf_counter() - start, seed)
     meta["tokens"] = {s.name: s.numbers["tokens"] for s in sections}
-    page = render(title, sections, comparison_figures(sections), experiments, meta, used)
+    if numbers:
+        meta["scans"] = {label: {"model": n["model"], "tokens": n["tokens"]} for label, n in numbers.items()}
+    comparisons = comparison_figures(sections) if sections else {}
+    page = render(title, sections, comparisons, experiments, meta, used, corpus)
     data = {"metadata": meta, "models": {s.name: s.numbers for s in sections}}
+    if numbers:
+        data["scans"] = numbers
     return page, data

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import json
 
+import pandas as pd
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
@@ -26,13 +27,41 @@ def _table(frame) -> str:
 
 
 def render(title: str, sections: list[ModelSection], comparisons: dict[str, go.Figure],
-           experiments: dict[str, go.Figure], meta: dict, texts: list[str]) -> str:
-    """The whole page. ``title`` and ``texts`` are user input: escaped here."""
+           experiments: dict[str, go.Figure], meta: dict, texts: list[str],
+           corpus: tuple[dict[str, go.Figure], pd.DataFrame] | None = None) -> str:
+    """The whole page. ``title`` and ``texts`` are user input: escaped here.
+
+    ``corpus``: the saved scans' figures and table (``report_scans.scan_section``), a section
+    of its own; with no ``sections`` the page holds it alone.
+    """
     e = html.escape
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{e(title)}</title>",
              f"<style>{STYLE}</style><script type='text/javascript'>{get_plotlyjs()}</script>",
-             f"</head><body><h1>{e(title)}</h1>",
-             "<p>Models: " + ", ".join(f"<b>{e(s.name)}</b>" for s in sections) + "</p>",
+             f"</head><body><h1>{e(title)}</h1>"]
+    if sections:
+        parts += _models(sections, comparisons)
+    if corpus is not None:
+        figures, table = corpus
+        parts += ["<h2 id='corpus'>Corpus scale: saved scans</h2>",
+                  "<p>Each curve over every token its scan read (rs.scan; saved whole and loaded with "
+                  "rs.load_scan).</p>", _table(table)]
+        parts += [_fig(fig, key) for key, fig in figures.items()]
+    if sections:
+        parts += _checks(sections, experiments)
+    parts.append("<h2 id='methods'>Methods</h2><dl>")
+    parts += [f"<dt><b>{e(k)}</b></dt><dd>{e(v)}</dd>" for k, v in METHODS]
+    parts += ["</dl><h2 id='metadata'>Run metadata</h2>", f"<pre>{e(json.dumps(meta, indent=1))}</pre>"]
+    if texts:
+        parts += [f"<h3>Texts ({len(texts)})</h3><pre>",
+                  e("\n".join(texts[:20])) + ("\n…" if len(texts) > 20 else ""), "</pre>"]
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _models(sections: list[ModelSection], comparisons: dict[str, go.Figure]) -> list[str]:
+    """The models' part of the page: anatomy, the comparisons on the texts, reads and composition."""
+    e = html.escape
+    parts = ["<p>Models: " + ", ".join(f"<b>{e(s.name)}</b>" for s in sections) + "</p>",
              "<h2 id='anatomy'>Anatomy and stream programs</h2><div class='grid'>"]
     for i, s in enumerate(sections):
         parts += [f"<div><h3>{e(s.name)}</h3>", _table(s.tables["anatomy"]),
@@ -53,16 +82,18 @@ def render(title: str, sections: list[ModelSection], comparisons: dict[str, go.F
         figures = _fig(s.figures["reads"], f"reads-{i}") + _fig(s.figures["composition"], f"comp-{i}")
         parts += [f"<div>{figures}<p>{e(note)}</p></div>"]
     parts.append("</div>")
+    return parts
+
+
+def _checks(sections: list[ModelSection], experiments: dict[str, go.Figure]) -> list[str]:
+    """The norm-lab experiments (twins) and every model's conservation checks."""
+    e = html.escape
+    parts = []
     if experiments:
         parts.append("<h2 id='normlab'>Norm-lab experiments</h2>")
         parts += [_fig(f, f"lab-{k}") for k, f in experiments.items()]
     parts.append("<h2 id='conservation'>Conservation checks</h2><div class='grid'>")
     for s in sections:
         parts += [f"<div><h3>{e(s.name)}</h3>", _table(s.tables["conservation"]), "</div>"]
-    parts.append("</div><h2 id='methods'>Methods</h2><dl>")
-    parts += [f"<dt><b>{e(k)}</b></dt><dd>{e(v)}</dd>" for k, v in METHODS]
-    parts += ["</dl><h2 id='metadata'>Run metadata</h2>",
-              f"<pre>{e(json.dumps(meta, indent=1))}</pre>",
-              f"<h3>Texts ({len(texts)})</h3><pre>",
-              e("\n".join(texts[:20])) + ("\n…" if len(texts) > 20 else ""), "</pre></body></html>"]
-    return "\n".join(parts)
+    parts.append("</div>")
+    return parts

@@ -200,6 +200,10 @@ def test_cli_report_on_real_and_folder_models(tmp_path):
     (["check", "twin-pre-rms", "--text", "a long text " * 20],
      "shorten it, or pass --overflow chunk to split"),
     (["summarize", "twin-pre-rms", "--text", "a long text " * 20], "pass --overflow chunk"),
+    (["report"], "give --model (repeat) to analyse models on texts, or --scan"),
+    (["report", "--scan", "FILE"], "FILE is not a saved scan, or a damaged one"),
+    (["report", "--scan", "FILE", "--out", "FILE"], "--out FILE is the file --scan 1 names"),
+    (["report", "--scan", "FILE", "--text", "FILE"], "with --scan alone the scans' own corpora are shown"),
 ])
 def test_cli_errors_exit_1_and_leave_nothing(argv, message, tmp_path, capsys):
     (tmp_path / "EMPTY").mkdir()
@@ -365,6 +369,40 @@ def test_cli_output_to_a_closed_pipe_ends_quietly():
     child.stdout.close()
     err = child.stderr.read().decode()
     assert child.wait(timeout=120) == 0 and err == ""
+
+
+def test_cli_report_compares_saved_scans_without_loading_a_model(tmp_path, monkeypatch):
+    """Two twins' scans saved whole: a page of the corpus section alone, its curves the scans'
+    own numbers; with models too, both parts."""
+    from residual_stream import loading
+
+    stats = ["growth", "survival", "lens:every=2"]
+    results = [rs.scan(rs.load(name), "builtin", stats, max_tokens=300, progress=False)
+               for name in ("twin-pre-rms", "twin-post-ln")]
+    paths = [str(r.save(tmp_path / f"{r.model_name}.pt")) for r in results]
+    monkeypatch.setattr(loading, "load", lambda *a, **k: pytest.fail("a model loaded"))
+    html, data = tmp_path / "scans.html", tmp_path / "scans.json"
+    assert main(["report", "--scan", paths[0], "--scan", paths[1], "--out", str(html), "--data", str(data),
+                 "--title", EVIL, "--quiet"]) == 0
+    page, numbers = html.read_text(), json.loads(data.read_text())
+    checker = Checker()
+    checker.feed(page)
+    assert not checker.errors and checker.stack == [] and checker.plots == 5 and EVIL not in page
+    assert "id='corpus'" in page and "id='anatomy'" not in page and "id='conservation'" not in page
+    labels = ["twin-pre-rms (twin-pre-rms)", "twin-post-ln (twin-post-ln)"]
+    assert list(numbers["scans"]) == labels
+    for label, result in zip(labels, results, strict=True):
+        scan = numbers["scans"][label]
+        assert scan["tokens"] == result.tokens == 300
+        np.testing.assert_allclose(scan["norm_mean"], result.stats["growth"].mean.numpy(), rtol=1e-6)
+        np.testing.assert_allclose(scan["lens_kl"], result.stats["lens:every=2"]["kl"], rtol=1e-6)
+        survival = result.stats["survival"]
+        np.testing.assert_allclose(scan["embed_retention"],
+                                   survival.retention[survival.sources.index("embed")].numpy(), rtol=1e-6)
+    monkeypatch.undo()
+    both, _ = build_report(twins(), builtin_corpus()[:3], max_tokens=200,
+                           scans={"a saved scan": rs.load_scan(paths[0])})
+    assert "id='corpus'" in both and "id='anatomy'" in both and "id='conservation'" in both
 
 
 def test_cli_usage_errors_exit_2():
