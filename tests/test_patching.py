@@ -1,5 +1,7 @@
 """Stream patching (``rs.patch_stream``) against hooks of the test's own on the Hugging Face module."""
 
+import warnings
+
 import pytest
 import torch
 from conftest import TEXTS, hooks_of, metric_failing_after_clean
@@ -675,3 +677,30 @@ def test_ablation_check_with_a_metric_per_text_gives_each_texts_change(reads):
         assert mine.metric_change.to_numpy() == pytest.approx(alone.metric_change.to_numpy(), abs=1e-4), r
     with pytest.raises(InputError, match="per-text results need a metric"):
         mean.outputs(per_text=True)
+
+
+def test_a_metric_blind_to_the_difference_is_warned_of_in_every_patching():
+    """A metric reading only a position before the corrupted token (a causal model's runs agree
+    there), or returning a constant: the reference's value is the clean one, every share is NaN,
+    and each analysis says why (``NoGapWarning``); a metric reading the difference is not warned of."""
+    from residual_stream.analyses.ablation_args import NoGapWarning
+
+    _, model, clean, other = _setup("llama")
+    blind = lambda logits: logits[:, 1, 101].mean()  # noqa: E731 - before token 5, where the texts differ
+    runs = {"patch_stream": lambda m: rs.patch_stream(clean, other, m, points=[1]),
+            "path_patch": lambda m: rs.path_patch(clean, other, m, senders=["L0H0"]),
+            "attribution_patching": lambda m: rs.attribution_patching(clean, other, m, points=[1]),
+            "attribution_patching_writes": lambda m: rs.attribution_patching_writes(clean, other, m),
+            "ablation_check": lambda m: rs.ablation_check(clean, writes=["L0.attn"], mode="patch",
+                                                         reference=other, metric=m)}
+    for name, run in runs.items():
+        with pytest.warns(NoGapWarning, match=r"reference run the clean run's value .* every "
+                                             r"metric_share is NaN: check that it reads the logits"):
+            result = run(blind)
+        assert result.metric_reference == result.metric_clean, name
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", NoGapWarning)
+            run(_diff(clean))  # the difference read: nothing to warn of
+    with pytest.warns(NoGapWarning, match=r"\(1\.5\).*a metric returning a constant reads none"):
+        share = rs.patch_stream(clean, other, lambda logits: 1.5, points=[1]).share()
+    assert torch.isnan(share).all()

@@ -48,6 +48,7 @@ from .ablation_args import (
     checked_writes,
     metric_values,
     position_mask,
+    reference_metric,
     reference_trace,
     text_shares,
 )
@@ -297,7 +298,7 @@ def ablation_check(trace, *, writes: Sequence[str] | None = None, mode: Mode = "
     clean_metric = None if metric is None else metric_values(metric, trace.logits.float().clone(), rows)
     k = 0 if clean_metric is None else len(clean_metric)
     ref_metric = None if metric is None or mode != "patch" else \
-        metric_values(metric, reference.logits.float().clone(), rows, k)
+        reference_metric(metric, reference.logits.float().clone(), rows, clean_metric)
     readers = tuple(c.name for c in a.components)
     later = a.sees(owners, readers) & reads  # the pairs that count: the reader reads after the write
     edit = Edit(trace, mode, source, where)

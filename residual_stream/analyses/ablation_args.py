@@ -5,6 +5,7 @@ Each function returns what the check uses or raises the library's error saying w
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -153,6 +154,27 @@ def metric_values(metric: Callable[[Tensor], Tensor | float], logits: Tensor, ro
                          "effect is measured from that value, so it must be finite (for one text at least); "
                          "check the metric (a log of 0, a division by 0, a NaN logit)")
     return value.reshape(-1)
+
+
+class NoGapWarning(UserWarning):
+    """The metric gave the reference run the clean run's value: every share of the way is NaN."""
+
+
+def reference_metric(metric: Callable[[Tensor], Tensor | float], logits: Tensor, rows: int,
+                     clean: Tensor) -> Tensor:
+    """``metric_values`` on the reference run's ``logits``, checked against the clean run's ``clean``.
+
+    Where they are equal for every text there is no difference to locate: each share of the way
+    from clean to reference (``metric_share``) is NaN, so a ``NoGapWarning`` says why, and what
+    a metric that returns a constant, or reads only logits where the two texts agree, gives.
+    """
+    values = metric_values(metric, logits, rows, len(clean))
+    if torch.equal(values, clean):
+        shown = ", ".join(f"{v:.6g}" for v in clean[:4].tolist()) + (", …" if len(clean) > 4 else "")
+        warnings.warn(f"the metric gives the reference run the clean run's value ({shown}), so every "
+                      "metric_share is NaN: check that it reads the logits where the two texts differ "
+                      "(a metric returning a constant reads none)", NoGapWarning, stacklevel=3)
+    return values
 
 
 PER_TEXT = ("per-text results need a metric returning one value per text ([batch]), e.g. "

@@ -28,7 +28,7 @@ from ..contexts import edited, untouched
 from ..errors import InputError, NotAvailableError
 from ..hookio import first_input, first_output, with_first_input
 from ..walk import component_of, head_of
-from .ablation_args import checked_patching, checked_writes, metric_values, text_shares
+from .ablation_args import checked_patching, checked_writes, metric_values, reference_metric, text_shares
 from .patching import StreamPatching, grid_axes, grid_result, position_axis
 from .results import CompactRepr
 
@@ -120,7 +120,7 @@ def attribution_patching(trace, reference, metric: Callable[[Tensor], Tensor], *
                                        for p in pts})
     out = torch.stack([_per_text(clean, grads["point", p],
                                  reference.captured.resid[p] - trace.captured.resid[p], masks) for p in pts])
-    reference_values = metric_values(metric, reference.logits.float().clone(), rows, len(clean))
+    reference_values = reference_metric(metric, reference.logits.float().clone(), rows, clean)
     return grid_result(pts, pos, tokens, out, clean, reference_values,
                        torch.zeros(len(pts), len(pos), dtype=torch.bool), "attribution")
 
@@ -218,7 +218,7 @@ def attribution_patching_writes(trace, reference, metric: Callable[[Tensor], Ten
     each = masks + [trace.attention_mask.bool()]  # every position's, then every real token's
     out = torch.stack([_per_text(clean, *_write_delta(trace, reference, w, owner, grads), each)
                        for w, owner in zip(names, owners, strict=True)])   # [write, mask, k]
-    reference_values = metric_values(metric, reference.logits.float().clone(), rows, len(clean))
+    reference_values = reference_metric(metric, reference.logits.float().clone(), rows, clean)
     per_text = len(clean) > 1
     return WritePatching(tuple(names), pos, tokens, out[:, :-1].mean(-1), out[:, -1].mean(-1),
                          float(clean.mean()), float(reference_values.mean()),

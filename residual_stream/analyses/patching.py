@@ -28,7 +28,7 @@ from ..errors import InputError, OutOfRangeError, as_index, batch_count, layer_i
 from ..hookio import first_input, first_output, with_first_input, with_first_output
 from ..memory import pass_bytes
 from ..skipping import skipping
-from .ablation_args import checked_patching, metric_values, position_mask, text_shares
+from .ablation_args import checked_patching, metric_values, position_mask, reference_metric, text_shares
 from .results import CompactRepr
 
 ALL = slice(None)      # every row of a pass: one copy of the batch
@@ -346,7 +346,7 @@ def patch_stream(trace, reference, metric: Callable[[Tensor], Tensor | float], *
         for c, (i, j) in enumerate(chunk):
             mine = spread_logits(logits[c * rows:(c + 1) * rows], columns, trace)
             out[i, j] = metric_values(metric, mine, rows, len(clean))
-    reference_values = metric_values(metric, reference.logits.float().clone(), rows, len(clean))
+    reference_values = reference_metric(metric, reference.logits.float().clone(), rows, clean)
     return grid_result(pts, pos, tokens, out, clean, reference_values, run, "patch")
 
 

@@ -45,7 +45,7 @@ from ..hookio import first_input, first_output
 from ..program import Add, Norm, Scale
 from ..walk import component_of
 from . import path_args
-from .ablation_args import checked_patching, metric_values, position_mask
+from .ablation_args import checked_patching, metric_values, position_mask, reference_metric
 from .patching import (
     ALL,
     Shares,
@@ -234,7 +234,7 @@ def path_patch(trace, reference, metric: Callable[[Tensor], Tensor | float], *,
                 chunk = []
     if chunk:
         measure(chunk)
-    reference_values = metric_values(metric, reference.logits.float().clone(), rows, len(clean))
+    reference_values = reference_metric(metric, reference.logits.float().clone(), rows, clean)
     per_text = len(clean) > 1
     return PathPatching(tuple("+".join(g) for g in send), tuple("+".join(g) for g in receive),
                         out.mean(-1), float(clean.mean()), float(reference_values.mean()), run, connected,
