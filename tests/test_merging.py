@@ -133,3 +133,20 @@ def test_cli_merges_saved_parts_and_refuses_a_part_given_twice(parts, tmp_path, 
     assert "read the same corpus" in capsys.readouterr().err and not (tmp_path / "twice.json").exists()
     assert main(["merge", paths[0], "--out", paths[0]]) == 1
     assert "would overwrite it" in capsys.readouterr().err
+
+
+def test_two_models_of_one_name_and_shape_are_told_apart_by_their_weights(tmp_path):
+    """Two twins of one shape and seeds apart share a name (as two fine-tunes in folders called
+    ``ckpt`` do): their weights' fingerprints, computed from the live models or kept in the
+    saved scans, refuse the merge."""
+    a_model, b_model = (rs.twin(norm="rmsnorm", placement="pre", n_layers=1, d_model=16, n_heads=2,
+                                n_ctx=32, seed=seed) for seed in (1, 2))
+    assert a_model.name == b_model.name
+    kw = dict(batch_size=4, seq_len=32, progress=False)
+    a, b = rs.scan(a_model, TEXTS[:5], ["growth"], **kw), rs.scan(b_model, TEXTS[5:10], ["growth"], **kw)
+    with pytest.raises(InputError, match="scans 0 and 1 differ in weights"):
+        rs.merge_scans([a, b])
+    paths = [a.save(tmp_path / "a.pt"), b.save(tmp_path / "b.pt")]
+    del a_model, b_model, a, b  # no model left to fingerprint: the files' own fingerprints say it
+    with pytest.raises(InputError, match="scans 0 and 1 differ in weights"):
+        rs.merge_scans(paths)

@@ -30,7 +30,9 @@ def scanned(tmp_path_factory) -> tuple[rs.Model, object, object]:
 
 
 def test_a_saved_scan_loads_back_equal_in_every_frame_without_the_model(scanned):
-    _, result, loaded = scanned
+    from residual_stream.streaming.state import weights_fingerprint
+
+    model, result, loaded = scanned
     assert (loaded.tokens, loaded.batches, loaded.model_name, loaded.seconds, loaded.resumed_tokens) == \
         (result.tokens, result.batches, result.model_name, result.seconds, result.resumed_tokens) and \
         result.tokens == 700
@@ -43,6 +45,7 @@ def test_a_saved_scan_loads_back_equal_in_every_frame_without_the_model(scanned)
             assert frames(loaded.stats[name])[key].equals(frame), (name, key)
     assert json.dumps(loaded.to_dict()) == json.dumps(result.to_dict())  # NaNs written alike
     assert not hasattr(loaded.accumulators["composition"], "model")  # its scores came from the file
+    assert loaded.config["weights"] == weights_fingerprint(model) and loaded.config["seq_len"] == 64
     torch.testing.assert_close(loaded.stats["composition"].head_to_head,
                                result.stats["composition"].head_to_head, rtol=0, atol=0)
 

@@ -9,9 +9,10 @@ summation order.
 
 What must agree, else ``InputError`` naming the two scans and what differs:
 
-* the model (name, shape, dtype, and the fingerprints of its weights and tokenizer where both
-  scans have them: a scan with a ``state`` records them), the statistics and their options, the
-  row length (``seq_len``);
+* the model (name, shape, dtype, and the fingerprints of its weights and tokenizer: a scan
+  saved whole holds them, one in memory computes them from its model, ``ScanResult.fingerprinted``;
+  only a scan loaded from a file saved before they were kept lacks them), the statistics and
+  their options, the row length (``seq_len``);
 * each statistic's calibration (``subspaces``' PCA basis, fixed on its scan's first batch): parts
   of different corpora calibrate differently, so ``subspaces`` is merged only where they agree;
 * the corpora must differ: a corpus scanned twice would count its tokens twice.
@@ -77,7 +78,7 @@ def _check_alike(first, part, i: int) -> None:
     if sorted(part.accumulators) != sorted(first.accumulators):
         raise InputError(f"scans 0 and {i} measured different statistics ({sorted(first.accumulators)}, "
                          f"{sorted(part.accumulators)}): merge scans of the same statistics")
-    a, b = first.config, part.config
+    a, b = first.fingerprinted(), part.fingerprinted()
     if part.model_name != first.model_name:
         raise InputError(f"scans 0 and {i} are of different models ({first.model_name}, "
                          f"{part.model_name}): merge scans of one model")

@@ -32,7 +32,7 @@ def scan_bytes(result) -> bytes:
     """``result`` (a ``ScanResult``) whole, as a saved scan's bytes (the app's download)."""
     saved = {"format": FORMAT, "version": VERSION, "model": result.model_name, "tokens": result.tokens,
              "batches": result.batches, "seconds": result.seconds,
-             "resumed_tokens": result.resumed_tokens, "config": result.config,
+             "resumed_tokens": result.resumed_tokens, "config": result.fingerprinted(),
              "stats": {name: acc.state_dict() for name, acc in result.accumulators.items()}}
     buffer = io.BytesIO()
     torch.save(saved, buffer)
