@@ -186,6 +186,32 @@ def test_compare_page_over_the_corpus_draws_two_scans():
     assert np.abs(pre[np.isfinite(pre)] - 1).max() < 1e-4 and np.abs(post[np.isfinite(post)] - 1).max() > 0.1
 
 
+def test_compare_page_draws_uploaded_saved_scans_without_loading_their_models(tmp_path, monkeypatch):
+    """Saved scans of two twins, uploaded: one curve each, their own numbers; a measure a scan
+    did not take is said on the page."""
+    import residual_stream as rs
+    from residual_stream import loading
+
+    results = [rs.scan(rs.load(m), "builtin", stats, max_tokens=300, progress=False)
+               for m, stats in (("twin-pre-ln", ["growth", "survival"]), ("twin-post-ln", ["growth"]))]
+    files = [(f"{r.model_name}.pt", r.save(tmp_path / f"{r.model_name}.pt").read_bytes(),
+              "application/octet-stream") for r in results]
+    at = app()
+    at.switch_page("views/compare.py").run()
+    monkeypatch.setattr(loading, "load", lambda *a, **k: pytest.fail("a model loaded"))
+    at.radio(key="cmp_source").set_value("saved").run()
+    assert not at.exception and "Upload one or more saved scans" in at.info[0].value
+    at.file_uploader(key="cmp_saved").set_value(files).run()
+    assert not at.exception, at.exception
+    data = chart(at)["data"]
+    assert [d["name"] for d in data] == ["twin-pre-ln (twin-pre-ln.pt, 300 tokens)",
+                                         "twin-post-ln (twin-post-ln.pt, 300 tokens)"]
+    for trace, result in zip(data, results, strict=True):
+        np.testing.assert_array_equal(_numbers(trace["y"]), result.stats["growth"].mean.numpy())
+    at.selectbox(key="cmp_measure").select("retention of the embedding").run()
+    assert not at.exception and "twin-post-ln.pt holds no survival statistic (growth)" in at.error[0].value
+
+
 def _numbers(y) -> np.ndarray:
     """Plotly figure JSON keeps arrays either as lists or as base64 ``{"dtype", "bdata"}``."""
     if isinstance(y, dict) and "bdata" in y:

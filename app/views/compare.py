@@ -1,4 +1,4 @@
-"""Compare: two models on the same text (or corpus) and measure, depth aligned."""
+"""Compare: two models on the same text (or corpus), or saved scans, depth aligned."""
 
 import cache
 import common
@@ -6,6 +6,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+import residual_stream as rs
+from residual_stream.errors import InputError
 from residual_stream.plotting.labels import escape
 
 CORPUS_TOKENS = 4096  # the Corpus page's default budget: a growth scan there is reused here
@@ -25,7 +27,8 @@ measure = st.selectbox("Measure", ["mean stream norm", "relative update (attenti
                                    "relative update (MLP)", "all-ones share",
                                    "retention of the embedding"], key="cmp_measure")
 SOURCES = {"text": "the sidebar's text",
-           "corpus": f"the built-in corpus ({CORPUS_TOKENS:,} tokens, rs.scan)"}
+           "corpus": f"the built-in corpus ({CORPUS_TOKENS:,} tokens, rs.scan)",
+           "saved": "saved scans (.pt files)"}
 source = st.radio("Measured over", list(SOURCES), format_func=SOURCES.get, horizontal=True,
                   key="cmp_source")
 if source == "text" and common.text_problem(text):
@@ -43,8 +46,31 @@ def results(model_name: str) -> tuple:
     return stats["growth"], stats.get("survival")
 
 
-def series(model_name: str) -> pd.DataFrame:
-    g, s = results(model_name)
+def saved_results() -> dict[str, tuple]:
+    """``{label: (norm growth, survival or None)}`` of the uploaded saved scans (``rs.load_scan``)."""
+    files = st.file_uploader("Scans saved whole (scan.save('x.pt'), --out x.pt; from a cluster, say): "
+                             "each one a curve, no model loaded", type=["pt"], accept_multiple_files=True,
+                             key="cmp_saved")
+    if not files:
+        st.info("Upload one or more saved scans to compare (those of other models, or of one "
+                "model over other corpora).")
+        st.stop()
+    out = {}
+    for f in files:
+        scan = rs.load_scan(f)
+        growth = next((v for k, v in scan.stats.items() if k.split(":")[0] == "growth"), None)
+        survival = next((v for k, v in scan.stats.items()
+                         if k.split(":")[0] == "survival" and "embed" in v.sources), None)
+        if growth is None or (survival is None and measure == "retention of the embedding"):
+            need = "growth" if growth is None else "survival"
+            raise InputError(f"{f.name} holds no {need} statistic ({', '.join(scan.stats)}): scan "
+                             f"with --stats {need}, or pick another measure")
+        out[f"{scan.model_name} ({f.name}, {scan.tokens:,} tokens)"] = (growth, survival)
+    return out
+
+
+def series(model_name: str, measured: tuple | None = None) -> pd.DataFrame:
+    g, s = results(model_name) if measured is None else measured
     if measure == "retention of the embedding":
         values = s.retention[s.sources.index("embed")].numpy()
     else:
@@ -55,17 +81,22 @@ def series(model_name: str) -> pd.DataFrame:
 
 
 with common.guarded():
-    frame = pd.concat([series(name), series(other)], ignore_index=True)
+    if source == "saved":
+        frame = pd.concat([series(label, m) for label, m in saved_results().items()], ignore_index=True)
+    else:
+        frame = pd.concat([series(name), series(other)], ignore_index=True)
 fig = go.Figure([go.Scatter(x=f.relative_depth, y=f.value, name=escape(m), mode="lines+markers")
                  for m, f in frame.groupby("model", sort=False)])
-fig.update_layout(title=f"{measure}: {escape(name)} vs {escape(other)}",
+fig.update_layout(title=f"{measure}: " + (", ".join(escape(m) for m in frame.model.unique())
+                                         if source == "saved" else f"{escape(name)} vs {escape(other)}"),
                   xaxis_title="relative depth (0 = first block's update, 1 = last block's)"
                   if measure.startswith("relative update") else
                   "relative depth (0 = embeddings, 1 = after the last block)",
                   yaxis_title=measure, yaxis_type="log" if "norm" in measure else "linear")
 common.show(fig, frame, key="compare", note=(
     "Both models on the same text, or on the first tokens of the built-in corpus (each model's "
-    "own tokens: a byte-level twin covers fewer of its texts than a subword model). Depth is "
+    "own tokens: a byte-level twin covers fewer of its texts than a subword model), or each saved "
+    "scan over every token it read. Depth is "
     "relative so models with different layer counts align. "
     "Pre-norm streams grow and keep every contribution (retention 1); post-norm streams are "
     "renormalized every block."))
