@@ -18,37 +18,43 @@ STATS = {"growth": "norm growth and update sizes", "survival": "survival of ever
          "read_attribution": "read attribution (the read-write graph)", LENS: "logit lens (one token in 4)"}
 
 
+def _first(measured: dict, name: str):
+    """The result of the first statistic called ``name``, whatever its options.
+
+    A saved scan's may be ``growth:top_k=5``; None where the scan did not take it.
+    """
+    return next((v for k, v in measured.items() if k.split(":")[0] == name), None)
+
 
 def show_scan(result, name: str) -> None:
     """Draw the statistics ``result`` (a ``ScanResult``) holds, of model ``name``."""
     measured = result.stats
-    if "growth" in measured:
-        growth = measured["growth"]
+    growth, reads, survival, lens = (_first(measured, s) for s in ("growth", "read_attribution",
+                                                                   "survival", "lens"))
+    if growth is not None:
         common.show(plotting.norm_growth_figure(growth, name=name), growth.to_frame(), key="corpus-growth",
                     note="As on the Overview page, over every real token of the corpus: mean, median and "
                          "the 5–95 % band (from a log histogram, within 0.6 % of exact quantiles), the "
                          "first token of each row apart.")
         common.show(plotting.update_size_figure(growth, name=name), growth.to_frame(), key="corpus-updates",
                     note="‖write‖ / ‖stream before it‖ for each attention and MLP, averaged over the corpus.")
-    if "read_attribution" in measured:
-        matrix = measured["read_attribution"].matrix("component", absolute=True)
+    if reads is not None:
+        matrix = reads.matrix("component", absolute=True)
         threshold = st.slider("Edge threshold (mean |share|)", 0.0, 0.5, 0.05, 0.01, key="corpus_threshold")
         common.show(plotting.read_write_graph(matrix, threshold=threshold), matrix, key="corpus-graph",
                     note="The Flow page's read-write graph, averaged over the corpus's tokens: an edge "
                          "from A to B means A's write makes up at least the threshold of B's "
                          "normalized read.")
-    if "survival" in measured:
+    if survival is not None:
         measure = st.radio("Measure", ["retention", "share", "norm"], horizontal=True, key="corpus_surv")
-        common.show(plotting.survival_figure(measured["survival"], measure),
-                    measured["survival"].to_frame(), key="corpus-survival",
+        common.show(plotting.survival_figure(survival, measure), survival.to_frame(), key="corpus-survival",
                     note="The Flow page's survival, averaged over the corpus's tokens.")
-    lens = next((s for s in measured if s.split(":")[0] == "lens"), None)  # LENS, or a saved scan's
     if lens is not None:
-        common.show(plotting.lens_depth_figure(measured[lens], name=name), measured[lens], key="corpus-lens",
+        common.show(plotting.lens_depth_figure(lens, name=name), lens, key="corpus-lens",
                     note="Mean KL(final ‖ lens) per point over the tokens measured (one in four here, "
                          "chosen by a hash of each token's text and position), with ±2 standard errors "
                          "clustered by text; top-1 agreement with the final prediction on the right axis.")
-        st.dataframe(measured[lens], hide_index=True)
+        st.dataframe(lens, hide_index=True)
 
 
 name, _ = common.selection(text=False)
