@@ -143,7 +143,8 @@ def analyse(model, texts: list[str], label: str | None = None) -> ModelSection:
     return ModelSection(label, numbers, figures, tables)
 
 
-def _overlay(sections: list[ModelSection], key: str, title: str, y: str, log: bool = False):
+def overlay(sections: list[ModelSection], key: str, title: str, y: str, log: bool = False) -> go.Figure:
+    """One curve per section of its ``numbers[key]`` (those that have it), by relative depth."""
     fig = go.Figure([_layer_curve(s.numbers[key], s.name) for s in sections
                      if s.numbers.get(key) is not None])
     fig.update_layout(title=title, xaxis_title="relative depth", yaxis_title=y,
@@ -154,22 +155,22 @@ def _overlay(sections: list[ModelSection], key: str, title: str, y: str, log: bo
 def comparison_figures(sections: list[ModelSection]) -> dict[str, go.Figure]:
     """Figures that overlay every model, aligned by relative depth."""
     return {
-        "growth": _overlay(sections, "norm_mean", "Mean stream norm", "‖x‖", log=True),
-        "update_attn": _overlay(sections, "update_attn", "Relative update, attention",
+        "growth": overlay(sections, "norm_mean", "Mean stream norm", "‖x‖", log=True),
+        "update_attn": overlay(sections, "update_attn", "Relative update, attention",
                                 "‖write‖/‖x‖", log=True),
-        "update_mlp": _overlay(sections, "update_mlp", "Relative update, MLP", "‖write‖/‖x‖", log=True),
-        "retention": _overlay(sections, "embed_retention", "Retention of the token embedding",
+        "update_mlp": overlay(sections, "update_mlp", "Relative update, MLP", "‖write‖/‖x‖", log=True),
+        "retention": overlay(sections, "embed_retention", "Retention of the token embedding",
                               "norm now / norm when added"),
-        "ones": _overlay(sections, "ones_share", "Share of the stream along the all-ones direction",
+        "ones": overlay(sections, "ones_share", "Share of the stream along the all-ones direction",
                          "fraction of energy"),
-        "mixing": _overlay(sections, "mixing_norm_res_ln", "Context-mixing ratio (norm-based)",
+        "mixing": overlay(sections, "mixing_norm_res_ln", "Context-mixing ratio (norm-based)",
                            "ratio"),
         "unembed": go.Figure([_layer_curve(next(iter(v for k, v in s.numbers["subspace_fractions"].items()
                                                      if k.startswith("unembed")), []), s.name)
                               for s in sections]).update_layout(
             title="Fraction of each write in the unembedding's top directions", yaxis_title="fraction",
             xaxis_title="relative position among writes"),
-        "lens": _overlay(sections, "lens_kl", "Logit lens: KL(final ‖ lens)", "nats"),
+        "lens": overlay(sections, "lens_kl", "Logit lens: KL(final ‖ lens)", "nats"),
     }
 
 

@@ -14,27 +14,22 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from .report import ModelSection, _overlay
-
-
-def _first(stats: dict, name: str, where=lambda result: True):
-    """The result of the first statistic called ``name`` (any options) that ``where`` accepts."""
-    return next((v for k, v in stats.items() if k.split(":")[0] == name and where(v)), None)
+from .report import ModelSection, overlay
 
 
 def scan_numbers(result) -> dict:
     """What the report shows of one scan (a ``ScanResult``): its size and the curves it measured."""
     numbers = {"model": result.model_name, "tokens": result.tokens, "batches": result.batches,
                "stats": list(result.stats)}
-    growth = _first(result.stats, "growth")
+    growth = result.find("growth")
     if growth is not None:
         numbers.update(norm_mean=growth.mean.tolist(), norm_median=growth.median.tolist(),
                        fit_growth_per_layer=growth.fit_growth, fit_r2=growth.fit_r2,
                        update_attn=growth.update_attn.tolist(), update_mlp=growth.update_mlp.tolist())
-    survival = _first(result.stats, "survival", lambda s: "embed" in s.sources)
+    survival = result.find("survival", lambda s: "embed" in s.sources)
     if survival is not None:
         numbers["embed_retention"] = survival.retention[survival.sources.index("embed")].tolist()
-    lens = _first(result.stats, "lens")
+    lens = result.find("lens")
     if lens is not None:
         numbers["lens_kl"] = lens["kl"].tolist()
     return numbers
@@ -59,7 +54,7 @@ def scan_section(scans: dict[str, dict]) -> tuple[dict[str, go.Figure], pd.DataF
               "embed_retention": ("Retention of the token embedding (corpus)",
                                   "norm now / norm when added", False),
               "lens_kl": ("Logit lens over the corpus: KL(final ‖ lens)", "nats", False)}
-    figures = {f"scan_{key}": _overlay(sections, key, title, y, log=log)
+    figures = {f"scan_{key}": overlay(sections, key, title, y, log=log)
                for key, (title, y, log) in curves.items()
                if any(numbers.get(key) is not None for numbers in scans.values())}
     table = pd.DataFrame([{"scan": label, "model": n["model"], "tokens": n["tokens"],

@@ -58,9 +58,7 @@ def saved_results() -> dict[str, tuple]:
     out = {}
     for f in files:
         scan = rs.load_scan(f)
-        growth = next((v for k, v in scan.stats.items() if k.split(":")[0] == "growth"), None)
-        survival = next((v for k, v in scan.stats.items()
-                         if k.split(":")[0] == "survival" and "embed" in v.sources), None)
+        growth, survival = scan.find("growth"), scan.find("survival", lambda s: "embed" in s.sources)
         if growth is None or (survival is None and measure == "retention of the embedding"):
             need = "growth" if growth is None else "survival"
             raise InputError(f"{f.name} holds no {need} statistic ({', '.join(scan.stats)}): scan "

@@ -18,19 +18,9 @@ STATS = {"growth": "norm growth and update sizes", "survival": "survival of ever
          "read_attribution": "read attribution (the read-write graph)", LENS: "logit lens (one token in 4)"}
 
 
-def _first(measured: dict, name: str):
-    """The result of the first statistic called ``name``, whatever its options.
-
-    A saved scan's may be ``growth:top_k=5``; None where the scan did not take it.
-    """
-    return next((v for k, v in measured.items() if k.split(":")[0] == name), None)
-
-
 def show_scan(result, name: str) -> None:
     """Draw the statistics ``result`` (a ``ScanResult``) holds, of model ``name``."""
-    measured = result.stats
-    growth, reads, survival, lens = (_first(measured, s) for s in ("growth", "read_attribution",
-                                                                   "survival", "lens"))
+    growth, reads, survival, lens = map(result.find, ("growth", "read_attribution", "survival", "lens"))
     if growth is not None:
         common.show(plotting.norm_growth_figure(growth, name=name), growth.to_frame(), key="corpus-growth",
                     note="As on the Overview page, over every real token of the corpus: mean, median and "

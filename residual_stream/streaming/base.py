@@ -27,6 +27,7 @@ import copy
 import functools
 import inspect
 import math
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -171,6 +172,28 @@ class Accumulator:
     def result(self):  # pragma: no cover - abstract
         """The statistic over every batch added so far."""
         raise NotImplementedError
+
+
+Admit = Callable[["Accumulator", "Accumulator", str, int], None]
+
+
+def merged(accs: dict[str, Accumulator], states: list[dict[str, dict]],
+           admit: Admit | None = None) -> dict[str, Accumulator]:
+    """New accumulators with ``accs``' settings holding the sum of ``states``, in their order.
+
+    Each of ``states`` maps a statistic's name to a ``state_dict`` (a process's, a saved scan's).
+    ``admit(merged, part, name, i)`` may check or mark part ``i`` before it is added. How the
+    processes of a scan are merged (``runner``), and scans of a corpus's parts (``merging``).
+    """
+    out = {n: a.empty_like() for n, a in accs.items()}  # same settings, no sums
+    for name, acc in out.items():
+        for i, state in enumerate(states):
+            part = acc.empty_like()
+            part.load_state_dict(state[name])
+            if admit is not None:
+                admit(acc, part, name, i)
+            acc.merge(part)
+    return out
 
 
 def log_histogram(values: Tensor, weights: Tensor | None = None) -> Tensor:

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from ..errors import InputError
+from .base import merged
 from .saved import load_scan
 from .specs import make_accumulators
 
@@ -54,18 +55,8 @@ def merge_scans(scans: Sequence) -> object:
             raise InputError(f"scan {i} is a {type(part).__name__}: give ScanResults or paths of scans "
                              "saved whole (.pt)")
         _check_alike(parts[0], part, i)
-    accs = make_accumulators(list(parts[0].accumulators))
-    for i, part in enumerate(parts):
-        for spec, acc in accs.items():
-            other = acc.empty_like()
-            other.load_state_dict(part.accumulators[spec].state_dict())  # a copy: the part is kept
-            for row in other.meta.get("massive", []):
-                row["scan"] = i
-            if i == 0:
-                acc.load_state_dict(other.state_dict())
-                continue
-            _check_calibration(acc, other, spec, i)
-            acc.merge(other)
+    states = [{spec: acc.state_dict() for spec, acc in p.accumulators.items()} for p in parts]
+    accs = merged(make_accumulators(list(parts[0].accumulators)), states, _admit)
     config = {**parts[0].config, "corpus": [p.config.get("corpus") for p in parts]}
     return ScanResult({spec: acc.result() for spec, acc in accs.items()},
                       sum(p.tokens for p in parts), sum(p.batches for p in parts),
@@ -91,8 +82,18 @@ def _check_alike(first, part, i: int) -> None:
                          "its tokens twice; merge scans of different parts of a corpus")
 
 
+def _admit(acc, other, spec: str, i: int) -> None:
+    """Scan ``i``'s statistic ``spec`` (``other``), checked against the merge so far.
+
+    Its massive activations are marked with ``i``, as copies: the part's own rows stay as they were.
+    """
+    _check_calibration(acc, other, spec, i)
+    if "massive" in other.meta:
+        other.meta["massive"] = [{**row, "scan": i} for row in other.meta["massive"]]
+
+
 def _check_calibration(acc, other, spec: str, i: int) -> None:
-    """``InputError`` where scan ``i``'s statistic ``spec`` was calibrated unlike scan 0's."""
+    """``InputError`` where scan ``i``'s statistic ``spec`` was calibrated unlike those before it."""
     for key in acc.meta.keys() & other.meta.keys():
         if key in OWN_META:
             continue

@@ -57,6 +57,7 @@ import pandas as pd
 from ..errors import EmptyTextError, InputError, need_model
 from .accumulators import Accumulator
 from .adding import batch_adder
+from .base import merged
 from .batching import check_sizes, row_batches
 from .corpus import Corpus
 from .lean import points
@@ -82,6 +83,13 @@ class ScanResult:
     resumed_tokens: int = 0  # of ``tokens``, those a saved state held when this run began
     config: dict = field(repr=False, default_factory=dict)  # what it ran with (``state.scan_settings``)
     model: Callable[[], object | None] = field(repr=False, compare=False, default=lambda: None)  # a weakref
+
+    def find(self, name: str, where: Callable[[object], bool] = lambda result: True):
+        """The result of the first statistic called ``name`` that ``where`` accepts.
+
+        Whatever its options (``growth:top_k=5``); None where the scan took none.
+        """
+        return next((v for k, v in self.stats.items() if k.split(":")[0] == name and where(v)), None)
 
     def fingerprinted(self) -> dict:
         """``config`` with the fingerprints of the model's weights and tokenizer, computed once.
@@ -176,13 +184,8 @@ def _gather(accs: dict[str, Accumulator], tokens: int, batches: int,
     """Merge every process's accumulators, in rank order, on every process; sum the counts."""
     states = _all_gather({"tokens": tokens, "batches": batches, "resumed": resumed,
                           "stats": {n: a.state_dict() for n, a in accs.items()}})
-    merged = {n: a.empty_like() for n, a in accs.items()}  # same settings, no sums
-    for name, acc in merged.items():
-        for s in states:
-            part = acc.empty_like()
-            part.load_state_dict(s["stats"][name])
-            acc.merge(part)
-    return merged, *(sum(s[k] for s in states) for k in ("tokens", "batches", "resumed"))
+    return (merged(accs, [s["stats"] for s in states]),
+            *(sum(s[k] for s in states) for k in ("tokens", "batches", "resumed")))
 
 
 def _share(rank: int, world_size: int, start: int, max_tokens: int | None,
