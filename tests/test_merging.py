@@ -88,6 +88,7 @@ def test_massive_activations_say_which_part_they_came_from():
         mine = merged[merged["scan"] == i].drop(columns="scan").reset_index(drop=True)
         _close(mine, part.stats["growth:top_k=5"].massive.iloc[:len(mine)].reset_index(drop=True), i)
     assert "scan" not in a.stats["growth:top_k=5"].massive.columns
+    assert not any("scan" in row for row in a.accumulators["growth:top_k=5"].meta["massive"])  # kept
 
 
 def test_saved_parts_merge_as_the_scans_do(parts, tmp_path):
@@ -101,7 +102,10 @@ def test_parts_that_do_not_add_up_are_refused_by_name(model, parts):
     shorter = rs.scan(model, TEXTS[10:20], ["growth"], batch_size=4, seq_len=32, progress=False)
     post = rs.scan(rs.load("twin-post-ln"), TEXTS[10:20], ["growth"], **KW)
     assert rs.merge_scans([first, rest]).tokens == first.tokens + rest.tokens
+    third = rs.scan(model, TEXTS[20:30], ["growth"], **KW)
     cases = [([first, first], r"scans 0 and 1 read the same corpus .*count its tokens twice"),
+             ([first, rest, rest], r"scans 1 and 2 read the same corpus"),  # not only against scan 0
+             ([rs.merge_scans([first, rest]), third, rest], r"scans 0 and 2 read the same corpus"),
              ([parts[0], rest], r"scans 0 and 1 measured different statistics"),
              ([first, shorter], r"scans 0 and 1 differ in seq_len \(64, 32\)"),
              ([first, post], r"different models \(twin-pre-ln, twin-post-ln\)"),

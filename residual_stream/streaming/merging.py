@@ -55,6 +55,7 @@ def merge_scans(scans: Sequence) -> object:
             raise InputError(f"scan {i} is a {type(part).__name__}: give ScanResults or paths of scans "
                              "saved whole (.pt)")
         _check_alike(parts[0], part, i)
+    _check_corpora(parts)
     states = [{spec: acc.state_dict() for spec, acc in p.accumulators.items()} for p in parts]
     accs = merged(make_accumulators(list(parts[0].accumulators)), states, _admit)
     config = {**parts[0].config, "corpus": [p.config.get("corpus") for p in parts]}
@@ -77,9 +78,23 @@ def _check_alike(first, part, i: int) -> None:
         if key in a and key in b and a[key] != b[key]:
             raise InputError(f"scans 0 and {i} differ in {key} ({a[key]}, {b[key]}): merge scans of "
                              "one model with the same statistics and row length")
-    if i and a.get("corpus") is not None and a.get("corpus") == b.get("corpus"):
-        raise InputError(f"scans 0 and {i} read the same corpus ({a['corpus']}): merging would count "
-                         "its tokens twice; merge scans of different parts of a corpus")
+
+
+def _check_corpora(parts: list) -> None:
+    """``InputError`` where two scans read one corpus: a merged scan's parts count each.
+
+    A scan merged before lists its parts' corpora (``config["corpus"]``), so merging it again
+    with one of its parts is refused too.
+    """
+    seen: dict[str, int] = {}
+    for i, part in enumerate(parts):
+        corpus = part.config.get("corpus")
+        for fingerprint in corpus if isinstance(corpus, list) else [corpus]:
+            if fingerprint is not None and fingerprint in seen:
+                raise InputError(f"scans {seen[fingerprint]} and {i} read the same corpus ({fingerprint}): "
+                                 "merging would count its tokens twice; merge scans of different parts "
+                                 "of a corpus")
+            seen.setdefault(fingerprint, i)
 
 
 def _admit(acc, other, spec: str, i: int) -> None:
