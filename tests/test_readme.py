@@ -22,8 +22,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import REL_F32, max_rel_error
 
+import residual_stream as rs
 from residual_stream.cli import main
 from residual_stream.streaming.sources import builtin_corpus
 
@@ -56,9 +58,11 @@ def command_lines() -> list[list[str]]:
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
-    """A folder holding ``corpus.txt``: where the README's relative paths are read and written."""
+    """A folder holding ``corpus.txt`` and ``part-0.txt``: where the README's relative paths are read
+    and written."""
     folder = tmp_path_factory.mktemp("readme")
     (folder / "corpus.txt").write_text("\n".join(builtin_corpus()[:40]) + "\n", "utf-8")
+    (folder / "part-0.txt").write_text("\n".join(builtin_corpus()[40:52]) + "\n", "utf-8")
     return folder
 
 
@@ -129,6 +133,9 @@ def test_every_line_of_the_cli_block_runs(workdir, monkeypatch, capsys):
             "trace", "scan"} <= set(ran), ran
     assert (workdir / "stats.safetensors").is_file() and (workdir / "r.html").is_file()
     assert json.loads((workdir / "scan.json").read_text())["tokens"] > 0
+    bases = [rs.load_scan(workdir / name).accumulators["subspaces"].meta["pca_basis"]
+             for name in ("calibration.pt", "part-0.pt")]
+    assert torch.equal(*bases)  # the part took the calibration's basis, of other texts
 
 
 def test_the_torchrun_line_runs_as_written(workdir, monkeypatch):

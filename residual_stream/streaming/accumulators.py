@@ -150,15 +150,17 @@ class SubspaceStats(Accumulator):
 
     The stream's principal components are fixed from the scan's first batch (the
     calibration: with ``order="length"``, of the first window's longest rows) so every batch
-    and every process measures against the same subspace. Lean: each batch is reduced from
-    the contribution buffer of ``flow.FlowSums`` by a ``subspaces.SubspaceSums``; the
-    subspaces, the heads' write bases and the readers' bases are computed once per scan, so
-    a scan of it replays as a CUDA graph (``graphs``).
+    and every process measures against the same subspace; or taken from another scan
+    (``rs.scan(…, calibration=)``, ``calibration``), so that separate scans merge. Lean:
+    each batch is reduced from the contribution buffer of ``flow.FlowSums`` by a
+    ``subspaces.SubspaceSums``; the subspaces, the heads' write bases and the readers' bases
+    are computed once per scan, so a scan of it replays as a CUDA graph (``graphs``).
     ``every > 1`` measures about one real token in ``every`` (``sampling``).
     """
 
     name = "subspaces"
     calibrates = True
+    CALIBRATION = ("pca_basis",)  # [d_model, pca_k], orthonormal columns
     lean = True
     replayable = True  # its bases and read plans are made once per scan, at the first batch
     OPTIONS = ("pca_k", "unembed_k", "every")
@@ -182,6 +184,14 @@ class SubspaceStats(Accumulator):
         super().prepare(model, calibration)
         if "pca_basis" not in self.meta:
             self.meta["pca_basis"] = pca_subspace(calibration, k=self.pca_k).basis.cpu()
+
+    def check_calibration(self, model, key: str, value: object) -> None:
+        """``InputError`` unless ``value`` is a finite basis of ``model``'s stream (``d_model`` rows)."""
+        d = model.anatomy.d_model
+        if not (isinstance(value, torch.Tensor) and value.ndim == 2 and value.shape[0] == d
+                and value.is_floating_point() and bool(value.isfinite().all())):
+            raise InputError(f"subspaces: the calibration's {key!r} is not a finite basis of a "
+                             f"{d}-wide stream: calibrate with a scan of the model scanned")
 
     def sums_for(self, model, batch, shared: dict | None = None,
                  replayable: bool = False) -> FlowSums:

@@ -51,6 +51,7 @@ class Accumulator:
     name: ClassVar[str] = ""
     OPTIONS: ClassVar[tuple[str, ...]] = ()  # constructor keywords a spec may set (``spec``)
     calibrates: ClassVar[bool] = False  # needs the corpus's first batch before any update
+    CALIBRATION: ClassVar[tuple[str, ...]] = ()  # the meta keys that calibration fixes (``calibration``)
     lean: ClassVar[bool] = False  # can be fed during the forward pass (``lean.lean_pass``)
     replayable: ClassVar[bool] = False  # its reducer never waits for the device (``graphs``)
     PARTS: ClassVar[tuple[str, ...]] = ()  # attributes kept beside the sums (``segment_done``)
@@ -97,6 +98,9 @@ class Accumulator:
         no statistic asked for one (``calibrates``).
         """
         self.model = model
+
+    def check_calibration(self, model, key: str, value: object) -> None:
+        """``InputError`` where ``value``, another scan's calibration ``key``, cannot serve ``model``."""
 
     def segment_done(self) -> None:
         """A corpus segment ended (``rs.scan`` calls this after its last batch).

@@ -82,6 +82,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="seconds of scanning between state saves (default: 60; 0: every batch)")
     p.add_argument("--save-every", type=int,
                    help="save the state after every this many batches instead of by time")
+    p.add_argument("--calibration", type=Path,
+                   help="a scan saved whole (.pt) whose subspaces basis this scan takes instead of "
+                        "fixing its own from its first batch, so that scans of a corpus's parts merge")
     p.add_argument("--out", type=Path, required=True,
                    help="the results: JSON (their frames, for any tool), or a .pt file (whole: "
                    "rs.load_scan reads it back without the model)")
@@ -132,12 +135,14 @@ def run(args: argparse.Namespace) -> int:
     """Run the scan the arguments describe; rank 0 writes the JSON. Returns the exit code."""
     from ..bars import load_on_terminal
     from ..files import not_an_input
+    from .calibration import calibration_source
     from .corpus import Corpus
     from .runner import scan
     from .specs import make_accumulators
     from .utf8 import ReplacedBytesWarning
 
-    not_an_input({"--state": args.state, "--out": args.out}, {"corpus": args.corpus})
+    not_an_input({"--state": args.state, "--out": args.out},
+                 {"corpus": args.corpus, "--calibration": args.calibration})
     rank, world, device = _distributed(args.device)
     if rank > 0:  # every process reads every text: process 0 tells of each file's bad bytes
         warnings.filterwarnings("ignore", category=ReplacedBytesWarning)
@@ -152,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
                         args.encoding_errors)
         # so is an unknown statistic or a bad option; the scan takes these accumulators
         accs = make_accumulators([s.strip() for s in args.stats.split(",") if s.strip()])
+        calibration = None if args.calibration is None else calibration_source(args.calibration, accs)
         model = load_on_terminal(args.model, device=device or args.device, dtype=args.dtype,
                                  progress=not args.quiet)
         state = args.state if args.state is None or world == 1 else \
@@ -160,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
                       batch_size=args.batch_size, seq_len=args.seq_len, max_tokens=args.max_tokens,
                       order=args.order, state=state, save_every=args.save_every,
                       save_seconds=args.save_seconds, progress=not args.quiet,
-                      rank=rank, world_size=world, graphs=False if args.no_graphs else "auto")
+                      rank=rank, world_size=world, graphs=False if args.no_graphs else "auto",
+                      calibration=calibration)
         if rank == 0:
             result.save(args.out)
             print(f"residual-stream: scanned {result.tokens} tokens in {result.batches} batches "

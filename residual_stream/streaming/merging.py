@@ -14,7 +14,8 @@ What must agree, else ``InputError`` naming the two scans and what differs:
   only a scan loaded from a file saved before they were kept lacks them), the statistics and
   their options, the row length (``seq_len``);
 * each statistic's calibration (``subspaces``' PCA basis, fixed on its scan's first batch): parts
-  of different corpora calibrate differently, so ``subspaces`` is merged only where they agree;
+  of different corpora calibrate differently, so ``subspaces`` is merged only where they agree:
+  where the parts were scanned with one ``calibration`` (``streaming.calibration``);
 * the corpora must differ: a corpus scanned twice would count its tokens twice.
 
 A massive activation names its text by its index in its own scan's corpus (``text``); in a
@@ -116,5 +117,6 @@ def _check_calibration(acc, other, spec: str, i: int) -> None:
         tensors = isinstance(mine, torch.Tensor) and isinstance(theirs, torch.Tensor)
         if not (mine.shape == theirs.shape and torch.equal(mine, theirs) if tensors else mine == theirs):
             raise InputError(f"scans 0 and {i} calibrated {spec!r} differently ({key!r}: fixed on each "
-                             f"scan's first batch): leave {spec!r} out of the scans to merge, or scan "
-                             "the parts as one corpus (torchrun shares one calibration)")
+                             f"scan's first batch): scan the parts with one calibration (rs.scan(…, "
+                             f"calibration=scan), --calibration scan.pt), leave {spec!r} out of the scans to "
+                             "merge, or scan the parts as one corpus (torchrun shares one calibration)")

@@ -59,6 +59,7 @@ from .accumulators import Accumulator
 from .adding import batch_adder
 from .base import merged
 from .batching import check_sizes, row_batches
+from .calibration import calibrate
 from .corpus import Corpus
 from .lean import points
 from .ledger import Ledger, Share, agreed, check_processes, dist_exchange
@@ -270,6 +271,7 @@ def scan(
     world_size: int = 1,
     on_batch: Callable[[tuple[int, int], int], None] | None = None,
     graphs: bool | str = "auto",
+    calibration: ScanResult | str | Path | None = None,
 ) -> ScanResult:
     """Scan ``corpus`` with ``model`` and return the statistics over every token.
 
@@ -312,6 +314,9 @@ def scan(
         graphs: Replay each batch shape's lean pass from a CUDA graph (``"auto"``: on a CUDA
             device when every statistic can be: all but per-head survival and read
             attribution; see ``streaming.graphs``).
+        calibration: A scan (``ScanResult`` or saved ``.pt`` path) whose ``subspaces`` basis this
+            scan takes instead of fixing its own from its first batch, so that scans of a
+            corpus's parts merge (``merge_scans``; ``streaming.calibration``).
     """
     need_model(model, "scan")
     corpus = corpus if isinstance(corpus, Corpus) else Corpus(corpus)
@@ -326,6 +331,7 @@ def scan(
     config = None if path is None else scan_config(model, settings)  # a state's: it hashes the weights
     save_due = _save_due(save_every, save_seconds)
     done, tokens, added, ledger = resume(path, config, accs)
+    calibrate(model, accs, calibration)  # before the model runs, if given
     resumed = tokens
     share, ledger, stop, close = _share(rank, world_size, done[0], max_tokens, ledger)
     try:  # the exchange's group is closed however the scan ends
