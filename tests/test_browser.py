@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+import residual_stream as rs
+
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "artifacts"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -96,6 +98,12 @@ def test_click_through_every_page(server):
         page.get_by_role("button", name="Scan").click()
         shows("Corpus", "tokens of the built-in corpus in", True, "corpus-scanned")  # done
         page.screenshot(path=str(ARTIFACTS / "app-corpus.png"), full_page=True)
+        # the scan whole, made when its button is pressed, loads back with the caption's tokens
+        with page.expect_download(timeout=120_000) as download:
+            page.get_by_role("button", name="Scan (whole, .pt)").click()
+        saved = rs.load_scan(download.value.path())
+        caption = page.get_by_text("tokens of the built-in corpus in").first.inner_text()
+        assert f"over {saved.tokens:,} tokens" in caption and "growth" in saved.stats, caption
         # user text with markup is shown as text, never executed; the page is drawn whole
         # before the text goes in (a rerun still drawing it may drop what is typed)
         page.get_by_role("link", name="Overview").first.click()

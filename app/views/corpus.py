@@ -121,9 +121,11 @@ where = "the built-in corpus" if args[1] == "builtin" else args[1] + (
 st.caption(common.plain(f"{name} over {result.tokens:,} tokens of {where} in {result.batches} batches, "
                         f"{result.seconds:.1f} s ({result.tokens_per_second:,.0f} tokens/s)"))
 left, right = st.columns(2)
-left.download_button("Scan (JSON)", json.dumps(result.to_dict()), "scan.json", "application/json",
-                     key="scan-json", help="Every statistic's frames, for any tool.")
-right.download_button("Scan (whole, .pt)", scan_bytes(result), "scan.pt", "application/octet-stream",
+# each file is made when its button is pressed (a scan of a large model is hundreds of MB), not
+# on every rerun
+left.download_button("Scan (JSON)", lambda: json.dumps(result.to_dict()), "scan.json",
+                     "application/json", key="scan-json", help="Every statistic's frames, for any tool.")
+right.download_button("Scan (whole, .pt)", lambda: scan_bytes(result), "scan.pt", "application/octet-stream",
                       key="scan-pt", help="Every statistic's sums: open it again here, or with "
                       "rs.load_scan('scan.pt').")
 show_scan(result, name)
