@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import platform
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -143,10 +144,14 @@ def analyse(model, texts: list[str], label: str | None = None) -> ModelSection:
     return ModelSection(label, numbers, figures, tables)
 
 
-def overlay(sections: list[ModelSection], key: str, title: str, y: str, log: bool = False) -> go.Figure:
-    """One curve per section of its ``numbers[key]`` (those that have it), by relative depth."""
-    fig = go.Figure([_layer_curve(s.numbers[key], s.name) for s in sections
-                     if s.numbers.get(key) is not None])
+def overlay(curves: Sequence[tuple[str, Mapping]], key: str, title: str, y: str,
+            log: bool = False) -> go.Figure:
+    """One curve per ``(name, numbers)`` of its ``numbers[key]`` (those that have it), by relative depth.
+
+    ``numbers``: a section's (``ModelSection.numbers``) or a saved scan's (``report_scans``).
+    """
+    fig = go.Figure([_layer_curve(numbers[key], name) for name, numbers in curves
+                     if numbers.get(key) is not None])
     fig.update_layout(title=title, xaxis_title="relative depth", yaxis_title=y,
                       yaxis_type="log" if log else "linear")
     return fig
@@ -154,23 +159,24 @@ def overlay(sections: list[ModelSection], key: str, title: str, y: str, log: boo
 
 def comparison_figures(sections: list[ModelSection]) -> dict[str, go.Figure]:
     """Figures that overlay every model, aligned by relative depth."""
+    named = [(s.name, s.numbers) for s in sections]
     return {
-        "growth": overlay(sections, "norm_mean", "Mean stream norm", "‖x‖", log=True),
-        "update_attn": overlay(sections, "update_attn", "Relative update, attention",
+        "growth": overlay(named, "norm_mean", "Mean stream norm", "‖x‖", log=True),
+        "update_attn": overlay(named, "update_attn", "Relative update, attention",
                                 "‖write‖/‖x‖", log=True),
-        "update_mlp": overlay(sections, "update_mlp", "Relative update, MLP", "‖write‖/‖x‖", log=True),
-        "retention": overlay(sections, "embed_retention", "Retention of the token embedding",
+        "update_mlp": overlay(named, "update_mlp", "Relative update, MLP", "‖write‖/‖x‖", log=True),
+        "retention": overlay(named, "embed_retention", "Retention of the token embedding",
                               "norm now / norm when added"),
-        "ones": overlay(sections, "ones_share", "Share of the stream along the all-ones direction",
+        "ones": overlay(named, "ones_share", "Share of the stream along the all-ones direction",
                          "fraction of energy"),
-        "mixing": overlay(sections, "mixing_norm_res_ln", "Context-mixing ratio (norm-based)",
+        "mixing": overlay(named, "mixing_norm_res_ln", "Context-mixing ratio (norm-based)",
                            "ratio"),
         "unembed": go.Figure([_layer_curve(next(iter(v for k, v in s.numbers["subspace_fractions"].items()
                                                      if k.startswith("unembed")), []), s.name)
                               for s in sections]).update_layout(
             title="Fraction of each write in the unembedding's top directions", yaxis_title="fraction",
             xaxis_title="relative position among writes"),
-        "lens": overlay(sections, "lens_kl", "Logit lens: KL(final ‖ lens)", "nats"),
+        "lens": overlay(named, "lens_kl", "Logit lens: KL(final ‖ lens)", "nats"),
     }
 
 

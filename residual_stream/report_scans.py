@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from .report import ModelSection, overlay
+from .report import overlay
 
 
 def scan_numbers(result) -> dict:
@@ -47,14 +47,13 @@ def scan_section(scans: dict[str, dict]) -> tuple[dict[str, go.Figure], pd.DataF
     A figure for each curve some scan measured; the table: model, tokens, batches, statistics
     and the fitted growth per layer.
     """
-    sections = [ModelSection(label, numbers, {}, {}) for label, numbers in scans.items()]
     curves = {"norm_mean": ("Mean stream norm over each scan's corpus", "‖x‖", True),
               "update_attn": ("Relative update, attention (corpus)", "‖write‖/‖x‖", True),
               "update_mlp": ("Relative update, MLP (corpus)", "‖write‖/‖x‖", True),
               "embed_retention": ("Retention of the token embedding (corpus)",
                                   "norm now / norm when added", False),
               "lens_kl": ("Logit lens over the corpus: KL(final ‖ lens)", "nats", False)}
-    figures = {f"scan_{key}": overlay(sections, key, title, y, log=log)
+    figures = {f"scan_{key}": overlay(list(scans.items()), key, title, y, log=log)
                for key, (title, y, log) in curves.items()
                if any(numbers.get(key) is not None for numbers in scans.values())}
     table = pd.DataFrame([{"scan": label, "model": n["model"], "tokens": n["tokens"],

@@ -45,6 +45,7 @@ def _close(got, want, what) -> None:
 def test_merged_parts_equal_one_scan_of_the_whole_corpus(model, parts):
     whole = rs.scan(model, TEXTS, STATS, **KW)
     before = [p.accumulators["growth"].state_dict()["sums"]["n"].clone() for p in parts]
+    configs = [dict(p.config) for p in parts]
     merged = rs.merge_scans(parts)
     assert merged.tokens == whole.tokens == sum(p.tokens for p in parts)
     assert merged.batches == sum(p.batches for p in parts)
@@ -54,6 +55,8 @@ def test_merged_parts_equal_one_scan_of_the_whole_corpus(model, parts):
         for key, frame in frames(whole.stats[name]).items():
             _close(frames(merged.stats[name])[key], frame, (name, key))
     assert [p.accumulators["growth"].sums["n"] for p in parts] == before  # the parts are kept
+    assert [p.config for p in parts] == configs and "weights" not in configs[0]  # fingerprints beside
+    assert parts[0].fingerprinted()["weights"] == merged.config["weights"]
     assert merged.config["corpus"] == [p.config["corpus"] for p in parts]
 
 

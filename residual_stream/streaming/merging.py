@@ -42,9 +42,9 @@ OWN_META = ("massive", "result")  # meta an accumulator merges itself, or the mo
 def merge_scans(scans: Sequence) -> object:
     """One ``ScanResult`` over every scan in ``scans`` (``ScanResult``s, or paths of scans saved whole).
 
-    Its tokens, batches and seconds are the parts' sums; its ``config`` the first part's, with
-    ``corpus`` listing every part's corpus. The parts are left as they were. See the module
-    docstring for what must agree.
+    Its tokens, batches and seconds are the parts' sums; its ``config`` the first part's with its
+    fingerprints (``fingerprinted``), and ``corpus`` listing every part's corpus. The parts are
+    left as they were. See the module docstring for what must agree.
     """
     from .runner import ScanResult
 
@@ -59,7 +59,7 @@ def merge_scans(scans: Sequence) -> object:
     _check_corpora(parts)
     states = [{spec: acc.state_dict() for spec, acc in p.accumulators.items()} for p in parts]
     accs = merged(make_accumulators(list(parts[0].accumulators)), states, _admit)
-    config = {**parts[0].config, "corpus": [p.config.get("corpus") for p in parts]}
+    config = {**parts[0].fingerprinted(), "corpus": [p.config.get("corpus") for p in parts]}
     return ScanResult({spec: acc.result() for spec, acc in accs.items()},
                       sum(p.tokens for p in parts), sum(p.batches for p in parts),
                       sum(p.seconds for p in parts), parts[0].model_name, accs,

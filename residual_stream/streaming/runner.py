@@ -84,6 +84,7 @@ class ScanResult:
     resumed_tokens: int = 0  # of ``tokens``, those a saved state held when this run began
     config: dict = field(repr=False, default_factory=dict)  # what it ran with (``state.scan_settings``)
     model: Callable[[], object | None] = field(repr=False, compare=False, default=lambda: None)  # a weakref
+    _fingerprints: dict = field(repr=False, compare=False, default_factory=dict)  # ``fingerprinted``'s
 
     def find(self, name: str, where: Callable[[object], bool] = lambda result: True):
         """The result of the first statistic called ``name`` that ``where`` accepts.
@@ -96,12 +97,14 @@ class ScanResult:
         """``config`` with the fingerprints of the model's weights and tokenizer, computed once.
 
         A scan with a ``state`` has them already; another computes them from its model while that
-        is alive (SmolLM2 on 2 CPU cores: 0.3 s), as a saved scan and ``merging`` want them.
+        is alive (SmolLM2 on 2 CPU cores: 0.3 s), as a saved scan and ``merging`` want them, and
+        keeps them beside ``config``, which stays as the scan ran.
         """
         model = self.model()
-        if "weights" not in self.config and model is not None:
-            self.config = scan_config(model, self.config)
-        return self.config
+        if "weights" not in self.config and not self._fingerprints and model is not None:
+            full = scan_config(model, self.config)
+            self._fingerprints = {key: full[key] for key in full.keys() - self.config.keys()}
+        return {**self.config, **self._fingerprints}
 
     @property
     def tokens_per_second(self) -> float:
