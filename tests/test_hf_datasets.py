@@ -18,6 +18,7 @@ import residual_stream as rs
 from residual_stream.errors import InputError
 from residual_stream.streaming import Corpus
 from residual_stream.streaming.corpus import ITEMS
+from residual_stream.streaming.hf_datasets import column_of
 from residual_stream.streaming.progress import ReadProgress
 
 ROWS = [None if i % 40 == 7 else " \t" if i % 40 == 9 else f"Row {i}: café, {'ж' * (i % 5)} and more text."
@@ -67,6 +68,26 @@ def test_a_transformed_dataset_is_read_in_its_own_order_whatever_its_format(data
     assert list(Corpus(changed).texts()) == want and len(want) > 100
     if transform == "shuffle":
         assert want != _texts(ROWS)
+
+
+def test_a_column_of_a_dataset_is_read_as_its_dataset(dataset, monkeypatch):
+    """``dataset["text"]`` (a ``Column``, which converts a row at a time) reads the same texts
+    through its dataset's Arrow table, never through the column itself, with the dataset's
+    fingerprint (a state saved with one resumes with the other)."""
+    shuffled = dataset.shuffle(seed=3)
+    want = [_texts(ROWS), _texts(shuffled.with_format(None)["text"]), list(dataset["body"])]
+    corpora = [Corpus(c) for c in (dataset["text"], shuffled["text"], dataset["body"])]  # type-checked
+    with monkeypatch.context() as patch:
+        patch.setattr(datasets.arrow_dataset.Column, "__iter__", lambda self: 1 / 0)
+        patch.setattr(datasets.arrow_dataset.Column, "__getitem__", lambda self, i: 1 / 0)
+        for corpus, texts in zip(corpora, want, strict=True):
+            assert list(corpus.texts()) == texts
+        assert corpora[0].units() == {ITEMS: len(ROWS)}
+    assert corpora[2].fingerprint() == Corpus(dataset, text_field="body").fingerprint()
+    with pytest.raises(InputError, match=r"column 'id' holds Value\('int64'\), not text"):
+        column_of(dataset["id"], "text")  # what Corpus(dataset["id"]) says (a type check in tests)
+    with pytest.raises(InputError, match=r"the corpus is a column already: leave text_field out"):
+        Corpus(dataset["text"], text_field="body")
 
 
 def test_a_scan_of_a_dataset_equals_the_scan_of_its_texts(model, dataset):

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import InputError, check_choice
-from .hf_datasets import TextColumn, advice, is_dataset
+from .hf_datasets import TextColumn, advice, column_of, is_dataset
 from .progress import ReadProgress
 from .sources import (
     builtin_corpus,
@@ -90,8 +90,10 @@ class Corpus:
             raise InputError(f"a corpus is read more than once, in one order (its first batch, "
                              f"a resumed scan), so it cannot be {_a(type(self.source).__name__)}: "
                              f"{instead}")
-        if is_dataset(self.source):
-            self._listed()  # its column checked (TextColumn)
+        if column_of(self.source, self.text_field) is not None:  # its column checked (TextColumn)
+            if not is_dataset(self.source) and self.text_field != TEXT_FIELD:
+                raise InputError(f"text_field={self.text_field!r} names a dataset's column, but the "
+                                 "corpus is a column already: leave text_field out, or give the dataset")
         elif self.text_field != TEXT_FIELD:
             self._check_text_field()
 
@@ -164,10 +166,12 @@ class Corpus:
     def _listed(self) -> Iterable:
         """An in-memory corpus's items: the built-in texts, the collection given, or a dataset's column.
 
-        A ``datasets.Dataset``'s is its ``text_field`` column (``hf_datasets.TextColumn``).
+        A ``datasets.Dataset``'s is its ``text_field`` column (``hf_datasets.TextColumn``), and
+        so is one of its columns (``dataset["text"]``), read as its dataset's.
         """
-        if is_dataset(self.source):
-            return TextColumn(self.source, self.text_field)
+        column = column_of(self.source, self.text_field)
+        if column is not None:
+            return column
         return builtin_corpus() if isinstance(self.source, str) else self.source
 
     def units(self) -> dict[str, int]:
