@@ -7,6 +7,8 @@ and ``rs.scan`` of those texts as a list (``assert_scan_of_texts``).
 
 from __future__ import annotations
 
+import itertools
+import json
 import subprocess
 import sys
 
@@ -126,14 +128,80 @@ def test_a_missing_column_or_one_of_numbers_is_named_before_reading(dataset):
         Corpus(nested)
 
 
-def test_a_dataset_dict_or_a_streaming_dataset_is_told_what_to_pass(dataset):
+def test_a_dataset_dict_is_told_to_pick_a_split(dataset):
     with pytest.raises(InputError, match=r"cannot be a DatasetDict: it holds the splits \['train', "
                                          r"'test'\]: pick one, Corpus\(dataset\['train'\]"):
         Corpus(datasets.DatasetDict({"train": dataset, "test": dataset}))
-    with pytest.raises(InputError, match=r"cannot be an IterableDataset: .*without streaming=True"):
-        Corpus(dataset.to_iterable_dataset())
+    with pytest.raises(InputError, match=r"cannot be an IterableDatasetDict: it holds the splits "
+                                         r"\['train'\]"):
+        Corpus(datasets.IterableDatasetDict({"train": dataset.to_iterable_dataset()}))
     with pytest.raises(InputError, match=r"corpus item 0 is a dict, not a text \(a record\?"):
         list(Corpus(Column([{"text": "a record"}])).texts())
+
+
+def _endless(pulled: list[int], field: str = "text"):
+    """A stream with no end and no features (``from_generator``), counting the rows it gives."""
+    def rows():
+        for i in itertools.count():
+            pulled[0] += 1
+            yield {field: f"Row {i} of a stream with no end."}
+    return datasets.IterableDataset.from_generator(rows)
+
+
+def test_a_streamed_dataset_reads_its_column_and_scans_as_its_texts(model, dataset, tmp_path):
+    """A streaming ``IterableDataset``, in shards or from JSON Lines and shuffled: the rows in
+    the stream's own order, the same at every reading; no length, so no progress units."""
+    stream = dataset.to_iterable_dataset(num_shards=3)
+    assert list(Corpus(stream).texts()) == _texts(ROWS) and Corpus(stream).units() == {}
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({"text": t, "n": i}) + "\n" for i, t in enumerate(ROWS)), "utf-8")
+    shuffled = datasets.load_dataset("json", data_files=str(path), streaming=True,
+                                     split="train").shuffle(seed=4, buffer_size=100)
+    order = _texts(row["text"] for row in shuffled)
+    assert order != _texts(ROWS) and sorted(order) == sorted(_texts(ROWS))
+    assert list(Corpus(shuffled).texts()) == order == list(Corpus(shuffled).texts())
+    assert_scan_of_texts(model, stream.take(300), _texts(ROWS[:300]), ["growth", "survival"],
+                         batch_size=3, seq_len=16)
+
+
+def test_an_endless_stream_is_scanned_to_max_tokens(model):
+    """Read as far as the budget needs (and a segment ahead), fingerprinted by its first texts:
+    neither reads it to an end it does not have."""
+    pulled = [0]
+    stream = _endless(pulled)
+    fingerprint = Corpus(stream).fingerprint()
+    assert fingerprint.startswith("streamed dataset column 'text' (generator, default, split train, "
+                                  "1 shard), first texts sha256:")
+    assert fingerprint == Corpus(_endless([0])).fingerprint() != Corpus(_endless([0], "body"),
+                                                                      text_field="body").fingerprint()
+    result = rs.scan(model, stream, ["growth"], max_tokens=3000, batch_size=4, seq_len=16, progress=False)
+    assert result.tokens == 3000 and 0 < pulled[0] < 10**6
+
+
+def test_a_streamed_scan_resumes_from_its_state_and_another_stream_is_refused_it(model, dataset, tmp_path):
+    state = tmp_path / "scan.pt"
+    kw = dict(batch_size=2, seq_len=16, progress=False, state=state)
+    whole = rs.scan(model, dataset.select(range(200)).to_iterable_dataset(), ["growth"], **kw)
+    again = rs.scan(model, datasets.Dataset.from_dict({"text": ROWS[:200]}).to_iterable_dataset(),
+                    ["growth"], **kw)
+    assert again.resumed_tokens == whole.tokens == again.tokens
+    edited = datasets.Dataset.from_dict({"text": ["Another first row.", *ROWS[1:200]]})
+    with pytest.raises(InputError, match=r"saved for other arguments {.corpus.: \(\"streamed dataset"):
+        rs.scan(model, edited.to_iterable_dataset(), ["growth"], **kw)
+
+
+def test_a_stream_without_the_column_or_with_numbers_in_it_is_refused(dataset):
+    """Named at construction where the stream knows its features, else at the first row."""
+    with pytest.raises(InputError, match=r"streamed dataset has no 'content' column \(it has "
+                                         r"\['text', 'id', 'body'\]\)"):
+        Corpus(dataset.to_iterable_dataset(), text_field="content")
+    with pytest.raises(InputError, match=r"streamed dataset's column 'id' holds Value\('int64'\)"):
+        Corpus(dataset.to_iterable_dataset(), text_field="id")
+    with pytest.raises(InputError, match=r"rows have no 'text' column \(they have \['body'\]\)"):
+        list(Corpus(_endless([0], "body")).texts())
+    numbers = datasets.IterableDataset.from_generator(lambda: ({"text": i} for i in range(3)))
+    with pytest.raises(InputError, match=r"column 'text' holds int, not text"):
+        list(Corpus(numbers).texts())
 
 
 def test_the_library_never_imports_datasets_itself():

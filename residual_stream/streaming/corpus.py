@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import InputError, check_choice
-from .hf_datasets import TextColumn, advice, column_of, is_dataset
+from .hf_datasets import StreamColumn, TextColumn, advice, column_of
 from .progress import ReadProgress
 from .sources import (
     builtin_corpus,
@@ -85,13 +85,14 @@ class Corpus:
         if isinstance(self.source, str) and not self.source.strip():  # Path("") would be "."
             raise InputError("the corpus is an empty name: give 'builtin', a file, a folder or a list "
                              "of texts")
-        if not ordered_and_reread(self.source):
+        column = column_of(self.source, self.text_field)  # a dataset's column checked
+        if column is None and not ordered_and_reread(self.source):
             instead = advice(self.source) or "pass a list of texts, a file or a folder"
             raise InputError(f"a corpus is read more than once, in one order (its first batch, "
                              f"a resumed scan), so it cannot be {_a(type(self.source).__name__)}: "
                              f"{instead}")
-        if column_of(self.source, self.text_field) is not None:  # its column checked (TextColumn)
-            if not is_dataset(self.source) and self.text_field != TEXT_FIELD:
+        if column is not None:
+            if column.dataset is not self.source and self.text_field != TEXT_FIELD:  # dataset["text"]
                 raise InputError(f"text_field={self.text_field!r} names a dataset's column, but the "
                                  "corpus is a column already: leave text_field out, or give the dataset")
         elif self.text_field != TEXT_FIELD:
@@ -179,9 +180,12 @@ class Corpus:
 
         Known before reading it, without a pass over the texts: files by their sizes, per
         ``sources.kind``; a list (a dataset's column) by its length, blank items included
-        (``texts`` counts them too), as ``ITEMS``.
+        (``texts`` counts them too), as ``ITEMS``; a streamed dataset's not at all (``{}``).
         """
-        return {ITEMS: len(self._listed())} if self._in_memory() else sizes(self._files())
+        if not self._in_memory():
+            return sizes(self._files())
+        listed = self._listed()
+        return {ITEMS: len(listed)} if not isinstance(listed, StreamColumn) else {}  # a stream: unknown
 
     def progress(self) -> ReadProgress:
         """Counters for reading this corpus (``progress.ReadProgress``).
@@ -228,7 +232,8 @@ class Corpus:
 
         A list: its length and a hash of its texts; a dataset, its column's name, its rows and the
         hash of its texts, so the same texts in the same order resume however the dataset was
-        made (``datasets``' own fingerprints follow its transforms, not its texts). Files: their
+        made (``datasets``' own fingerprints follow its transforms, not its texts); a streamed
+        dataset, its column, source and the hash of its first texts (``StreamColumn``). Files: their
         names within the corpus (not its path), sizes, and the first and last
         ``sources.FINGERPRINT_ENDS`` bytes of each, hashed, so the same files copied or
         downloaded elsewhere resume a scan (before, a new path or modification time refused
@@ -242,8 +247,10 @@ class Corpus:
             return f"builtin {_texts_hash(builtin_corpus())}"  # UTF-8: nothing to replace
         if not isinstance(self.source, (str, Path)):
             listed = self._listed()
-            what = listed if isinstance(listed, TextColumn) else f"list of {len(listed)} texts"
-            return f"{what} {_texts_hash(listed)}{replaced}"
+            named = isinstance(listed, (TextColumn, StreamColumn))
+            what = listed if named else f"list of {len(listed)} texts"
+            hashed = listed.head() if isinstance(listed, StreamColumn) else listed
+            return f"{what} {_texts_hash(hashed)}{replaced}"
         return files_fingerprint(Path(self.source), self._files(), self.text_field) + replaced
 
 

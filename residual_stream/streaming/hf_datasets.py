@@ -1,4 +1,4 @@
-"""A 🤗 ``datasets.Dataset`` as a corpus: the texts of one of its string columns, in its row order.
+"""A 🤗 ``datasets`` dataset as a corpus: the texts of one of its string columns, in its row order.
 
 What a notebook holds after ``load_dataset("json", data_files=…, split="train")`` (or
 ``load_from_disk``, or ``Dataset.from_pandas``): ``Corpus(dataset, text_field="text")`` reads
@@ -9,10 +9,19 @@ dataset gives (after its ``shuffle``, ``select`` or ``filter``), whatever format
 progress units (``corpus.ITEMS``), nulls and blanks included. One column of a dataset
 (``dataset["text"]``, a ``Column``) is read as its dataset's (``column_of``).
 
+A streaming ``IterableDataset`` (``load_dataset(…, streaming=True)``: the Hub's corpora read as
+they download) is read the same way (``StreamColumn``), with what a stream lacks said: it has no
+length, so the progress bar counts out of ``max_tokens`` (with none, it shows no time left); its
+fingerprint (a scan state's, ``Corpus.fingerprint``) is its source's description and a hash of
+its first ``HEAD_CHARS`` characters of text, so a change further on is not seen; and its start
+is read again for each of those, for a scan's calibration batch, and by a resumed scan (which
+reads up to where it stopped, untokenized) and every ``torchrun`` process (each reads it all,
+tokenizing its own segments). Each reading must give the same rows in the same order: a
+stream's ``shuffle(seed=…)`` does, until its ``set_epoch`` changes.
+
 Read through the dataset's own API, never by importing ``datasets``: a dataset is recognized
-only where the caller has imported that package (``is_dataset``). What cannot be a corpus is told
-what to pass instead (``advice``): a ``DatasetDict`` (a split of it), an ``IterableDataset``
-(read once from its source, with no length: load it without ``streaming``, or give its files).
+only where the caller has imported that package (``is_dataset``). A ``DatasetDict`` is told to
+pick a split (``advice``).
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from collections.abc import Iterator
 from ..errors import InputError
 
 BATCH_ROWS = 1024  # rows of the column converted to Python strings at a time
+HEAD_CHARS = 1 << 20  # characters of a stream's first texts that its fingerprint hashes
 STRING_TYPES = ("string", "large_string", "string_view")  # a ``datasets.Value``'s dtypes of text
 
 
@@ -40,6 +50,8 @@ def column_of(source: object, field: str) -> TextColumn | None:
     """
     if is_dataset(source):
         return TextColumn(source, field)
+    if isinstance(source, getattr(sys.modules.get("datasets"), "IterableDataset", ())):
+        return StreamColumn(source, field)
     column = getattr(sys.modules.get("datasets.arrow_dataset"), "Column", ())
     if isinstance(source, column) and is_dataset(getattr(source, "source", None)):
         return TextColumn(source.source, source.column_name)
@@ -54,11 +66,20 @@ def advice(source: object) -> str | None:
     if isinstance(source, (module.DatasetDict, module.IterableDatasetDict)):
         return (f"it holds the splits {list(source)[:8]}: pick one, Corpus(dataset['train'], "
                 "text_field='text')")
-    if isinstance(source, module.IterableDataset):
-        return ("it is read once from its source and has no length: load it without "
-                "streaming=True (load_dataset(…, split='train') keeps it on disk, memory-mapped), or "
-                "give its .parquet/.jsonl files or a save_to_disk folder")
     return None
+
+
+def _check_features(features, field: str, what: str) -> None:
+    """``InputError`` where ``features`` (None: unknown) lack ``field`` or it does not hold strings."""
+    if features is None:
+        return
+    if field not in features:
+        raise InputError(f"the {what} has no {field!r} column (it has {list(features)[:8]}); "
+                         "name the column that holds the text: Corpus(dataset, text_field=…)")
+    dtype = getattr(features[field], "dtype", type(features[field]).__name__)
+    if dtype not in STRING_TYPES:
+        raise InputError(f"the {what}'s column {field!r} holds {features[field]}, not text (strings): "
+                         "name the column that holds the text: Corpus(dataset, text_field=…)")
 
 
 class TextColumn:
@@ -72,14 +93,7 @@ class TextColumn:
 
     def __init__(self, dataset, field: str) -> None:
         """Check that ``dataset`` has a column ``field`` of strings."""
-        if field not in dataset.column_names:
-            raise InputError(f"the dataset has no {field!r} column (it has {dataset.column_names[:8]}); "
-                             "name the column that holds the text: Corpus(dataset, text_field=…)")
-        dtype = getattr(dataset.features[field], "dtype", type(dataset.features[field]).__name__)
-        if dtype not in STRING_TYPES:
-            raise InputError(f"the dataset's column {field!r} holds {dataset.features[field]}, not "
-                             "text (strings): name the column that holds the text: "
-                             "Corpus(dataset, text_field=…)")
+        _check_features(dataset.features, field, "dataset")
         self.dataset, self.field = dataset, field
 
     def __len__(self) -> int:
@@ -96,3 +110,49 @@ class TextColumn:
     def __repr__(self) -> str:
         """``dataset column 'text' of N rows``: how a scan state's fingerprint names it."""
         return f"dataset column {self.field!r} of {len(self)} rows"
+
+
+class StreamColumn:
+    """Column ``field`` of a streaming ``IterableDataset`` as a re-readable iterable of texts.
+
+    No length: read to its end, or to a scan's ``max_tokens``. Each iteration reads the stream
+    afresh, ``BATCH_ROWS`` rows a call; ``head`` gives its first ``HEAD_CHARS`` characters of
+    text, for its fingerprint. ``InputError`` for a missing column or one that does not hold
+    strings: at construction where the stream's features are known, else at the row.
+    """
+
+    def __init__(self, dataset, field: str) -> None:
+        """Check ``field`` against ``dataset``'s features, where it has them."""
+        _check_features(dataset.features, field, "streamed dataset")
+        self.dataset, self.field = dataset, field
+
+    def __iter__(self) -> Iterator[str]:
+        """Each row's text, in the stream's order; a null as ""."""
+        known = self.dataset.features is not None  # else its rows are read whole, to find the column
+        rows = self.dataset.select_columns([self.field]) if known else self.dataset
+        for batch in rows.iter(batch_size=BATCH_ROWS):
+            if self.field not in batch:
+                raise InputError(f"the streamed dataset's rows have no {self.field!r} column (they have "
+                                 f"{list(batch)[:8]}): Corpus(dataset, text_field=…)")
+            for text in batch[self.field]:
+                if text is not None and not isinstance(text, str):
+                    raise InputError(f"the streamed dataset's column {self.field!r} holds "
+                                     f"{type(text).__name__}, not text: Corpus(dataset, text_field=…)")
+                yield "" if text is None else text
+
+    def head(self) -> Iterator[str]:
+        """The stream's first texts, up to ``HEAD_CHARS`` characters (the one that reaches it whole)."""
+        chars = 0
+        for text in self:
+            yield text
+            chars += len(text)
+            if chars >= HEAD_CHARS:
+                return
+
+    def __repr__(self) -> str:
+        """``streamed dataset column 'text' (json, split train, 4 shards), first texts``."""
+        info = self.dataset.info
+        source = ", ".join(str(part) for part in (info.builder_name, info.config_name) if part)
+        split = f", split {self.dataset.split}" if self.dataset.split else ""
+        return (f"streamed dataset column {self.field!r} ({source or 'generated'}{split}, "
+                f"{self.dataset.n_shards} shard{'s' if self.dataset.n_shards != 1 else ''}), first texts")

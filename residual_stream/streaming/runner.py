@@ -283,7 +283,7 @@ def scan(
         corpus: Texts, a text file (one text per line), a JSON Lines file (a text in each
             record's ``"text"``), either compressed (``.gz``, ``.xz``, ``.bz2``, ``.zst``), a
             Parquet or Arrow file (its ``"text"`` column), a folder of such files, a
-            ``datasets.Dataset`` (its ``"text"`` column), or ``"builtin"``; or a ``Corpus``
+            ``datasets`` dataset, streamed or not (its ``"text"`` column), or ``"builtin"``; or a ``Corpus``
             (another field or column, segment size, reading bytes that are not UTF-8 as U+FFFD).
         stats: Names from ``residual_stream.streaming.STATS``: ``growth`` (norms, updates,
             massive activations), ``survival``, ``read_attribution``, ``subspaces``, ``lens``,
