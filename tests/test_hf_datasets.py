@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import subprocess
 import sys
 
@@ -202,6 +203,38 @@ def test_a_stream_without_the_column_or_with_numbers_in_it_is_refused(dataset):
     numbers = datasets.IterableDataset.from_generator(lambda: ({"text": i} for i in range(3)))
     with pytest.raises(InputError, match=r"column 'text' holds int, not text"):
         list(Corpus(numbers).texts())
+
+
+def test_the_cli_scans_a_dataset_named_hf_streaming_it(tmp_path, capsys):
+    """``hf:FOLDER`` (a local dataset, as the Hub's are opened: ``load_dataset(…, streaming=True)``)
+    scans the same tokens as its texts given as a list, to the budget; what cannot be opened
+    is said, with the options to check."""
+    from residual_stream.cli import main
+    from residual_stream.streaming.runner import frames
+
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    (folder / "data.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in ROWS[:400]), "utf-8")
+    out = tmp_path / "scan.pt"
+    options = ["--stats", "growth", "--max-tokens", "600", "--batch-size", "4", "--seq-len", "32"]
+    assert main(["scan", "twin-pre-ln", f"hf:{folder}", *options, "--quiet", "--out", str(out)]) == 0
+    got = rs.load_scan(out)
+    want = rs.scan(rs.load("twin-pre-ln"), _texts(ROWS[:400]), ["growth"], max_tokens=600, batch_size=4,
+                   seq_len=32, progress=False)
+    assert got.tokens == want.tokens == 600
+    for key, frame in frames(want.stats["growth"]).items():
+        assert frames(got.stats["growth"])[key].equals(frame), key
+    assert got.config["corpus"].startswith("streamed dataset column 'text' (rows, json, default, split train")
+    capsys.readouterr()
+    cases = [([f"hf:{tmp_path / 'none'}"], "could not be opened: Couldn't find any data file"),
+             ([f"hf:{folder}", "--split", "test"], r"split 'test'\) could not be opened: Bad split"),
+             (["hf:"], "hf: names a dataset"),
+             (["builtin", "--split", "train"], "--split is for a corpus hf:NAME"),
+             (["hf:nobody/no-such-dataset"], "could not be opened")]  # offline in tests, or not found
+    for argv, message in cases:
+        assert main(["scan", "twin-pre-ln", *argv, "--out", str(tmp_path / "x.json")]) == 1
+        assert re.search(message, capsys.readouterr().err), argv
+    assert not (tmp_path / "x.json").exists()
 
 
 def test_the_library_never_imports_datasets_itself():

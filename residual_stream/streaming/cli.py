@@ -54,8 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("corpus", help="'builtin', a text file (one text per line), a JSON Lines file (.jsonl "
                                   "or .json, a text per record, see --text-field), either compressed "
                                   "(.gz, .xz, .bz2, .zst), a Parquet or Arrow file (its --text-field "
-                                  "column), "
-                                  "or a folder of them")
+                                  "column), a folder of them, or hf:NAME, a 🤗 dataset streamed as it "
+                                  "downloads (hf:HuggingFaceFW/fineweb-edu, or a local dataset folder; "
+                                  "see --dataset-config, --split)")
     p.add_argument("--stats", default="growth",
                    help=f"comma-separated statistics: {','.join(STATS)} (default: growth); "
                         "options follow a colon, e.g. lens:every=16 (one token in 16; also "
@@ -72,6 +73,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--text-field", default="text",
                    help="the field of a JSON Lines record (.jsonl, or .json as C4 ships them), or "
                         "the column of a Parquet or Arrow file, that holds its text (default: text)")
+    p.add_argument("--dataset-config", help="an hf: corpus's configuration (hf:HuggingFaceFW/fineweb-edu "
+                   "--dataset-config sample-10BT)")
+    p.add_argument("--split", help="an hf: corpus's split (default: train)")
     encoding_option(p)
     p.add_argument("--segment-chars", type=int, default=SEGMENT_CHARS,
                    help="characters of text per corpus segment, the unit processes share and a "
@@ -131,6 +135,20 @@ def _distributed(requested: str) -> tuple[int, int, str | None]:
     return dist.get_rank(), world, device
 
 
+def _source(args: argparse.Namespace):
+    """The corpus argument: a path or ``"builtin"``, or for ``hf:NAME`` the dataset, streamed."""
+    from ..errors import InputError
+    from .hf_datasets import HUB_PREFIX, open_stream
+
+    if args.corpus.startswith(HUB_PREFIX):
+        return open_stream(args.corpus[len(HUB_PREFIX):], args.dataset_config, args.split or "train")
+    for option, value in (("--dataset-config", args.dataset_config), ("--split", args.split)):
+        if value is not None:
+            raise InputError(f"{option} is for a corpus hf:NAME (a 🤗 dataset), not {args.corpus!r}: "
+                             f"leave {option} out")
+    return args.corpus
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the scan the arguments describe; rank 0 writes the JSON. Returns the exit code."""
     from ..bars import load_on_terminal
@@ -153,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
             writable(args.out)  # before the scan, not after it
         if args.state is not None:
             writable(args.state)
-        corpus = Corpus(args.corpus, args.segment_chars, args.text_field,  # refused before loading
+        corpus = Corpus(_source(args), args.segment_chars, args.text_field,  # refused before loading
                         args.encoding_errors)
         # so is an unknown statistic or a bad option; the scan takes these accumulators
         accs = make_accumulators([s.strip() for s in args.stats.split(",") if s.strip()])

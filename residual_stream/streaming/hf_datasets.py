@@ -21,7 +21,8 @@ stream's ``shuffle(seed=…)`` does, until its ``set_epoch`` changes.
 
 Read through the dataset's own API, never by importing ``datasets``: a dataset is recognized
 only where the caller has imported that package (``is_dataset``). A ``DatasetDict`` is told to
-pick a split (``advice``).
+pick a split (``advice``). The one import is ``open_stream``'s, for the command line's corpus
+``hf:NAME`` (a dataset on the Hub, or a local dataset folder), opened streaming.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from collections.abc import Iterator
 
 from ..errors import InputError
 
+HUB_PREFIX = "hf:"  # the command line's corpus hf:NAME: a 🤗 dataset, streamed (``open_stream``)
 BATCH_ROWS = 1024  # rows of the column converted to Python strings at a time
 HEAD_CHARS = 1 << 20  # characters of a stream's first texts that its fingerprint hashes
 STRING_TYPES = ("string", "large_string", "string_view")  # a ``datasets.Value``'s dtypes of text
@@ -67,6 +69,27 @@ def advice(source: object) -> str | None:
         return (f"it holds the splits {list(source)[:8]}: pick one, Corpus(dataset['train'], "
                 "text_field='text')")
     return None
+
+
+def open_stream(name: str, config: str | None, split: str):
+    """``datasets.load_dataset(name, config, split=split, streaming=True)``: rows read as they download.
+
+    ``InputError`` for a name that is empty or cannot be opened (no such dataset or folder, no
+    network, a split or configuration it lacks: ``datasets``' own reason), and where
+    ``datasets`` is not installed.
+    """
+    if not name.strip():
+        raise InputError("hf: names a dataset: hf:HuggingFaceFW/fineweb-edu, or hf:./a/dataset/folder")
+    try:
+        import datasets
+    except ImportError:
+        raise InputError(f"{HUB_PREFIX}{name} needs the datasets package: pip install datasets") from None
+    try:
+        return datasets.load_dataset(name, config, split=split, streaming=True)
+    except (OSError, ValueError) as e:  # not found, offline, a bad split or config
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"the dataset {name!r} (configuration {config}, split {split!r}) could not be "
+                         f"opened: {reason[:300]}; check the name, --dataset-config and --split") from None
 
 
 def _check_features(features, field: str, what: str) -> None:
@@ -152,7 +175,9 @@ class StreamColumn:
     def __repr__(self) -> str:
         """``streamed dataset column 'text' (json, split train, 4 shards), first texts``."""
         info = self.dataset.info
-        source = ", ".join(str(part) for part in (info.builder_name, info.config_name) if part)
+        named = (info.dataset_name if info.dataset_name != info.builder_name else None,
+                 info.builder_name, info.config_name)
+        source = ", ".join(str(part) for part in named if part)
         split = f", split {self.dataset.split}" if self.dataset.split else ""
         return (f"streamed dataset column {self.field!r} ({source or 'generated'}{split}, "
                 f"{self.dataset.n_shards} shard{'s' if self.dataset.n_shards != 1 else ''}), first texts")
