@@ -129,6 +129,40 @@ def test_a_calibrated_statistic_is_not_merged_across_calibrations(model):
         rs.merge_scans([a, b])
 
 
+def test_saved_parts_are_read_one_at_a_time_and_merge_as_given_whole(model, tmp_path, monkeypatch):
+    """While part ``i`` is read, the parts read before it (but the first) are gone: a merge of
+    thousands of saved parts holds a few at a time. The merge equals that of the parts in memory."""
+    import gc
+    import weakref
+
+    from residual_stream.streaming import merging
+
+    quarters = [rs.scan(model, TEXTS[i:i + 10], ["growth"], **KW) for i in range(0, 40, 10)]
+    paths = [q.save(tmp_path / f"part-{i}.pt") for i, q in enumerate(quarters)]
+    alive: list = []
+
+    def load(path):
+        gc.collect()
+        assert [ref() is None for ref in alive[1:]] == [True] * len(alive[1:]), path  # all but the first
+        result = rs.load_scan(path)
+        alive.append(weakref.ref(result))
+        return result
+
+    monkeypatch.setattr(merging, "load_scan", load)
+    merged = rs.merge_scans(paths)
+    assert len(alive) == 4
+    assert merged.to_dict() == rs.merge_scans(quarters).to_dict()
+
+
+def test_a_merge_of_merges_lists_every_corpus_once_and_refuses_one_twice(model):
+    a, b, c = (rs.scan(model, TEXTS[i:i + 5], ["growth"], **KW) for i in (0, 5, 10))
+    twice = rs.merge_scans([rs.merge_scans([a, b]), c])
+    assert twice.config["corpus"] == [a.config["corpus"], b.config["corpus"], c.config["corpus"]]
+    assert twice.tokens == a.tokens + b.tokens + c.tokens
+    with pytest.raises(InputError, match=r"scans 0 and 1 read the same corpus"):
+        rs.merge_scans([twice, b])
+
+
 def test_cli_merges_saved_parts_and_refuses_a_part_given_twice(parts, tmp_path, capsys):
     from residual_stream.cli import main
 

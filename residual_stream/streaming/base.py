@@ -27,7 +27,7 @@ import copy
 import functools
 import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import ClassVar
 
 import torch
@@ -181,17 +181,18 @@ class Accumulator:
 Admit = Callable[["Accumulator", "Accumulator", str, int], None]
 
 
-def merged(accs: dict[str, Accumulator], states: list[dict[str, dict]],
+def merged(accs: dict[str, Accumulator], states: Iterable[dict[str, dict]],
            admit: Admit | None = None) -> dict[str, Accumulator]:
     """New accumulators with ``accs``' settings holding the sum of ``states``, in their order.
 
-    Each of ``states`` maps a statistic's name to a ``state_dict`` (a process's, a saved scan's).
-    ``admit(merged, part, name, i)`` may check or mark part ``i`` before it is added. How the
-    processes of a scan are merged (``runner``), and scans of a corpus's parts (``merging``).
+    Each of ``states`` maps a statistic's name to a ``state_dict`` (a process's, a saved scan's),
+    read once, in turn: a generator may load each as it is asked. ``admit(merged, part, name,
+    i)`` may check or mark part ``i`` before it is added. How the processes of a scan are merged
+    (``runner``), and scans of a corpus's parts (``merging``).
     """
     out = {n: a.empty_like() for n, a in accs.items()}  # same settings, no sums
-    for name, acc in out.items():
-        for i, state in enumerate(states):
+    for i, state in enumerate(states):
+        for name, acc in out.items():
             part = acc.empty_like()
             part.load_state_dict(state[name])
             if admit is not None:

@@ -44,11 +44,12 @@ def is_dataset(source: object) -> bool:
     return module is not None and isinstance(source, getattr(module, "Dataset", ()))
 
 
-def column_of(source: object, field: str) -> TextColumn | None:
-    """The texts of a ``datasets.Dataset`` (its column ``field``) or of one column of it; else None.
+def column_of(source: object, field: str) -> TextColumn | StreamColumn | None:
+    """The texts of a ``datasets`` dataset (its column ``field``) or of one column of it; else None.
 
-    A column (``dataset["text"]``, a ``datasets`` ``Column``: a sequence that converts one row at
-    a time, 7.5 µs a row) is read as its dataset's column, through Arrow.
+    A ``Dataset``'s or one of its columns (``dataset["text"]``, a ``datasets`` ``Column``: a
+    sequence that converts one row at a time, 7.5 µs a row, read as its dataset's column,
+    through Arrow) as a ``TextColumn``; a streaming ``IterableDataset``'s as a ``StreamColumn``.
     """
     if is_dataset(source):
         return TextColumn(source, field)

@@ -43,27 +43,45 @@ def merge_scans(scans: Sequence) -> object:
     """One ``ScanResult`` over every scan in ``scans`` (``ScanResult``s, or paths of scans saved whole).
 
     Its tokens, batches and seconds are the parts' sums; its ``config`` the first part's with its
-    fingerprints (``fingerprinted``), and ``corpus`` listing every part's corpus. The parts are
-    left as they were. See the module docstring for what must agree.
+    fingerprints (``fingerprinted``), and ``corpus`` listing every part's corpus (a merged part's
+    each). Saved parts are read one at a time, each checked and added before the next is read:
+    memory holds the first, the merge, and the sums of the part last added beside the part being
+    read, however many there are. The parts are left as they were. See the module docstring for
+    what must agree.
     """
     from .runner import ScanResult
 
     if isinstance(scans, (str, Path)) or not isinstance(scans, Sequence) or not scans:
         raise InputError("merge_scans takes a list of scans (ScanResult or saved .pt paths), at least one")
-    parts = [load_scan(s) if isinstance(s, (str, Path)) else s for s in scans]
-    for i, part in enumerate(parts):
-        if not isinstance(part, ScanResult):
-            raise InputError(f"scan {i} is a {type(part).__name__}: give ScanResults or paths of scans "
-                             "saved whole (.pt)")
-        _check_alike(parts[0], part, i)
-    _check_corpora(parts)
-    states = [{spec: acc.state_dict() for spec, acc in p.accumulators.items()} for p in parts]
-    accs = merged(make_accumulators(list(parts[0].accumulators)), states, _admit)
-    config = {**parts[0].fingerprinted(), "corpus": [p.config.get("corpus") for p in parts]}
-    return ScanResult({spec: acc.result() for spec, acc in accs.items()},
-                      sum(p.tokens for p in parts), sum(p.batches for p in parts),
-                      sum(p.seconds for p in parts), parts[0].model_name, accs,
-                      sum(p.resumed_tokens for p in parts), config)
+    first = _part(scans[0], 0)
+    totals, corpora = [0, 0, 0.0, 0], {}  # tokens, batches, seconds, resumed; corpus → its scan
+
+    def states():  # each part's sums, checked and counted as it comes
+        for i, scan in enumerate(scans):
+            part = first if i == 0 else _part(scan, i)
+            _check_alike(first, part, i)
+            _check_corpus(part, i, corpora)
+            for k, value in enumerate((part.tokens, part.batches, part.seconds, part.resumed_tokens)):
+                totals[k] += value
+            state = {spec: acc.state_dict() for spec, acc in part.accumulators.items()}
+            del part  # gone before the next is read: its sums stay, in ``state``, until added
+            yield state
+
+    accs = merged(make_accumulators(list(first.accumulators)), states(), _admit)
+    config = {**first.fingerprinted(), "corpus": list(corpora)}
+    return ScanResult({spec: acc.result() for spec, acc in accs.items()}, totals[0], totals[1],
+                      totals[2], first.model_name, accs, totals[3], config)
+
+
+def _part(scan, i: int):
+    """Scan ``i``: a ``ScanResult`` as given, or loaded from its path; ``InputError`` for anything else."""
+    from .runner import ScanResult
+
+    part = load_scan(scan) if isinstance(scan, (str, Path)) else scan
+    if not isinstance(part, ScanResult):
+        raise InputError(f"scan {i} is a {type(part).__name__}: give ScanResults or paths of scans "
+                         "saved whole (.pt)")
+    return part
 
 
 def _check_alike(first, part, i: int) -> None:
@@ -81,21 +99,19 @@ def _check_alike(first, part, i: int) -> None:
                              "one model with the same statistics and row length")
 
 
-def _check_corpora(parts: list) -> None:
-    """``InputError`` where two scans read one corpus: a merged scan's parts count each.
+def _check_corpus(part, i: int, seen: dict) -> None:
+    """``InputError`` where scan ``i`` read a corpus that one of ``seen`` (corpus → scan) read.
 
-    A scan merged before lists its parts' corpora (``config["corpus"]``), so merging it again
-    with one of its parts is refused too.
+    A merged scan lists its parts' corpora (``config["corpus"]``), so merging it again with one
+    of its parts, or with a merge of one, is refused too. Adds the scan's corpora to ``seen``.
     """
-    seen: dict[str, int] = {}
-    for i, part in enumerate(parts):
-        corpus = part.config.get("corpus")
-        for fingerprint in corpus if isinstance(corpus, list) else [corpus]:
-            if fingerprint is not None and fingerprint in seen:
-                raise InputError(f"scans {seen[fingerprint]} and {i} read the same corpus ({fingerprint}): "
-                                 "merging would count its tokens twice; merge scans of different parts "
-                                 "of a corpus")
-            seen.setdefault(fingerprint, i)
+    corpus = part.config.get("corpus")
+    for fingerprint in corpus if isinstance(corpus, list) else [corpus]:
+        if fingerprint is not None and fingerprint in seen:
+            raise InputError(f"scans {seen[fingerprint]} and {i} read the same corpus ({fingerprint}): "
+                             "merging would count its tokens twice; merge scans of different parts "
+                             "of a corpus")
+        seen.setdefault(fingerprint, i)
 
 
 def _admit(acc, other, spec: str, i: int) -> None:
