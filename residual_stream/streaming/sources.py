@@ -227,7 +227,7 @@ def file_texts(path: Path, text_field: str = "text",
             for number, line in enumerate(handle, start=1):
                 if not warned and (now := replacements()) != seen:  # this file's, or another's
                     warned, seen = warn_replaced(path), now  # decoded in this thread meanwhile
-                text = _line_text(line, jsonl, text_field, f"{path}:{number}")
+                text = _line_text(line, jsonl, text_field, path, number)
                 if text:
                     yield text, raw.tell()
     except damaged_errors(path) as e:  # gzip's zlib.error: damaged data after the header
@@ -327,33 +327,41 @@ def chars_per_byte(path: Path, text_field: str = "text") -> float | None:
     jsonl, chars = how.startswith(".jsonl"), 0
     for line in lines:
         try:
-            chars += len(_line_text(line.decode("utf-8", errors="replace"), jsonl, text_field,
-                                    str(path)))
+            chars += len(_line_text(line.decode("utf-8", errors="replace"), jsonl, text_field, path))
         except InputError:  # a malformed record: the reading names it
             continue
     return chars / (units * min(1.0, used / len(data)))
 
 
-def _line_text(line: str, jsonl: bool, field: str, where: str) -> str:
-    """The text of one line of a file: the line stripped, or a record's ``field``; "" if blank."""
+def _line_text(line: str, jsonl: bool, field: str, path: Path | str, number: int | None = None) -> str:
+    """The text of one line of a file: the line stripped, or a record's ``field``; "" if blank.
+
+    An error names ``path`` and the line's ``number`` (made only then: a line's cost counts).
+    """
     if not line.strip():
         return ""
-    text = _json_text(line, field, where) if jsonl else line.strip()
+    text = _json_text(line, field, path, number) if jsonl else line.strip()
     return text if text.strip() else ""
 
 
-def _json_text(line: str, field: str, where: str) -> str:
-    """The ``field`` string of one JSON Lines record, or ``InputError`` naming ``where``."""
+_decode = json.JSONDecoder().decode  # json.loads of a str, without its per-call checks
+
+
+def _json_text(line: str, field: str, path: Path | str, number: int | None) -> str:
+    """The ``field`` string of one JSON Lines record, or ``InputError`` naming its place."""
     try:
-        record = json.loads(line)
+        record = _decode(line)
     except json.JSONDecodeError as e:
+        where = path if number is None else f"{path}:{number}"
         raise InputError(f"{where} is not JSON ({e.msg}); a .jsonl corpus holds one JSON object "
                          "per line") from None
     if not isinstance(record, dict) or field not in record:
+        where = path if number is None else f"{path}:{number}"
         keys = sorted(record) if isinstance(record, dict) else type(record).__name__
         raise InputError(f"{where} has no {field!r} field (it has {keys}); name the field that "
                          "holds the text (text_field=, --text-field)")
     text = record[field]
     if not isinstance(text, str):
+        where = path if number is None else f"{path}:{number}"
         raise InputError(f"{where}: {field!r} is a {type(text).__name__}, not a string")
     return text
