@@ -100,6 +100,9 @@ def test_the_scan_example_runs_as_written(api, workdir, monkeypatch):
     lines = list(names["load_dataset"]("text", data_files="corpus.txt", split="train")["text"])  # unstripped
     want = names["rs"].scan(names["model"], lines, "growth", progress=False)
     assert names["rows"].tokens == want.tokens and names["rows"].batches == want.batches
+    budget = names["rs"].scan(names["model"], lines, "growth", max_tokens=500, progress=False)
+    assert names["first"].tokens == budget.tokens == 500
+    assert names["first"].stats["growth"].to_frame().equals(budget.stats["growth"].to_frame())
 
 
 def test_the_report_line_runs_as_written(workdir, monkeypatch, capsys):
