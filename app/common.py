@@ -117,7 +117,12 @@ def explain(e: ResidualStreamError) -> str:
     if isinstance(e, ContextLengthError) and e.tokens is not None:  # the app has no overflow="chunk"
         return plain(f"The text is {e.tokens:,} tokens, over {e.model}'s limit of {e.limit:,}: "
                      "shorten it (the Python API can split a long text into rows: overflow='chunk').")
-    return plain(str(e).replace(REPLACE, f"the box '{REPLACE_BOX}' on the Corpus page"))
+    return worded(str(e))
+
+
+def worded(message: str) -> str:
+    """A library message for the page (Markdown-escaped), its API argument named as the page's box."""
+    return plain(message.replace(REPLACE, f"the box '{REPLACE_BOX}' on the Corpus page"))
 
 
 @contextmanager

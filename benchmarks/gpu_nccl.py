@@ -41,7 +41,7 @@ def main() -> None:
         dtype = "bfloat16" if args.device == "cuda" else "float32"
         model = rs.load(args.model, device=args.device, dtype=dtype, progress=False)
         res = rs.scan(model, TEXTS, ["growth", "survival"], batch_size=4, seq_len=32, progress=False)
-        merged, tokens, batches, _ = _gather(res.accumulators, res.tokens, res.batches, 0)
+        merged, tokens, batches, _, _ = _gather(res.accumulators, res.tokens, res.batches, 0)
         diffs = {f"{n}.{k}": float((v.double().cpu() - merged[n].sums[k].double().cpu())
                                    .abs().nan_to_num().max())
                  for n, a in res.accumulators.items() for k, v in a.sums.items()}

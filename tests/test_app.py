@@ -529,6 +529,13 @@ def test_corpus_page_reads_bytes_that_are_not_utf8_when_asked(tmp_path, monkeypa
                    batch_size=8, seq_len=128, progress=False).tokens
     assert f"over {want:,} tokens of {corpus} (bytes that are not UTF-8 read as U+FFFD)" \
         in unescaped(at.caption[1].value)
+    told = unescaped(at.warning[0].value)  # which file held them, and where its first one is
+    assert told.startswith("Bytes that are not UTF-8 were read as U+FFFD in 1 file of the corpus") and \
+        f"- {corpus} is not UTF-8 text: byte 3 (line 1) is 0xe9" in told, told
+    (tmp_path / "clean.txt").write_text("A clean line.\n", encoding="utf-8")
+    at.text_input(key="corpus_path").set_value(str(tmp_path / "clean.txt"))
+    _scan_button(at).click().run()
+    assert not at.exception and not at.warning, [w.value for w in at.warning]
 
 
 def test_the_scan_progress_gives_the_rate_and_the_time_left(monkeypatch):

@@ -18,6 +18,7 @@ from conftest import assert_scan_of_texts
 import residual_stream as rs
 from residual_stream.errors import InputError
 from residual_stream.streaming import Corpus
+from residual_stream.streaming.progress import ReadProgress
 from residual_stream.streaming.utf8 import ReplacedBytesWarning
 
 LINES = [b"caf\xe9 au lait", b"a clean line", b"two runs \xff\xfe and \xc3(", b"cut \xe2\x82"]
@@ -34,11 +35,18 @@ def _reference(data: bytes) -> list[str]:
 
 
 def _read(corpus: Corpus) -> tuple[list[str], list[str]]:
-    """The corpus's texts, and the messages of the ReplacedBytesWarnings its reading gave."""
+    """The corpus's texts, and the messages of the ReplacedBytesWarnings its reading gave.
+
+    Checked to be what the reading's counters recorded (``ReadProgress.replaced``, which a scan
+    returns as ``ScanResult.replaced``).
+    """
+    reading = ReadProgress({})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        texts = list(corpus.texts())
-    return texts, [str(w.message) for w in caught if w.category is ReplacedBytesWarning]
+        texts = list(corpus.texts(reading))
+    warned = [str(w.message) for w in caught if w.category is ReplacedBytesWarning]
+    assert reading.replaced == warned
+    return texts, warned
 
 
 def test_bad_bytes_read_as_python_replaces_them_with_one_warning_per_file(tmp_path):
@@ -85,6 +93,38 @@ def test_a_scan_with_replace_equals_the_scan_of_the_replaced_texts(model, tmp_pa
     with pytest.warns(ReplacedBytesWarning, match="web.txt is not UTF-8 text: byte 3"):
         assert_scan_of_texts(model, Corpus(tmp_path / "web.txt", encoding_errors="replace"),
                              _reference(data), ["growth", "survival"], batch_size=2, seq_len=16)
+
+
+def test_a_scan_says_which_files_held_bad_bytes_and_keeps_it_saved_and_merged(model, tmp_path):
+    """``ScanResult.replaced``: the warnings the reading gave, one per file in reading order, also
+    where no warning is shown (the app, a notebook's reader thread); kept by ``.pt`` and JSON, joined
+    by ``merge_scans``, empty for a clean corpus."""
+    web = tmp_path / "web"
+    web.mkdir()
+    (web / "a.txt").write_bytes(b"one caf\xe9 line\nanother line\n")
+    (web / "b.txt").write_bytes("clean é text\n".encode())
+    (web / "c.jsonl").write_bytes(b'{"text": "na\xefve"}\n{"text": "fine"}\n')
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("ignore")  # shown nowhere: the result still says
+        warnings.simplefilter("always", ReplacedBytesWarning)
+        scanned = rs.scan(model, Corpus(web, encoding_errors="replace"), ["growth", "survival"],
+                          batch_size=2, seq_len=16, progress=False)
+    # each file's warning, once (the scan's first batch is read twice: calibration, then the scan)
+    warned = list(dict.fromkeys(str(w.message) for w in caught if w.category is ReplacedBytesWarning))
+    assert len(warned) == 2 and "a.txt is not UTF-8 text: byte 7 (line 1) is 0xe9" in warned[0] \
+        and "c.jsonl is not UTF-8 text: byte 12 (line 1) is 0xef" in warned[1]
+    assert scanned.replaced == tuple(warned)
+    assert scanned.to_dict()["replaced"] == warned
+    loaded = rs.load_scan(scanned.save(tmp_path / "web.pt"))
+    assert loaded.replaced == scanned.replaced
+    with pytest.warns(ReplacedBytesWarning, match="corpus item 1"):
+        listed = rs.scan(model, Corpus(["a clean text", "a \udcff text"], encoding_errors="replace"),
+                         ["growth", "survival"], batch_size=2, seq_len=16, progress=False)
+    clean = rs.scan(model, ["a clean text"], ["growth", "survival"], batch_size=2, seq_len=16,
+                    progress=False)
+    assert clean.replaced == () and clean.to_dict()["replaced"] == []
+    merged = rs.merge_scans([tmp_path / "web.pt", listed, clean])
+    assert merged.replaced == (*warned, *listed.replaced) and len(listed.replaced) == 1
 
 
 def test_a_state_saved_reading_strictly_is_not_resumed_replacing(model, tmp_path):

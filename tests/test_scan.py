@@ -1370,6 +1370,8 @@ def test_cli_scan_resumes_and_several_processes_give_the_single_process_result(t
         done = _run(*runner, *args, "--out", str(tmp_path / out))
         assert done.returncode == 0, done.stderr
         assert done.stderr.count("not UTF-8") == 1 and "byte 43" in done.stderr, done.stderr
+        replaced = json.loads((tmp_path / out).read_text())["replaced"]  # the ranks' records joined
+        assert len(replaced) == 1 and "byte 43" in replaced[0], replaced
     _assert_same_scan(tmp_path / "line1.json", tmp_path / "line2.json")
     refusals = [("cuda:1", "each process takes its own device")]
     if not torch.cuda.is_available():

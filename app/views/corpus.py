@@ -18,8 +18,18 @@ STATS = {"growth": "norm growth and update sizes", "survival": "survival of ever
          "read_attribution": "read attribution (the read-write graph)", LENS: "logit lens (one token in 4)"}
 
 
+def show_replaced(result) -> None:
+    """Name the files (or list items) whose bytes that are not UTF-8 the scan read as U+FFFD, if any."""
+    n = len(result.replaced)
+    if n:
+        st.warning(f"Bytes that are not UTF-8 were read as U+FFFD in {n} file{'s' if n > 1 else ''} of the "
+                   "corpus (the first in each is named):\n\n" + "\n".join(
+                       f"- {common.worded(w)}" for w in result.replaced))
+
+
 def show_scan(result, name: str) -> None:
     """Draw the statistics ``result`` (a ``ScanResult``) holds, of model ``name``."""
+    show_replaced(result)
     growth, reads, survival, lens = map(result.find, ("growth", "read_attribution", "survival", "lens"))
     if growth is not None:
         common.show(plotting.norm_growth_figure(growth, name=name), growth.to_frame(), key="corpus-growth",

@@ -39,8 +39,8 @@ def calibration_source(source, accs: dict):
     ``source``: a ``ScanResult``, or the path of a scan saved whole (or an open one). What
     ``calibrate`` checks first, and the CLI before it loads the model.
     """
-    from .runner import ScanResult
     from .saved import load_scan
+    from .scan_result import ScanResult
 
     wanted = [spec for spec, acc in accs.items() if acc.calibrates]
     if not wanted:

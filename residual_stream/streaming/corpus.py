@@ -36,7 +36,7 @@ from .sources import (
     sizes,
 )
 from .tokenize import groups, spans
-from .utf8 import ENCODING_ERRORS, replace_surrogates, warn_item_replaced
+from .utf8 import ENCODING_ERRORS, kept, replace_surrogates, warn_item_replaced
 
 SEGMENT_CHARS = 1 << 22  # characters per segment (~1M tokens of English), at least a text
 TEXT_FIELD = "text"  # a JSON Lines record's text field unless another is named
@@ -145,7 +145,7 @@ class Corpus:
                                      "read them as U+FFFD with encoding_errors='replace'") from None
                 t = replace_surrogates(t)
                 if not replaced:  # once a reading, as a file's first
-                    replaced = warn_item_replaced(items - 1, e.start)
+                    replaced = kept(warn_item_replaced(items - 1, e.start), reading.replaced)
             if t.strip():
                 reading.read(ITEMS, len(t), items)
                 yield t
@@ -155,7 +155,7 @@ class Corpus:
         base: dict[str, int] = {}  # bytes of the files read before, per kind
         for f in self._files():
             k = kind(f)
-            for text, position in file_texts(f, self.text_field, self.encoding_errors):
+            for text, position in file_texts(f, self.text_field, self.encoding_errors, reading.replaced):
                 reading.read(k, len(text), base.get(k, 0) + position)
                 yield text
             base[k] = base.get(k, 0) + f.stat().st_size

@@ -32,6 +32,7 @@ import torch
 from ..errors import InputError
 from .base import merged
 from .saved import load_scan
+from .scan_result import ScanResult, replaced_in
 from .specs import make_accumulators
 
 SAME = ("model", "shape", "dtype", "stats", "seq_len")  # settings every part must share
@@ -49,12 +50,10 @@ def merge_scans(scans: Sequence) -> object:
     read, however many there are. The parts are left as they were. See the module docstring for
     what must agree.
     """
-    from .runner import ScanResult
-
     if isinstance(scans, (str, Path)) or not isinstance(scans, Sequence) or not scans:
         raise InputError("merge_scans takes a list of scans (ScanResult or saved .pt paths), at least one")
     first = _part(scans[0], 0)
-    totals, corpora = [0, 0, 0.0, 0], {}  # tokens, batches, seconds, resumed; corpus → its scan
+    totals, corpora, replaced = [0, 0, 0.0, 0], {}, []  # tokens, batches, seconds, resumed; corpus → scan
 
     def states():  # each part's sums, checked and counted as it comes
         for i, scan in enumerate(scans):
@@ -63,6 +62,7 @@ def merge_scans(scans: Sequence) -> object:
             _check_corpus(part, i, corpora)
             for k, value in enumerate((part.tokens, part.batches, part.seconds, part.resumed_tokens)):
                 totals[k] += value
+            replaced.append(part.replaced)
             state = {spec: acc.state_dict() for spec, acc in part.accumulators.items()}
             del part  # gone before the next is read: its sums stay, in ``state``, until added
             yield state
@@ -70,13 +70,11 @@ def merge_scans(scans: Sequence) -> object:
     accs = merged(make_accumulators(list(first.accumulators)), states(), _admit)
     config = {**first.fingerprinted(), "corpus": list(corpora)}
     return ScanResult({spec: acc.result() for spec, acc in accs.items()}, totals[0], totals[1],
-                      totals[2], first.model_name, accs, totals[3], config)
+                      totals[2], first.model_name, accs, totals[3], config, replaced=replaced_in(replaced))
 
 
 def _part(scan, i: int):
     """Scan ``i``: a ``ScanResult`` as given, or loaded from its path; ``InputError`` for anything else."""
-    from .runner import ScanResult
-
     part = load_scan(scan) if isinstance(scan, (str, Path)) else scan
     if not isinstance(part, ScanResult):
         raise InputError(f"scan {i} is a {type(part).__name__}: give ScanResults or paths of scans "

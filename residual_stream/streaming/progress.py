@@ -44,6 +44,7 @@ class ReadProgress:
     ended: dict[str, tuple[int, int]] = field(default_factory=dict)  # (chars, units) at a file's end
     chars_tokenized: int = 0
     tokens: int = 0
+    replaced: list[str] = field(default_factory=list)  # warnings of bytes read as U+FFFD (``utf8``)
 
     def read(self, kind: str, chars: int, units: int) -> None:
         """A text of ``chars`` characters was read; ``units`` of its kind have been read in all."""

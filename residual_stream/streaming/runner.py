@@ -41,18 +41,13 @@ on the CPU, nccl on the GPU).
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import closing
-from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
-import pandas as pd
 
 from ..errors import EmptyTextError, InputError, need_model
 from .accumulators import Accumulator
@@ -65,83 +60,12 @@ from .lean import points
 from .ledger import Ledger, Share, agreed, check_processes, dist_exchange
 from .progress import ReadProgress, ScanBar
 from .reader import prefetched
-from .saved import SUFFIX, save_scan
+from .scan_result import ScanResult, frames, replaced_in
 from .signals import Deferred
 from .specs import make_accumulators
 from .state import resume, save_state, scan_config, scan_settings
 
-
-@dataclass
-class ScanResult:
-    """What a scan measured: ``stats[name]`` is the analysis result over every scanned token."""
-
-    stats: dict[str, object]
-    tokens: int
-    batches: int
-    seconds: float
-    model_name: str
-    accumulators: dict[str, Accumulator] = field(repr=False, default_factory=dict)
-    resumed_tokens: int = 0  # of ``tokens``, those a saved state held when this run began
-    config: dict = field(repr=False, default_factory=dict)  # what it ran with (``state.scan_settings``)
-    model: Callable[[], object | None] = field(repr=False, compare=False, default=lambda: None)  # a weakref
-    _fingerprints: dict = field(repr=False, compare=False, default_factory=dict)  # ``fingerprinted``'s
-
-    def find(self, name: str, where: Callable[[object], bool] = lambda result: True):
-        """The result of the first statistic called ``name`` that ``where`` accepts.
-
-        Whatever its options (``growth:top_k=5``); None where the scan took none.
-        """
-        return next((v for k, v in self.stats.items() if k.split(":")[0] == name and where(v)), None)
-
-    def fingerprinted(self) -> dict:
-        """``config`` with the fingerprints of the model's weights and tokenizer, computed once.
-
-        A scan with a ``state`` has them already; another computes them from its model while that
-        is alive (SmolLM2 on 2 CPU cores: 0.3 s), as a saved scan and ``merging`` want them, and
-        keeps them beside ``config``, which stays as the scan ran.
-        """
-        model = self.model()
-        if "weights" not in self.config and not self._fingerprints and model is not None:
-            full = scan_config(model, self.config)
-            self._fingerprints = {key: full[key] for key in full.keys() - self.config.keys()}
-        return {**self.config, **self._fingerprints}
-
-    @property
-    def tokens_per_second(self) -> float:
-        """Tokens this run scanned per second (0 when nothing was left to scan)."""
-        run = self.tokens - self.resumed_tokens
-        return run / self.seconds if self.seconds > 0 and run > 0 else 0.0
-
-    def to_dict(self) -> dict:
-        """JSON-ready: metadata, each statistic's token count and its frames as records.
-
-        ``tokens_measured``: the tokens each statistic's means are over (fewer than
-        ``tokens`` for one on sampled tokens).
-        """
-        return {
-            "model": self.model_name, "tokens": self.tokens, "batches": self.batches,
-            "seconds": self.seconds,
-            "tokens_measured": {name: acc.tokens for name, acc in self.accumulators.items()},
-            "stats": {name: {k: _json_ready(f) for k, f in frames(result).items()}
-                      for name, result in self.stats.items()},
-        }
-
-    def save(self, path: str | Path) -> Path:
-        """Write the scan to ``path``, atomically: whole for a ``.pt`` name, else ``to_dict()`` as JSON.
-
-        A ``.pt`` file holds every statistic's sums, and loads back into this result
-        (``rs.load_scan``, ``saved``); JSON holds the frames, for any tool.
-        """
-        path = Path(path)
-        if path.suffix == SUFFIX:
-            return save_scan(self, path)
-        tmp = path.with_name(f".{path.name}.partial")
-        try:
-            tmp.write_text(json.dumps(self.to_dict(), indent=1), encoding="utf-8")
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return path
+__all__ = ["ScanResult", "frames", "scan"]
 
 
 def _save_due(save_every: int | None, save_seconds: float) -> Callable[[int], bool]:
@@ -183,13 +107,17 @@ def _all_gather(value) -> list:
     return out
 
 
-def _gather(accs: dict[str, Accumulator], tokens: int, batches: int,
-            resumed: int) -> tuple[dict, int, int, int]:
-    """Merge every process's accumulators, in rank order, on every process; sum the counts."""
+def _gather(accs: dict[str, Accumulator], tokens: int, batches: int, resumed: int,
+            replaced: Sequence[str] = ()) -> tuple[dict, int, int, int, tuple[str, ...]]:
+    """Merge every process's accumulators, in rank order, on every process; sum the counts.
+
+    And join the processes' warnings of bytes read as U+FFFD (``replaced``), each once.
+    """
     states = _all_gather({"tokens": tokens, "batches": batches, "resumed": resumed,
-                          "stats": {n: a.state_dict() for n, a in accs.items()}})
+                          "stats": {n: a.state_dict() for n, a in accs.items()}, "replaced": list(replaced)})
     return (merged(accs, [s["stats"] for s in states]),
-            *(sum(s[k] for s in states) for k in ("tokens", "batches", "resumed")))
+            *(sum(s[k] for s in states) for k in ("tokens", "batches", "resumed")),
+            replaced_in(s["replaced"] for s in states))
 
 
 def _share(rank: int, world_size: int, start: int, max_tokens: int | None,
@@ -342,8 +270,9 @@ def scan(
         add = batch_adder(model, accs, graphs, seq_len)
         bar = ScanBar(model.name, corpus.progress, max_tokens, tokens, progress, rank, world_size,
                       corpus.segment_chars)
+        counts = bar.reading or ReadProgress({})  # what is read, and its bytes read as U+FFFD
         reading = prefetched(_read_batches(model, corpus, batch_size, seq_len, max_tokens, order, done,
-                                           share, bar.reading, ledger), stop=stop)
+                                           share, counts, ledger), stop=stop)
         start, run, segment = time.perf_counter(), 0, done[0]
 
         def save() -> None:  # the state as it stands when called, every batch added
@@ -377,24 +306,9 @@ def scan(
         acc.segment_done()
     if path is not None:
         save()
+    replaced = replaced_in([counts.replaced])
     if world_size > 1:
-        accs, tokens, added, resumed = _gather(accs, tokens, added, resumed)
+        accs, tokens, added, resumed, replaced = _gather(accs, tokens, added, resumed, replaced)
     seconds = time.perf_counter() - start
     return ScanResult({n: a.result() for n, a in accs.items()}, tokens, added, seconds,
-                      model.name, accs, resumed, config or settings, weakref.ref(model))
-
-
-def frames(result) -> dict[str, pd.DataFrame]:
-    """A statistic's result as named data frames (for JSON and CSV output)."""
-    if isinstance(result, pd.DataFrame):
-        return {"summary": result}
-    out = {"values": result.to_frame()}
-    for extra in ("massive", "norm_inputs"):
-        if isinstance(getattr(result, extra, None), pd.DataFrame):
-            out[extra] = getattr(result, extra)
-    return out
-
-
-def _json_ready(frame: pd.DataFrame) -> list[dict]:
-    clean = frame.replace({np.nan: None})
-    return clean.to_dict("records")
+                      model.name, accs, resumed, config or settings, weakref.ref(model), replaced=replaced)

@@ -33,6 +33,7 @@ def scan_bytes(result) -> bytes:
     saved = {"format": FORMAT, "version": VERSION, "model": result.model_name, "tokens": result.tokens,
              "batches": result.batches, "seconds": result.seconds,
              "resumed_tokens": result.resumed_tokens, "config": result.fingerprinted(),
+             "replaced": list(result.replaced),
              "stats": {name: acc.state_dict() for name, acc in result.accumulators.items()}}
     buffer = io.BytesIO()
     torch.save(saved, buffer)
@@ -59,7 +60,7 @@ def load_scan(path: str | Path | io.IOBase):
     file that is not a saved scan (a scan's resumable ``--state`` included), one saved by a newer
     version, and a damaged one; nothing is written.
     """
-    from .runner import ScanResult
+    from .scan_result import ScanResult
 
     if not isinstance(path, io.IOBase):
         path = Path(path)
@@ -79,7 +80,7 @@ def load_scan(path: str | Path | io.IOBase):
         stats = {spec: acc.result() for spec, acc in accs.items()}
         return ScanResult(stats, int(saved["tokens"]), int(saved["batches"]), float(saved["seconds"]),
                           str(saved["model"]), accs, int(saved["resumed_tokens"]),
-                          dict(saved.get("config", {})))
+                          dict(saved.get("config", {})), replaced=tuple(map(str, saved.get("replaced", ()))))
     except InputError:
         raise
     except Exception as e:  # noqa: BLE001 - a missing sum, a wrong shape or type

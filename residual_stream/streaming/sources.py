@@ -57,7 +57,7 @@ from .packing import (
     unpacked_head,
 )
 from .packing import SUFFIXES as PACKING_SUFFIXES
-from .utf8 import EncodingErrors, codec_errors, not_utf8, replacements, warn_replaced
+from .utf8 import EncodingErrors, codec_errors, kept, not_utf8, replacements, warn_replaced
 
 # what a folder's files may end with; and .json files, read when their first line is a record (``json_lines``)
 SUFFIXES = (*(base + packed for base in (".txt", ".jsonl") for packed in ("", *PACKING_SUFFIXES)), *COLUMNAR)
@@ -208,13 +208,14 @@ def _check_content(path: Path, packing: Packing | None) -> None:
                          "give UTF-8 text or JSON Lines")
 
 
-def file_texts(path: Path, text_field: str = "text",
-               encoding_errors: EncodingErrors = "strict") -> Iterator[tuple[str, int]]:
+def file_texts(path: Path, text_field: str = "text", encoding_errors: EncodingErrors = "strict",
+               replaced: list[str] | None = None) -> Iterator[tuple[str, int]]:
     """The non-blank texts of one file (see the module docstring), in order.
 
     Each with how many bytes of the file (of the compressed file, for one) have been read so
     far, in blocks: the position a progress estimate reads (``progress``). Bytes that are not
-    UTF-8 are refused, or read as U+FFFD with one warning per file (``utf8``).
+    UTF-8 are refused, or read as U+FFFD with one warning per file (``utf8``), whose text is
+    added to ``replaced`` when given.
     """
     if kind(path) in COLUMNAR:  # a column of strings, not lines
         yield from columnar_texts(path, text_field)
@@ -226,7 +227,8 @@ def file_texts(path: Path, text_field: str = "text",
             seen = replacements()
             for number, line in enumerate(handle, start=1):
                 if not warned and (now := replacements()) != seen:  # this file's, or another's
-                    warned, seen = warn_replaced(path), now  # decoded in this thread meanwhile
+                    warning, seen = warn_replaced(path), now  # decoded in this thread meanwhile
+                    warned = kept(warning, replaced)
                 text = _line_text(line, jsonl, text_field, path, number)
                 if text:
                     yield text, raw.tell()

@@ -9,7 +9,9 @@
   ``bytes.decode("utf-8", "replace")`` makes it, and the scan goes on: a web crawl of 10^8
   tokens with one stray byte is still scanned. The first such byte of each file is reported
   once, as a ``ReplacedBytesWarning`` naming the file, the byte's offset and its line; the
-  others in that file are replaced silently.
+  others in that file are replaced silently. The warning's text is kept too (``kept``, into the
+  reading's ``ReadProgress.replaced``), so a scan names those files in its result
+  (``ScanResult.replaced``) even where the warning is never seen.
 
 The replacing is done by a codec error handler of our own (``HANDLER``), which counts the
 replacements made in each thread (``replacements``): the reader of a file compares the count
@@ -105,25 +107,39 @@ def not_utf8(path: Path) -> InputError:
                       f"converted file instead, or read such bytes as U+FFFD with {REPLACE}")
 
 
-def warn_replaced(path: Path) -> bool:
-    """Warn that ``path``'s bytes that are not UTF-8 are read as U+FFFD; False if it has none.
+def warn_replaced(path: Path) -> str | None:
+    """Warn that ``path``'s bytes that are not UTF-8 are read as U+FFFD; the warning's text.
 
-    None: the count that called for this was another file's, decoded in this thread meanwhile.
+    None, and no warning, when it has none: the count that called for this was another
+    file's, decoded in this thread meanwhile.
     """
     found = first_bad_byte(path)
-    if found is not None:
-        warnings.warn(f"{path} is not UTF-8 text: {_where(found, path)}; it and any others in this "
-                      "file are read as U+FFFD (encoding_errors='replace')", ReplacedBytesWarning,
-                      stacklevel=1)  # here: the toolkit's, as a command shows it (bars.one_line_warnings)
-    return found is not None
+    if found is None:
+        return None
+    return _warn(f"{path} is not UTF-8 text: {_where(found, path)}; it and any others in this file are "
+                 f"read as U+FFFD ({REPLACE})")
 
 
-def warn_item_replaced(item: int, at: int) -> bool:
+def warn_item_replaced(item: int, at: int) -> str:
     """Warn that corpus item ``item``'s lone surrogates (from character ``at``) are read as U+FFFD."""
-    warnings.warn(f"corpus item {item} is not valid Unicode at character {at} (bytes that are not UTF-8, "
-                  "decoded with surrogateescape?); it and any others are read as U+FFFD "
-                  f"({REPLACE})", ReplacedBytesWarning, stacklevel=1)
-    return True
+    return _warn(f"corpus item {item} is not valid Unicode at character {at} (bytes that are not UTF-8, "
+                 f"decoded with surrogateescape?); it and any others are read as U+FFFD ({REPLACE})")
+
+
+def _warn(message: str) -> str:
+    """Issue ``message`` as a ``ReplacedBytesWarning``; return it (``ScanResult.replaced`` keeps it).
+
+    Its place is here, the toolkit's, as a command shows it (``bars.one_line_warnings``).
+    """
+    warnings.warn(message, ReplacedBytesWarning, stacklevel=1)
+    return message
+
+
+def kept(warning: str | None, replaced: list[str] | None) -> bool:
+    """Add ``warning`` (a warning's text, or None) to ``replaced`` where given, once; was there one."""
+    if warning is not None and replaced is not None and warning not in replaced:
+        replaced.append(warning)
+    return warning is not None
 
 
 def replace_surrogates(text: str) -> str:
