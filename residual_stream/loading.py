@@ -3,7 +3,7 @@
 ``load(source)`` accepts a registry name, a local Hugging Face folder, a ``.gguf`` file, a
 hub id already in the local Hugging Face cache, a ``transformers`` model object, a
 TransformerLens ``TransformerBridge``, or a ``Model``. Weights are never unpickled
-(safetensors and GGUF only). A GGUF file is dequantized once (about 20 s for SmolLM2) and
+(safetensors and GGUF only). A GGUF file is dequantized once (about 9 s for SmolLM2) and
 cached as safetensors under ``$RESIDUAL_STREAM_CACHE`` (default ``~/.cache/residual_stream``),
 keyed by the file's sha256, so later loads take a few seconds.
 

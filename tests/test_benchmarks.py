@@ -180,3 +180,16 @@ def test_the_packing_benchmark_runs_and_reads_every_packing(tmp_path):
     rows = json.loads((tmp_path / "packing.json").read_text())
     assert [r["packing"] for r in rows] == ["plain", ".gz", ".xz", ".bz2", ".zst"]
     assert rows[0]["ratio_to_plain"] == 1 and all(r["seconds"] > 0 and r["file_mb"] > 0 for r in rows)
+
+
+@pytest.mark.slow
+def test_the_gguf_first_load_benchmark_parses_once_and_gets_the_same_model(tmp_path):
+    """``gguf_first_load.py`` on a one-block GGUF: each way's load equal to the warm-up's (the script
+    asserts it), transformers' parses and name tables counted: several plain, one shared."""
+    from gguf_tiny import one_block
+
+    path = one_block(tmp_path / "one.gguf")
+    _run("benchmarks/gguf_first_load.py", "--gguf", str(path), "--rounds", "1", "--out", str(tmp_path / "g"))
+    plain, shared = json.loads((tmp_path / "g.json").read_text())
+    assert (plain["way"], shared["way"]) == ("plain", "shared") and plain["ratio_to_plain"] == 1
+    assert plain["parses"] > 1 and plain["name_maps"] > 1 and shared["parses"] == shared["name_maps"] == 1

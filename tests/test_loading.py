@@ -560,6 +560,47 @@ def test_a_refused_gguf_leaves_no_float_copy_and_an_unreadable_one_is_unsupporte
 
 
 @pytest.mark.slow
+def test_a_gguf_is_parsed_once_on_its_first_load_into_the_copy_three_parses_give(tmp_path, cache,
+                                                                                 monkeypatch):
+    """transformers parses a GGUF file for the config, the weights and the tokenizer, and builds
+    gguf's tensor-name table once per module; ``reads_once`` shares one of each (SmolLM2's first
+    load: 20.4 s -> 8.6 s, ``benchmarks/gguf_first_load.py``). Reference: ``from_gguf`` without it:
+    every tensor bit for bit, the config, the vocabulary and a text's ids; ``rs.load`` goes through
+    it, and gguf's names are put back, also when the load raises."""
+    import gguf
+    from gguf_tiny import one_block
+
+    from residual_stream.gguf_cache import from_gguf, reads_once
+
+    path = one_block(tmp_path / "one.gguf")
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    parses, tables = [], []
+    monkeypatch.setattr(gguf, "GGUFReader", lambda *a: parses.append(a) or reader(*a))
+    monkeypatch.setattr(gguf, "get_tensor_name_map", lambda *a: tables.append(a) or name_map(*a))
+    plain = from_gguf(path)
+    assert len(parses) > 1 and len(tables) > 1, (parses, tables)  # what there is to share
+    parses.clear(), tables.clear()
+    with reads_once():
+        shared = from_gguf(path)
+    assert len(parses) == 1 and len(tables) == 1, (parses, tables)
+    (pm, pt, _), (sm, st, _) = plain, shared
+    ps, ss = pm.state_dict(), sm.state_dict()
+    assert ps.keys() == ss.keys() and all(torch.equal(ps[k], ss[k]) for k in ps)
+    assert pm.config.to_dict() == sm.config.to_dict() and pt.get_vocab() == st.get_vocab()
+    assert pt("naïve — 東京 x²")["input_ids"] == st("naïve — 東京 x²")["input_ids"]
+    parses.clear()
+    loaded = rs.load(path, progress=False)  # the first load, through the cache
+    assert len(parses) == 1
+    cached = loaded.module.state_dict()
+    assert cached.keys() == ps.keys() and all(torch.equal(ps[k], cached[k]) for k in ps)
+    with pytest.raises(RuntimeError, match="interrupted"), reads_once():
+        raise RuntimeError("interrupted")
+    assert gguf.GGUFReader is not reader  # still the test's counting wrapper: put back as found
+    monkeypatch.undo()
+    assert gguf.GGUFReader is reader and gguf.get_tensor_name_map is name_map
+
+
+@pytest.mark.slow
 def test_a_cached_gguf_copy_that_does_not_load_is_made_again(tmp_path, cache, capsys):
     """Only the copy's weights were checked: a damaged config.json or tokenizer failed every
     load with "re-download or reinstall it", which cannot help (the copy is keyed by the
