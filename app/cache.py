@@ -20,7 +20,7 @@ import residual_stream.experiments as ex
 TEXT_RESULTS = 64  # (model, text) results each cache keeps: a served app meets many texts
 
 
-@st.cache_resource(show_spinner="Loading the model (the first SmolLM2 load dequantizes, ~20 s)…",
+@st.cache_resource(show_spinner="Loading the model (the first SmolLM2 load dequantizes, ~10 s)…",
                    max_entries=4)
 def model(name: str) -> rs.Model:
     """A loaded model, shared by every session (read-only); the 4 last used stay loaded."""
