@@ -250,19 +250,26 @@ def named_subspaces(model, pca: Subspace, unembed_k: int = 32,
     if model.anatomy.has_lm_head and model.anatomy.modules.lm_head is None:
         subs.insert(1, unembed_subspace(model, unembed_k))
     if basis is not None:
-        d = model.anatomy.d_model
-        try:  # a numpy array or nested lists of rows too
-            basis = torch.as_tensor(basis, dtype=torch.float32)
-        except (TypeError, ValueError, RuntimeError):
-            raise InputError(f"basis is rows of directions [k, d_model={d}] (a tensor or an array), "
-                             f"not a {type(basis).__name__}") from None
-        if basis.ndim != 2 or basis.shape[1] != d or basis.shape[0] < 1:
-            raise InputError(f"basis is rows of directions [k, d_model={d}], not a tensor of shape "
-                             f"{tuple(basis.shape)}")
-        if not bool(basis.isfinite().all()) or not bool(basis.ne(0).any()):
-            raise InputError("basis holds NaN, inf or only zeros: give finite directions")
-        subs.append(Subspace.from_vectors("basis", basis.T))
+        subs.append(Subspace.from_vectors("basis", basis_rows(basis, model.anatomy.d_model).T))
     return subs
+
+
+def basis_rows(basis: object, d: int | str = "d_model") -> Tensor:
+    """``basis`` as float32 rows ``[k, d]``: ``InputError`` unless 2-D, ``d`` wide, finite and not all 0.
+
+    ``d``: the stream's width, or a name for it where no model is at hand (any width passes).
+    """
+    try:  # a numpy array or nested lists of rows too
+        rows = torch.as_tensor(basis, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError):
+        raise InputError(f"basis is rows of directions [k, d_model={d}] (a tensor or an array), "
+                         f"not a {type(basis).__name__}") from None
+    if rows.ndim != 2 or min(rows.shape) < 1 or (isinstance(d, int) and rows.shape[1] != d):
+        raise InputError(f"basis is rows of directions [k, d_model={d}], not a tensor of shape "
+                         f"{tuple(rows.shape)}")
+    if not bool(rows.isfinite().all()) or not bool(rows.ne(0).any()):
+        raise InputError("basis holds NaN, inf or only zeros: give finite directions")
+    return rows
 
 
 def write_subspaces(

@@ -8,7 +8,7 @@ and merge their accumulators at the end (``runner``). A finished scan saved as `
 back whole (``load_scan``, ``saved``).
 """
 
-from .accumulators import STATS, Accumulator
+from .accumulators import STATS, Accumulator, SubspaceStats
 from .batching import corpus_batches, row_batches
 from .corpus import Corpus
 from .ledger import Share
@@ -17,5 +17,5 @@ from .runner import ScanResult, scan
 from .saved import load_scan
 from .specs import make_accumulators
 
-__all__ = ["STATS", "Accumulator", "Corpus", "ScanResult", "Share", "corpus_batches", "load_scan",
-           "make_accumulators", "merge_scans", "row_batches", "scan"]
+__all__ = ["STATS", "Accumulator", "Corpus", "ScanResult", "Share", "SubspaceStats", "corpus_batches",
+           "load_scan", "make_accumulators", "merge_scans", "row_batches", "scan"]

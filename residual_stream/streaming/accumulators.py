@@ -24,6 +24,7 @@ from ..analyses.subspaces import Subspace, WriteSubspaces, named_subspaces, pca_
 from ..analyses.tokens import safe_ratio
 from ..errors import InputError
 from .base import BIN_WIDTH, LOG_BINS, NORM_RANGE, Accumulator, histogram_quantile, log_histogram
+from .basis import resolve, rows_for
 from .clusters import OpenTexts
 from .flow import FlowSums
 from .growth import GrowthStats
@@ -155,7 +156,10 @@ class SubspaceStats(Accumulator):
     each batch is reduced from the contribution buffer of ``flow.FlowSums`` by a
     ``subspaces.SubspaceSums``; the subspaces, the heads' write bases and the readers' bases
     are computed once per scan, so a scan of it replays as a CUDA graph (``graphs``).
-    ``every > 1`` measures about one real token in ``every`` (``sampling``).
+    ``every > 1`` measures about one real token in ``every`` (``sampling``). ``basis``: directions
+    of one's own, rows ``[k, d_model]`` (a tensor, an array, or a ``.pt``/``.npy``/``.safetensors``
+    file: ``subspaces:basis=probe.pt``), measured as ``write_subspaces(basis=)`` measures them and
+    named in the spec by their fingerprint (``streaming.basis``).
     """
 
     name = "subspaces"
@@ -163,15 +167,16 @@ class SubspaceStats(Accumulator):
     CALIBRATION = ("pca_basis",)  # [d_model, pca_k], orthonormal columns
     lean = True
     replayable = True  # its bases and read plans are made once per scan, at the first batch
-    OPTIONS = ("pca_k", "unembed_k", "every")
+    OPTIONS = ("pca_k", "unembed_k", "every", "basis")
 
-    def __init__(self, pca_k: int = 16, unembed_k: int = 32, every: int = 1) -> None:
+    def __init__(self, pca_k: int = 16, unembed_k: int = 32, every: int = 1, basis: object = "") -> None:
         super().__init__()
         if pca_k < 1 or unembed_k < 1:
             raise InputError(f"subspaces: pca_k and unembed_k must be at least 1 (got {pca_k}, "
                              f"{unembed_k})")
         self.pca_k, self.unembed_k = pca_k, unembed_k
         self.every = check_every(self.name, every)
+        self.basis, self._rows = resolve(basis)  # a user's directions: their fingerprint (``basis``)
         self._fixed: tuple | None = None  # (PCA basis, model, subspaces, head bases, read plans)
 
     @property
@@ -180,8 +185,14 @@ class SubspaceStats(Accumulator):
         return "pca_basis" in self.meta
 
     def prepare(self, model, calibration) -> None:
-        """Fix the PCA subspace from ``calibration`` (unless a loaded state already did)."""
+        """Fix the PCA subspace from ``calibration`` (unless a loaded state already did).
+
+        And a user's basis: its rows kept in ``meta`` (so a saved state or scan holds them), checked
+        against the stream's width (``basis.rows_for``).
+        """
         super().prepare(model, calibration)
+        if self.basis:
+            self.meta["basis"] = rows_for(model, self.basis, self._rows, self.meta.get("basis"))
         if "pca_basis" not in self.meta:
             self.meta["pca_basis"] = pca_subspace(calibration, k=self.pca_k).basis.cpu()
 
@@ -206,7 +217,7 @@ class SubspaceStats(Accumulator):
         if self._fixed is None or self._fixed[0] is not basis or self._fixed[1] is not model:
             pca = Subspace(f"pca{basis.shape[1]}@{model.anatomy.n_layers}", basis)  # as pca_subspace names it
             subs = [Subspace(s.name, s.basis.to(model.device))  # not copied inside the pass
-                    for s in named_subspaces(model, pca, self.unembed_k)]
+                    for s in named_subspaces(model, pca, self.unembed_k, self.meta.get("basis"))]
             self._fixed = (basis, model, subs, head_write_bases(model).to(model.device),
                            ReadPlans(model))
         flow = FlowSums.shared(shared, model, batch)

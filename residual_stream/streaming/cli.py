@@ -61,7 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help=f"comma-separated statistics: {','.join(STATS)} (default: growth); "
                         "options follow a colon, e.g. lens:every=16 (one token in 16; also "
                         "survival, read_attribution, subspaces), survival:granularity=head, "
-                        "subspaces:pca_k=8:unembed_k=16, growth:top_k=100")
+                        "subspaces:pca_k=8:unembed_k=16, subspaces:basis=probe.pt (directions "
+                        "[k, d_model] of your own, .pt/.npy/.safetensors), growth:top_k=100")
     p.add_argument("--batch-size", type=int, default=8, help="rows per forward pass (default: 8)")
     p.add_argument("--seq-len", type=int, help="tokens per row (default: min(context, 128))")
     p.add_argument("--max-tokens", type=token_count, help="stop after this many tokens (1000000 or 1e6)")

@@ -1,0 +1,103 @@
+"""A basis of one's own for a scan's ``subspaces``: directions as rows, named by a fingerprint.
+
+``rs.write_subspaces(trace, basis=rows)`` measures each write's energy fraction in a subspace of the
+user's (probe directions, an SAE's decoder rows, a steering vector); ``subspaces:basis=…`` does the
+same over a corpus. The rows ``[k, d_model]`` come as a tensor, an array or nested lists (Python),
+or as a file (Python and the command line): a ``.pt`` or ``.pth`` file holding one tensor (read
+with ``weights_only=True``), a ``.npy`` array (no pickles) or a ``.safetensors`` file holding one
+tensor.
+
+A statistic's spec keys its results, its saved state and a merge, so it names the basis by a
+fingerprint of its values (``fingerprint``: the first 12 hex digits of the sha256 of its shape and
+float32 bytes), not by a path: ``subspaces:basis=probe.pt`` is ``subspaces:basis=3f09c2…`` once
+made. The same directions in a copy of the file resume a scan and merge with it; other directions
+never do. The spec alone (a saved scan's) holds no directions: the accumulator takes them from
+the state it loads (``meta["basis"]``), whose fingerprint must match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..analyses.subspaces import basis_rows
+from ..errors import InputError
+
+FINGERPRINT = re.compile(r"[0-9a-f]{12}")  # what a spec's basis= holds once made
+FILES = (".pt", ".pth", ".npy", ".safetensors")
+
+
+def fingerprint(rows: Tensor) -> str:
+    """The first 12 hex digits of the sha256 of ``rows``' shape and float32 values."""
+    data = rows.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
+    return hashlib.sha256(repr(tuple(rows.shape)).encode() + data).hexdigest()[:12]
+
+
+def resolve(basis: object) -> tuple[str, Tensor | None]:
+    """``(fingerprint, rows)`` of ``basis``; ``("", None)`` for none.
+
+    ``basis``: rows (a tensor, an array, nested lists), a file of them (``FILES``), or a
+    fingerprint alone (a spec read back: its rows come from a loaded state, so None here).
+    ``InputError`` for anything else, a file that cannot be read, and rows that are not 2-D,
+    finite and not all zero (``analyses.subspaces.basis_rows``, as ``write_subspaces`` checks them).
+    """
+    if basis is None or (isinstance(basis, str) and not basis):
+        return "", None
+    named = isinstance(basis, (str, Path))
+    if named and FINGERPRINT.fullmatch(str(basis)) and not Path(basis).exists():
+        return str(basis), None
+    try:
+        rows = basis_rows(read_rows(Path(basis)) if named else basis).detach().cpu()
+    except InputError as e:
+        raise InputError(f"{basis}: {e}" if named else str(e)) from None
+    return fingerprint(rows), rows
+
+
+def read_rows(path: Path) -> object:
+    """The one array a basis file holds; ``InputError`` for a missing, damaged or other file."""
+    if path.suffix not in FILES:
+        raise InputError(f"basis file {path} is not one of {', '.join(FILES)}: save the rows "
+                         "[k, d_model] with torch.save, numpy.save or safetensors")
+    if not path.is_file():
+        raise InputError(f"no basis file at {path}: give the file of directions [k, d_model]")
+    try:
+        if path.suffix == ".npy":
+            return np.load(path, allow_pickle=False)
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            tensors = load_file(path)
+            if len(tensors) != 1:
+                raise InputError(f"basis file {path} holds {len(tensors)} tensors "
+                                 f"({', '.join(sorted(tensors)[:5])}): save the basis alone")
+            return next(iter(tensors.values()))
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except InputError:
+        raise
+    except Exception as e:  # noqa: BLE001 - each format's own errors for a damaged file
+        raise InputError(f"basis file {path} cannot be read ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:160] if str(e) else ''}): save the rows again") from None
+
+
+def rows_for(model, wanted: str, given: Tensor | None, saved: object) -> Tensor:
+    """The rows a scan of ``model`` measures against: ``given`` ones, else a loaded state's (``saved``).
+
+    ``InputError`` for a fingerprint without rows (a spec read back, and no state holding them),
+    rows saved under another fingerprint, and rows of another width than the stream's.
+    """
+    rows = given if given is not None else saved
+    if rows is None:
+        raise InputError(f"subspaces: basis={wanted} names a basis by its fingerprint, and no saved "
+                         f"state holds its rows: give the directions (a tensor, or a {'/'.join(FILES)} file)")
+    if fingerprint(rows) != wanted:
+        raise InputError(f"subspaces: the saved basis is not basis={wanted} (its fingerprint is "
+                         f"{fingerprint(rows)}): scan again")
+    try:
+        return basis_rows(rows, model.anatomy.d_model)
+    except InputError as e:
+        raise InputError(f"subspaces: {e} ({model.name}'s stream is {model.anatomy.d_model} wide)") from None

@@ -1,0 +1,158 @@
+"""A basis of one's own for a scan's ``subspaces`` (``subspaces:basis=…``, ``streaming.basis``).
+
+Reference: ``rs.write_subspaces(trace, basis=rows)`` on one trace of every row the scan reads, its
+PCs from the scan's first batch (as the scan fixes them), at test_scan's tolerances. The spec names
+the rows by a fingerprint, recomputed here by hand (sha256 of the shape and float32 bytes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+from test_scan import TEXTS, _close, _whole
+
+import residual_stream as rs
+from residual_stream.errors import InputError
+from residual_stream.streaming import Corpus, corpus_batches
+from residual_stream.streaming.accumulators import SubspaceStats
+from residual_stream.trace import trace_batch
+
+FIELDS = ("named", "head_overlap", "read_fraction", "read_strength")
+KW = dict(batch_size=3, seq_len=24)
+
+
+@pytest.fixture(scope="module")
+def model() -> rs.Model:
+    return rs.twin(norm="rmsnorm", placement="post", n_layers=2, d_model=32, n_heads=4, seed=5, n_ctx=64)
+
+
+@pytest.fixture(scope="module")
+def rows() -> torch.Tensor:
+    return torch.randn(3, 32, generator=torch.Generator().manual_seed(7))
+
+
+def _by_hand(rows: torch.Tensor) -> str:
+    data = rows.to(torch.float32).contiguous().numpy().tobytes()
+    return hashlib.sha256(repr(tuple(rows.shape)).encode() + data).hexdigest()[:12]
+
+
+def _reference(model, rows):
+    first = next(corpus_batches(model, Corpus(TEXTS), **KW))
+    return rs.write_subspaces(_whole(model, TEXTS, **KW), pca_trace=trace_batch(model, first), basis=rows)
+
+
+def _assert_equal(got, ref) -> None:
+    assert (got.writes, got.subspaces, got.heads, got.readers) == (ref.writes, ref.subspaces, ref.heads,
+                                                                   ref.readers)
+    assert got.subspaces[-1] == "basis"
+    for field in FIELDS:
+        _close(getattr(got, field), getattr(ref, field))
+
+
+def test_a_scan_measures_a_users_basis_as_write_subspaces_does_on_one_trace(model, rows, tmp_path):
+    """Given as a tensor, as each file format and on the command line: one fingerprint, the
+    analysis's fractions in the basis over every token (a post-norm model: writes carried through
+    every norm to each reader)."""
+    spec = f"subspaces:basis={_by_hand(rows)}"
+    scanned = rs.scan(model, TEXTS, [SubspaceStats(basis=rows)], progress=False, **KW)
+    assert list(scanned.stats) == [spec]
+    ref = _reference(model, rows)
+    _assert_equal(scanned.stats[spec], ref)
+    assert float(ref.named[:, -1].max()) > 0.05  # the basis holds a share worth comparing
+    torch.save(rows, tmp_path / "b.pt")
+    np.save(tmp_path / "b.npy", rows.numpy())
+    save_file({"probe": rows}, tmp_path / "b.safetensors")
+    for name in ("b.pt", "b.npy", "b.safetensors"):
+        assert SubspaceStats(basis=str(tmp_path / name)).spec == spec
+    assert SubspaceStats(basis=rows.numpy().tolist()).spec == spec  # nested lists
+
+
+def test_the_basis_is_kept_saved_resumed_and_merged_by_its_fingerprint(model, rows, tmp_path):
+    """A saved scan, a resumed state and a merge bring the rows back from the spec's fingerprint;
+    another basis is another statistic, never mixed in."""
+    spec = f"subspaces:basis={_by_hand(rows)}"
+    half = len(TEXTS) // 2
+    parts = [rs.scan(model, texts, [SubspaceStats(basis=rows)], progress=False, **KW)
+             for texts in (TEXTS[:half], TEXTS[half:])]
+    loaded = rs.load_scan(parts[0].save(tmp_path / "a.pt"))
+    assert torch.equal(loaded.accumulators[spec].meta["basis"], rows)
+    _assert_same(loaded.stats[spec], parts[0].stats[spec])
+    state = tmp_path / "s.pt"
+    first = rs.scan(model, TEXTS, [spec.replace(_by_hand(rows), str(_saved(rows, tmp_path)))], state=state,
+                    progress=False, save_every=1, **KW)
+    again = rs.scan(model, TEXTS, [spec], state=state, progress=False, **KW)  # the fingerprint alone
+    _assert_same(again.stats[spec], first.stats[spec])
+    other = rows.clone()
+    other[0, 0] += 1
+    with pytest.raises(InputError, match="saved for other arguments"):
+        rs.scan(model, TEXTS, [SubspaceStats(basis=other)], state=state, progress=False, **KW)
+    with pytest.raises(InputError, match="differ"):
+        rs.merge_scans([parts[0], rs.scan(model, TEXTS[half:], [SubspaceStats(basis=other)], progress=False,
+                                          **KW)])
+
+
+def _saved(rows: torch.Tensor, folder) -> object:
+    path = folder / "rows.pt"
+    torch.save(rows, path)
+    return path
+
+
+def _assert_same(a, b) -> None:
+    assert a.subspaces == b.subspaces
+    for field in FIELDS:
+        torch.testing.assert_close(getattr(a, field), getattr(b, field), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("basis, match", [
+    (torch.zeros(2, 32), "NaN, inf or only zeros"),
+    (torch.full((2, 32), float("nan")), "NaN, inf or only zeros"),
+    (torch.ones(32), r"not a tensor of shape \(32,\)"),
+    ("no-such.pt", "no basis file at no-such.pt"),
+    ("probe.txt", "is not one of .pt, .pth, .npy, .safetensors"),
+    ({"a": 1}, "not a dict"),
+])
+def test_a_basis_that_cannot_serve_is_refused_when_the_statistic_is_made(basis, match):
+    with pytest.raises(InputError, match=match):
+        SubspaceStats(basis=basis)
+
+
+def test_a_basis_file_of_another_model_or_damaged_is_refused_before_anything_is_added(model, tmp_path):
+    wide = torch.randn(2, 48)
+    with pytest.raises(InputError, match=r"d_model=32.*\(2, 48\).*stream is 32 wide"):
+        rs.scan(model, TEXTS, [SubspaceStats(basis=wide)], progress=False, **KW)
+    (tmp_path / "bad.pt").write_bytes(b"not a torch file")
+    with pytest.raises(InputError, match="bad.pt cannot be read"):
+        SubspaceStats(basis=str(tmp_path / "bad.pt"))
+    save_file({"a": wide, "b": wide.clone()}, tmp_path / "two.safetensors")
+    with pytest.raises(InputError, match="holds 2 tensors"):
+        SubspaceStats(basis=str(tmp_path / "two.safetensors"))
+    with pytest.raises(InputError, match="names a basis by its fingerprint.*no saved state holds"):
+        rs.scan(model, TEXTS, ["subspaces:basis=0123456789ab"], progress=False, **KW)
+
+
+def test_the_cli_scans_a_basis_file(tmp_path):
+    """``--stats subspaces:basis=FILE``: keyed in the JSON by the rows' fingerprint, its fractions in
+    the basis those of the same scan in Python (the CLI's defaults: batches of 8 of 128 tokens)."""
+    from residual_stream.cli import main
+
+    m = rs.load("twin-pre-rms")
+    rows = torch.randn(2, m.anatomy.d_model, generator=torch.Generator().manual_seed(1))
+    np.save(tmp_path / "probe.npy", rows.numpy())
+    out = tmp_path / "scan.json"
+    assert main(["scan", "twin-pre-rms", "builtin", "--stats", f"subspaces:basis={tmp_path / 'probe.npy'}",
+                 "--max-tokens", "300", "--out", str(out), "--quiet"]) == 0
+    stats = json.loads(out.read_text())["stats"]
+    assert list(stats) == [f"subspaces:basis={_by_hand(rows)}"]
+    got = [r for r in stats[f"subspaces:basis={_by_hand(rows)}"]["values"] if r["target"] == "basis"]
+    same = rs.scan(m, "builtin", [SubspaceStats(basis=rows)], max_tokens=300, batch_size=8, seq_len=128,
+                   progress=False).stats[f"subspaces:basis={_by_hand(rows)}"].to_frame()
+    want = same[same["target"] == "basis"].to_dict("records")
+    assert len(got) == len(want) > 0
+    for g, w in zip(got, want, strict=True):
+        assert (g["write"], g["measure"]) == (w["write"], w["measure"])
+        assert g["value"] == pytest.approx(w["value"], rel=1e-6, nan_ok=True)
