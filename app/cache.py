@@ -51,10 +51,33 @@ def norm_growth(name: str, text: str):
     return rs.norm_growth(trace(name, text))
 
 
+Basis = tuple[str, bytes] | None  # an uploaded basis file: (its name, its bytes)
+
+
 @st.cache_data(show_spinner="Splitting every write into subspaces…", max_entries=TEXT_RESULTS)
-def write_subspaces(name: str, text: str):
-    """``rs.write_subspaces`` for every attention total and MLP."""
-    return rs.write_subspaces(trace(name, text))
+def write_subspaces(name: str, text: str, basis: Basis = None):
+    """``rs.write_subspaces`` for every attention total and MLP; ``basis``: an upload's (``basis_rows``)."""
+    return rs.write_subspaces(trace(name, text), basis=basis_rows(basis))
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def basis_rows(basis: Basis, d_model: int | None = None):
+    """The rows ``[k, d_model]`` an uploaded basis file holds (``streaming.basis.load_basis``); None for none.
+
+    ``InputError`` for a file that is no basis, or (given ``d_model``) one of another width: the
+    page says why.
+    """
+    import io
+
+    from residual_stream.analyses.subspaces import basis_rows as checked
+    from residual_stream.streaming.basis import load_basis
+
+    if basis is None:
+        return None
+    upload = io.BytesIO(basis[1])
+    upload.name = basis[0]
+    rows = load_basis(upload)
+    return rows if d_model is None else checked(rows, d_model)
 
 
 @st.cache_data(show_spinner="Attributing every read…", max_entries=TEXT_RESULTS)
@@ -168,19 +191,19 @@ def writes(name: str, text: str) -> dict:
 
 
 @st.cache_resource(show_spinner="Building subspaces…", max_entries=4)
-def subspaces(name: str, text: str) -> list:
-    """The ordered subspaces of the Writes page: mean, unembedding (if any), stream PCs."""
+def subspaces(name: str, text: str, basis: Basis = None) -> list:
+    """The ordered subspaces of the Writes page: mean, unembedding (if any), stream PCs, an upload's."""
     from residual_stream.analyses.subspaces import named_subspaces, pca_subspace
 
-    return named_subspaces(model(name), pca_subspace(trace(name, text), k=16))
+    return named_subspaces(model(name), pca_subspace(trace(name, text), k=16), basis=basis_rows(basis))
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
-def split(name: str, text: str, write: str, pos: int):
+def split(name: str, text: str, write: str, pos: int, basis: Basis = None):
     """``orthogonal_split`` of one write at one token: ``(names, fractions [part])``."""
     from residual_stream.analyses.subspaces import orthogonal_split
 
-    names, fractions = orthogonal_split(writes(name, text)[write][pos], subspaces(name, text))
+    names, fractions = orthogonal_split(writes(name, text)[write][pos], subspaces(name, text, basis))
     return names, fractions
 
 

@@ -58,6 +58,56 @@ def test_writes_page_reacts_to_layer_write_and_measure():
     assert chart(at, 1)["layout"]["title"]["text"] != before
 
 
+def test_writes_page_measures_uploaded_directions_of_ones_own():
+    """An uploaded basis is one more subspace, 'basis', in the split of a write at a token and in
+    the measures over layers × components. Reference: ``orthogonal_split`` and
+    ``rs.write_subspaces(trace, basis=rows)`` on the page's text; a file of another width or no
+    basis at all is said on the page, which goes on without it."""
+    import io
+
+    import torch
+
+    import residual_stream as rs
+    from residual_stream.analyses.subspaces import (
+        named_subspaces,
+        orthogonal_split,
+        pca_subspace,
+        writes_as_added,
+    )
+
+    at = app("writes")
+    at.sidebar.selectbox(key="model").select("twin-pre-ln").run()
+    model = rs.load("twin-pre-ln")
+    rows = torch.randn(2, model.anatomy.d_model, generator=torch.Generator().manual_seed(3))
+    data = io.BytesIO()
+    np.save(data, rows.numpy())
+    at.file_uploader(key="writes_basis").set_value(("probe.npy", data.getvalue(), "application/octet-stream"))
+    at.selectbox(key="write").select("L0H1").run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert "probe.npy: 2 direction(s)" in unescaped(at.caption[0].value)
+    tr = rs.trace(model, at.sidebar.text_area(key="text").value)
+    subs = named_subspaces(model, pca_subspace(tr, k=16), basis=rows)
+    names, want = orthogonal_split(writes_as_added(tr, {"L0H1"})["L0H1"][0, 0], subs)
+    bars = chart(at)["data"]
+    assert [d["name"] for d in bars] == list(names) and "basis" in names
+    got = [_numbers(d["y"])[0] for d in bars]
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-7)
+    at.selectbox(key="measure").select("fraction in basis").run()
+    ws = rs.write_subspaces(tr, basis=rows)
+    z = _grid(chart(at, 1)["data"][0]["z"])  # [component (attn, mlp), layer]
+    for w, value in zip(ws.writes, ws.named[:, ws.subspaces.index("basis")], strict=True):
+        cell = z["attn mlp".split().index(w.split(".")[1]), int(w[1])]
+        assert cell == pytest.approx(float(value), rel=1e-5)
+    wide = io.BytesIO()
+    np.save(wide, np.ones((2, model.anatomy.d_model + 1), dtype=np.float32))
+    at.file_uploader(key="writes_basis").set_value(("wide.npy", wide.getvalue(), "text/plain")).run()
+    assert not at.exception and f"not a tensor of shape (2, {model.anatomy.d_model + 1})" \
+        in unescaped(at.error[0].value), [e.value for e in at.error]
+    assert "basis" not in [d["name"] for d in chart(at)["data"]]  # the page goes on without it
+    at.file_uploader(key="writes_basis").set_value(("junk.pt", b"not a torch file", "text/plain")).run()
+    assert not at.exception and "junk.pt cannot be read" in unescaped(at.error[0].value)
+
+
 def test_writes_page_head_read_measure_is_over_heads_only():
     """"max fraction read by a later head" takes the max over heads' Q, K, V readers only
     (before: MLP inputs too, so every cell was ≈ 1), and is NaN, not -inf, where no head reads

@@ -18,6 +18,7 @@ the state it loads (``meta["basis"]``), whose fingerprint must match.
 from __future__ import annotations
 
 import hashlib
+import io
 import re
 from pathlib import Path
 
@@ -48,39 +49,50 @@ def resolve(basis: object) -> tuple[str, Tensor | None]:
     """
     if basis is None or (isinstance(basis, str) and not basis):
         return "", None
-    named = isinstance(basis, (str, Path))
-    if named and FINGERPRINT.fullmatch(str(basis)) and not Path(basis).exists():
-        return str(basis), None
-    try:
-        rows = basis_rows(read_rows(Path(basis)) if named else basis).detach().cpu()
-    except InputError as e:
-        raise InputError(f"{basis}: {e}" if named else str(e)) from None
+    if isinstance(basis, str) and FINGERPRINT.fullmatch(basis) and not Path(basis).exists():
+        return basis, None
+    rows = load_basis(basis) if isinstance(basis, (str, Path, io.IOBase)) else \
+        basis_rows(basis).detach().cpu()
     return fingerprint(rows), rows
 
 
-def read_rows(path: Path) -> object:
-    """The one array a basis file holds; ``InputError`` for a missing, damaged or other file."""
-    if path.suffix not in FILES:
-        raise InputError(f"basis file {path} is not one of {', '.join(FILES)}: save the rows "
+def load_basis(source: str | Path | io.IOBase) -> Tensor:
+    """The rows a basis file holds (a path, or an open binary file), checked as ``resolve`` checks rows."""
+    name = getattr(source, "name", "the file") if isinstance(source, io.IOBase) else source
+    try:
+        return basis_rows(read_rows(source if isinstance(source, io.IOBase) else Path(source))).detach().cpu()
+    except InputError as e:
+        raise InputError(str(e) if str(name) in str(e) else f"{name}: {e}") from None
+
+
+def read_rows(path: Path | io.IOBase) -> object:
+    """The one array a basis file holds; ``InputError`` for a missing, damaged or other file.
+
+    ``path`` may be an open binary file (the app's upload), named by its ``name``.
+    """
+    opened = isinstance(path, io.IOBase)
+    name = Path(str(getattr(path, "name", "the file"))) if opened else path
+    if name.suffix not in FILES:
+        raise InputError(f"basis file {name} is not one of {', '.join(FILES)}: save the rows "
                          "[k, d_model] with torch.save, numpy.save or safetensors")
-    if not path.is_file():
+    if not opened and not path.is_file():
         raise InputError(f"no basis file at {path}: give the file of directions [k, d_model]")
     try:
-        if path.suffix == ".npy":
+        if name.suffix == ".npy":
             return np.load(path, allow_pickle=False)
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
+        if name.suffix == ".safetensors":
+            from safetensors.torch import load
 
-            tensors = load_file(path)
+            tensors = load(path.read() if opened else path.read_bytes())
             if len(tensors) != 1:
-                raise InputError(f"basis file {path} holds {len(tensors)} tensors "
+                raise InputError(f"basis file {name} holds {len(tensors)} tensors "
                                  f"({', '.join(sorted(tensors)[:5])}): save the basis alone")
             return next(iter(tensors.values()))
         return torch.load(path, map_location="cpu", weights_only=True)
     except InputError:
         raise
     except Exception as e:  # noqa: BLE001 - each format's own errors for a damaged file
-        raise InputError(f"basis file {path} cannot be read ({type(e).__name__}: "
+        raise InputError(f"basis file {name} cannot be read ({type(e).__name__}: "
                          f"{str(e).splitlines()[0][:160] if str(e) else ''}): save the rows again") from None
 
 
