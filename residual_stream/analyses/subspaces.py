@@ -254,19 +254,19 @@ def named_subspaces(model, pca: Subspace, unembed_k: int = 32,
     return subs
 
 
-def basis_rows(basis: object, d: int | str = "d_model") -> Tensor:
+def basis_rows(basis: object, d: int | None = None) -> Tensor:
     """``basis`` as float32 rows ``[k, d]``: ``InputError`` unless 2-D, ``d`` wide, finite and not all 0.
 
-    ``d``: the stream's width, or a name for it where no model is at hand (any width passes).
+    ``d``: the stream's width (None where no model is at hand: any width passes).
     """
+    want = "[k, d_model]" if d is None else f"[k, d_model={d}]"
     try:  # a numpy array or nested lists of rows too
         rows = torch.as_tensor(basis, dtype=torch.float32)
     except (TypeError, ValueError, RuntimeError):
-        raise InputError(f"basis is rows of directions [k, d_model={d}] (a tensor or an array), "
+        raise InputError(f"basis is rows of directions {want} (a tensor or an array), "
                          f"not a {type(basis).__name__}") from None
-    if rows.ndim != 2 or min(rows.shape) < 1 or (isinstance(d, int) and rows.shape[1] != d):
-        raise InputError(f"basis is rows of directions [k, d_model={d}], not a tensor of shape "
-                         f"{tuple(rows.shape)}")
+    if rows.ndim != 2 or min(rows.shape) < 1 or (d is not None and rows.shape[1] != d):
+        raise InputError(f"basis is rows of directions {want}, not a tensor of shape {tuple(rows.shape)}")
     if not bool(rows.isfinite().all()) or not bool(rows.ne(0).any()):
         raise InputError("basis holds NaN, inf or only zeros: give finite directions")
     return rows
