@@ -219,6 +219,17 @@ def builtin_tokens(name: str) -> int:
 SCANS = 8  # finished scans kept
 
 
+def _with_basis(stats: tuple[str, ...], rows) -> list:
+    """``stats``, its ``subspaces`` spec made an accumulator measuring ``rows`` too (None: as they are)."""
+    from residual_stream.streaming import SubspaceStats
+    from residual_stream.streaming.specs import parse_spec
+
+    if rows is None:
+        return list(stats)
+    return [SubspaceStats(**{k: getattr(a, k) for k in a.OPTIONS if k != "basis"}, basis=rows)
+            if isinstance(a := parse_spec(s), SubspaceStats) else s for s in stats]
+
+
 @st.cache_resource
 def _scans() -> tuple[OrderedDict, threading.Lock]:
     """The scans every session shares (oldest first) and the lock that guards the dict."""
@@ -226,10 +237,12 @@ def _scans() -> tuple[OrderedDict, threading.Lock]:
 
 
 def scan(name: str, corpus: str, max_tokens: int, stats: tuple[str, ...], encoding_errors: str = "strict",
-         version: str = "", on_batch=None) -> rs.streaming.ScanResult:
+         version: str = "", on_batch=None, basis: Basis = None) -> rs.streaming.ScanResult:
     """``rs.scan`` of ``corpus`` (``"builtin"`` or a checked path) up to ``max_tokens`` tokens.
 
     ``encoding_errors``: ``rs.Corpus``'s (``"replace"`` reads bytes that are not UTF-8 as U+FFFD).
+    ``basis``: an uploaded file of directions, which the ``subspaces`` statistic takes
+    (``SubspaceStats(basis=)``; refused as ``basis_rows`` refuses it).
 
     ``version``: a path's ``Corpus.fingerprint()`` (only a key: files edited or replaced at
     the same path are scanned again). ``on_batch(key, tokens)`` after each batch of a scan
@@ -238,7 +251,8 @@ def scan(name: str, corpus: str, max_tokens: int, stats: tuple[str, ...], encodi
     cannot be replayed (``CacheReplayClosureError`` on every rerun after a scan). Two
     sessions asking for one scan at once wait for a single run.
     """
-    key = (name, corpus, max_tokens, stats, encoding_errors, version)
+    asked = _with_basis(stats, basis_rows(basis, model(name).anatomy.d_model))
+    key = (name, corpus, max_tokens, tuple(getattr(s, "spec", s) for s in asked), encoding_errors, version)
     kept, lock = _scans()
     with lock:
         entry = kept.setdefault(key, [threading.Lock(), None])  # [its run's lock, its result]
@@ -247,7 +261,7 @@ def scan(name: str, corpus: str, max_tokens: int, stats: tuple[str, ...], encodi
         try:  # the first to ask runs it
             if entry[1] is None:
                 source = rs.streaming.Corpus(corpus, encoding_errors=encoding_errors)
-                entry[1] = rs.scan(model(name), source, list(stats), batch_size=8, seq_len=128,
+                entry[1] = rs.scan(model(name), source, asked, batch_size=8, seq_len=128,
                                    max_tokens=max_tokens, progress=False, on_batch=on_batch)
         except BaseException:  # nothing kept: the next to ask runs it again
             with lock:

@@ -13,6 +13,7 @@ import pandas as pd
 import streamlit as st
 import torch
 
+from residual_stream import plotting
 from residual_stream.errors import ContextLengthError, ResidualStreamError
 from residual_stream.streaming.utf8 import REPLACE
 
@@ -144,6 +145,28 @@ def head_max(fraction, readers) -> torch.Tensor:
     f = fraction[:, heads]
     best = f.nan_to_num(nan=float("-inf")).max(1).values
     return torch.where(f.isnan().all(1), torch.tensor(float("nan")), best)
+
+
+def subspace_measure(ws, *, key: str, over: str) -> None:
+    """A measure of ``ws`` (a ``WriteSubspaces``) picked in a selectbox, as a layer × component heatmap.
+
+    The Writes page's (one text) and the Corpus page's (a scan); ``over``: what each cell averages over.
+    """
+    measures = {f"fraction in {s}": ("named", i) for i, s in enumerate(ws.subspaces)}
+    measures["max fraction read by a later head (Q, K or V)"] = ("read_fraction", None)
+    measures["mean read strength of later readers"] = ("read_strength", None)
+    choice = st.selectbox("Measure", list(measures), key=key)
+    field, index = measures[choice]
+    values = ws.named[:, index] if field == "named" else (
+        head_max(ws.read_fraction, ws.readers) if field == "read_fraction"
+        else getattr(ws, field).nanmean(1))
+    grid = pd.DataFrame({"write": ws.writes, "value": values.numpy()})
+    grid["layer"] = grid.write.str.extract(r"L(\d+)").astype(int)
+    grid["component"] = grid.write.str.split(".").str[1]
+    matrix = grid.pivot(index="component", columns="layer", values="value")
+    show(plotting.heatmap(matrix, title=choice, x_title="layer", y_title="component", colorbar="value"),
+         grid, key=key, note=f"Each cell is one write (attention total or MLP) averaged over {over}. Read "
+         "measures use the write as it arrives at each later reader, through every norm between.")
 
 
 def show(fig, frame: pd.DataFrame | None, *, key: str, note: str, **chart) -> object:

@@ -93,11 +93,7 @@ def test_writes_page_measures_uploaded_directions_of_ones_own():
     got = [_numbers(d["y"])[0] for d in bars]
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-7)
     at.selectbox(key="measure").select("fraction in basis").run()
-    ws = rs.write_subspaces(tr, basis=rows)
-    z = _grid(chart(at, 1)["data"][0]["z"])  # [component (attn, mlp), layer]
-    for w, value in zip(ws.writes, ws.named[:, ws.subspaces.index("basis")], strict=True):
-        cell = z["attn mlp".split().index(w.split(".")[1]), int(w[1])]
-        assert cell == pytest.approx(float(value), rel=1e-5)
+    _assert_basis_grid(chart(at, 1), rs.write_subspaces(tr, basis=rows))
     wide = io.BytesIO()
     np.save(wide, np.ones((2, model.anatomy.d_model + 1), dtype=np.float32))
     at.file_uploader(key="writes_basis").set_value(("wide.npy", wide.getvalue(), "text/plain")).run()
@@ -106,6 +102,14 @@ def test_writes_page_measures_uploaded_directions_of_ones_own():
     assert "basis" not in [d["name"] for d in chart(at)["data"]]  # the page goes on without it
     at.file_uploader(key="writes_basis").set_value(("junk.pt", b"not a torch file", "text/plain")).run()
     assert not at.exception and "junk.pt cannot be read" in unescaped(at.error[0].value)
+
+
+def _assert_basis_grid(figure: dict, ws) -> None:
+    """The heatmap's cell of each write (``[component (attn, mlp), layer]``) is its fraction in 'basis'."""
+    z = _grid(figure["data"][0]["z"])
+    for w, value in zip(ws.writes, ws.named[:, ws.subspaces.index("basis")], strict=True):
+        cell = z["attn mlp".split().index(w.split(".")[1]), int(w[1])]
+        assert cell == pytest.approx(float(value), rel=1e-5), w
 
 
 def test_writes_page_head_read_measure_is_over_heads_only():
@@ -449,6 +453,39 @@ def test_corpus_page_scans_and_draws_the_scan_statistics():
     assert not at.exception, at.exception  # was CacheReplayClosureError (the bar, replayed)
     assert chart(at, 3)["layout"]["title"]["text"] == "Survival of each write (share)"
     assert "1,024 tokens of the built-in corpus" in at.caption[1].value
+
+
+def test_corpus_page_scans_write_subspaces_with_uploaded_directions():
+    """Write subspaces over the corpus, an uploaded basis among them, drawn as the Writes page
+    draws a text's. Reference: ``rs.scan`` with ``SubspaceStats(every=4, basis=rows)`` called
+    directly; a basis of another width is said on the page, before anything is scanned."""
+    import io
+
+    import torch
+
+    import residual_stream as rs
+
+    at = app("corpus")
+    at.sidebar.selectbox(key="model").select("twin-pre-ln").run()
+    model = rs.load("twin-pre-ln")
+    rows = torch.randn(3, model.anatomy.d_model, generator=torch.Generator().manual_seed(4))
+    data = io.BytesIO()
+    torch.save(rows, data)
+    at.multiselect(key="corpus_stats").set_value(["subspaces:every=4"])
+    at.file_uploader(key="corpus_basis").set_value(("probe.pt", data.getvalue(), "text/plain"))
+    at.select_slider(key="corpus_tokens").set_value(1024)
+    _scan_button(at).click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    at.selectbox(key="corpus_measure").select("fraction in basis").run()
+    assert not at.exception, at.exception
+    want = rs.scan(model, "builtin", [rs.streaming.SubspaceStats(every=4, basis=rows)], batch_size=8,
+                   seq_len=128, max_tokens=1024, progress=False).find("subspaces")
+    _assert_basis_grid(chart(at), want)
+    wide = io.BytesIO()
+    torch.save(torch.ones(2, model.anatomy.d_model + 1), wide)
+    at.file_uploader(key="corpus_basis").set_value(("wide.pt", wide.getvalue(), "text/plain"))
+    _scan_button(at).click().run()
+    assert not at.exception and "not a tensor of shape" in unescaped(at.error[0].value)
 
 
 def test_corpus_page_opens_a_saved_scan_without_loading_its_model(tmp_path, monkeypatch):

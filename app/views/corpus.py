@@ -14,8 +14,10 @@ from residual_stream.streaming.saved import scan_bytes
 
 BUDGETS = [1024, 4096, 16384, 65536]
 LENS = "lens:every=4"
+SUBSPACES = "subspaces:every=4"
 STATS = {"growth": "norm growth and update sizes", "survival": "survival of every write",
-         "read_attribution": "read attribution (the read-write graph)", LENS: "logit lens (one token in 4)"}
+         "read_attribution": "read attribution (the read-write graph)", LENS: "logit lens (one token in 4)",
+         SUBSPACES: "write subspaces, your own directions among them (one token in 4)"}
 
 
 def show_replaced(result) -> None:
@@ -30,7 +32,8 @@ def show_replaced(result) -> None:
 def show_scan(result, name: str) -> None:
     """Draw the statistics ``result`` (a ``ScanResult``) holds, of model ``name``."""
     show_replaced(result)
-    growth, reads, survival, lens = map(result.find, ("growth", "read_attribution", "survival", "lens"))
+    growth, reads, survival, lens, subspaces = map(result.find, ("growth", "read_attribution", "survival",
+                                                                 "lens", "subspaces"))
     if growth is not None:
         common.show(plotting.norm_growth_figure(growth, name=name), growth.to_frame(), key="corpus-growth",
                     note="As on the Overview page, over every real token of the corpus: mean, median and "
@@ -49,6 +52,9 @@ def show_scan(result, name: str) -> None:
         measure = st.radio("Measure", ["retention", "share", "norm"], horizontal=True, key="corpus_surv")
         common.show(plotting.survival_figure(survival, measure), survival.to_frame(), key="corpus-survival",
                     note="The Flow page's survival, averaged over the corpus's tokens.")
+    if subspaces is not None:
+        common.subspace_measure(subspaces, key="corpus_measure", over="the corpus's tokens measured "
+                                "(one in four here, chosen by a hash of each token's text and position)")
     if lens is not None:
         common.show(plotting.lens_depth_figure(lens, name=name), lens, key="corpus-lens",
                     note="Mean KL(final ‖ lens) per point over the tokens measured (one in four here, "
@@ -89,6 +95,9 @@ with st.form("scan"):
     budget = st.select_slider("Tokens", BUDGETS, value=4096, key="corpus_tokens")
     stats = st.multiselect("Statistics", list(STATS), default=["growth"], format_func=STATS.get,
                            key="corpus_stats")
+    upload = st.file_uploader("Directions of your own for the write subspaces (rows [k, d_model] as "
+                              "torch.save, numpy.save or safetensors write them; optional)",
+                              type=["pt", "pth", "npy", "safetensors"], key="corpus_basis")
     submitted = st.form_submit_button("Scan")
 if submitted:
     corpus = "builtin"
@@ -102,7 +111,8 @@ if submitted:
         st.error("Pick at least one statistic to scan.")
         st.stop()
     reading = "replace" if replace and corpus != "builtin" else "strict"  # Corpus's encoding_errors
-    args = (name, corpus, int(budget), tuple(stats), reading)
+    basis = (upload.name, upload.getvalue()) if upload is not None and SUBSPACES in stats else None
+    args = (name, corpus, int(budget), tuple(stats), reading, basis)
 else:  # the last scan that succeeded (a failed one is not run again on every rerun)
     args = st.session_state.get("scan_args")
 if args is None or args[0] != name:
@@ -121,7 +131,7 @@ try:  # the bar moves only while the scan runs (not on a cached result), and the
     with common.guarded():
         version = "" if args[1] == "builtin" else Corpus(  # the files as they are now
             args[1], encoding_errors=args[4]).fingerprint()
-        result = cache.scan(*args, version, on_batch=lambda key, tokens: bar.progress(
+        result = cache.scan(*args[:5], version, basis=args[5], on_batch=lambda key, tokens: bar.progress(
             *common.scan_progress(tokens, target, time.perf_counter() - started)))
 finally:
     bar.empty()

@@ -50,19 +50,4 @@ common.show(plotting.subspace_bars(names, fractions[None], [f"{write} @ {pos}"],
 st.subheader("A measure over layers × components")
 with common.guarded():
     ws = cache.write_subspaces(name, text, basis)
-measures = {f"fraction in {s}": ("named", i) for i, s in enumerate(ws.subspaces)}
-measures["max fraction read by a later head (Q, K or V)"] = ("read_fraction", None)
-measures["mean read strength of later readers"] = ("read_strength", None)
-choice = st.selectbox("Measure", list(measures), key="measure")
-field, index = measures[choice]
-values = ws.named[:, index] if field == "named" else (
-    common.head_max(ws.read_fraction, ws.readers) if field == "read_fraction"
-    else getattr(ws, field).nanmean(1))
-grid = pd.DataFrame({"write": ws.writes, "value": values.numpy()})
-grid["layer"] = grid.write.str.extract(r"L(\d+)").astype(int)
-grid["component"] = grid.write.str.split(".").str[1]
-matrix = grid.pivot(index="component", columns="layer", values="value")
-common.show(plotting.heatmap(matrix, title=choice, x_title="layer", y_title="component",
-                             colorbar="value"), grid, key="measure", note=(
-    "Each cell is one write (attention total or MLP) averaged over the text's tokens. Read "
-    "measures use the write as it arrives at each later reader, through every norm between."))
+common.subspace_measure(ws, key="measure", over="the text's tokens")
