@@ -68,9 +68,9 @@ st.title("Corpus")
 st.caption("The other pages measure the text in the sidebar. This one streams a corpus through "
            "the model one batch (8 rows of 128 tokens) at a time with `rs.scan`, keeping only "
            "sums, counts and histograms, so memory does not grow with the corpus. On two CPU "
-           "cores, 4,096 tokens take SmolLM2 about 50 s for all four statistics and 8 s for "
-           "norm growth alone, and MiniLM 4 s for the three it has. The built-in corpus "
-           "holds 6,388 SmolLM2 tokens; a larger budget scans all of it.")
+           "cores, 4,096 tokens take SmolLM2 about 60 s for the first four statistics, 45 s for "
+           "write subspaces and 10 s for norm growth alone, and MiniLM 7 s for the four it has. "
+           "The built-in corpus holds 6,388 SmolLM2 tokens; a larger budget scans all of it.")
 with st.expander("Open a saved scan"):
     saved = st.file_uploader("A scan saved whole, as `scan.save('scan.pt')` or `residual-stream scan "
                              "… --out scan.pt` write it (on a cluster, say): no model is loaded",
