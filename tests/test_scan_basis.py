@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
-from test_scan import TEXTS, _close, _whole
+from test_scan import REL_ORDER, TEXTS, _close, _whole
 
 import residual_stream as rs
 from residual_stream.errors import InputError
@@ -55,9 +55,9 @@ def _assert_equal(got, ref) -> None:
 
 
 def test_a_scan_measures_a_users_basis_as_write_subspaces_does_on_one_trace(model, rows, tmp_path):
-    """Given as a tensor, as each file format and on the command line: one fingerprint, the
-    analysis's fractions in the basis over every token (a post-norm model: writes carried through
-    every norm to each reader)."""
+    """Given as a tensor, nested lists or each file format: one fingerprint, and the analysis's
+    fractions in the basis over every token (a post-norm model: writes carried through every norm
+    to each reader)."""
     spec = f"subspaces:basis={_by_hand(rows)}"
     scanned = rs.scan(model, TEXTS, [SubspaceStats(basis=rows)], progress=False, **KW)
     assert list(scanned.stats) == [spec]
@@ -73,39 +73,49 @@ def test_a_scan_measures_a_users_basis_as_write_subspaces_does_on_one_trace(mode
 
 
 def test_the_basis_is_kept_saved_resumed_and_merged_by_its_fingerprint(model, rows, tmp_path):
-    """A saved scan, a resumed state and a merge bring the rows back from the spec's fingerprint;
-    another basis is another statistic, never mixed in."""
+    """A saved scan, an interrupted scan resumed from its state and a merge of parts bring the rows
+    back from the spec's fingerprint alone, equal to one scan of every text (the parts calibrated by
+    one scan, as parts must be to merge); another basis is another statistic, never mixed in."""
     spec = f"subspaces:basis={_by_hand(rows)}"
-    half = len(TEXTS) // 2
-    parts = [rs.scan(model, texts, [SubspaceStats(basis=rows)], progress=False, **KW)
-             for texts in (TEXTS[:half], TEXTS[half:])]
-    loaded = rs.load_scan(parts[0].save(tmp_path / "a.pt"))
+    whole = rs.scan(model, TEXTS, [SubspaceStats(basis=rows)], progress=False, **KW)
+    loaded = rs.load_scan(whole.save(tmp_path / "whole.pt"))
     assert torch.equal(loaded.accumulators[spec].meta["basis"], rows)
-    _assert_same(loaded.stats[spec], parts[0].stats[spec])
-    state = tmp_path / "s.pt"
-    first = rs.scan(model, TEXTS, [spec.replace(_by_hand(rows), str(_saved(rows, tmp_path)))], state=state,
-                    progress=False, save_every=1, **KW)
-    again = rs.scan(model, TEXTS, [spec], state=state, progress=False, **KW)  # the fingerprint alone
-    _assert_same(again.stats[spec], first.stats[spec])
+    _assert_same(loaded.stats[spec], whole.stats[spec], rel=0)
+    state, path = tmp_path / "s.pt", tmp_path / "rows.pt"
+    torch.save(rows, path)
+
+    def stop(key, tokens):
+        if key == (0, 1):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        rs.scan(model, TEXTS, [f"subspaces:basis={path}"], state=state, on_batch=stop, save_every=1,
+                progress=False, **KW)
+    resumed = rs.scan(model, TEXTS, [spec], state=state, progress=False, **KW)  # the fingerprint alone
+    assert resumed.resumed_tokens > 0 and resumed.tokens == whole.tokens
+    _assert_same(resumed.stats[spec], whole.stats[spec])
     other = rows.clone()
     other[0, 0] += 1
     with pytest.raises(InputError, match="saved for other arguments"):
         rs.scan(model, TEXTS, [SubspaceStats(basis=other)], state=state, progress=False, **KW)
-    with pytest.raises(InputError, match="differ"):
+    half = len(TEXTS) // 2
+    calibration = rs.scan(model, TEXTS[:2], [SubspaceStats(basis=rows)], progress=False, **KW)
+    parts = [rs.scan(model, texts, [SubspaceStats(basis=rows)], calibration=calibration, progress=False,
+                     **KW).save(tmp_path / f"part{i}.pt")
+             for i, texts in enumerate((TEXTS[:half], TEXTS[half:]))]
+    merged = rs.merge_scans(parts)
+    one = rs.scan(model, TEXTS, [SubspaceStats(basis=rows)], calibration=calibration, progress=False, **KW)
+    _assert_same(merged.stats[spec], one.stats[spec])
+    with pytest.raises(InputError, match="measured different statistics"):
         rs.merge_scans([parts[0], rs.scan(model, TEXTS[half:], [SubspaceStats(basis=other)], progress=False,
                                           **KW)])
 
 
-def _saved(rows: torch.Tensor, folder) -> object:
-    path = folder / "rows.pt"
-    torch.save(rows, path)
-    return path
-
-
-def _assert_same(a, b) -> None:
+def _assert_same(a, b, rel: float = REL_ORDER) -> None:
+    """Equal results: to ``rel`` (the same float32 values summed in another order), NaN where NaN."""
     assert a.subspaces == b.subspaces
     for field in FIELDS:
-        torch.testing.assert_close(getattr(a, field), getattr(b, field), rtol=0, atol=0, equal_nan=True)
+        _close(getattr(a, field), getattr(b, field), rel=rel)
 
 
 @pytest.mark.parametrize("basis, match", [
