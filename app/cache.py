@@ -62,14 +62,14 @@ def write_subspaces(name: str, text: str, basis: Basis = None):
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def basis_rows(basis: Basis, d_model: int | None = None):
-    """The rows ``[k, d_model]`` an uploaded basis file holds (``streaming.basis.load_basis``); None for none.
+    """The rows ``[k, d_model]`` an uploaded file holds, or rows by name (``streaming.basis.load_basis``).
 
-    ``InputError`` for a file that is no basis, or (given ``d_model``) one of another width: the
-    page says why.
+    None for none. ``InputError`` for a file that is no basis, or (given ``d_model``) one of another
+    width: the page says why.
     """
     import io
 
-    from residual_stream.analyses.subspaces import basis_rows as checked
+    from residual_stream.analyses.subspaces import named_bases
     from residual_stream.streaming.basis import load_basis
 
     if basis is None:
@@ -77,7 +77,9 @@ def basis_rows(basis: Basis, d_model: int | None = None):
     upload = io.BytesIO(basis[1])
     upload.name = basis[0]
     rows = load_basis(upload)
-    return rows if d_model is None else checked(rows, d_model)
+    if d_model is not None:
+        named_bases(rows, d_model)  # the width checked
+    return rows
 
 
 @st.cache_data(show_spinner="Attributing every read…", max_entries=TEXT_RESULTS)

@@ -102,6 +102,14 @@ def test_writes_page_measures_uploaded_directions_of_ones_own():
     assert "basis" not in [d["name"] for d in chart(at)["data"]]  # the page goes on without it
     at.file_uploader(key="writes_basis").set_value(("junk.pt", b"not a torch file", "text/plain")).run()
     assert not at.exception and "junk.pt cannot be read" in unescaped(at.error[0].value)
+    from safetensors.torch import save  # several tensors: a subspace each, named by its key
+
+    two = save({"neg": rows[:1].contiguous(), "pos": rows[1:].contiguous()})
+    at.file_uploader(key="writes_basis").set_value(("two.safetensors", two, "text/plain")).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert "as the subspace 'basis:neg', 1 direction(s) as the subspace 'basis:pos'" \
+        in unescaped(at.caption[0].value), at.caption[0].value
+    assert [d["name"] for d in chart(at)["data"]][-3:] == ["basis:neg", "basis:pos", "rest"]
 
 
 def _assert_basis_grid(figure: dict, ws) -> None:

@@ -36,9 +36,14 @@ def rows() -> torch.Tensor:
     return torch.randn(3, 32, generator=torch.Generator().manual_seed(7))
 
 
-def _by_hand(rows: torch.Tensor) -> str:
-    data = rows.to(torch.float32).contiguous().numpy().tobytes()
-    return hashlib.sha256(repr(tuple(rows.shape)).encode() + data).hexdigest()[:12]
+def _by_hand(rows: torch.Tensor | dict) -> str:
+    """sha256 of each subspace's name, shape and float32 bytes, in order: its first 12 hex digits."""
+    named = {"basis": rows} if isinstance(rows, torch.Tensor) else {f"basis:{k}": v for k, v in rows.items()}
+    digest = hashlib.sha256()
+    for name, r in named.items():
+        data = r.to(torch.float32).contiguous().numpy().tobytes()
+        digest.update(f"{name}\0{tuple(r.shape)}\0".encode() + data)
+    return digest.hexdigest()[:12]
 
 
 def _reference(model, rows):
@@ -46,10 +51,10 @@ def _reference(model, rows):
     return rs.write_subspaces(_whole(model, TEXTS, **KW), pca_trace=trace_batch(model, first), basis=rows)
 
 
-def _assert_equal(got, ref) -> None:
+def _assert_equal(got, ref, last: str = "basis") -> None:
     assert (got.writes, got.subspaces, got.heads, got.readers) == (ref.writes, ref.subspaces, ref.heads,
                                                                    ref.readers)
-    assert got.subspaces[-1] == "basis"
+    assert got.subspaces[-1] == last
     for field in FIELDS:
         _close(getattr(got, field), getattr(ref, field))
 
@@ -70,6 +75,34 @@ def test_a_scan_measures_a_users_basis_as_write_subspaces_does_on_one_trace(mode
     for name in ("b.pt", "b.npy", "b.safetensors"):
         assert SubspaceStats(basis=str(tmp_path / name)).spec == spec
     assert SubspaceStats(basis=rows.numpy().tolist()).spec == spec  # nested lists
+
+
+def test_named_bases_are_measured_each_on_its_own_from_a_mapping_or_a_file(model, rows, tmp_path):
+    """``{"a": rows[:1], "b": rows[1:]}`` gives the subspaces ``basis:a`` and ``basis:b``, each equal
+    to a scan of that basis alone (its ``basis``); a safetensors file of several tensors, or a .pt
+    dict, reads as that mapping, one of a single tensor as the basis itself."""
+    bases = {"a": rows[:1], "b": rows[1:]}
+    spec = f"subspaces:basis={_by_hand(bases)}"
+    scanned = rs.scan(model, TEXTS, [SubspaceStats(basis=bases)], progress=False, **KW).stats[spec]
+    assert scanned.subspaces[-2:] == ("basis:a", "basis:b")
+    _assert_equal(scanned, _reference(model, bases), last="basis:b")
+    for name, part in bases.items():
+        alone = rs.scan(model, TEXTS, [SubspaceStats(basis=part)], progress=False, **KW).find("subspaces")
+        _close(scanned.named[:, scanned.subspaces.index(f"basis:{name}")], alone.named[:, -1], rel=REL_ORDER)
+    save_file({k: v.contiguous() for k, v in bases.items()}, tmp_path / "two.safetensors")
+    torch.save(bases, tmp_path / "two.pt")
+    for name in ("two.safetensors", "two.pt"):
+        assert SubspaceStats(basis=str(tmp_path / name)).spec == spec
+    assert SubspaceStats(basis={"b": rows[1:], "a": rows[:1]}).spec != spec  # measured in another order
+    torch.save({"only": rows}, tmp_path / "one.pt")
+    assert SubspaceStats(basis=str(tmp_path / "one.pt")).spec == f"subspaces:basis={_by_hand(rows)}"
+    loaded = rs.load_scan(rs.scan(model, TEXTS[:3], [SubspaceStats(basis=bases)], progress=False,
+                                  **KW).save(tmp_path / "named.pt"))
+    assert torch.equal(loaded.accumulators[spec].meta["basis"]["b"], rows[1:])
+    with pytest.raises(InputError, match="'b': basis holds NaN"):
+        SubspaceStats(basis={"a": rows[:1], "b": torch.full((1, 32), float("nan"))})
+    with pytest.raises(InputError, match="names each basis by a non-empty string"):
+        SubspaceStats(basis={})
 
 
 def test_the_basis_is_kept_saved_resumed_and_merged_by_its_fingerprint(model, rows, tmp_path):
@@ -124,7 +157,8 @@ def _assert_same(a, b, rel: float = REL_ORDER) -> None:
     (torch.ones(32), r"not a tensor of shape \(32,\)"),
     ("no-such.pt", "no basis file at no-such.pt"),
     ("probe.txt", "is not one of .pt, .pth, .npy, .safetensors"),
-    ({"a": 1}, "not a dict"),
+    ({"a": 1}, r"'a': basis is rows of directions \[k, d_model\], not a tensor of shape \(\)"),
+    (object(), "not a object"),
 ])
 def test_a_basis_that_cannot_serve_is_refused_when_the_statistic_is_made(basis, match):
     with pytest.raises(InputError, match=match):
@@ -138,8 +172,9 @@ def test_a_basis_file_of_another_model_or_damaged_is_refused_before_anything_is_
     (tmp_path / "bad.pt").write_bytes(b"not a torch file")
     with pytest.raises(InputError, match="bad.pt cannot be read"):
         SubspaceStats(basis=str(tmp_path / "bad.pt"))
-    save_file({"a": wide, "b": wide.clone()}, tmp_path / "two.safetensors")
-    with pytest.raises(InputError, match="holds 2 tensors"):
+    save_file({"a": wide, "b": torch.ones(48)}, tmp_path / "two.safetensors")
+    with pytest.raises(InputError, match=r"two.safetensors: 'b': basis is rows of directions \[k, d_model\], "
+                                         r"not a tensor of shape \(48,\)"):
         SubspaceStats(basis=str(tmp_path / "two.safetensors"))
     with pytest.raises(InputError, match="names a basis by its fingerprint.*no saved state holds"):
         rs.scan(model, TEXTS, ["subspaces:basis=0123456789ab"], progress=False, **KW)

@@ -7,6 +7,7 @@ import streamlit as st
 
 import residual_stream as rs
 from residual_stream import plotting
+from residual_stream.analyses.subspaces import named_bases
 from residual_stream.plotting.labels import readable
 
 name, text = common.selection()
@@ -26,7 +27,9 @@ except rs.errors.InputError as e:
     st.error(common.explain(e))
     basis = rows = None
 if rows is not None:
-    st.caption(common.plain(f"{upload.name}: {rows.shape[0]} direction(s), the subspace 'basis' below."))
+    named = named_bases(rows)  # the subspaces' names
+    st.caption(common.plain(f"{upload.name}: " + ", ".join(f"{len(r)} direction(s) as the subspace '{k}'"
+                                                           for k, r in named.items()) + ", below."))
 left, mid, right = st.columns(3)
 layer = left.slider("Layer", 0, a.n_layers - 1, 0, key="layer") if a.n_layers > 1 else 0
 options = [f"L{layer}.attn", *(f"L{layer}H{h}" for h in range(a.n_heads))]

@@ -11,6 +11,8 @@ subspace ``S`` and the orthogonal rest, ``w = P_S w + (I − P_S) w``; its *ener
 * ``pca``: the top principal components of the stream at a point, over real tokens of the
   trace, or of a calibration trace;
 * ``basis``: any basis the user passes (probe directions, SAE decoder rows), orthonormalized;
+  several named ones (``{"paris": rows, "negation": rows}``) are measured each on its own, as
+  ``basis:paris`` and ``basis:negation`` (one direction each: a fraction per direction);
 * ``W_O(h)``: the write subspace of every other head (the row space of its ``W_O``; in a
   sandwich model, of ``W_O`` through the write norm's linear part, as the write is added);
 * reads: for every later reader (a head's Q, K, V; an MLP's input), the fraction of the write
@@ -25,7 +27,7 @@ the write and to 1: the stacked bars of the app.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -240,7 +242,7 @@ def _read_measures(trace, writes: Sequence[str]):
 
 
 def named_subspaces(model, pca: Subspace, unembed_k: int = 32,
-                    basis: Tensor | np.ndarray | Sequence[Sequence[float]] | None = None) -> list[Subspace]:
+                    basis: object = None) -> list[Subspace]:
     """The named subspaces in order: mean, the unembedding's top-k, PCA, basis.
 
     The unembedding's only with an LM head that reads the stream itself: BERT's MLM head
@@ -250,8 +252,30 @@ def named_subspaces(model, pca: Subspace, unembed_k: int = 32,
     if model.anatomy.has_lm_head and model.anatomy.modules.lm_head is None:
         subs.insert(1, unembed_subspace(model, unembed_k))
     if basis is not None:
-        subs.append(Subspace.from_vectors("basis", basis_rows(basis, model.anatomy.d_model).T))
+        subs += [Subspace.from_vectors(name, rows.T)
+                 for name, rows in named_bases(basis, model.anatomy.d_model).items()]
     return subs
+
+
+def named_bases(basis: object, d: int | None = None) -> dict[str, Tensor]:
+    """``{subspace name: rows [k, d]}`` of ``basis``: ``{"basis": rows}``, or ``"basis:NAME"`` per entry.
+
+    ``basis``: rows (``basis_rows``), or a mapping of names to rows, each measured on its own. Each
+    is checked by ``basis_rows``, its name in the message; an empty mapping or a name that is not a
+    non-empty string is an ``InputError``.
+    """
+    if not isinstance(basis, Mapping):
+        return {"basis": basis_rows(basis, d)}
+    if not basis or not all(isinstance(k, str) and k for k in basis):
+        raise InputError(f"a mapping of bases names each basis by a non-empty string, and holds at least one "
+                         f"(got {list(basis)[:5]})")
+    out = {}
+    for name, rows in basis.items():
+        try:
+            out[f"basis:{name}"] = basis_rows(rows, d)
+        except InputError as e:
+            raise InputError(f"{name!r}: {e}") from None
+    return out
 
 
 def basis_rows(basis: object, d: int | None = None) -> Tensor:
@@ -274,7 +298,7 @@ def basis_rows(basis: object, d: int | None = None) -> Tensor:
 
 def write_subspaces(
     trace, *, writes: Sequence[str] | None = None, unembed_k: int = 32, pca_k: int = 16,
-    pca_trace=None, basis: Tensor | np.ndarray | Sequence[Sequence[float]] | None = None,
+    pca_trace=None, basis: Tensor | np.ndarray | Sequence[Sequence[float]] | Mapping | None = None,
     readers: bool = True,
 ) -> WriteSubspaces:
     """Energy fractions of writes in the named subspaces (module docstring).
@@ -289,7 +313,8 @@ def write_subspaces(
         pca_trace: A calibration trace for the PCs (default: ``trace`` itself), or the
             ``Subspace`` they span (what a corpus scan fixes from its first batch).
         basis: Extra subspace as rows ``[k, d_model]`` (probe directions, SAE decoder rows): a
-            tensor, an array or nested lists.
+            tensor, an array or nested lists; or a mapping of names to such rows, each its own
+            subspace (``"basis:NAME"``).
         readers: Also measure every later reader's read fraction and strength.
     """
     need_trace(trace, "write_subspaces")

@@ -2,10 +2,12 @@
 
 ``rs.write_subspaces(trace, basis=rows)`` measures each write's energy fraction in a subspace of the
 user's (probe directions, an SAE's decoder rows, a steering vector); ``subspaces:basis=…`` does the
-same over a corpus. The rows ``[k, d_model]`` come as a tensor, an array or nested lists (Python),
-or as a file (Python and the command line): a ``.pt`` or ``.pth`` file holding one tensor (read
-with ``weights_only=True``), a ``.npy`` array (no pickles) or a ``.safetensors`` file holding one
-tensor.
+same over a corpus. The rows ``[k, d_model]`` come as a tensor, an array or nested lists, or a
+mapping of names to such rows, each measured on its own (Python); or as a file (Python and the
+command line): a ``.pt`` or ``.pth`` file holding a tensor or a dict of them (read with
+``weights_only=True``), a ``.npy`` array (no pickles) or a ``.safetensors`` file. A file holding one
+tensor is the basis (the subspace ``basis``); one holding several gives a subspace per tensor,
+named by its key (``basis:KEY``), in the order of a ``.pt`` file's dict, or by name for safetensors.
 
 A statistic's spec keys its results, its saved state and a merge, so it names the basis by a
 fingerprint of its values (``fingerprint``: the first 12 hex digits of the sha256 of its shape and
@@ -20,55 +22,74 @@ from __future__ import annotations
 import hashlib
 import io
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from ..analyses.subspaces import basis_rows
+from ..analyses.subspaces import named_bases
 from ..errors import InputError
 
 FINGERPRINT = re.compile(r"[0-9a-f]{12}")  # what a spec's basis= holds once made
 FILES = (".pt", ".pth", ".npy", ".safetensors")
 
 
-def fingerprint(rows: Tensor) -> str:
-    """The first 12 hex digits of the sha256 of ``rows``' shape and float32 values."""
-    data = rows.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
-    return hashlib.sha256(repr(tuple(rows.shape)).encode() + data).hexdigest()[:12]
+Basis = Tensor | dict[str, Tensor]  # rows [k, d_model], or rows by name (each its own subspace)
 
 
-def resolve(basis: object) -> tuple[str, Tensor | None]:
-    """``(fingerprint, rows)`` of ``basis``; ``("", None)`` for none.
+def fingerprint(basis: Basis) -> str:
+    """The first 12 hex digits of the sha256 of each subspace's name, shape and float32 values, in order.
 
-    ``basis``: rows (a tensor, an array, nested lists), a file of them (``FILES``), or a
-    fingerprint alone (a spec read back: its rows come from a loaded state, so None here).
-    ``InputError`` for anything else, a file that cannot be read, and rows that are not 2-D,
-    finite and not all zero (``analyses.subspaces.basis_rows``, as ``write_subspaces`` checks them).
+    In order: the subspaces are measured (and an ordered split is made) in it, so two orders are two bases.
+    """
+    digest = hashlib.sha256()
+    for name, rows in named_bases(basis).items():
+        rows = rows.detach().to("cpu", torch.float32).contiguous()
+        digest.update(f"{name}\0{tuple(rows.shape)}\0".encode() + rows.numpy().tobytes())
+    return digest.hexdigest()[:12]
+
+
+def resolve(basis: object) -> tuple[str, Basis | None]:
+    """``(fingerprint, basis)`` of ``basis`` as float32 CPU tensors; ``("", None)`` for none.
+
+    ``basis``: rows (a tensor, an array, nested lists) or a mapping of names to rows
+    (``analyses.subspaces.named_bases``), a file of them (``FILES``), or a fingerprint alone (a
+    spec read back: its rows come from a loaded state, so None here). ``InputError`` for anything
+    else, a file that cannot be read, and rows that are not 2-D, finite and not all zero (as
+    ``write_subspaces`` checks them).
     """
     if basis is None or (isinstance(basis, str) and not basis):
         return "", None
     if isinstance(basis, str) and FINGERPRINT.fullmatch(basis) and not Path(basis).exists():
         return basis, None
-    rows = load_basis(basis) if isinstance(basis, (str, Path, io.IOBase)) else \
-        basis_rows(basis).detach().cpu()
-    return fingerprint(rows), rows
+    checked = load_basis(basis) if isinstance(basis, (str, Path, io.IOBase)) else _checked(basis)
+    return fingerprint(checked), checked
 
 
-def load_basis(source: str | Path | io.IOBase) -> Tensor:
-    """The rows a basis file holds (a path, or an open binary file), checked as ``resolve`` checks rows."""
+def load_basis(source: str | Path | io.IOBase) -> Basis:
+    """The basis a file holds (a path, or an open binary file), checked as ``resolve`` checks one."""
     name = getattr(source, "name", "the file") if isinstance(source, io.IOBase) else source
     try:
-        return basis_rows(read_rows(source if isinstance(source, io.IOBase) else Path(source))).detach().cpu()
+        return _checked(read_rows(source if isinstance(source, io.IOBase) else Path(source)))
     except InputError as e:
         raise InputError(str(e) if str(name) in str(e) else f"{name}: {e}") from None
 
 
-def read_rows(path: Path | io.IOBase) -> object:
-    """The one array a basis file holds; ``InputError`` for a missing, damaged or other file.
+def _checked(basis: object, d: int | None = None) -> Basis:
+    """``basis`` as float32 CPU rows, or rows by name, each checked (``named_bases``; ``d`` wide if given)."""
+    bases = named_bases(basis, d)
+    if not isinstance(basis, Mapping):
+        return bases["basis"].detach().cpu()
+    return {name: bases[f"basis:{name}"].detach().cpu() for name in basis}
 
-    ``path`` may be an open binary file (the app's upload), named by its ``name``.
+
+def read_rows(path: Path | io.IOBase) -> object:
+    """The array a basis file holds, or its tensors by name where it holds several.
+
+    ``InputError`` for a missing, damaged or other file. ``path`` may be an open binary file (the
+    app's upload), named by its ``name``.
     """
     opened = isinstance(path, io.IOBase)
     name = Path(str(getattr(path, "name", "the file"))) if opened else path
@@ -83,12 +104,8 @@ def read_rows(path: Path | io.IOBase) -> object:
         if name.suffix == ".safetensors":
             from safetensors.torch import load
 
-            tensors = load(path.read() if opened else path.read_bytes())
-            if len(tensors) != 1:
-                raise InputError(f"basis file {name} holds {len(tensors)} tensors "
-                                 f"({', '.join(sorted(tensors)[:5])}): save the basis alone")
-            return next(iter(tensors.values()))
-        return torch.load(path, map_location="cpu", weights_only=True)
+            return _one_or_named(dict(sorted(load(path.read() if opened else path.read_bytes()).items())))
+        return _one_or_named(torch.load(path, map_location="cpu", weights_only=True))
     except InputError:
         raise
     except Exception as e:  # noqa: BLE001 - each format's own errors for a damaged file
@@ -96,8 +113,16 @@ def read_rows(path: Path | io.IOBase) -> object:
                          f"{str(e).splitlines()[0][:160] if str(e) else ''}): save the rows again") from None
 
 
-def rows_for(model, wanted: str, given: Tensor | None, saved: object) -> Tensor:
-    """The rows a scan of ``model`` measures against: ``given`` ones, else a loaded state's (``saved``).
+def _one_or_named(loaded: object) -> object:
+    """A file's tensor: the one it holds, or its tensors by name where a dict holds several.
+
+    In the dict's order: a ``.pt`` file's as saved, a safetensors file's by name (it keeps none).
+    """
+    return next(iter(loaded.values())) if isinstance(loaded, dict) and len(loaded) == 1 else loaded
+
+
+def rows_for(model, wanted: str, given: Basis | None, saved: object) -> Basis:
+    """The basis a scan of ``model`` measures against: the ``given`` one, else a loaded state's (``saved``).
 
     ``InputError`` for a fingerprint without rows (a spec read back, and no state holding them),
     rows saved under another fingerprint, and rows of another width than the stream's.
@@ -110,6 +135,6 @@ def rows_for(model, wanted: str, given: Tensor | None, saved: object) -> Tensor:
         raise InputError(f"subspaces: the saved basis is not basis={wanted} (its fingerprint is "
                          f"{fingerprint(rows)}): scan again")
     try:
-        return basis_rows(rows, model.anatomy.d_model)
+        return _checked(rows, model.anatomy.d_model)
     except InputError as e:
         raise InputError(f"subspaces: {e} ({model.name}'s stream is {model.anatomy.d_model} wide)") from None
