@@ -10,8 +10,8 @@ tensor is the basis (the subspace ``basis``); one holding several gives a subspa
 named by its key (``basis:KEY``), in the order of a ``.pt`` file's dict, or by name for safetensors.
 
 A statistic's spec keys its results, its saved state and a merge, so it names the basis by a
-fingerprint of its values (``fingerprint``: the first 12 hex digits of the sha256 of its shape and
-float32 bytes), not by a path: ``subspaces:basis=probe.pt`` is ``subspaces:basis=3f09c2…`` once
+fingerprint of its values (``fingerprint``: the first 12 hex digits of the sha256 of each
+subspace's name, shape and float32 bytes, in order), not by a path: ``subspaces:basis=probe.pt`` is ``subspaces:basis=3f09c2…`` once
 made. The same directions in a copy of the file resume a scan and merge with it; other directions
 never do. The spec alone (a saved scan's) holds no directions: the accumulator takes them from
 the state it loads (``meta["basis"]``), whose fingerprint must match.
@@ -34,8 +34,6 @@ from ..errors import InputError
 
 FINGERPRINT = re.compile(r"[0-9a-f]{12}")  # what a spec's basis= holds once made
 FILES = (".pt", ".pth", ".npy", ".safetensors")
-
-
 Basis = Tensor | dict[str, Tensor]  # rows [k, d_model], or rows by name (each its own subspace)
 
 
