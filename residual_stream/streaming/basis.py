@@ -10,11 +10,11 @@ tensor is the basis (the subspace ``basis``); one holding several gives a subspa
 named by its key (``basis:KEY``), in the order of a ``.pt`` file's dict, or by name for safetensors.
 
 A statistic's spec keys its results, its saved state and a merge, so it names the basis by a
-fingerprint of its values (``fingerprint``: the first 12 hex digits of the sha256 of each
-subspace's name, shape and float32 bytes, in order), not by a path: ``subspaces:basis=probe.pt`` is ``subspaces:basis=3f09c2…`` once
-made. The same directions in a copy of the file resume a scan and merge with it; other directions
-never do. The spec alone (a saved scan's) holds no directions: the accumulator takes them from
-the state it loads (``meta["basis"]``), whose fingerprint must match.
+fingerprint of its values (``fingerprint``: the first 12 hex digits of the sha256 of each subspace's
+name, shape and float32 bytes, in order), not by a path: ``subspaces:basis=probe.pt`` is
+``subspaces:basis=3f09c2…`` once made. The same directions in a copy of the file resume a scan and
+merge with it; other directions never do. The spec alone (a saved scan's) holds no directions: the
+accumulator takes them from the state it loads (``meta["basis"]``), whose fingerprint must match.
 """
 
 from __future__ import annotations
