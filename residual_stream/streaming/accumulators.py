@@ -176,7 +176,7 @@ class SubspaceStats(Accumulator):
                              f"{unembed_k})")
         self.pca_k, self.unembed_k = pca_k, unembed_k
         self.every = check_every(self.name, every)
-        self.basis, self._rows = resolve(basis)  # a user's directions: their fingerprint (``basis``)
+        self.basis, self._rows = resolve(basis)  # the spec's fingerprint; the rows (None: a state's)
         self._fixed: tuple | None = None  # (PCA basis, model, subspaces, head bases, read plans)
 
     @property
