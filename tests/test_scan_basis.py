@@ -165,7 +165,7 @@ def test_a_basis_that_cannot_serve_is_refused_when_the_statistic_is_made(basis, 
         SubspaceStats(basis=basis)
 
 
-def test_a_basis_file_of_another_model_or_damaged_is_refused_before_anything_is_added(model, tmp_path):
+def test_a_basis_of_another_width_a_damaged_file_or_a_bare_fingerprint_is_refused(model, tmp_path):
     wide = torch.randn(2, 48)
     with pytest.raises(InputError, match=r"d_model=32.*\(2, 48\).*stream is 32 wide"):
         rs.scan(model, TEXTS, [SubspaceStats(basis=wide)], progress=False, **KW)

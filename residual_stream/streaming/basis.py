@@ -68,11 +68,12 @@ def resolve(basis: object) -> tuple[str, Basis | None]:
 
 def load_basis(source: str | Path | io.IOBase) -> Basis:
     """The basis a file holds (a path, or an open binary file), checked as ``resolve`` checks one."""
-    name = getattr(source, "name", "the file") if isinstance(source, io.IOBase) else source
+    opened = isinstance(source, io.IOBase)
+    loaded = read_rows(source if opened else Path(source))  # its errors name the file
     try:
-        return _checked(read_rows(source if isinstance(source, io.IOBase) else Path(source)))
+        return _checked(loaded)
     except InputError as e:
-        raise InputError(str(e) if str(name) in str(e) else f"{name}: {e}") from None
+        raise InputError(f"{getattr(source, 'name', 'the file') if opened else source}: {e}") from None
 
 
 def _checked(basis: object, d: int | None = None) -> Basis:

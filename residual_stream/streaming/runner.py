@@ -306,7 +306,7 @@ def scan(
         acc.segment_done()
     if path is not None:
         save()
-    replaced = replaced_in([counts.replaced])
+    replaced = tuple(counts.replaced)  # each file once (``utf8.kept``)
     if world_size > 1:
         accs, tokens, added, resumed, replaced = _gather(accs, tokens, added, resumed, replaced)
     seconds = time.perf_counter() - start
