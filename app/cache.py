@@ -7,8 +7,14 @@ All keys are plain strings, so any page asking for the same (model, text) reuses
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
+import shutil
+import tempfile
 import threading
 from collections import OrderedDict
+from pathlib import Path
 
 import pandas as pd
 import streamlit as st
@@ -239,10 +245,12 @@ def _scans() -> tuple[OrderedDict, threading.Lock]:
 
 
 def scan(name: str, corpus: str, max_tokens: int, stats: tuple[str, ...], encoding_errors: str = "strict",
-         version: str = "", on_batch=None, basis: Basis = None) -> rs.streaming.ScanResult:
-    """``rs.scan`` of ``corpus`` (``"builtin"`` or a checked path) up to ``max_tokens`` tokens.
+         version: str = "", on_batch=None, basis: Basis = None,
+         text_field: str = "text") -> rs.streaming.ScanResult:
+    """``rs.scan`` of ``corpus`` (``"builtin"``, a checked path or an upload's) up to ``max_tokens`` tokens.
 
-    ``encoding_errors``: ``rs.Corpus``'s (``"replace"`` reads bytes that are not UTF-8 as U+FFFD).
+    ``encoding_errors``, ``text_field``: ``rs.Corpus``'s (``"replace"`` reads bytes that are not
+    UTF-8 as U+FFFD; the JSON Lines field or Parquet/Arrow column holding each text).
     ``basis``: an uploaded file of directions, which the ``subspaces`` statistic takes
     (``SubspaceStats(basis=)``; refused as ``basis_rows`` refuses it).
 
@@ -254,7 +262,8 @@ def scan(name: str, corpus: str, max_tokens: int, stats: tuple[str, ...], encodi
     sessions asking for one scan at once wait for a single run.
     """
     asked = _with_basis(stats, basis_rows(basis, model(name).anatomy.d_model))
-    key = (name, corpus, max_tokens, tuple(getattr(s, "spec", s) for s in asked), encoding_errors, version)
+    key = (name, corpus, max_tokens, tuple(getattr(s, "spec", s) for s in asked), encoding_errors, version,
+           text_field)
     kept, lock = _scans()
     with lock:
         entry = kept.setdefault(key, [threading.Lock(), None])  # [its run's lock, its result]
@@ -262,7 +271,7 @@ def scan(name: str, corpus: str, max_tokens: int, stats: tuple[str, ...], encodi
     with entry[0], st.spinner("Scanning the corpus, batch by batch…"):
         try:  # the first to ask runs it
             if entry[1] is None:
-                source = rs.streaming.Corpus(corpus, encoding_errors=encoding_errors)
+                source = rs.streaming.Corpus(corpus, encoding_errors=encoding_errors, text_field=text_field)
                 entry[1] = rs.scan(model(name), source, asked, batch_size=8, seq_len=128,
                                    max_tokens=max_tokens, progress=False, on_batch=on_batch)
         except BaseException:  # nothing kept: the next to ask runs it again
@@ -274,3 +283,52 @@ def scan(name: str, corpus: str, max_tokens: int, stats: tuple[str, ...], encodi
         while len(kept) > SCANS:
             kept.popitem(last=False)
     return entry[1]
+
+
+UPLOADS = "residual-stream-uploads"  # the folder, in the system's temporary folder, of uploaded corpora
+UPLOADS_KEPT = 16  # uploads kept there, the last used (each at most Streamlit's server.maxUploadSize)
+
+
+def stored_upload(name: str, data: bytes) -> str:
+    """The path of an uploaded corpus file, written once per content to a folder of its own.
+
+    ``<temp>/residual-stream-uploads/<sha256 prefix>/<name>``: a scan reads its corpus from a
+    path (more than once: its first batch, a resumed scan). The name keeps its suffixes (they
+    say how the file is read: ``.jsonl.gz``), reduced to its last part and to letters, digits,
+    ``.``, ``_`` and ``-`` (the browser sends it). Written to a ``.part`` file and renamed, so a
+    session never reads half of one; the same bytes uploaded again reuse the file. Only the
+    ``UPLOADS_KEPT`` last used are kept, so a served app does not fill its disk.
+    """
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name.replace("\\", "/")).name).lstrip("._") or "corpus.txt"
+    root = uploads()
+    folder = root / hashlib.sha256(data).hexdigest()[:24]
+    path = folder / safe
+    with _uploads_lock():
+        if not (path.is_file() and path.stat().st_size == len(data)):
+            folder.mkdir(parents=True, exist_ok=True)
+            part = folder / f".{safe}.{os.getpid()}.{threading.get_ident()}.part"
+            part.write_bytes(data)
+            os.replace(part, path)
+        os.utime(folder)  # used now
+        for old in sorted(root.iterdir(), key=_used, reverse=True)[UPLOADS_KEPT:]:
+            shutil.rmtree(old, ignore_errors=True)
+    return str(path)
+
+
+def uploads() -> Path:
+    """The folder of uploaded corpora (``stored_upload``), in the system's temporary folder."""
+    return Path(tempfile.gettempdir(), UPLOADS)
+
+
+def _used(folder: Path) -> int:
+    """When an upload's folder was last used (0: gone already, dropped by another app's process)."""
+    try:
+        return folder.stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
+@st.cache_resource
+def _uploads_lock() -> threading.Lock:
+    """The lock every session takes to store an upload or drop an old one."""
+    return threading.Lock()

@@ -15,6 +15,7 @@ import torch
 
 from residual_stream import plotting
 from residual_stream.errors import ContextLengthError, ResidualStreamError
+from residual_stream.streaming.columnar import NAME_FIELD
 from residual_stream.streaming.utf8 import REPLACE
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -23,6 +24,7 @@ DEFAULT_TEXT = "The residual stream is a shared channel: every head and MLP read
 MAX_CHARS = 4000
 ALLOW_ENV = "RESIDUAL_STREAM_ALLOWED_DIRS"
 REPLACE_BOX = "Read bytes that are not UTF-8 as U+FFFD"  # the Corpus page's box for encoding_errors
+FIELD_BOX = "Text field"  # the Corpus page's box for text_field
 
 
 def allowed_dirs() -> list[Path]:
@@ -122,8 +124,13 @@ def explain(e: ResidualStreamError) -> str:
 
 
 def worded(message: str) -> str:
-    """A library message for the page (Markdown-escaped), its API argument named as the page's box."""
-    return plain(message.replace(REPLACE, f"the box '{REPLACE_BOX}' on the Corpus page"))
+    """A library message for the page (Markdown-escaped), its API arguments named as the page's boxes.
+
+    An uploaded corpus file is named by its own name, not by the path of its stored copy.
+    """
+    message = re.sub(re.escape(str(cache.uploads())) + r"[/\\][0-9a-f]+[/\\]", "", message)
+    return plain(message.replace(REPLACE, f"the box '{REPLACE_BOX}' on the Corpus page")
+                 .replace(NAME_FIELD, f"(the box '{FIELD_BOX}' on the Corpus page)"))
 
 
 @contextmanager

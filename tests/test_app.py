@@ -3,6 +3,7 @@ exception, a widget changes what is shown, and each bad input shows its message.
 
 import base64
 import json
+import os
 import re
 from pathlib import Path
 
@@ -530,13 +531,19 @@ def test_corpus_page_opens_a_saved_scan_without_loading_its_model(tmp_path, monk
     assert not at.exception and "press Scan" in at.info[0].value
 
 
+def _source(at: AppTest, start: str) -> None:
+    """Pick the Corpus page's source whose label starts with ``start`` (its inputs appear on the rerun)."""
+    radio = at.radio(key="corpus_source")
+    radio.set_value(next(o for o in radio.options if o.startswith(start))).run()
+
+
 def test_corpus_page_refuses_paths_outside_the_allow_list_and_no_statistics(tmp_path, monkeypatch):
     allowed = tmp_path / "allowed"
     allowed.mkdir()
     monkeypatch.setenv("RESIDUAL_STREAM_ALLOWED_DIRS", str(allowed))
     at = app("corpus")
     at.sidebar.selectbox(key="model").select("minilm-l6").run()
-    at.radio(key="corpus_source").set_value(at.radio(key="corpus_source").options[1])
+    _source(at, "a file or folder")
     at.text_input(key="corpus_path").set_value(str(tmp_path / "elsewhere.txt"))
     _scan_button(at).click().run()
     assert not at.exception and "outside the allowed folders" in at.error[0].value
@@ -550,7 +557,7 @@ def test_corpus_page_refuses_paths_outside_the_allow_list_and_no_statistics(tmp_
     at.run()  # any rerun: the failed scan is not run again
     assert not at.exception and not at.error, [e.value for e in at.error]
     assert "press Scan" in at.info[0].value
-    at.radio(key="corpus_source").set_value(at.radio(key="corpus_source").options[0])
+    _source(at, "built-in")
     at.multiselect(key="corpus_stats").set_value([])
     _scan_button(at).click().run()
     assert not at.exception and "at least one statistic" in at.error[0].value
@@ -586,7 +593,7 @@ def test_corpus_page_scans_a_file_again_once_it_changes(tmp_path, monkeypatch):
 
     at = app("corpus")
     at.sidebar.selectbox(key="model").select("minilm-l6").run()
-    at.radio(key="corpus_source").set_value(at.radio(key="corpus_source").options[1])
+    _source(at, "a file or folder")
     at.text_input(key="corpus_path").set_value(str(corpus))
     for text in ("A short first note.\nAnd a second.\n", "Now the file holds a much longer "
                  "line than before, so the scan reads more tokens.\n" * 3):
@@ -610,7 +617,7 @@ def test_corpus_page_reads_bytes_that_are_not_utf8_when_asked(tmp_path, monkeypa
     corpus.write_bytes(b"caf\xe9 au lait, cr\xe8me br\xfbl\xe9e\nA second line in plain ASCII.\n")
     at = app("corpus")
     at.sidebar.selectbox(key="model").select("minilm-l6").run()
-    at.radio(key="corpus_source").set_value(at.radio(key="corpus_source").options[1])
+    _source(at, "a file or folder")
     at.text_input(key="corpus_path").set_value(str(corpus))
     _scan_button(at).click().run()
     assert not at.exception, at.exception
@@ -631,6 +638,71 @@ def test_corpus_page_reads_bytes_that_are_not_utf8_when_asked(tmp_path, monkeypa
     at.text_input(key="corpus_path").set_value(str(tmp_path / "clean.txt"))
     _scan_button(at).click().run()
     assert not at.exception and not at.warning, [w.value for w in at.warning]
+
+
+def test_corpus_page_scans_an_uploaded_file_by_its_text_field(tmp_path, monkeypatch):
+    """An uploaded .jsonl.gz whose texts are in another field is scanned as ``rs.scan`` scans the
+    same bytes from a file with ``text_field=`` (reference: that scan's token count and mean
+    norms); no file or a field the records lack is said on the page, and nothing is scanned."""
+    import gzip
+    import tempfile
+
+    import residual_stream as rs
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where uploads are stored
+    (tmp_path / "tmp").mkdir()
+    records = [{"id": i, "content": f"Note {i}: the stream carries every write to every later reader."}
+               for i in range(12)]
+    data = gzip.compress("\n".join(json.dumps(r) for r in records).encode())
+    at = app("corpus")
+    at.sidebar.selectbox(key="model").select("minilm-l6").run()
+    _source(at, "a file you upload")
+    _scan_button(at).click().run()
+    assert not at.exception and "Upload a corpus file" in at.error[0].value
+    at.file_uploader(key="corpus_file").set_value(("notes.jsonl.gz", data, "application/gzip"))
+    _scan_button(at).click().run()
+    error = unescaped(at.error[0].value)
+    assert not at.exception and error.startswith("notes.jsonl.gz:1 has no 'text' field (it has ['content', "
+                                                 "'id']); name the field that holds the text (the box "
+                                                 "'Text field' on the Corpus page)"), error
+    assert not at.get("plotly_chart") and not at.get("progress")  # the bar went with the failed scan
+    at.text_input(key="corpus_field").set_value("content")
+    _scan_button(at).click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    reference_file = tmp_path / "notes.jsonl.gz"
+    reference_file.write_bytes(data)
+    want = rs.scan(rs.load("minilm-l6"), rs.streaming.Corpus(reference_file, text_field="content"), "growth",
+                   batch_size=8, seq_len=128, progress=False)
+    assert f"over {want.tokens:,} tokens of the uploaded notes.jsonl.gz in" in unescaped(at.caption[1].value)
+    mean = next(t for t in chart(at, 0)["data"] if t["name"].endswith(" mean"))["y"]
+    assert np.allclose(_numbers(mean), want.stats["growth"].mean.numpy(), rtol=1e-5)
+    stored = list((tmp_path / "tmp").rglob("*"))
+    assert [f.name for f in stored if f.is_file()] == ["notes.jsonl.gz"], stored  # no .part left
+
+
+def test_an_upload_is_stored_once_per_content_under_a_name_of_its_own(tmp_path, monkeypatch):
+    """The browser sends the file's name: a path in it, or characters a path should not hold, are
+    dropped (the suffixes kept, they say how it is read); the same bytes reuse one file."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.syspath_prepend(str(Path(APP).parent))
+    import cache
+
+    first = Path(cache.stored_upload("../../etc/cor pus?.jsonl.gz", b"abc"))
+    assert first.name == "cor_pus_.jsonl.gz" and first.read_bytes() == b"abc"
+    assert first.parent.parent == tmp_path / cache.UPLOADS
+    assert Path(cache.stored_upload(r"C:\Users\me\cor pus?.jsonl.gz", b"abc")) == first
+    assert cache.stored_upload("...", b"abc") == str(first.parent / "corpus.txt")
+    other = Path(cache.stored_upload("cor pus?.jsonl.gz", b"abd"))
+    assert other != first and other.read_bytes() == b"abd" and first.read_bytes() == b"abc"
+    assert not [f for f in tmp_path.rglob("*.part")]
+    monkeypatch.setattr(cache, "UPLOADS_KEPT", 2)  # the last used kept, the oldest dropped
+    os.utime(first.parent, ns=(1, 1))
+    os.utime(other.parent, ns=(2, 2))
+    assert cache.stored_upload("a.txt", b"abc") == str(first.parent / "a.txt")  # used again: kept
+    third = Path(cache.stored_upload("b.txt", b"xyz"))
+    assert third.is_file() and first.is_file() and not other.exists()
 
 
 def test_the_scan_progress_gives_the_rate_and_the_time_left(monkeypatch):

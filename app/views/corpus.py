@@ -2,6 +2,7 @@
 
 import json
 import time
+from typing import NamedTuple
 
 import cache
 import common
@@ -9,8 +10,10 @@ import streamlit as st
 
 import residual_stream as rs
 from residual_stream import plotting
+from residual_stream.errors import ResidualStreamError
 from residual_stream.streaming import Corpus
 from residual_stream.streaming.saved import scan_bytes
+from residual_stream.streaming.sources import DESCRIBED, JSON_SUFFIXES, SUFFIXES
 
 BUDGETS = [1024, 4096, 16384, 65536]
 LENS = "lens:every=4"
@@ -18,6 +21,20 @@ SUBSPACES = "subspaces:every=4"
 STATS = {"growth": "norm growth and update sizes", "survival": "survival of every write",
          "read_attribution": "read attribution (the read-write graph)", LENS: "logit lens (one token in 4)",
          SUBSPACES: "write subspaces, your own directions among them (one token in 4)"}
+UPLOAD_TYPES = sorted({s.rsplit(".", 1)[-1] for s in (*SUFFIXES, *JSON_SUFFIXES)})  # a name's last suffix
+
+
+class Asked(NamedTuple):
+    """A scan the page was asked for: ``cache.scan``'s arguments, and how the caption names its corpus."""
+
+    name: str
+    corpus: str  # "builtin", a checked path, or an upload's stored copy
+    budget: int
+    stats: tuple[str, ...]
+    reading: str  # Corpus's encoding_errors
+    basis: tuple[str, bytes] | None  # an uploaded file of directions
+    field: str  # Corpus's text_field
+    shown: str
 
 
 def show_replaced(result) -> None:
@@ -83,15 +100,21 @@ if saved is not None:
                             f"batches, from the saved scan {saved.name} ({', '.join(result.stats)})"))
     show_scan(result, result.model_name)
     st.stop()
+BUILTIN, UPLOAD, LOCAL = ("built-in corpus (320 lines of English and code)", "a file you upload",
+                          "a file or folder in an allowed folder")
+sources = [BUILTIN, UPLOAD, *([LOCAL] if common.allowed_dirs() else [])]
+source = st.radio("Corpus", sources, key="corpus_source", horizontal=True)
 with st.form("scan"):
-    sources = ["built-in corpus (320 lines of English and code)"]
-    if common.allowed_dirs():
-        sources.append("a file or folder in an allowed folder")
-    source = st.radio("Corpus", sources, key="corpus_source")
-    path = st.text_input("Path (.txt, .jsonl, .json, plain or .gz, .xz, .bz2, .zst; .parquet, .arrow; "
-                         "or a folder)", key="corpus_path") if len(sources) > 1 else ""
-    replace = len(sources) > 1 and st.checkbox(
-        f"{common.REPLACE_BOX} (else a file holding one is refused)", key="corpus_replace")
+    if source == UPLOAD:
+        upload_corpus = st.file_uploader(f"Corpus file ({DESCRIBED}; a .txt holds one text per line)",
+                                         type=UPLOAD_TYPES, key="corpus_file")
+    elif source == LOCAL:
+        path = st.text_input(f"Path ({DESCRIBED}; or a folder of them)", key="corpus_path")
+    if source != BUILTIN:
+        field_box = st.text_input(f"{common.FIELD_BOX} (of each JSON Lines record, or the Parquet or "
+                                  "Arrow column)", "text", key="corpus_field")
+        replace = st.checkbox(f"{common.REPLACE_BOX} (else a file holding one is refused)",
+                              key="corpus_replace")
     budget = st.select_slider("Tokens", BUDGETS, value=4096, key="corpus_tokens")
     stats = st.multiselect("Statistics", list(STATS), default=["growth"], format_func=STATS.get,
                            key="corpus_stats")
@@ -100,44 +123,59 @@ with st.form("scan"):
                               type=["pt", "pth", "npy", "safetensors"], key="corpus_basis")
     submitted = st.form_submit_button("Scan")
 if submitted:
-    corpus = "builtin"
-    if source != sources[0]:
+    corpus, shown, field, reading = "builtin", "the built-in corpus", "text", "strict"
+    if source == UPLOAD:
+        if upload_corpus is None:
+            st.error("Upload a corpus file to scan, or pick the built-in corpus.")
+            st.stop()
+        corpus = cache.stored_upload(upload_corpus.name, upload_corpus.getvalue())
+        shown = f"the uploaded {upload_corpus.name}"
+    elif source == LOCAL:
         try:
-            corpus = common.check_local_path(path)
+            corpus = shown = common.check_local_path(path)
         except ValueError as e:
             st.error(common.plain(str(e)))
             st.stop()
+    if source != BUILTIN:
+        field, reading = field_box.strip() or "text", "replace" if replace else "strict"  # Corpus's options
     if not stats:
         st.error("Pick at least one statistic to scan.")
         st.stop()
-    reading = "replace" if replace and corpus != "builtin" else "strict"  # Corpus's encoding_errors
     basis = (upload.name, upload.getvalue()) if upload is not None and SUBSPACES in stats else None
-    args = (name, corpus, int(budget), tuple(stats), reading, basis)
+    args = Asked(name, corpus, int(budget), tuple(stats), reading, basis, field, shown)
 else:  # the last scan that succeeded (a failed one is not run again on every rerun)
     args = st.session_state.get("scan_args")
-if args is None or args[0] != name:
+if args is None or args.name != name:
     st.info("Pick the statistics and press Scan.")
     st.stop()
 with common.guarded():  # a model that cannot load is said in the page, as on the others
     asked, model = args, cache.model(name)
-if LENS in args[3] and not model.anatomy.has_lm_head:
+if LENS in args.stats and not model.anatomy.has_lm_head:
     st.info(f"{model.anatomy.lm_head_note} The scan leaves the lens out.")
-    args = (*args[:3], tuple(s for s in args[3] if s != LENS), *args[4:])
-    if not args[3]:
+    args = args._replace(stats=tuple(s for s in args.stats if s != LENS))
+    if not args.stats:
         st.stop()
-target = min(args[2], cache.builtin_tokens(name)) if args[1] == "builtin" else args[2]
+target = min(args.budget, cache.builtin_tokens(name)) if args.corpus == "builtin" else args.budget
 bar, started = st.progress(0.0, text="Scanning…"), time.perf_counter()
+
+
+def moved(key, tokens: int) -> None:
+    """The bar after each batch of a scan that runs: tokens read of the target, the rate, the time left."""
+    bar.progress(*common.scan_progress(tokens, target, time.perf_counter() - started))
+
+
 try:  # the bar moves only while the scan runs (not on a cached result), and then goes
-    with common.guarded():
-        version = "" if args[1] == "builtin" else Corpus(  # the files as they are now
-            args[1], encoding_errors=args[4]).fingerprint()
-        result = cache.scan(*args[:5], version, basis=args[5], on_batch=lambda key, tokens: bar.progress(
-            *common.scan_progress(tokens, target, time.perf_counter() - started)))
-finally:
+    version = "" if args.corpus == "builtin" else Corpus(  # the files as they are now
+        args.corpus, encoding_errors=args.reading, text_field=args.field).fingerprint()
+    result = cache.scan(name, args.corpus, args.budget, args.stats, args.reading, version,
+                        basis=args.basis, text_field=args.field, on_batch=moved)
+except ResidualStreamError as e:  # said once the bar is gone (st.stop ends the run where it is called)
     bar.empty()
+    st.error(common.explain(e))
+    st.stop()
+bar.empty()
 st.session_state["scan_args"] = asked
-where = "the built-in corpus" if args[1] == "builtin" else args[1] + (
-    " (bytes that are not UTF-8 read as U+FFFD)" if args[4] == "replace" else "")
+where = args.shown + (" (bytes that are not UTF-8 read as U+FFFD)" if args.reading == "replace" else "")
 st.caption(common.plain(f"{name} over {result.tokens:,} tokens of {where} in {result.batches} batches, "
                         f"{result.seconds:.1f} s ({result.tokens_per_second:,.0f} tokens/s)"))
 left, right = st.columns(2)

@@ -29,6 +29,7 @@ SUFFIXES = (PARQUET, ARROW)
 PARQUET_MAGIC = b"PAR1"  # a Parquet file's first (and last) bytes
 ARROW_FILE_MAGIC = b"ARROW1"  # an Arrow IPC file's (the stream format has none)
 BATCH_ROWS = 1024
+NAME_FIELD = "(text_field=, --text-field)"  # how an error advises naming the text's field (the app: its box)
 
 
 def _pyarrow():
@@ -125,9 +126,9 @@ def _check_column(path: Path, schema, text_field: str, pa) -> None:
     """``InputError`` unless ``schema`` has a column ``text_field`` of strings."""
     if text_field not in schema.names:
         raise InputError(f"{path} has no {text_field!r} column (it has {schema.names[:8]}); name the "
-                         "column that holds the text (text_field=, --text-field)")
+                         "column that holds the text " + NAME_FIELD)
     column = schema.field(text_field).type
     if not (pa.types.is_string(column) or pa.types.is_large_string(column)
             or getattr(pa.types, "is_string_view", lambda _: False)(column)):
         raise InputError(f"{path}: column {text_field!r} holds {column}, not text (string); name "
-                         "the column that holds the text (text_field=, --text-field)")
+                         "the column that holds the text " + NAME_FIELD)

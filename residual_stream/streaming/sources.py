@@ -44,7 +44,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..files import path_kind
-from .columnar import ARROW_FILE_MAGIC, PARQUET_MAGIC, chars_per_unit, columnar_texts
+from .columnar import ARROW_FILE_MAGIC, NAME_FIELD, PARQUET_MAGIC, chars_per_unit, columnar_texts
 from .columnar import SUFFIXES as COLUMNAR
 from .packing import (
     PACKINGS,
@@ -107,7 +107,7 @@ def corpus_files(path: Path, text_field: str = "text") -> list[Path]:
                             and _skip_unreadable(f, None)), None)
             if lacking is not None:  # C4's files with another text_field
                 raise InputError(f"{lacking}: its records have no {text_field!r} field; name the "
-                                 "field that holds the text (text_field=, --text-field)")
+                                 "field that holds the text " + NAME_FIELD)
             some = ", ".join(f.relative_to(path).as_posix() for f in files[:3])
             others = f"{len(files)} other file{'s' if len(files) > 1 else ''}: {some}"
             raise InputError(f"corpus folder {str(path)!r} holds no corpus file ({DESCRIBED}; {others}"
@@ -361,7 +361,7 @@ def _json_text(line: str, field: str, path: Path | str, number: int | None) -> s
         where = path if number is None else f"{path}:{number}"
         keys = sorted(record) if isinstance(record, dict) else type(record).__name__
         raise InputError(f"{where} has no {field!r} field (it has {keys}); name the field that "
-                         "holds the text (text_field=, --text-field)")
+                         "holds the text " + NAME_FIELD)
     text = record[field]
     if not isinstance(text, str):
         where = path if number is None else f"{path}:{number}"
