@@ -25,6 +25,7 @@ MAX_CHARS = 4000
 ALLOW_ENV = "RESIDUAL_STREAM_ALLOWED_DIRS"
 REPLACE_BOX = "Read bytes that are not UTF-8 as U+FFFD"  # the Corpus page's box for encoding_errors
 FIELD_BOX = "Text field"  # the Corpus page's box for text_field
+PNG_SCALE = 3  # a figure's PNG (from its toolbar) in pixels per pixel on the page
 
 
 def allowed_dirs() -> list[Path]:
@@ -177,8 +178,14 @@ def subspace_measure(ws, *, key: str, over: str) -> None:
 
 
 def show(fig, frame: pd.DataFrame | None, *, key: str, note: str, **chart) -> object:
-    """Render ``fig`` with a 'how to read this' note and CSV / HTML downloads."""
-    event = st.plotly_chart(fig, key=f"chart-{key}", **chart)
+    """Render ``fig`` with a 'how to read this' note and CSV / HTML downloads.
+
+    PNG: the figure's own toolbar (plotly.js draws it in the browser, no server-side renderer),
+    set here to ``PNG_SCALE`` × the figure's size on the page, named ``{key}.png``.
+    """
+    config = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "filename": key,
+                                                             "scale": PNG_SCALE}}
+    event = st.plotly_chart(fig, key=f"chart-{key}", config=config, **chart)
     with st.expander("How to read this"):
         st.markdown(note)
     cols = st.columns(3)
@@ -187,5 +194,5 @@ def show(fig, frame: pd.DataFrame | None, *, key: str, note: str, **chart) -> ob
                                 key=f"csv-{key}")
     html: Callable[[], str] = lambda: fig.to_html(include_plotlyjs=True, full_html=True)  # noqa: E731
     cols[1].download_button("Figure (HTML)", html, f"{key}.html", "text/html", key=f"html-{key}")
-    cols[2].caption("PNG export needs `kaleido`, which is not installed.")
+    cols[2].caption(f"PNG: 'Download plot as a PNG' on the figure's toolbar ({PNG_SCALE}× its size here).")
     return event

@@ -39,6 +39,8 @@ def test_overview_shows_program_growth_and_updates():
     titles = [chart(at, i)["layout"]["title"]["text"] for i in range(3)]
     assert titles[0].startswith("Stream program (pre, rmsnorm")
     assert titles[1].startswith("Stream norm by depth") and "Relative update" in titles[2]
+    config = json.loads(at.get("plotly_chart")[1].proto.config)  # its toolbar's PNG (the browser test)
+    assert config["toImageButtonOptions"] == {"format": "png", "filename": "growth", "scale": 3}
     at.sidebar.selectbox(key="model").select("minilm-l6").run()
     assert not at.exception
     assert chart(at)["layout"]["title"]["text"].startswith("Stream program (post, layernorm")

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -101,6 +102,18 @@ def test_click_through_every_page(server, app_tmp, tmp_path):
             page.wait_for_timeout(500)
             page.screenshot(path=str(ARTIFACTS / f"app-{title.lower().replace(' ', '-')}.png"),
                             full_page=True)
+        # a figure's PNG, drawn by plotly.js in the browser at PNG_SCALE × its size on the page
+        page.get_by_role("link", name="Overview").first.click()
+        shows("Overview", "Stream program", True, "overview-png")
+        figure = page.locator(".stPlotlyChart").nth(1)  # the stream norm by depth
+        figure.locator(".js-plotly-plot").wait_for(timeout=60_000)
+        figure.hover()
+        with page.expect_download(timeout=60_000) as download:
+            figure.locator("[data-title='Download plot as a PNG']").click()
+        png, box = Path(download.value.path()).read_bytes(), figure.locator(".js-plotly-plot").bounding_box()
+        assert download.value.suggested_filename == "growth.png" and png[:8] == b"\x89PNG\r\n\x1a\n"
+        width, height = struct.unpack(">II", png[16:24])  # the IHDR chunk
+        assert (width, height) == (round(3 * box["width"]), round(3 * box["height"])), (width, height, box)
         # the corpus page scans when asked, and draws what it measured
         page.get_by_role("link", name="Corpus").first.click()
         shows("Corpus", "press Scan", False, "corpus")
