@@ -7,10 +7,14 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .bars import load_on_terminal
 from .errors import InputError
 from .files import not_an_input, path_kind, writable
+
+if TYPE_CHECKING:
+    from .report import Leading
 
 
 def add_report_command(sub) -> None:
@@ -21,15 +25,17 @@ def add_report_command(sub) -> None:
                    help="a scan saved whole (scan --out x.pt; repeat): its corpus statistics in a "
                    "section of their own, no model loaded (a report may hold only these)")
     src = r.add_mutually_exclusive_group()
-    src.add_argument("--text", type=Path, help="text file: one text per non-empty line")
+    src.add_argument("--text", type=Path, help="a file of texts: one per non-empty line (.txt), or a JSON "
+                     "Lines, Parquet or Arrow file (see --text-field), plain or .gz/.xz/.bz2/.zst")
     src.add_argument("--corpus", type=Path, help="folder of .txt files (one text per line) or JSON Lines "
-                     "files (.jsonl, or .json as C4 ships them; a \"text\" per record), plain or "
-                     ".gz/.xz/.bz2/.zst, or Parquet or Arrow files (a \"text\" column)")
+                     "files (.jsonl, or .json as C4 ships them; a text per record, see --text-field), "
+                     "plain or .gz/.xz/.bz2/.zst, or Parquet or Arrow files (a column of text)")
     src.add_argument("--builtin", action="store_true",
                      help="the shipped corpus of English sentences and code (the default)")
-    from .streaming.cli import encoding_option, token_count  # the scan's parser imports them below too
+    from .streaming.cli import encoding_option, text_field_option, token_count  # the scan's parser's too
 
     encoding_option(r)
+    text_field_option(r)
 
     r.add_argument("--max-tokens", type=token_count, default=1024, help="token budget per model (1024, 1e4)")
     r.add_argument("--seed", type=int, default=0)
@@ -40,7 +46,14 @@ def add_report_command(sub) -> None:
     r.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
 
 
-def _read_texts(args: argparse.Namespace) -> list[str]:
+def _read_texts(args: argparse.Namespace) -> Leading:
+    """The texts of ``--text``, ``--corpus`` or the built-in corpus, read lazily (``Leading``).
+
+    A report reads only the leading texts that fill each model's ``--max-tokens``, so a large
+    corpus is read no further than that. Its first text is read here, before any model loads:
+    a file that cannot be read, or an empty corpus, is said at once.
+    """
+    from .report import Leading
     from .streaming.corpus import Corpus
 
     text, corpus = _kind(args.text), _kind(args.corpus)
@@ -53,7 +66,10 @@ def _read_texts(args: argparse.Namespace) -> list[str]:
         hint = ": it is a file, give it as --text" if corpus == "file" else (
             ": no such folder" if corpus is None else f": it is {corpus}, not a folder")
         raise InputError(f"--corpus {args.corpus}{hint}")
-    return list(Corpus(args.text or args.corpus or "builtin", encoding_errors=args.encoding_errors).texts())
+    texts = Leading(Corpus(args.text or args.corpus or "builtin", encoding_errors=args.encoding_errors,
+                           text_field=args.text_field).texts())
+    next(iter(texts), None)
+    return texts
 
 
 def _kind(path: Path | None) -> str | None:
@@ -99,7 +115,7 @@ def report_command(args: argparse.Namespace) -> int:
         raise InputError(f"--model {twice[0]} is given twice: give each model once")
     scans = [load_scan(p) for p in args.scan]  # before any model loads: a bad file is said at once
     texts = _read_texts(args) if args.model else []
-    if args.model and not texts:
+    if args.model and next(iter(texts), None) is None:
         raise EmptyTextError("the corpus is empty: give a file or folder with some text")
     say = None if args.quiet else (lambda m: print(f"residual-stream: {m}", file=sys.stderr, flush=True))
     models = [load_on_terminal(name, device=args.device, progress=not args.quiet) for name in args.model]

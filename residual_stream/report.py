@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -49,7 +49,36 @@ METHODS = [
 ]
 
 
-def select_texts(model, texts: list[str], max_tokens: int) -> list[str]:
+class Leading:
+    """The texts of an iterator, read only as far as any iteration goes; each iteration replays them.
+
+    What ``select_texts`` reads of a corpus for several models: each takes the leading texts
+    its tokens fit, so a corpus of any size is read only up to the longest of those prefixes
+    (and one text past it). It has no length or truth value, which would read it all: whether
+    it is empty is ``next(iter(texts), None) is None``.
+    """
+
+    def __init__(self, texts: Iterable[str]) -> None:
+        self._source, self._read = iter(texts), []
+
+    def __iter__(self) -> Iterator[str]:
+        i = 0
+        while True:
+            if i == len(self._read):
+                try:
+                    self._read.append(next(self._source))
+                except StopIteration:
+                    return
+            yield self._read[i]
+            i += 1
+
+    @property
+    def read(self) -> int:
+        """How many texts have been read so far."""
+        return len(self._read)
+
+
+def select_texts(model, texts: Iterable[str], max_tokens: int) -> list[str]:
     """The leading texts whose tokens fit in ``max_tokens``.
 
     At least one: a first text longer than the budget is cut to its longest prefix that fits
@@ -214,13 +243,15 @@ def labels(models) -> list[str]:
     return [f"{x} #{out[:i].count(x) + 1}" if out.count(x) > 1 else x for i, x in enumerate(out)]
 
 
-def build_report(models, texts: list[str], *, max_tokens: int = 1024, seed: int = 0,
+def build_report(models, texts: Iterable[str], *, max_tokens: int = 1024, seed: int = 0,
                  title: str = "Residual-stream geometry", progress=None,
                  scans: dict | None = None) -> tuple[str, dict]:
     """``(html, data)`` comparing ``models`` on ``texts`` (each cut to ``max_tokens`` tokens).
 
-    ``scans``: saved scans (``rs.load_scan``) by label, compared in a corpus section of their
-    own (``report_scans``); with no ``models``, the report is that section alone.
+    ``texts``: a list, or any iterable (a corpus's ``texts()``), read only as far as the models'
+    budgets reach (``Leading``). ``scans``: saved scans (``rs.load_scan``) by label, compared in
+    a corpus section of their own (``report_scans``); with no ``models``, the report is that
+    section alone.
     """
     from .report_html import render
     from .report_scans import scan_numbers, scan_section
@@ -229,7 +260,7 @@ def build_report(models, texts: list[str], *, max_tokens: int = 1024, seed: int 
     corpus = scan_section(numbers) if numbers else None
     start = time.perf_counter()
     torch.manual_seed(seed)
-    sections, used = [], []
+    sections, used, texts = [], [], Leading(texts)
     for m, label in zip(models, labels(models), strict=True):
         if progress:
             progress(f"analysing {label}")

@@ -193,3 +193,16 @@ def test_the_gguf_first_load_benchmark_parses_once_and_gets_the_same_model(tmp_p
     plain, shared = json.loads((tmp_path / "g.json").read_text())
     assert (plain["way"], shared["way"]) == ("plain", "shared") and plain["ratio_to_plain"] == 1
     assert plain["parses"] > 1 and plain["name_maps"] > 1 and shared["parses"] == shared["name_maps"] == 1
+
+
+@pytest.mark.slow
+def test_the_report_reading_benchmark_reads_the_leading_texts_only(tmp_path):
+    """``report_reading.py`` on 500 records (the script asserts both ways report the same
+    numbers): read whole, all 500 are read; lazily, the texts the budget used and one more."""
+    _run("benchmarks/report_reading.py", "--records", "500", "--models", "twin-pre-rms", "--max-tokens", "64",
+         "--rounds", "1", "--out", str(tmp_path / "r"))
+    whole, lazy = json.loads((tmp_path / "r.json").read_text())
+    assert (whole["way"], lazy["way"]) == ("whole", "lazily") and whole["seconds_ratio"] == 1
+    assert whole["texts_read"] == 500 and whole["texts_used"] == lazy["texts_used"]
+    assert lazy["texts_read"] == lazy["texts_used"] + 1
+

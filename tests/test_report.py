@@ -117,6 +117,48 @@ def test_the_token_budget_holds_for_a_first_text_longer_than_it():
     assert data["metadata"]["tokens"] == {model.name: 64}
 
 
+def test_a_report_reads_a_corpus_only_as_far_as_the_budgets_reach():
+    """An endless iterator of texts: each model takes the leading texts its budget fits, as
+    ``select_texts`` takes them from a list (reference), and nothing past the longest of those
+    prefixes (and the one text that did not fit) is read. Before, the CLI read every text of the
+    corpus into a list first, however few the budget used."""
+    import itertools
+
+    from residual_stream.report import Leading
+
+    texts = (f"Text number {i} of an endless corpus." for i in itertools.count())
+    leading = Leading(texts)
+    models = twins()
+    _, data = build_report(models, leading, max_tokens=60)
+    listed = [f"Text number {i} of an endless corpus." for i in range(200)]
+    chosen = [select_texts(m, listed, 60) for m in models]
+    assert data["metadata"]["texts"] == max(map(len, chosen))
+    assert leading.read == max(map(len, chosen)) + 1  # the first text that did not fit, no more
+    assert list(itertools.islice(leading, 3)) == listed[:3]  # a second reading replays the first
+
+
+def test_cli_report_reads_the_text_field_of_json_lines(tmp_path):
+    """``--text-field`` as ``scan`` has it: a folder of JSON Lines records whose text is in
+    ``content`` is reported on those texts (reference: the API's report on the same texts)."""
+    import gzip
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    records = [{"content": f"Record {i}: the stream grows.", "id": i} for i in range(40)]
+    (folder / "part.jsonl.gz").write_bytes(gzip.compress("\n".join(map(json.dumps, records)).encode()))
+    data = tmp_path / "r.json"
+    argv = ["report", "--model", "twin-pre-ln", "--corpus", str(folder), "--max-tokens", "100",
+            "--out", str(tmp_path / "r.html"), "--data", str(data), "--quiet"]
+    assert main(argv + ["--text-field", "content"]) == 0
+    got = json.loads(data.read_text())
+    _, want = build_report([rs.load("twin-pre-ln")], [r["content"] for r in records], max_tokens=100)
+    assert got["metadata"]["texts"] == want["metadata"]["texts"] > 1
+    norms = [d["models"]["twin-pre-ln"]["norm_mean"] for d in (got, want)]
+    assert norms[0] == pytest.approx(norms[1], rel=1e-6)
+    data.unlink()
+    assert main(argv) == 1 and not data.exists()  # records without a "text" field: said, nothing written
+
+
 def test_models_of_one_name_keep_one_section_each():
     """Two models called alike (two folders named ``ckpt``) get distinct labels, their source
     added, so the JSON keeps both (before, the second replaced the first); the same source

@@ -44,6 +44,13 @@ def encoding_option(p: argparse.ArgumentParser) -> None:
                         "first, naming it; replace reads them as U+FFFD, warning once per file")
 
 
+def text_field_option(p: argparse.ArgumentParser) -> None:
+    """``--text-field``: ``Corpus.text_field``, the field or column that holds each record's text."""
+    p.add_argument("--text-field", default="text",
+                   help="the field of a JSON Lines record (.jsonl, or .json as C4 ships them), or "
+                        "the column of a Parquet or Arrow file, that holds its text (default: text)")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The scan's arguments (shared by ``residual-stream scan`` and ``-m residual_stream.scan``)."""
     from . import STATS
@@ -71,9 +78,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "longest first within every 32 batches, so it holds little padding; "
                         "text: rows in corpus order. The statistics are the same, but for "
                         "subspaces, whose stream PCs come from the first batch")
-    p.add_argument("--text-field", default="text",
-                   help="the field of a JSON Lines record (.jsonl, or .json as C4 ships them), or "
-                        "the column of a Parquet or Arrow file, that holds its text (default: text)")
+    text_field_option(p)
     p.add_argument("--dataset-config", help="an hf: corpus's configuration (hf:HuggingFaceFW/fineweb-edu "
                    "--dataset-config sample-10BT)")
     p.add_argument("--split", help="an hf: corpus's split (default: train)")
