@@ -16,6 +16,7 @@ import torch
 from residual_stream import plotting
 from residual_stream.errors import ContextLengthError, ResidualStreamError
 from residual_stream.streaming.columnar import NAME_FIELD
+from residual_stream.streaming.sources import DESCRIBED, JSON_SUFFIXES, SUFFIXES
 from residual_stream.streaming.utf8 import REPLACE
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -26,6 +27,21 @@ ALLOW_ENV = "RESIDUAL_STREAM_ALLOWED_DIRS"
 REPLACE_BOX = "Read bytes that are not UTF-8 as U+FFFD"  # the Corpus page's box for encoding_errors
 FIELD_BOX = "Text field"  # the Corpus page's box for text_field
 PNG_SCALE = 3  # a figure's PNG (from its toolbar) in pixels per pixel on the page
+UPLOAD_TYPES = sorted({s.rsplit(".", 1)[-1] for s in (*SUFFIXES, *JSON_SUFFIXES)})  # a name's last suffix
+
+
+def corpus_uploader(key: str):
+    """The uploader of a corpus file (``key``): the Corpus page's and the Compare page's."""
+    return st.file_uploader(f"Corpus file ({DESCRIBED}; a .txt holds one text per line)",
+                            type=UPLOAD_TYPES, key=key)
+
+
+def corpus_options(key: str) -> tuple[str, str]:
+    """``(text_field, encoding_errors)`` from a page's two boxes for a corpus file (keys ``key_*``)."""
+    field = st.text_input(f"{FIELD_BOX} (of each JSON Lines record, or the Parquet or Arrow column)",
+                          "text", key=f"{key}_field")
+    replace = st.checkbox(f"{REPLACE_BOX} (else a file holding one is refused)", key=f"{key}_replace")
+    return field.strip() or "text", "replace" if replace else "strict"
 
 
 def allowed_dirs() -> list[Path]:

@@ -251,6 +251,40 @@ def test_compare_page_over_the_corpus_draws_two_scans():
     assert np.abs(pre[np.isfinite(pre)] - 1).max() < 1e-4 and np.abs(post[np.isfinite(post)] - 1).max() > 0.1
 
 
+def test_compare_page_over_an_uploaded_corpus_draws_two_scans_of_it(tmp_path, monkeypatch):
+    """Over an uploaded Parquet file, by its column: two ``rs.scan``s of that file (reference:
+    the same scans called directly, on a copy of its bytes); a column it lacks is said on the page."""
+    import tempfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import residual_stream as rs
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    reference = tmp_path / "notes.parquet"
+    lines = [f"Line {i}: a post-norm stream is rescaled every block." for i in range(30)]
+    pq.write_table(pa.table({"body": lines}), reference)
+    at = app()
+    at.sidebar.selectbox(key="model").select("twin-pre-ln").run()
+    at.switch_page("views/compare.py").run()
+    at.selectbox(key="other").select("twin-post-ln").run()
+    at.radio(key="cmp_source").set_value("upload").run()
+    assert not at.exception and "Upload a corpus file" in at.info[0].value and not at.get("plotly_chart")
+    at.file_uploader(key="cmp_corpus").set_value(("notes.parquet", reference.read_bytes(), "text/plain"))
+    at.run()
+    error = unescaped(at.error[0].value)
+    assert not at.exception and error.startswith("notes.parquet has no 'text' column (it has ['body'])"), \
+        error
+    at.text_input(key="cmp_field").set_value("body").run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    for trace, model in zip(chart(at)["data"], ["twin-pre-ln", "twin-post-ln"], strict=True):
+        growth = rs.scan(rs.load(model), rs.streaming.Corpus(reference, text_field="body"), "growth",
+                         batch_size=8, seq_len=128, max_tokens=4096, progress=False).stats["growth"]
+        assert trace["name"] == model
+        assert np.allclose(_numbers(trace["y"]), growth.mean.numpy(), rtol=1e-5)
+
+
 def test_compare_page_draws_uploaded_saved_scans_without_loading_their_models(tmp_path, monkeypatch):
     """Saved scans of two twins, uploaded: one curve each, their own numbers; a measure a scan
     did not take is said on the page."""

@@ -28,21 +28,34 @@ measure = st.selectbox("Measure", ["mean stream norm", "relative update (attenti
                                    "retention of the embedding"], key="cmp_measure")
 SOURCES = {"text": "the sidebar's text",
            "corpus": f"the built-in corpus ({CORPUS_TOKENS:,} tokens, rs.scan)",
+           "upload": f"a corpus file you upload ({CORPUS_TOKENS:,} tokens, rs.scan)",
            "saved": "saved scans (.pt files)"}
 source = st.radio("Measured over", list(SOURCES), format_func=SOURCES.get, horizontal=True,
                   key="cmp_source")
 if source == "text" and common.text_problem(text):
     st.error(common.text_problem(text))
     st.stop()
+corpus = ("builtin", "text", "strict", "")  # the scans' corpus, text_field, encoding_errors, fingerprint
+if source == "upload":
+    upload = common.corpus_uploader("cmp_corpus")
+    field, reading = common.corpus_options("cmp")
+    if upload is None:
+        st.info(f"Upload a corpus file: each model scans its first {CORPUS_TOKENS:,} tokens.")
+        st.stop()
+    path = cache.stored_upload(upload.name, upload.getvalue())
+    with common.guarded():
+        corpus = (path, field, reading, rs.streaming.Corpus(path, text_field=field,
+                                                            encoding_errors=reading).fingerprint())
 
 
 def results(model_name: str) -> tuple:
-    """``(norm growth, survival or None)`` over the text or the corpus."""
+    """``(norm growth, survival or None)`` over the text, the built-in corpus or the uploaded one."""
     survival = measure == "retention of the embedding"
     if source == "text":
         return cache.norm_growth(model_name, text), cache.survival(model_name, text) if survival else None
-    stats = cache.scan(model_name, "builtin", CORPUS_TOKENS, ("growth", "survival") if survival
-                       else ("growth",)).stats
+    path, field, reading, version = corpus
+    stats = cache.scan(model_name, path, CORPUS_TOKENS, ("growth", "survival") if survival else ("growth",),
+                       reading, version, text_field=field).stats
     return stats["growth"], stats.get("survival")
 
 
@@ -92,8 +105,9 @@ fig.update_layout(title=f"{measure}: " + (", ".join(escape(m) for m in frame.mod
                   "relative depth (0 = embeddings, 1 = after the last block)",
                   yaxis_title=measure, yaxis_type="log" if "norm" in measure else "linear")
 common.show(fig, frame, key="compare", note=(
-    "Both models on the same text, or on the first tokens of the built-in corpus (each model's "
-    "own tokens: a byte-level twin covers fewer of its texts than a subword model), or each saved "
+    "Both models on the same text, or on the first tokens of the built-in corpus or of an uploaded "
+    "one (each model's own tokens: a byte-level twin covers fewer of its texts than a subword "
+    "model), or each saved "
     "scan over every token it read. Depth is "
     "relative so models with different layer counts align. "
     "Pre-norm streams grow and keep every contribution (retention 1); post-norm streams are "

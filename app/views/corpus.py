@@ -13,7 +13,7 @@ from residual_stream import plotting
 from residual_stream.errors import ResidualStreamError
 from residual_stream.streaming import Corpus
 from residual_stream.streaming.saved import scan_bytes
-from residual_stream.streaming.sources import DESCRIBED, JSON_SUFFIXES, SUFFIXES
+from residual_stream.streaming.sources import DESCRIBED
 
 BUDGETS = [1024, 4096, 16384, 65536]
 LENS = "lens:every=4"
@@ -21,7 +21,6 @@ SUBSPACES = "subspaces:every=4"
 STATS = {"growth": "norm growth and update sizes", "survival": "survival of every write",
          "read_attribution": "read attribution (the read-write graph)", LENS: "logit lens (one token in 4)",
          SUBSPACES: "write subspaces, your own directions among them (one token in 4)"}
-UPLOAD_TYPES = sorted({s.rsplit(".", 1)[-1] for s in (*SUFFIXES, *JSON_SUFFIXES)})  # a name's last suffix
 
 
 class Asked(NamedTuple):
@@ -106,15 +105,11 @@ sources = [BUILTIN, UPLOAD, *([LOCAL] if common.allowed_dirs() else [])]
 source = st.radio("Corpus", sources, key="corpus_source", horizontal=True)
 with st.form("scan"):
     if source == UPLOAD:
-        upload_corpus = st.file_uploader(f"Corpus file ({DESCRIBED}; a .txt holds one text per line)",
-                                         type=UPLOAD_TYPES, key="corpus_file")
+        upload_corpus = common.corpus_uploader("corpus_file")
     elif source == LOCAL:
         path = st.text_input(f"Path ({DESCRIBED}; or a folder of them)", key="corpus_path")
     if source != BUILTIN:
-        field_box = st.text_input(f"{common.FIELD_BOX} (of each JSON Lines record, or the Parquet or "
-                                  "Arrow column)", "text", key="corpus_field")
-        replace = st.checkbox(f"{common.REPLACE_BOX} (else a file holding one is refused)",
-                              key="corpus_replace")
+        options = common.corpus_options("corpus")  # text_field, encoding_errors
     budget = st.select_slider("Tokens", BUDGETS, value=4096, key="corpus_tokens")
     stats = st.multiselect("Statistics", list(STATS), default=["growth"], format_func=STATS.get,
                            key="corpus_stats")
@@ -137,7 +132,7 @@ if submitted:
             st.error(common.plain(str(e)))
             st.stop()
     if source != BUILTIN:
-        field, reading = field_box.strip() or "text", "replace" if replace else "strict"  # Corpus's options
+        field, reading = options
     if not stats:
         st.error("Pick at least one statistic to scan.")
         st.stop()
