@@ -22,6 +22,7 @@ import torch
 
 import residual_stream as rs
 import residual_stream.experiments as ex
+from residual_stream.errors import InputError
 
 TEXT_RESULTS = 64  # (model, text) results each cache keeps: a served app meets many texts
 
@@ -289,30 +290,48 @@ UPLOADS = "residual-stream-uploads"  # the folder, in the system's temporary fol
 UPLOADS_KEPT = 16  # uploads kept there, the last used (each at most Streamlit's server.maxUploadSize)
 
 
-def stored_upload(name: str, data: bytes) -> str:
-    """The path of an uploaded corpus file, written once per content to a folder of its own.
+def stored_upload(files) -> str:
+    """The path a scan reads uploaded corpus files from: the one file, or a folder holding several.
 
-    ``<temp>/residual-stream-uploads/<sha256 prefix>/<name>``: a scan reads its corpus from a
-    path (more than once: its first batch, a resumed scan). The name keeps its suffixes (they
-    say how the file is read: ``.jsonl.gz``), reduced to its last part and to letters, digits,
-    ``.``, ``_`` and ``-`` (the browser sends it). Written to a ``.part`` file and renamed, so a
-    session never reads half of one; the same bytes uploaded again reuse the file. Only the
-    ``UPLOADS_KEPT`` last used are kept, so a served app does not fill its disk.
+    ``files``: Streamlit's uploaded files (``.name``, ``.getvalue()``), or ``(name, bytes)``
+    pairs. Written once per content to ``<temp>/residual-stream-uploads/<sha256 prefix>/``: a
+    scan reads its corpus from a path, more than once (its first batch, a resumed scan); a
+    folder's files are read in name order. Each name keeps its suffixes (they say how the file
+    is read: ``.jsonl.gz``), reduced to its last part and to letters, digits, ``.``, ``_`` and
+    ``-`` (the browser sends it); two files of one name are refused (``InputError``). Each is
+    written to a ``.part`` file and renamed, so a session never reads half of one; the same
+    files uploaded again reuse the copy. Only the ``UPLOADS_KEPT`` last used are kept, so a
+    served app does not fill its disk.
     """
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name.replace("\\", "/")).name).lstrip("._") or "corpus.txt"
+    pairs = [(f.name, f.getvalue()) if hasattr(f, "getvalue") else tuple(f) for f in files]
+    named = [(_safe_name(name), data) for name, data in pairs]
+    if not named:
+        raise InputError("no corpus file was uploaded: upload one or more")
+    twice = sorted({n for n, _ in named if [m for m, _ in named].count(n) > 1})
+    if twice:
+        raise InputError(f"two uploaded files are named {twice[0]!r}: rename one, or upload them apart")
+    digest = hashlib.sha256()
+    for name, data in sorted(named):
+        digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
     root = uploads()
-    folder = root / hashlib.sha256(data).hexdigest()[:24]
-    path = folder / safe
+    folder = root / digest.hexdigest()[:24]
     with _uploads_lock():
-        if not (path.is_file() and path.stat().st_size == len(data)):
-            folder.mkdir(parents=True, exist_ok=True)
-            part = folder / f".{safe}.{os.getpid()}.{threading.get_ident()}.part"
-            part.write_bytes(data)
-            os.replace(part, path)
+        for name, data in named:
+            path = folder / name
+            if not (path.is_file() and path.stat().st_size == len(data)):
+                folder.mkdir(parents=True, exist_ok=True)
+                part = folder / f".{name}.{os.getpid()}.{threading.get_ident()}.part"
+                part.write_bytes(data)
+                os.replace(part, path)
         os.utime(folder)  # used now
         for old in sorted(root.iterdir(), key=_used, reverse=True)[UPLOADS_KEPT:]:
             shutil.rmtree(old, ignore_errors=True)
-    return str(path)
+    return str(folder / named[0][0] if len(named) == 1 else folder)
+
+
+def _safe_name(name: str) -> str:
+    """An uploaded file's name as stored: its last part, in letters, digits, ``.``, ``_`` and ``-``."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name.replace("\\", "/")).name).lstrip("._") or "corpus.txt"
 
 
 def uploads() -> Path:

@@ -30,10 +30,15 @@ PNG_SCALE = 3  # a figure's PNG (from its toolbar) in pixels per pixel on the pa
 UPLOAD_TYPES = sorted({s.rsplit(".", 1)[-1] for s in (*SUFFIXES, *JSON_SUFFIXES)})  # a name's last suffix
 
 
-def corpus_uploader(key: str):
-    """The uploader of a corpus file (``key``): the Corpus page's and the Compare page's."""
-    return st.file_uploader(f"Corpus file ({DESCRIBED}; a .txt holds one text per line)",
-                            type=UPLOAD_TYPES, key=key)
+def corpus_uploader(key: str) -> tuple[list, str]:
+    """The uploader of corpus files (``key``) of the Corpus and Compare pages: ``(files, how named)``."""
+    files = st.file_uploader(f"Corpus files ({DESCRIBED}; a .txt holds one text per line; several "
+                             "are read in name order)", type=UPLOAD_TYPES, accept_multiple_files=True,
+                             key=key) or []
+    names = sorted(f.name for f in files)
+    shown = f"the uploaded {names[0]}" if len(names) == 1 else \
+        f"the {len(names)} uploaded files {', '.join(names[:3])}{', …' if len(names) > 3 else ''}"
+    return files, shown
 
 
 def corpus_options(key: str) -> tuple[str, str]:
@@ -143,11 +148,14 @@ def explain(e: ResidualStreamError) -> str:
 def worded(message: str) -> str:
     """A library message for the page (Markdown-escaped), its API arguments named as the page's boxes.
 
-    An uploaded corpus file is named by its own name, not by the path of its stored copy.
+    An uploaded corpus file is named by its own name, not by the path of its stored copy, and
+    the folder of several as "the uploaded files".
     """
-    message = re.sub(re.escape(str(cache.uploads())) + r"[/\\][0-9a-f]+[/\\]", "", message)
-    return plain(message.replace(REPLACE, f"the box '{REPLACE_BOX}' on the Corpus page")
-                 .replace(NAME_FIELD, f"(the box '{FIELD_BOX}' on the Corpus page)"))
+    folder = re.escape(str(cache.uploads())) + r"[/\\][0-9a-f]+"
+    message = re.sub(folder + r"[/\\]", "", message)  # a file in it: its name alone
+    message = re.sub(f"'?{folder}'?", "the uploaded files", message)
+    return plain(message.replace(REPLACE, f"the box '{REPLACE_BOX}' on this page")
+                 .replace(NAME_FIELD, f"(the box '{FIELD_BOX}' on this page)"))
 
 
 @contextmanager

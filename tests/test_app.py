@@ -271,7 +271,7 @@ def test_compare_page_over_an_uploaded_corpus_draws_two_scans_of_it(tmp_path, mo
     at.selectbox(key="other").select("twin-post-ln").run()
     at.radio(key="cmp_source").set_value("upload").run()
     assert not at.exception and "Upload a corpus file" in at.info[0].value and not at.get("plotly_chart")
-    at.file_uploader(key="cmp_corpus").set_value(("notes.parquet", reference.read_bytes(), "text/plain"))
+    at.file_uploader(key="cmp_corpus").set_value([("notes.parquet", reference.read_bytes(), "text/plain")])
     at.run()
     error = unescaped(at.error[0].value)
     assert not at.exception and error.startswith("notes.parquet has no 'text' column (it has ['body'])"), \
@@ -659,7 +659,7 @@ def test_corpus_page_reads_bytes_that_are_not_utf8_when_asked(tmp_path, monkeypa
     assert not at.exception, at.exception
     error = unescaped(at.error[0].value)
     assert "latin1.txt is not UTF-8 text: byte 3 (line 1) is 0xe9" in error
-    assert "the box 'Read bytes that are not UTF-8 as U+FFFD' on the Corpus page" in error, error
+    assert "the box 'Read bytes that are not UTF-8 as U+FFFD' on this page" in error, error
     at.checkbox(key="corpus_replace").check()
     _scan_button(at).click().run()
     assert not at.exception and not at.error, [e.value for e in at.error]
@@ -679,7 +679,8 @@ def test_corpus_page_reads_bytes_that_are_not_utf8_when_asked(tmp_path, monkeypa
 def test_corpus_page_scans_an_uploaded_file_by_its_text_field(tmp_path, monkeypatch):
     """An uploaded .jsonl.gz whose texts are in another field is scanned as ``rs.scan`` scans the
     same bytes from a file with ``text_field=`` (reference: that scan's token count and mean
-    norms); no file or a field the records lack is said on the page, and nothing is scanned."""
+    norms); no file or a field the records lack is said on the page, and nothing is scanned.
+    Two files uploaded together are scanned as a folder of them (reference: ``rs.scan`` of one)."""
     import gzip
     import tempfile
 
@@ -695,12 +696,12 @@ def test_corpus_page_scans_an_uploaded_file_by_its_text_field(tmp_path, monkeypa
     _source(at, "a file you upload")
     _scan_button(at).click().run()
     assert not at.exception and "Upload a corpus file" in at.error[0].value
-    at.file_uploader(key="corpus_file").set_value(("notes.jsonl.gz", data, "application/gzip"))
+    at.file_uploader(key="corpus_file").set_value([("notes.jsonl.gz", data, "application/gzip")])
     _scan_button(at).click().run()
     error = unescaped(at.error[0].value)
     assert not at.exception and error.startswith("notes.jsonl.gz:1 has no 'text' field (it has ['content', "
                                                  "'id']); name the field that holds the text (the box "
-                                                 "'Text field' on the Corpus page)"), error
+                                                 "'Text field' on this page)"), error
     assert not at.get("plotly_chart") and not at.get("progress")  # the bar went with the failed scan
     at.text_input(key="corpus_field").set_value("content")
     _scan_button(at).click().run()
@@ -714,31 +715,54 @@ def test_corpus_page_scans_an_uploaded_file_by_its_text_field(tmp_path, monkeypa
     assert np.allclose(_numbers(mean), want.stats["growth"].mean.numpy(), rtol=1e-5)
     stored = list((tmp_path / "tmp").rglob("*"))
     assert [f.name for f in stored if f.is_file()] == ["notes.jsonl.gz"], stored  # no .part left
+    shards = {"b.jsonl": records[6:], "a.jsonl": records[:6]}  # several files: read in name order
+    shard_dir = tmp_path / "shards"
+    shard_dir.mkdir()
+    for name, part in shards.items():
+        (shard_dir / name).write_text("\n".join(json.dumps(r) for r in part))
+    at.file_uploader(key="corpus_file").set_value(
+        [(name, (shard_dir / name).read_bytes(), "application/json") for name in shards])
+    _scan_button(at).click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    want = rs.scan(rs.load("minilm-l6"), rs.streaming.Corpus(shard_dir, text_field="content"), "growth",
+                   batch_size=8, seq_len=128, progress=False)
+    assert f"over {want.tokens:,} tokens of the 2 uploaded files a.jsonl, b.jsonl in" in \
+        unescaped(at.caption[1].value)
+    mean = next(t for t in chart(at, 0)["data"] if t["name"].endswith(" mean"))["y"]
+    assert np.allclose(_numbers(mean), want.stats["growth"].mean.numpy(), rtol=1e-5)
 
 
 def test_an_upload_is_stored_once_per_content_under_a_name_of_its_own(tmp_path, monkeypatch):
-    """The browser sends the file's name: a path in it, or characters a path should not hold, are
-    dropped (the suffixes kept, they say how it is read); the same bytes reuse one file."""
+    """The browser sends each file's name: a path in it, or characters a path should not hold, are
+    dropped (the suffixes kept, they say how it is read); the same files reuse one copy; several
+    files are a folder of them, two of one name refused; the last used uploads are kept."""
     import tempfile
+
+    from residual_stream.errors import InputError
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.syspath_prepend(str(Path(APP).parent))
     import cache
 
-    first = Path(cache.stored_upload("../../etc/cor pus?.jsonl.gz", b"abc"))
+    first = Path(cache.stored_upload([("../../etc/cor pus?.jsonl.gz", b"abc")]))
     assert first.name == "cor_pus_.jsonl.gz" and first.read_bytes() == b"abc"
     assert first.parent.parent == tmp_path / cache.UPLOADS
-    assert Path(cache.stored_upload(r"C:\Users\me\cor pus?.jsonl.gz", b"abc")) == first
-    assert cache.stored_upload("...", b"abc") == str(first.parent / "corpus.txt")
-    other = Path(cache.stored_upload("cor pus?.jsonl.gz", b"abd"))
+    assert Path(cache.stored_upload([(r"C:\Users\me\cor pus?.jsonl.gz", b"abc")])) == first
+    assert Path(cache.stored_upload([("...", b"abc")])).name == "corpus.txt"
+    other = Path(cache.stored_upload([("cor pus?.jsonl.gz", b"abd")]))
     assert other != first and other.read_bytes() == b"abd" and first.read_bytes() == b"abc"
+    both = Path(cache.stored_upload([("b.txt", b"second"), ("a.txt", b"first")]))
+    assert both.is_dir() and sorted(f.name for f in both.iterdir()) == ["a.txt", "b.txt"]
+    assert Path(cache.stored_upload([("a.txt", b"first"), ("b.txt", b"second")])) == both  # any order
+    with pytest.raises(InputError, match="two uploaded files are named 'a.txt': rename one"):
+        cache.stored_upload([("x/a.txt", b"1"), ("y/a.txt", b"2")])
     assert not [f for f in tmp_path.rglob("*.part")]
     monkeypatch.setattr(cache, "UPLOADS_KEPT", 2)  # the last used kept, the oldest dropped
-    os.utime(first.parent, ns=(1, 1))
-    os.utime(other.parent, ns=(2, 2))
-    assert cache.stored_upload("a.txt", b"abc") == str(first.parent / "a.txt")  # used again: kept
-    third = Path(cache.stored_upload("b.txt", b"xyz"))
-    assert third.is_file() and first.is_file() and not other.exists()
+    for i, folder in enumerate((first.parent, other.parent, both)):
+        os.utime(folder, ns=(i + 1, i + 1))
+    assert cache.stored_upload([("cor pus?.jsonl.gz", b"abc")]) == str(first)  # used again: kept
+    third = Path(cache.stored_upload([("c.txt", b"xyz")]))
+    assert third.is_file() and first.is_file() and not other.exists() and not both.exists()
 
 
 def test_the_scan_progress_gives_the_rate_and_the_time_left(monkeypatch):

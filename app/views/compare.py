@@ -37,13 +37,13 @@ if source == "text" and common.text_problem(text):
     st.stop()
 corpus = ("builtin", "text", "strict", "")  # the scans' corpus, text_field, encoding_errors, fingerprint
 if source == "upload":
-    upload = common.corpus_uploader("cmp_corpus")
+    uploaded, _ = common.corpus_uploader("cmp_corpus")
     field, reading = common.corpus_options("cmp")
-    if upload is None:
+    if not uploaded:
         st.info(f"Upload a corpus file: each model scans its first {CORPUS_TOKENS:,} tokens.")
         st.stop()
-    path = cache.stored_upload(upload.name, upload.getvalue())
     with common.guarded():
+        path = cache.stored_upload(uploaded)
         corpus = (path, field, reading, rs.streaming.Corpus(path, text_field=field,
                                                             encoding_errors=reading).fingerprint())
 

@@ -105,7 +105,7 @@ sources = [BUILTIN, UPLOAD, *([LOCAL] if common.allowed_dirs() else [])]
 source = st.radio("Corpus", sources, key="corpus_source", horizontal=True)
 with st.form("scan"):
     if source == UPLOAD:
-        upload_corpus = common.corpus_uploader("corpus_file")
+        uploaded, named = common.corpus_uploader("corpus_file")
     elif source == LOCAL:
         path = st.text_input(f"Path ({DESCRIBED}; or a folder of them)", key="corpus_path")
     if source != BUILTIN:
@@ -120,11 +120,11 @@ with st.form("scan"):
 if submitted:
     corpus, shown, field, reading = "builtin", "the built-in corpus", "text", "strict"
     if source == UPLOAD:
-        if upload_corpus is None:
+        if not uploaded:
             st.error("Upload a corpus file to scan, or pick the built-in corpus.")
             st.stop()
-        corpus = cache.stored_upload(upload_corpus.name, upload_corpus.getvalue())
-        shown = f"the uploaded {upload_corpus.name}"
+        with common.guarded():
+            corpus, shown = cache.stored_upload(uploaded), named
     elif source == LOCAL:
         try:
             corpus = shown = common.check_local_path(path)
