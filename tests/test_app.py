@@ -693,7 +693,7 @@ def test_corpus_page_scans_an_uploaded_file_by_its_text_field(tmp_path, monkeypa
     data = gzip.compress("\n".join(json.dumps(r) for r in records).encode())
     at = app("corpus")
     at.sidebar.selectbox(key="model").select("minilm-l6").run()
-    _source(at, "a file you upload")
+    _source(at, "files you upload")
     _scan_button(at).click().run()
     assert not at.exception and "Upload a corpus file" in at.error[0].value
     at.file_uploader(key="corpus_file").set_value([("notes.jsonl.gz", data, "application/gzip")])

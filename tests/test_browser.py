@@ -131,7 +131,7 @@ def test_click_through_every_page(server, app_tmp, tmp_path):
         notes = tmp_path / "notes.jsonl.gz"
         lines = (json.dumps({"text": f"Upload note {i}: every head reads the stream."}) for i in range(9))
         notes.write_bytes(gzip.compress("\n".join(lines).encode()))
-        page.get_by_text("a file you upload").first.click()
+        page.get_by_text("files you upload").first.click()
         uploader = page.locator("[data-testid='stFileUploader']").filter(has_text="Corpus file")
         uploader.locator("input[type='file']").set_input_files(str(notes))
         page.get_by_text("notes.jsonl.gz").first.wait_for(timeout=60_000)

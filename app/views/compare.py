@@ -28,7 +28,7 @@ measure = st.selectbox("Measure", ["mean stream norm", "relative update (attenti
                                    "retention of the embedding"], key="cmp_measure")
 SOURCES = {"text": "the sidebar's text",
            "corpus": f"the built-in corpus ({CORPUS_TOKENS:,} tokens, rs.scan)",
-           "upload": f"a corpus file you upload ({CORPUS_TOKENS:,} tokens, rs.scan)",
+           "upload": f"corpus files you upload ({CORPUS_TOKENS:,} tokens, rs.scan)",
            "saved": "saved scans (.pt files)"}
 source = st.radio("Measured over", list(SOURCES), format_func=SOURCES.get, horizontal=True,
                   key="cmp_source")

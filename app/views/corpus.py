@@ -99,7 +99,7 @@ if saved is not None:
                             f"batches, from the saved scan {saved.name} ({', '.join(result.stats)})"))
     show_scan(result, result.model_name)
     st.stop()
-BUILTIN, UPLOAD, LOCAL = ("built-in corpus (320 lines of English and code)", "a file you upload",
+BUILTIN, UPLOAD, LOCAL = ("built-in corpus (320 lines of English and code)", "files you upload",
                           "a file or folder in an allowed folder")
 sources = [BUILTIN, UPLOAD, *([LOCAL] if common.allowed_dirs() else [])]
 source = st.radio("Corpus", sources, key="corpus_source", horizontal=True)
