@@ -24,8 +24,8 @@ DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_TEXT = "The residual stream is a shared channel: every head and MLP reads it and writes back."
 MAX_CHARS = 4000
 ALLOW_ENV = "RESIDUAL_STREAM_ALLOWED_DIRS"
-REPLACE_BOX = "Read bytes that are not UTF-8 as U+FFFD"  # the Corpus page's box for encoding_errors
-FIELD_BOX = "Text field"  # the Corpus page's box for text_field
+REPLACE_BOX = "Read bytes that are not UTF-8 as U+FFFD"  # the box for encoding_errors (Corpus, Compare)
+FIELD_BOX = "Text field"  # the box for text_field (the Corpus and Compare pages)
 PNG_SCALE = 3  # a figure's PNG (from its toolbar) in pixels per pixel on the page
 UPLOAD_TYPES = sorted({s.rsplit(".", 1)[-1] for s in (*SUFFIXES, *JSON_SUFFIXES)})  # a name's last suffix
 

@@ -50,8 +50,8 @@ def _read_texts(args: argparse.Namespace) -> Leading:
     """The texts of ``--text``, ``--corpus`` or the built-in corpus, read lazily (``Leading``).
 
     A report reads only the leading texts that fill each model's ``--max-tokens``, so a large
-    corpus is read no further than that. Its first text is read here, before any model loads:
-    a file that cannot be read, or an empty corpus, is said at once.
+    corpus is read no further than that. ``report_command`` reads the first before any model
+    loads: a file that cannot be read, or an empty corpus, is said at once.
     """
     from .report import Leading
     from .streaming.corpus import Corpus
@@ -66,10 +66,8 @@ def _read_texts(args: argparse.Namespace) -> Leading:
         hint = ": it is a file, give it as --text" if corpus == "file" else (
             ": no such folder" if corpus is None else f": it is {corpus}, not a folder")
         raise InputError(f"--corpus {args.corpus}{hint}")
-    texts = Leading(Corpus(args.text or args.corpus or "builtin", encoding_errors=args.encoding_errors,
-                           text_field=args.text_field).texts())
-    next(iter(texts), None)
-    return texts
+    return Leading(Corpus(args.text or args.corpus or "builtin", encoding_errors=args.encoding_errors,
+                          text_field=args.text_field).texts())
 
 
 def _kind(path: Path | None) -> str | None:
@@ -115,7 +113,7 @@ def report_command(args: argparse.Namespace) -> int:
         raise InputError(f"--model {twice[0]} is given twice: give each model once")
     scans = [load_scan(p) for p in args.scan]  # before any model loads: a bad file is said at once
     texts = _read_texts(args) if args.model else []
-    if args.model and next(iter(texts), None) is None:
+    if args.model and next(iter(texts), None) is None:  # its first text read: a bad file is said now
         raise EmptyTextError("the corpus is empty: give a file or folder with some text")
     say = None if args.quiet else (lambda m: print(f"residual-stream: {m}", file=sys.stderr, flush=True))
     models = [load_on_terminal(name, device=args.device, progress=not args.quiet) for name in args.model]
