@@ -246,8 +246,7 @@ def _scans() -> tuple[OrderedDict, threading.Lock]:
 
 
 def scan(name: str, corpus: str, max_tokens: int, stats: tuple[str, ...], encoding_errors: str = "strict",
-         version: str = "", on_batch=None, basis: Basis = None,
-         text_field: str = "text") -> rs.streaming.ScanResult:
+         on_batch=None, basis: Basis = None, text_field: str = "text") -> rs.streaming.ScanResult:
     """``rs.scan`` of ``corpus`` (``"builtin"``, a checked path or an upload's) up to ``max_tokens`` tokens.
 
     ``encoding_errors``, ``text_field``: ``rs.Corpus``'s (``"replace"`` reads bytes that are not
@@ -255,14 +254,16 @@ def scan(name: str, corpus: str, max_tokens: int, stats: tuple[str, ...], encodi
     ``basis``: an uploaded file of directions, which the ``subspaces`` statistic takes
     (``SubspaceStats(basis=)``; refused as ``basis_rows`` refuses it).
 
-    ``version``: a path's ``Corpus.fingerprint()`` (only a key: files edited or replaced at
-    the same path are scanned again). ``on_batch(key, tokens)`` after each batch of a scan
-    that runs (not on a kept one). Kept by hand, not by ``st.cache_resource``: that replays
-    the elements a call drew on the next hit, and a progress bar drawn outside the call
-    cannot be replayed (``CacheReplayClosureError`` on every rerun after a scan). Two
-    sessions asking for one scan at once wait for a single run.
+    Kept by the corpus's ``Corpus.fingerprint()`` too (a path's files as they are now: files
+    edited or replaced at the same path are scanned again). ``on_batch(key, tokens)`` after
+    each batch of a scan that runs (not on a kept one). Kept by hand, not by
+    ``st.cache_resource``: that replays the elements a call drew on the next hit, and a
+    progress bar drawn outside the call cannot be replayed (``CacheReplayClosureError`` on
+    every rerun after a scan). Two sessions asking for one scan at once wait for a single run.
     """
     asked = _with_basis(stats, basis_rows(basis, model(name).anatomy.d_model))
+    source = rs.streaming.Corpus(corpus, encoding_errors=encoding_errors, text_field=text_field)
+    version = "" if corpus == "builtin" else source.fingerprint()
     key = (name, corpus, max_tokens, tuple(getattr(s, "spec", s) for s in asked), encoding_errors, version,
            text_field)
     kept, lock = _scans()
@@ -272,7 +273,6 @@ def scan(name: str, corpus: str, max_tokens: int, stats: tuple[str, ...], encodi
     with entry[0], st.spinner("Scanning the corpus, batch by batch…"):
         try:  # the first to ask runs it
             if entry[1] is None:
-                source = rs.streaming.Corpus(corpus, encoding_errors=encoding_errors, text_field=text_field)
                 entry[1] = rs.scan(model(name), source, asked, batch_size=8, seq_len=128,
                                    max_tokens=max_tokens, progress=False, on_batch=on_batch)
         except BaseException:  # nothing kept: the next to ask runs it again

@@ -205,4 +205,3 @@ def test_the_report_reading_benchmark_reads_the_leading_texts_only(tmp_path):
     assert (whole["way"], lazy["way"]) == ("whole", "lazily") and whole["seconds_ratio"] == 1
     assert whole["texts_read"] == 500 and whole["texts_used"] == lazy["texts_used"]
     assert lazy["texts_read"] == lazy["texts_used"] + 1
-

@@ -35,7 +35,7 @@ source = st.radio("Measured over", list(SOURCES), format_func=SOURCES.get, horiz
 if source == "text" and common.text_problem(text):
     st.error(common.text_problem(text))
     st.stop()
-corpus = ("builtin", "text", "strict", "")  # the scans' corpus, text_field, encoding_errors, fingerprint
+corpus = ("builtin", "text", "strict")  # the scans' corpus, text_field, encoding_errors
 if source == "upload":
     uploaded, _ = common.corpus_uploader("cmp_corpus")
     field, reading = common.corpus_options("cmp")
@@ -43,9 +43,7 @@ if source == "upload":
         st.info(f"Upload a corpus file: each model scans its first {CORPUS_TOKENS:,} tokens.")
         st.stop()
     with common.guarded():
-        path = cache.stored_upload(uploaded)
-        corpus = (path, field, reading, rs.streaming.Corpus(path, text_field=field,
-                                                            encoding_errors=reading).fingerprint())
+        corpus = (cache.stored_upload(uploaded), field, reading)
 
 
 def results(model_name: str) -> tuple:
@@ -53,9 +51,9 @@ def results(model_name: str) -> tuple:
     survival = measure == "retention of the embedding"
     if source == "text":
         return cache.norm_growth(model_name, text), cache.survival(model_name, text) if survival else None
-    path, field, reading, version = corpus
+    path, field, reading = corpus
     stats = cache.scan(model_name, path, CORPUS_TOKENS, ("growth", "survival") if survival else ("growth",),
-                       reading, version, text_field=field).stats
+                       reading, text_field=field).stats
     return stats["growth"], stats.get("survival")
 
 

@@ -11,7 +11,6 @@ import streamlit as st
 import residual_stream as rs
 from residual_stream import plotting
 from residual_stream.errors import ResidualStreamError
-from residual_stream.streaming import Corpus
 from residual_stream.streaming.saved import scan_bytes
 from residual_stream.streaming.sources import DESCRIBED
 
@@ -160,10 +159,8 @@ def moved(key, tokens: int) -> None:
 
 
 try:  # the bar moves only while the scan runs (not on a cached result), and then goes
-    version = "" if args.corpus == "builtin" else Corpus(  # the files as they are now
-        args.corpus, encoding_errors=args.reading, text_field=args.field).fingerprint()
-    result = cache.scan(name, args.corpus, args.budget, args.stats, args.reading, version,
-                        basis=args.basis, text_field=args.field, on_batch=moved)
+    result = cache.scan(name, args.corpus, args.budget, args.stats, args.reading, basis=args.basis,
+                        text_field=args.field, on_batch=moved)
 except ResidualStreamError as e:  # said once the bar is gone (st.stop ends the run where it is called)
     bar.empty()
     st.error(common.explain(e))
