@@ -187,7 +187,7 @@ def _check_state_and_callback(state: object, on_batch: object) -> None:
 
 def scan(
     model,
-    corpus: str | Path | Iterable[str] | Corpus,
+    corpus: str | Path | Iterable | Corpus,  # items checked as read (Corpus.source), not by the hint
     stats: str | Accumulator | Sequence[str | Accumulator] = ("growth",),
     *,
     batch_size: int = 8,
